@@ -1,0 +1,132 @@
+"""`localserve` command line: generate, models, bench-engine (serve, chat, monitor, demo: next)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from localserve.config import ConfigError, load_config
+from localserve.sequence import SamplingParams
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # llama.cpp warns about harmless model quirks at every load; -v shows them
+    logging.getLogger("llama_cpp").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except (ConfigError, ValueError) as e:
+        print(f"localserve: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="localserve", description=__doc__)
+    p.add_argument("--config", help="models.toml (default: $LOCALSERVE_MODELS or ./models.toml)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
+    sub = p.add_subparsers(title="commands")
+
+    g = sub.add_parser("generate", help="generate text from one prompt, with timings")
+    g.add_argument("prompt")
+    g.add_argument("--model", help="a name from models.toml (default: its `default`)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.set_defaults(run=cmd_generate)
+
+    m = sub.add_parser("models", help="list configured models; assemble the embedded one")
+    m.set_defaults(run=cmd_models)
+
+    b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
+    b.add_argument("--model")
+    b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
+    b.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
+    b.add_argument("--out", help="write the results as JSON here")
+    b.set_defaults(run=cmd_bench_engine)
+    return p
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from localserve.engine import Done, Engine, EventRouter, Token
+    from localserve.models import open_runner
+
+    config = load_config(args.config)
+    runner = open_runner(config, args.model)
+    router = EventRouter()
+    engine = Engine(runner, config.scheduler, on_events=router).start()
+    try:
+        text = args.prompt
+        if args.chat:
+            text = runner.apply_chat_template([{"role": "user", "content": text}])
+        tokens = runner.tokenize(text)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            stop=tuple(args.stop),
+        )
+        events = router.open("cli")
+        started = time.perf_counter()
+        engine.add_request("cli", tokens, params, user="cli")
+        while True:
+            event = events.get()
+            if isinstance(event, Token):
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, Done):
+                break
+        elapsed = time.perf_counter() - started
+        _print_timings(runner.info, event, elapsed)
+        return 0 if event.finish_reason != "error" else 1
+    finally:
+        engine.stop()
+        runner.close()
+
+
+def _print_timings(info, done, elapsed: float) -> None:
+    t = done.timings
+    n = done.completion_tokens
+    rate = 1e3 / t["itl_ms"] if t.get("itl_ms") else float("nan")
+    print(
+        f"\n\n[{info.model} on {info.backend}, {info.n_threads} threads] "
+        f"finish={done.finish_reason} prompt={done.prompt_tokens} tokens, generated={n} tokens\n"
+        f"TTFT {t['ttft_ms']:.0f} ms, ITL {t['itl_ms'] or float('nan'):.1f} ms "
+        f"({rate:.1f} tokens/s), total {elapsed:.2f} s",
+        file=sys.stderr,
+    )
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from localserve.models import resolve_model
+
+    config = load_config(args.config)
+    for name, model in config.models.items():
+        mark = "*" if name == config.default else " "
+        path = resolve_model(name, model)
+        print(f"{mark} {name:20} {path}  n_ctx={model.n_ctx} max_num_seqs={model.max_num_seqs}")
+    return 0
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from localserve.bench_engine import run_benchmark
+
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    return run_benchmark(load_config(args.config), args.model, concurrency, args.tokens, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Configuration: models.toml read into validated msgspec Structs.
+
+Config is data, validated where it is read: an unknown key, a wrong type or an impossible value
+raises `ConfigError` naming the key and the problem. Resolving a model to a file on disk lives in
+`localserve.models`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+DEFAULT_MODEL = "gemma-3-270m"
+MAX_PARALLEL_SEQUENCES = 256  # llama_max_parallel_sequences() in llama.cpp
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ConfigError(ValueError):
+    """A models.toml entry that cannot be used; the message names the key."""
+
+
+class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One model: where its GGUF is and how to run it."""
+
+    path: str | None = None  # a local GGUF file
+    embedded: bool = False  # the GGUF shipped by the PyPI package (the default model)
+    chat_template: str | None = None  # llama.cpp built-in template name; None = the GGUF's own
+    n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
+    max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
+    max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=16, le=8192)] = 512
+    n_gpu_layers: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1 = all layers
+    n_threads: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = every core
+    n_threads_batch: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = n_threads
+    flash_attn: Literal["auto", "on", "off"] = "auto"
+    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def threads(self) -> tuple[int, int]:
+        """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""
+        n = self.n_threads or os.cpu_count() or 1
+        return n, self.n_threads_batch or n
+
+
+class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Scheduling policy knobs shared by every model."""
+
+    policy: Literal["continuous", "static"] = "continuous"
+    # Keep steps that carry decode tokens within this time; prefill chunks shrink to fit.
+    itl_target_ms: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    # Smallest prefill chunk per step while others decode, so long prompts always progress.
+    min_prefill_tokens: Positive = 32
+    # Free cells kept back at admission, as a share of the cache, so running decodes can grow.
+    kv_watermark: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.02
+    max_running_per_user: Positive = 8  # per-user in-flight cap inside the engine
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The whole of models.toml."""
+
+    default: str = DEFAULT_MODEL
+    models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
+    scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
+
+
+def builtin_config() -> Config:
+    """The configuration used when no models.toml exists: the embedded default model."""
+    default = ModelConfig(embedded=True, chat_template="gemma")
+    return Config(models={DEFAULT_MODEL: default})
+
+
+def parse_config(text: str, source: str = "models.toml") -> Config:
+    """Parse and validate TOML text; errors name the offending key."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{source}: {_readable(str(e))}") from None
+    builtin = builtin_config().models[DEFAULT_MODEL]
+    config.models.setdefault(DEFAULT_MODEL, builtin)
+    for name, model in config.models.items():
+        check_model(name, model, source)
+    if config.default not in config.models:
+        known = ", ".join(sorted(config.models))
+        raise ConfigError(f"{source}: default: unknown model {config.default!r} (known: {known})")
+    return config
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read models.toml from `path`, $LOCALSERVE_MODELS or ./models.toml; built-ins otherwise."""
+    candidate = path or os.environ.get("LOCALSERVE_MODELS")
+    if candidate is None and Path("models.toml").is_file():
+        candidate = "models.toml"
+    if candidate is None:
+        return builtin_config()
+    p = Path(candidate)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such configuration file")
+    config = parse_config(p.read_text(encoding="utf-8"), str(p))
+    # relative model paths are relative to the file that names them
+    for model in config.models.values():
+        if model.path and not Path(model.path).expanduser().is_absolute():
+            model.path = str((p.parent / model.path).resolve())
+    return config
+
+
+def check_model(name: str, model: ModelConfig, source: str) -> None:
+    """Cross-field checks msgspec constraints cannot express."""
+    key = f"models.{name}"
+    if model.embedded == bool(model.path):
+        raise ConfigError(f"{source}: {key}: set exactly one of `path` or `embedded = true`")
+    if model.max_num_batched_tokens < model.max_num_seqs:
+        raise ConfigError(
+            f"{source}: {key}.max_num_batched_tokens: {model.max_num_batched_tokens} is below "
+            f"max_num_seqs ({model.max_num_seqs}); every running sequence needs one decode "
+            "token per step"
+        )
+    if model.max_num_seqs > model.n_ctx:
+        raise ConfigError(f"{source}: {key}.max_num_seqs: more sequences than KV cells (n_ctx)")
+
+
+def _readable(msg: str) -> str:
+    """Turn msgspec's `$.models.x.n_ctx` paths into TOML keys."""
+    return msg.replace("`$.", "`").replace("- at `$`", "").replace("$.", "")

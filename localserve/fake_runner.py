@@ -1,0 +1,127 @@
+"""A deterministic fake of the runner, for testing the scheduler and engine logic.
+
+It keeps llama.cpp's rules that matter to the engine: a sequence's tokens must continue at
+exactly pos_max + 1, the cache has `n_ctx` cells (KVCacheFull when a batch does not fit, state
+unchanged), and more than n_batch tokens or n_seq_max logit rows would abort the real process
+(here an AssertionError). Each step advances a fake clock by a linear cost model, so timing
+logic is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localserve.protocol import ModelInfo
+from localserve.runner import KVCacheFull
+from localserve.scheduler import Batch
+from localserve.sequence import SamplingParams
+
+EOG = 1
+BOS = 2
+FIRST_WORD = 10
+
+
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class StepRecord:
+    num_decode: int
+    num_prefill: int
+    seq_ids: list[int]
+    request_ids: list[str]
+
+
+@dataclass
+class FakeRunner:
+    n_ctx: int = 4096
+    n_seq_max: int = 8
+    n_batch: int = 512
+    n_vocab: int = 1000
+    clock: FakeClock = field(default_factory=FakeClock)
+    step_cost: tuple[float, float, float] = (0.010, 0.002, 0.001)  # base, per decode, per prefill
+    eog_every: int | None = None  # sample EOG when (last token + position) % eog_every == 0
+    steps: list[StepRecord] = field(default_factory=list)
+    last_decode_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.cells: dict[int, list[int]] = {}  # seq id -> positions held
+        self.num_samplers = 0
+        self.info = ModelInfo(
+            model="fake", backend="CPU", n_ctx=self.n_ctx, n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch, n_vocab=self.n_vocab, n_layer=1, n_gpu_layers=0,
+            n_threads=1, chat_template="fake",
+        )  # fmt: skip
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        words = [FIRST_WORD + sum(w.encode()) % (self.n_vocab - FIRST_WORD) for w in text.split()]
+        return ([BOS] if add_special else []) + words
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}> {m['content']} " for m in messages) + "<model> "
+
+    def piece(self, token: int) -> bytes:
+        return b"" if token < FIRST_WORD else f"w{token} ".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def new_sampler(self, params: SamplingParams) -> Any:
+        self.num_samplers += 1
+        return {"seed": params.seed}
+
+    def free_sampler(self, sampler: Any) -> None:
+        if sampler is not None:
+            self.num_samplers -= 1
+
+    # --- the step --------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[int]:
+        assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
+        rows = [item for item in batch.items if item.wants_logits]
+        assert len(rows) <= self.n_seq_max, "llama.cpp would abort: outputs > n_outputs_max"
+        in_use = sum(len(p) for p in self.cells.values())
+        if in_use + batch.num_tokens > self.n_ctx:
+            raise KVCacheFull("fake: no free cells")
+        for seq, start, k, _ in batch.items:
+            held = self.cells.setdefault(seq.seq_id, [])
+            expected = held[-1] + 1 if held else 0
+            if start != expected:
+                raise ValueError(f"seq {seq.seq_id}: batch starts at {start}, cache at {expected}")
+            held.extend(range(start, start + k))
+        a, b, c = self.step_cost
+        self.last_decode_s = a + b * batch.num_decode_tokens + c * batch.num_prefill_tokens
+        self.clock.now += self.last_decode_s
+        self.steps.append(
+            StepRecord(
+                batch.num_decode_tokens,
+                batch.num_prefill_tokens,
+                [item.seq.seq_id for item in batch.items],
+                [item.seq.request_id for item in batch.items],
+            )
+        )
+        return [self._next_token(item.seq.tokens[-1], item.start + item.num_tokens) for item in rows]
+
+    def _next_token(self, last: int, position: int) -> int:
+        if self.eog_every and (last + position) % self.eog_every == 0:
+            return EOG
+        return FIRST_WORD + (last * 31 + position * 17 + 7) % (self.n_vocab - FIRST_WORD)
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def free_seq(self, seq_id: int) -> None:
+        self.cells.pop(seq_id, None)
+
+    def seq_num_cells(self, seq_id: int) -> int:
+        return len(self.cells.get(seq_id, ()))
+
+    def close(self) -> None:
+        self.cells.clear()

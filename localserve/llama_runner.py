@@ -1,0 +1,287 @@
+"""The llama.cpp runner: one context with a unified KV cache, raw llama_batch filling, sampling.
+
+Only the low-level API of llama-cpp-python 0.3.36 (see LLAMA_NOTES): the helper classes assume
+one sequence. Two conditions abort the process inside llama.cpp (more than n_batch tokens in one
+decode, more logit rows than n_outputs_max); `run` checks both before every decode and raises
+ValueError instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localserve.config import ModelConfig
+from localserve.protocol import ModelInfo
+from localserve.runner import DecodeError, KVCacheFull
+from localserve.scheduler import Batch
+from localserve.sequence import SamplingParams
+
+log = logging.getLogger("localserve.runner")
+llama_log = logging.getLogger("llama_cpp")
+
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+# ggml's log levels (1 debug .. 4 error); its INFO is model-loading chatter, so it goes to DEBUG
+_LOG_LEVELS = {0: logging.DEBUG, 1: 5, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class _LogRouter:
+    """Route llama.cpp's log lines into Python logging (it writes to stderr otherwise)."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._level = logging.DEBUG
+        self.callback = llama_cpp.llama_log_callback(self._on_log)  # keep a reference
+
+    def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        if level != 5:  # 5 = continuation of the previous line
+            self._level = _LOG_LEVELS.get(level, logging.INFO)
+        self._buffer += text.decode("utf-8", errors="replace")
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            if line.strip():
+                llama_log.log(self._level, line)
+
+
+_router = _LogRouter()
+llama_cpp.llama_log_set(_router.callback, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+class LlamaRunner:
+    """Runs batches of decode tokens and prefill chunks on one llama.cpp context."""
+
+    def __init__(self, name: str, path: Path, cfg: ModelConfig) -> None:
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = cfg.n_gpu_layers
+        # No repacked weight buffers: their AMX kernels die with SIGILL on VMs that report AMX
+        # in cpuid without enabling its tile state (seen on the CI machines).
+        mparams.use_extra_bufts = False
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise ValueError(f"models.{name}.path: llama.cpp could not load {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.ctx = self._new_context(name, cfg)
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)  # padded: read back the real values
+        self.n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(self.ctx)
+        self._template = self._chat_template(cfg)
+        self.info = self._describe(name, cfg)
+        self._eog_ids = np.array(
+            [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)],
+            dtype=np.int32,
+        )
+        self._eog_set = frozenset(self._eog_ids.tolist())
+        self._pieces: dict[int, bytes] = {}
+        self._positions = np.arange(self.n_ctx, dtype=np.int32)
+        self._init_batch()
+        self.last_decode_s = 0.0
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    def _new_context(self, name: str, cfg: ModelConfig):
+        n_threads, n_threads_batch = cfg.threads()
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = cfg.n_ctx
+        p.n_batch = p.n_ubatch = cfg.max_num_batched_tokens
+        p.n_seq_max = cfg.max_num_seqs
+        p.n_outputs_max = cfg.max_num_seqs  # the default reserves n_ubatch rows of logits
+        p.kv_unified = True
+        p.swa_full = True  # keep whole histories in sliding-window layers
+        p.n_threads, p.n_threads_batch = n_threads, n_threads_batch
+        p.flash_attn_type = _FLASH_ATTN[cfg.flash_attn]
+        p.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.model, p)
+        if not ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ValueError(f"models.{name}: llama.cpp could not create a context (n_ctx?)")
+        return ctx
+
+    def _chat_template(self, cfg: ModelConfig) -> bytes | None:
+        if cfg.chat_template:
+            return cfg.chat_template.encode()
+        return llama_cpp.llama_model_chat_template(self.model, None)  # None if the GGUF has none
+
+    def _describe(self, name: str, cfg: ModelConfig) -> ModelInfo:
+        n_layer = llama_cpp.llama_model_n_layer(self.model)
+        offload = llama_cpp.llama_supports_gpu_offload()
+        system = llama_cpp.llama_print_system_info().decode(errors="replace")
+        backend = ("CUDA" if "CUDA" in system else "GPU") if offload else "CPU"
+        n_gpu = 0 if not offload else n_layer if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        return ModelInfo(
+            model=name,
+            backend=backend,
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch,
+            n_vocab=self.n_vocab,
+            n_layer=n_layer,
+            n_gpu_layers=min(n_gpu, n_layer),
+            n_threads=cfg.threads()[0],
+            chat_template=(self._template or b"").decode(errors="replace"),
+        )
+
+    def _init_batch(self) -> None:
+        n = self.n_batch
+        self._batch = llama_cpp.llama_batch_init(n, 0, 1)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._logits = np.ctypeslib.as_array(b.logits, shape=(n,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        # point every token's seq_id list at one contiguous array, so numpy can fill it
+        self._seq = np.zeros(n, dtype=np.int32)
+        # the original addresses (as ints: indexing gives views) are restored before freeing
+        self._seq_addrs = [ctypes.cast(b.seq_id[i], ctypes.c_void_p).value for i in range(n)]
+        self._point_seq_ids([self._seq.ctypes.data + 4 * i for i in range(n)])
+
+    def _point_seq_ids(self, addrs: list[int]) -> None:
+        ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
+        for i, addr in enumerate(addrs):
+            self._batch.seq_id[i] = ctypes.cast(addr, ptr)
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 16
+        while True:
+            buf = (llama_cpp.llama_token * size)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
+            if n >= 0:
+                return buf[:n]
+            size = -n
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Format a chat with llama.cpp's built-in template (no Jinja)."""
+        if self._template is None:
+            raise ValueError("chat_template: the model has none; set one in models.toml")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = (llama_cpp.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            chat[i].role, chat[i].content = role, content
+        size = sum(len(c) for _, c in keep) * 2 + 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(self._template, chat, len(keep), True, buf, size)
+            if n < 0:
+                raise ValueError(f"chat_template: llama.cpp does not know {self._template!r}")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n
+
+    def piece(self, token: int) -> bytes:
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog_set
+
+    # --- sampling --------------------------------------------------------------------------
+
+    def new_sampler(self, params: SamplingParams):
+        """A sampler chain for one sequence, or None for plain greedy (argmax in numpy)."""
+        if params.is_greedy:
+            return None
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if params.ignore_eos and len(self._eog_ids):
+            biases = (llama_cpp.llama_logit_bias * len(self._eog_ids))()
+            for i, t in enumerate(self._eog_ids.tolist()):
+                biases[i].token, biases[i].bias = t, float("-inf")
+            add(chain, llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases))
+        if params.repeat_penalty != 1.0:
+            penalties = llama_cpp.llama_sampler_init_penalties(
+                self.n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
+            )
+            add(chain, penalties)
+        if params.temperature == 0:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+        add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
+        add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        return chain
+
+    def free_sampler(self, sampler) -> None:
+        if sampler is not None:
+            llama_cpp.llama_sampler_free(sampler)
+
+    def _sample(self, row: int, seq) -> int:
+        if seq.sampler is not None:
+            return llama_cpp.llama_sampler_sample(seq.sampler, self.ctx, row)
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        if seq.params.ignore_eos:
+            logits[self._eog_ids] = -np.inf
+        return int(logits.argmax())
+
+    # --- the step --------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[int]:
+        """Fill the llama_batch, decode, sample the rows that want logits."""
+        rows = self._fill(batch)
+        start = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.ctx, self._batch)  # releases the GIL
+        self.last_decode_s = time.perf_counter() - start
+        if rc == 1:
+            raise KVCacheFull("llama_decode: no free KV cells for this batch")
+        if rc != 0:
+            raise DecodeError(f"llama_decode returned {rc}")
+        return [self._sample(row, seq) for row, seq in rows]
+
+    def _fill(self, batch: Batch) -> list[tuple[int, object]]:
+        if batch.num_tokens > self.n_batch:  # llama.cpp would abort the process
+            raise ValueError(f"batch of {batch.num_tokens} tokens exceeds n_batch {self.n_batch}")
+        n = 0
+        rows = []
+        for seq, start, k, wants_logits in batch.items:
+            self._tok[n : n + k] = seq.tokens[start : start + k]
+            self._pos[n : n + k] = self._positions[start : start + k]
+            self._seq[n : n + k] = seq.seq_id
+            self._logits[n : n + k] = 0
+            n += k
+            if wants_logits:
+                self._logits[n - 1] = 1
+                rows.append((n - 1, seq))
+        if len(rows) > self.n_seq_max:  # n_outputs_max: the other abort
+            raise ValueError(f"{len(rows)} logit rows exceed n_outputs_max {self.n_seq_max}")
+        self._batch.n_tokens = n
+        return rows
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def free_seq(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+
+    def seq_num_cells(self, seq_id: int) -> int:
+        lo = llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id)
+        hi = llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
+        return 0 if hi < 0 else hi - lo + 1
+
+    def close(self) -> None:
+        if self.ctx is None:
+            return
+        self._point_seq_ids(self._seq_addrs)
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+        self.ctx = None

@@ -1,0 +1,191 @@
+"""Metrics with vLLM's definitions, recorded by the engine thread.
+
+- TTFT = arrival -> first token; queue time = waiting before admission (re-queues after a
+  preemption included); ITL = gap between successive tokens of one request (pooled);
+  TPOT = (last - first token) / (n - 1); e2e = arrival -> finished.
+- Sliding windows give p50/p90/p99 for the monitor; cumulative histograms with vLLM's buckets
+  feed `/metrics`; counters and per-step records (decode vs prefill tokens, step time, time
+  outside llama_decode) complete the picture. `snapshot()` packs it into one Struct.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from localserve.protocol import Counters, EventRow, Histogram, Percentiles, StepStats
+from localserve.sequence import FinishReason, Sequence
+
+# vLLM's bucket boundaries (seconds)
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+
+NAN = math.nan
+
+
+class Window:
+    """(time, value) pairs from the last `span_s` seconds."""
+
+    def __init__(self, span_s: float, maxlen: int = 20_000) -> None:
+        self.span_s = span_s
+        self._items: deque[tuple[float, float]] = deque(maxlen=maxlen)
+
+    def add(self, t: float, value: float) -> None:
+        self._items.append((t, value))
+
+    def values(self, now: float) -> list[float]:
+        cutoff = now - self.span_s
+        while self._items and self._items[0][0] < cutoff:
+            self._items.popleft()
+        return [v for _, v in self._items]
+
+
+def percentiles(values: Iterable[float]) -> Percentiles:
+    """p50/p90/p99 (nearest rank) and mean; NaN for an empty window."""
+    xs = sorted(values)
+    if not xs:
+        return Percentiles(NAN, NAN, NAN, NAN, 0)
+
+    def rank(q: float) -> float:
+        return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+    return Percentiles(rank(0.5), rank(0.9), rank(0.99), sum(xs) / len(xs), len(xs))
+
+
+class CumulativeHistogram:
+    def __init__(self, buckets: list[float]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def export(self) -> Histogram:
+        running, cumulative = 0, []
+        for c in self.counts:
+            running += c
+            cumulative.append(running)
+        return Histogram(list(self.buckets), cumulative, self.sum, self.count)
+
+
+class Metrics:
+    """Every number the engine exposes; one writer (the engine thread)."""
+
+    def __init__(self, clock: Callable[[], float], window_s: float = 60.0) -> None:
+        self.clock = clock
+        self.start_time = clock()
+        self.window_s = window_s
+        self.counters = Counters()
+        self.ttft, self.itl = Window(window_s), Window(window_s)
+        self.queue, self.e2e, self.tpot = Window(window_s), Window(window_s), Window(window_s)
+        self.histograms = {
+            "time_to_first_token_seconds": CumulativeHistogram(TTFT_BUCKETS),
+            "inter_token_latency_seconds": CumulativeHistogram(ITL_BUCKETS),
+            "request_queue_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "e2e_request_latency_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "request_time_per_output_token_seconds": CumulativeHistogram(ITL_BUCKETS),
+        }
+        # per step: (time, decode tokens, prefill tokens, step s, decode s, predicted prefill s)
+        self.steps: deque[tuple[float, int, int, float, float, float]] = deque(maxlen=256)
+        self.events: deque[EventRow] = deque(maxlen=100)
+
+    # --- recording -------------------------------------------------------------------------
+
+    def event(self, kind: str, seq: Sequence, detail: str = "") -> None:
+        t = self.clock() - self.start_time
+        self.events.append(EventRow(t, kind, seq.request_id, seq.user, detail))
+
+    def on_admitted(self, seq: Sequence) -> None:
+        """First admission: the queue time ends, the prompt counts."""
+        self.counters.requests += 1
+        self.counters.prompt_tokens += seq.num_prompt_tokens
+        self._observe(self.queue, "request_queue_time_seconds", seq.queue_s)
+        self.event("admitted", seq, f"{seq.num_prompt_tokens} prompt tokens")
+
+    def on_token(self, seq: Sequence) -> None:
+        self.counters.generation_tokens += 1
+        if seq.last_itl_s is None:
+            self._observe(self.ttft, "time_to_first_token_seconds", seq.timings_s()[1])
+        else:
+            self._observe(self.itl, "inter_token_latency_seconds", seq.last_itl_s)
+
+    def on_preempted(self, seq: Sequence) -> None:
+        self.counters.preemptions += 1
+        self.event("preempted", seq, f"{seq.num_computed} cells freed, will recompute")
+
+    def on_finished(self, seq: Sequence) -> None:
+        self.counters.finished += 1
+        reason = seq.finish_reason
+        if reason is FinishReason.CANCELLED:
+            self.counters.cancellations += 1
+        elif reason is FinishReason.ERROR:
+            self.counters.errors += 1
+        queue_s, _, e2e_s, tpot_s = seq.timings_s()
+        if not math.isnan(e2e_s):
+            self._observe(self.e2e, "e2e_request_latency_seconds", e2e_s)
+        if not math.isnan(tpot_s):
+            self._observe(self.tpot, "request_time_per_output_token_seconds", tpot_s)
+        detail = f"{reason.value}, {seq.num_output_tokens} tokens"
+        self.event("finished", seq, detail + (f": {seq.error}" if seq.error else ""))
+
+    def on_rejected(self) -> None:
+        self.counters.rejections += 1
+
+    def on_step(
+        self, num_decode: int, num_prefill: int, step_s: float, decode_s: float, prefill_s: float
+    ) -> None:
+        self.counters.steps += 1
+        self.counters.prefill_tokens += num_prefill
+        self.steps.append((self.clock(), num_decode, num_prefill, step_s, decode_s, prefill_s))
+
+    def _observe(self, window: Window, name: str, value: float) -> None:
+        window.add(self.clock(), value)
+        self.histograms[name].observe(value)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def latency(self) -> dict[str, Percentiles]:
+        now = self.clock()
+        named = {"ttft": self.ttft, "itl": self.itl, "queue": self.queue, "e2e": self.e2e}
+        named["tpot"] = self.tpot
+        return {name: percentiles(w.values(now)) for name, w in named.items()}
+
+    def throughput(self, span_s: float = 10.0) -> tuple[float, float]:
+        """(prompt tokens/s, generated tokens/s) over the last `span_s` seconds of steps."""
+        now = self.clock()
+        recent = [s for s in self.steps if s[0] >= now - span_s]
+        if not recent:
+            return 0.0, 0.0
+        elapsed = max(now - recent[0][0] + recent[0][3], 1e-9)
+        return sum(s[2] for s in recent) / elapsed, sum(s[1] for s in recent) / elapsed
+
+    def step_stats(self, prefill_budget: int, last_n: int = 32) -> StepStats:
+        recent = list(self.steps)[-last_n:]
+        if not recent:
+            return StepStats(0, NAN, NAN, NAN, NAN, NAN, prefill_budget)
+        n = len(recent)
+        total_s = sum(s[3] for s in recent)
+        return StepStats(
+            num_steps=self.counters.steps,
+            step_s=total_s / n,
+            decode_tokens=sum(s[1] for s in recent) / n,
+            prefill_tokens=sum(s[2] for s in recent) / n,
+            prefill_time_share=min(1.0, sum(s[5] for s in recent) / max(total_s, 1e-9)),
+            engine_share=max(0.0, 1 - sum(s[4] for s in recent) / max(total_s, 1e-9)),
+            prefill_budget=prefill_budget,
+        )
+
+    def export_histograms(self) -> dict[str, Histogram]:
+        return {name: h.export() for name, h in self.histograms.items()}

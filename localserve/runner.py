@@ -1,0 +1,50 @@
+"""The one seam to the hardware: what the engine needs from a model runner.
+
+`localserve.llama_runner.LlamaRunner` implements it over llama.cpp; `localserve.fake_runner`
+has a deterministic fake for logic tests. Every llama_cpp call lives behind this protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from localserve.protocol import ModelInfo
+from localserve.scheduler import Batch
+from localserve.sequence import SamplingParams
+
+
+class KVCacheFull(Exception):
+    """llama_decode returned 1: no free KV slot for the batch; nothing was computed."""
+
+
+class DecodeError(Exception):
+    """llama_decode failed (aborted, invalid batch or a fatal error); the batch is lost."""
+
+
+class Runner(Protocol):
+    info: ModelInfo
+    last_decode_s: float  # time spent inside the model in the last run()
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def new_sampler(self, params: SamplingParams) -> Any: ...
+
+    def free_sampler(self, sampler: Any) -> None: ...
+
+    def run(self, batch: Batch) -> list[int]:
+        """Decode the batch; return one sampled token per item that wants logits, in order."""
+        ...
+
+    def free_seq(self, seq_id: int) -> None: ...
+
+    def seq_num_cells(self, seq_id: int) -> int:
+        """Cells the cache holds for a sequence (from its position range)."""
+        ...
+
+    def close(self) -> None: ...

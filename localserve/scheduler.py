@@ -1,0 +1,276 @@
+"""The continuous-batching scheduler: which tokens go to the accelerator in the next step.
+
+Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
+1. cancelled sequences leave and free their cells;
+2. decode first: one token for every running sequence past its prompt, growing its cells,
+   preempting the newest running sequence (by recompute) when the pool is out;
+3. admission: waiting sequences enter round-robin across users, within the per-user cap, when
+   their prompt fits in uncommitted cells above the watermark;
+4. prefill: chunks of prompts within `max_num_batched_tokens`, and while anyone decodes within
+   the adaptive budget that keeps the step near the ITL target; users who got the least prefill
+   recently go first, and within a user the shortest remaining prompt.
+The `static` policy admits only when the running set is empty, for comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from localserve.budget import StepCostModel
+from localserve.config import SchedulerConfig
+from localserve.kv import KVPool
+from localserve.sequence import FinishReason, Sequence, Status
+
+SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
+
+
+class BatchItem(NamedTuple):
+    seq: Sequence
+    start: int  # position of the chunk's first token (== seq.num_computed)
+    num_tokens: int
+    wants_logits: bool  # the chunk ends at the sequence's last token: sample after it
+
+
+class Sampled(NamedTuple):
+    seq: Sequence
+    token: int
+    piece: bytes
+    is_eog: bool
+
+
+@dataclass
+class Batch:
+    items: list[BatchItem] = field(default_factory=list)
+    num_decode_tokens: int = 0
+    num_prefill_tokens: int = 0
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)  # cancelled before this step
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_tokens + self.num_prefill_tokens
+
+
+class Scheduler:
+    """Moves sequences between waiting and running and decides each step's batch."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVPool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.clock = clock
+        self.cost = StepCostModel()
+        self.running: list[Sequence] = []  # admission order: newest last
+        self.requeued: deque[Sequence] = deque()  # preempted; admitted before anyone else
+        self.waiting: dict[str, deque[Sequence]] = {}  # per user, arrival order
+        self._users: deque[str] = deque()  # round-robin order of users with waiting work
+        self._num_running: dict[str, int] = {}
+        self._served: dict[str, float] = {}  # recent prefill tokens per user (decaying)
+        self._cancelled: list[Sequence] = []
+        self.last_prefill_budget = max_num_batched_tokens
+
+    # --- requests in and out -------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence."""
+        if seq.user not in self.waiting:
+            self.waiting[seq.user] = deque()
+            self._users.append(seq.user)
+        self.waiting[seq.user].append(seq)
+
+    def cancel(self, seq: Sequence) -> None:
+        """Mark for removal; takes effect at the next schedule(), also mid-prefill."""
+        if not seq.is_finished and not seq.is_cancelled:
+            seq.is_cancelled = True
+            self._cancelled.append(seq)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.requeued) + sum(len(q) for q in self.waiting.values())
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.requeued or self.waiting or self._cancelled)
+
+    def waiting_seqs(self) -> list[Sequence]:
+        """Waiting sequences in the order admission would take them (ignoring caps)."""
+        order = list(self.requeued)
+        queues = [list(self.waiting[u]) for u in self._users]
+        for i in range(max(map(len, queues), default=0)):
+            order += [q[i] for q in queues if i < len(q)]
+        return order
+
+    # --- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> Batch:
+        """Build the next step's batch."""
+        now = self.clock()
+        batch = Batch(finished=self._reap_cancelled(now))
+        self._schedule_decode(batch, now)
+        if not batch.preempted:  # cells are short: let running work drain first
+            self._admit(batch, now)
+        self._schedule_prefill(batch)
+        return batch
+
+    def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> list[str]:
+        """Account the step: computed cells, sampled tokens, finished sequences.
+
+        Returns the text delta for each entry of `sampled`, in order.
+        """
+        if batch.num_tokens:
+            self.cost.update(batch.num_decode_tokens, batch.num_prefill_tokens, step_s)
+        for item in batch.items:
+            self.kv.computed(item.seq, item.num_tokens)
+        now = self.clock()
+        deltas = [s.seq.append_token(s.token, s.piece, s.is_eog, now) for s in sampled]
+        for s in sampled:
+            if s.seq.is_finished:
+                self._remove_running(s.seq)
+        return deltas
+
+    def fail(self, seqs: list[Sequence], message: str) -> None:
+        """End sequences with an error (an engine fault) and free their cells."""
+        now = self.clock()
+        for seq in seqs:
+            if seq.status is Status.RUNNING:
+                self._remove_running(seq)
+            seq.finish(FinishReason.ERROR, now, message)
+
+    def preempt_newest(self) -> Sequence | None:
+        """Preempt the newest running sequence (llama.cpp found no cells for a batch)."""
+        if not self.running:
+            return None
+        victim = self.running[-1]
+        self._preempt(victim, self.clock())
+        return victim
+
+    # --- phases ----------------------------------------------------------------------------
+
+    def _reap_cancelled(self, now: float) -> list[Sequence]:
+        reaped, self._cancelled = self._cancelled, []
+        for seq in reaped:
+            if seq.status is Status.RUNNING:
+                self._remove_running(seq)
+            elif seq in self.requeued:
+                self.requeued.remove(seq)
+            else:
+                self._remove_waiting(seq)
+            seq.finish(FinishReason.CANCELLED, now)
+        return reaped
+
+    def _schedule_decode(self, batch: Batch, now: float) -> None:
+        # decode: one token per running sequence past its prompt, oldest first
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or seq.is_prefilling or seq.num_computed == 0:
+                continue
+            while not self.kv.ensure(seq, seq.num_computed + 1):
+                victim = self.running[-1]  # newest loses its cells, recomputed later
+                self._preempt(victim, now)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.items.append(BatchItem(seq, seq.num_computed, 1, True))
+                batch.num_decode_tokens += 1
+
+    def _admit(self, batch: Batch, now: float) -> None:
+        if self.config.policy == "static" and self.running:
+            return  # a fixed batch runs to the end of its slowest member
+        while len(self.running) < self.max_num_seqs:
+            seq = self._next_candidate()
+            if seq is None or not self._fits(seq):
+                return
+            self._take(seq)
+            self.kv.admit(seq)
+            seq.status = Status.RUNNING
+            seq.mark_scheduled(now)
+            self.running.append(seq)
+            self._num_running[seq.user] = self._num_running.get(seq.user, 0) + 1
+            batch.admitted.append(seq)
+
+    def _schedule_prefill(self, batch: Batch) -> None:
+        # prefill: chunks within what is left of the step's token budget
+        budget = self.max_num_batched_tokens - batch.num_decode_tokens
+        if batch.num_decode_tokens and self.config.policy == "continuous":
+            target = self.config.itl_target_ms / 1e3
+            floor = self.config.min_prefill_tokens
+            budget = self.cost.prefill_budget(batch.num_decode_tokens, target, floor, budget)
+        self.last_prefill_budget = budget
+        in_batch = {id(item.seq) for item in batch.items}
+        prefills = [s for s in self.running if id(s) not in in_batch]
+        prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
+        for user in self._served:
+            self._served[user] *= SERVED_DECAY
+        for seq in prefills:
+            if budget <= 0:
+                break
+            n = min(seq.num_remaining, budget)
+            batch.items.append(BatchItem(seq, seq.num_computed, n, n == seq.num_remaining))
+            batch.num_prefill_tokens += n
+            budget -= n
+            self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _next_candidate(self) -> Sequence | None:
+        """Preempted sequences first, then round-robin over users under their cap."""
+        if self.requeued:
+            return self.requeued[0]
+        cap = self.config.max_running_per_user
+        for _ in range(len(self._users)):
+            user = self._users[0]
+            if self._num_running.get(user, 0) < cap:
+                return self.waiting[user][0]
+            self._users.rotate(-1)
+        return None
+
+    def _fits(self, seq: Sequence) -> bool:
+        # with nothing running there is nothing to protect: any prompt within n_ctx fits
+        if not self.running:
+            return self.kv.num_free >= len(seq.tokens) and self.kv.num_free_seq_ids > 0
+        return self.kv.can_admit(seq)
+
+    def _take(self, seq: Sequence) -> None:
+        if self.requeued and self.requeued[0] is seq:
+            self.requeued.popleft()
+            return
+        self.waiting[seq.user].popleft()
+        self._users.rotate(-1)  # this user had its turn
+        if not self.waiting[seq.user]:
+            self._drop_user(seq.user)
+
+    def _remove_waiting(self, seq: Sequence) -> None:
+        queue = self.waiting.get(seq.user)
+        if queue and seq in queue:
+            queue.remove(seq)
+            if not queue:
+                self._drop_user(seq.user)
+
+    def _drop_user(self, user: str) -> None:
+        del self.waiting[user]
+        self._users.remove(user)
+
+    def _remove_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._num_running[seq.user] -= 1
+        if not self._num_running[seq.user]:
+            del self._num_running[seq.user]
+        self.kv.release(seq)
+
+    def _preempt(self, seq: Sequence, now: float) -> None:
+        self._remove_running(seq)
+        seq.mark_preempted(now)
+        self.requeued.appendleft(seq)

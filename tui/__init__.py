@@ -1,0 +1,1 @@
+"""The Textual monitor and the terminal chat client (next issues)."""
