@@ -150,7 +150,7 @@ class Engine:
     def step(self) -> None:
         """Drain commands, schedule, run the batch, emit events."""
         self._drain()
-        start = time.perf_counter()
+        start = self.clock()
         batch = self.scheduler.schedule()
         events = self._on_scheduled(batch)
         if batch.items:
@@ -196,14 +196,14 @@ class Engine:
     def _run(self, batch: Batch, start: float) -> list[Event]:
         try:
             tokens = self.runner.run(batch)
-        except KVCacheFull:
-            victim = self.scheduler.preempt_newest()  # our accounting and llama.cpp disagree
-            log.warning("llama_decode found no KV cells; preempted %s", victim)
+        except KVCacheFull:  # our accounting and llama.cpp disagree: believe llama.cpp
+            victims = self.scheduler.on_cache_full(batch)
+            log.warning("llama_decode found no KV cells: capacity now %d cells, preempted %s",
+                        self.kv.num_cells, victims)  # fmt: skip
             self._clear_freed()
-            if victim is None:
-                return []
-            self.metrics.on_preempted(victim)
-            return [Preempted(victim.request_id)]
+            for seq in victims:
+                self.metrics.on_preempted(seq)
+            return [Preempted(seq.request_id) for seq in victims]
         except (DecodeError, ValueError) as e:
             log.error("decode failed for %d sequences: %s", len(batch.items), e)
             failed = list({id(i.seq): i.seq for i in batch.items}.values())
@@ -215,13 +215,13 @@ class Engine:
             Sampled(seq, t, self.runner.piece(t), self.runner.is_eog(t))
             for seq, t in zip(rows, tokens, strict=True)
         ]
-        step_s = time.perf_counter() - start
+        step_s = self.clock() - start
         deltas = self.scheduler.postprocess(batch, sampled, step_s)
         self._clear_freed()
         prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
         self.metrics.on_step(
             batch.num_decode_tokens, batch.num_prefill_tokens,
-            time.perf_counter() - start, self.runner.last_decode_s, prefill_s,
+            self.clock() - start, self.runner.last_decode_s, prefill_s,
         )  # fmt: skip
         events: list[Event] = []
         for s, text in zip(sampled, deltas, strict=True):

@@ -72,6 +72,10 @@ class KVPool:
         self._free_ids.append(seq.seq_id)
         seq.seq_id = None
 
+    def shrink(self, num_cells: int) -> None:
+        """Lower the capacity (llama.cpp found fewer cells than we counted)."""
+        self.num_cells = max(1, min(self.num_cells, num_cells))
+
     def take_cleared(self) -> list[int]:
         """Seq ids released since the last call; the engine frees their cells in llama.cpp."""
         ids, self._to_clear = self._to_clear, []

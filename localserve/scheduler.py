@@ -149,13 +149,17 @@ class Scheduler:
                 self._remove_running(seq)
             seq.finish(FinishReason.ERROR, now, message)
 
-    def preempt_newest(self) -> Sequence | None:
-        """Preempt the newest running sequence (llama.cpp found no cells for a batch)."""
-        if not self.running:
-            return None
-        victim = self.running[-1]
-        self._preempt(victim, self.clock())
-        return victim
+    def on_cache_full(self, batch: Batch) -> list[Sequence]:
+        """llama.cpp found no cells for `batch`: believe it, shrink the pool, preempt to fit.
+
+        Returns the preempted sequences (newest first); nothing in the batch was computed.
+        """
+        self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
+        victims = []
+        while self.running and self.kv.num_committed > self.kv.num_cells:
+            victims.append(self.running[-1])
+            self._preempt(victims[-1], self.clock())
+        return victims
 
     # --- phases ----------------------------------------------------------------------------
 
@@ -191,7 +195,12 @@ class Scheduler:
             return  # a fixed batch runs to the end of its slowest member
         while len(self.running) < self.max_num_seqs:
             seq = self._next_candidate()
-            if seq is None or not self._fits(seq):
+            if seq is None:
+                return
+            if not self._fits(seq):
+                if not self.running and len(seq.tokens) > self.kv.num_cells:
+                    self._refuse(seq, now, batch)  # would never fit, even alone
+                    continue
                 return
             self._take(seq)
             self.kv.admit(seq)
@@ -251,6 +260,12 @@ class Scheduler:
         self._users.rotate(-1)  # this user had its turn
         if not self.waiting[seq.user]:
             self._drop_user(seq.user)
+
+    def _refuse(self, seq: Sequence, now: float, batch: Batch) -> None:
+        self._take(seq)
+        message = f"needs {len(seq.tokens)} KV cells; the cache has {self.kv.num_cells}"
+        seq.finish(FinishReason.ERROR, now, message)
+        batch.finished.append(seq)
 
     def _remove_waiting(self, seq: Sequence) -> None:
         queue = self.waiting.get(seq.user)

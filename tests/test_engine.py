@@ -1,0 +1,97 @@
+"""The engine thread: thread-safe entry points, events to asyncio and to blocking callers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from localserve.engine import AsyncEvents, Done, Engine, EventRouter, Token
+from localserve.fake_runner import FakeRunner
+from localserve.sequence import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=5)
+
+
+def test_requests_from_another_thread_stream_to_their_own_queues():
+    router = EventRouter()
+    engine = Engine(FakeRunner(), on_events=router).start()
+    try:
+        queues = {rid: router.open(rid) for rid in ("a", "b")}
+        for rid in queues:
+            engine.add_request(rid, [2, 50, 60], GREEDY, user=rid)
+        for q in queues.values():
+            events = []
+            while not events or not isinstance(events[-1], Done):
+                events.append(q.get(timeout=5))
+            assert sum(isinstance(e, Token) for e in events) == 5
+            assert events[-1].finish_reason == "length"
+        snap = engine.snapshot().result(timeout=5)
+        assert snap.counters.finished == 2 and snap.kv_used == 0 and snap.running == 0
+    finally:
+        engine.stop()
+
+
+def test_duplicate_request_id_is_refused_while_in_flight():
+    engine = Engine(FakeRunner())
+    engine.add_request("x", [2, 3], GREEDY)
+    with pytest.raises(ValueError, match="duplicate"):
+        engine.add_request("x", [2, 3], GREEDY)
+
+
+def test_events_reach_an_asyncio_loop_without_blocking_it():
+    async def main():
+        events = AsyncEvents(asyncio.get_running_loop())
+        engine = Engine(FakeRunner(), on_events=events).start()
+        try:
+            engine.add_request("r", [2, 40, 41], GREEDY)
+            seen = []
+            while not any(isinstance(e, Done) for e in seen):
+                seen += await asyncio.wait_for(events.get(), 5)
+            return seen
+        finally:
+            engine.stop()
+
+    seen = asyncio.run(main())
+    assert [type(e).__name__ for e in seen][0] == "Admitted"
+    assert seen[-1].finish_reason == "length"
+
+
+def test_snapshot_describes_running_and_waiting_sequences():
+    runner = FakeRunner(n_seq_max=1)
+    engine = Engine(runner, clock=runner.clock)
+    engine.add_request("a", [2] * 20, SamplingParams(temperature=0, max_tokens=50), user="ann")
+    engine.add_request("b", [2] * 30, GREEDY, user="bob")
+    for _ in range(3):
+        engine.step()
+    snap = engine.snapshot().result()
+    assert [r.request_id for r in snap.seqs] == ["a"] and snap.seqs[0].phase == "decode"
+    assert snap.waiting_seqs[0].request_id == "b" and snap.waiting_seqs[0].prompt_tokens == 30
+    assert snap.kv_used == 22 and snap.kv_total == runner.n_ctx
+    assert snap.ttft.count == 1 and snap.steps.num_steps == 3
+
+
+def test_a_failing_decode_fails_only_that_batch_and_the_engine_goes_on():
+    class Flaky(FakeRunner):
+        fail_next = True
+
+        def run(self, batch):
+            if self.fail_next:
+                self.fail_next = False
+                from localserve.runner import DecodeError
+
+                raise DecodeError("llama_decode returned -3")
+            return super().run(batch)
+
+    runner = Flaky()
+    events = []
+    engine = Engine(runner, on_events=events.extend, clock=runner.clock)
+    engine.add_request("a", [2, 3, 4], GREEDY)
+    engine.step()
+    engine.add_request("b", [2, 3, 4], GREEDY)
+    for _ in range(10):
+        engine.step()
+    done = {e.request_id: e for e in events if isinstance(e, Done)}
+    assert done["a"].finish_reason == "error" and "-3" in done["a"].error
+    assert done["b"].finish_reason == "length"
+    assert engine.kv.num_used == 0 and runner.cells == {}
