@@ -1,3 +1,5 @@
-from localserve.cli import main
 import sys
+
+from localserve.cli import main
+
 sys.exit(main())

@@ -41,9 +41,7 @@ class StepCostModel:
         gain = [v / denom for v in px]
         err = step_s - sum(self.theta[i] * x[i] for i in range(3))
         self.theta = [self.theta[i] + gain[i] * err for i in range(3)]
-        self._p = [
-            [(p[i][j] - gain[i] * px[j]) / FORGETTING for j in range(3)] for i in range(3)
-        ]
+        self._p = [[(p[i][j] - gain[i] * px[j]) / FORGETTING for j in range(3)] for i in range(3)]
         # without excitation (no prefill for a while) forgetting inflates P without bound
         trace = sum(self._p[i][i] for i in range(3))
         if trace > MAX_TRACE:

@@ -8,6 +8,7 @@ raises `ConfigError` naming the key and the problem. Resolving a model to a file
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -78,10 +79,15 @@ def parse_config(text: str, source: str = "models.toml") -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
-    try:
-        config = msgspec.convert(raw, Config)
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"{source}: {_readable(str(e))}") from None
+    models = raw.pop("models", {})
+    if not isinstance(models, dict):
+        raise ConfigError(f"{source}: models: expected a table of models")
+    config = _convert(raw, Config, "", source)
+    # one model at a time, so an error can name the model (msgspec writes dict keys as [...])
+    config.models = {
+        name: _convert(entry, ModelConfig, f"models.{name}", source)
+        for name, entry in models.items()
+    }
     builtin = builtin_config().models[DEFAULT_MODEL]
     config.models.setdefault(DEFAULT_MODEL, builtin)
     for name, model in config.models.items():
@@ -121,10 +127,17 @@ def check_model(name: str, model: ModelConfig, source: str) -> None:
             f"max_num_seqs ({model.max_num_seqs}); every running sequence needs one decode "
             "token per step"
         )
-    if model.max_num_seqs > model.n_ctx:
-        raise ConfigError(f"{source}: {key}.max_num_seqs: more sequences than KV cells (n_ctx)")
 
 
-def _readable(msg: str) -> str:
-    """Turn msgspec's `$.models.x.n_ctx` paths into TOML keys."""
-    return msg.replace("`$.", "`").replace("- at `$`", "").replace("$.", "")
+def _convert(raw: object, kind: type, prefix: str, source: str):
+    """msgspec.convert with errors rewritten as `source: key: problem`."""
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as e:
+        message, _, where = str(e).partition(" - at `$")
+        key = prefix + where.rstrip("`")
+        unknown = re.fullmatch(r"Object contains unknown field `(.+)`", message)
+        if unknown:
+            key = f"{key}.{unknown.group(1)}".lstrip(".")
+            raise ConfigError(f"{source}: `{key}`: unknown key") from None
+        raise ConfigError(f"{source}: `{key.lstrip('.') or '(top level)'}`: {message}") from None

@@ -108,7 +108,9 @@ class FakeRunner:
                 [item.seq.request_id for item in batch.items],
             )
         )
-        return [self._next_token(item.seq.tokens[-1], item.start + item.num_tokens) for item in rows]
+        return [
+            self._next_token(item.seq.tokens[-1], item.start + item.num_tokens) for item in rows
+        ]
 
     def _next_token(self, last: int, position: int) -> int:
         if self.eog_every and (last + position) % self.eog_every == 0:

@@ -170,7 +170,9 @@ class LlamaRunner:
         size = sum(len(c) for _, c in keep) * 2 + 256
         while True:
             buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_chat_apply_template(self._template, chat, len(keep), True, buf, size)
+            n = llama_cpp.llama_chat_apply_template(
+                self._template, chat, len(keep), True, buf, size
+            )
             if n < 0:
                 raise ValueError(f"chat_template: llama.cpp does not know {self._template!r}")
             if n <= size:

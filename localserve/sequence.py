@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import enum
 import math
+
 import msgspec
 
 
@@ -19,7 +20,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # end-of-generation token or a stop string
     LENGTH = "length"  # max_tokens, or the context is full
     CANCELLED = "cancelled"

@@ -89,7 +89,8 @@ def test_eight_concurrent_sequences_finish_and_free_their_cells(runner):
 
 def test_the_same_schedule_twice_gives_the_same_greedy_text(runner):
     requests = [
-        (f"r{i}", p, SamplingParams(temperature=0, max_tokens=24), "u") for i, p in enumerate(PROMPTS[:4])
+        (f"r{i}", p, SamplingParams(temperature=0, max_tokens=24), "u")
+        for i, p in enumerate(PROMPTS[:4])
     ]
     first, _ = run_engine(runner, requests)
     second, _ = run_engine(runner, requests)

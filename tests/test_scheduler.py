@@ -6,7 +6,9 @@ from localserve.config import SchedulerConfig
 
 
 def decoding_ids(h) -> set[str]:
-    return {s.request_id for s in h.engine.scheduler.running if s.num_computed and not s.is_prefilling}
+    return {
+        s.request_id for s in h.engine.scheduler.running if s.num_computed and not s.is_prefilling
+    }
 
 
 def test_decode_tokens_go_before_prefill(make_harness):

@@ -1,0 +1,201 @@
+"""Engine benchmark: decode throughput through the engine against a bare llama_decode loop.
+
+Both run on the same model and the same llama.cpp context, alternately, in one process:
+- bare: N sequences, one llama_batch of N tokens per step, argmax over each row's logits —
+  the least Python a decode loop can have (the ceiling);
+- engine: the same N greedy requests through `Engine.step()` (scheduler, batch filling,
+  sampling, detokenising, metrics, events).
+Figures: aggregate decode tokens/s at each concurrency, the engine's share of the bare loop,
+the engine's time outside llama_decode per step (broken down), and prefill tokens/s.
+Run with `localserve bench-engine` (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+import llama_cpp
+import msgspec
+import numpy as np
+
+from localserve.config import Config
+from localserve.engine import Engine
+from localserve.models import open_runner
+from localserve.sequence import SamplingParams
+
+PROMPT = "Tell me a long story about a lighthouse keeper and the sea. "
+REPEATS = 3
+
+
+def bare_decode(runner, n: int, steps: int) -> float:
+    """Decode tokens/s of a minimal loop: prefill n short prompts, then `steps` batched decodes."""
+    prompt = runner.tokenize(PROMPT)
+    tokens = [prompt[-1]] * n
+    for s in range(n):  # prefill each sequence's prompt (not timed)
+        _fill(runner, [(s, t, p) for p, t in enumerate(prompt)], logits_last=True)
+        _decode(runner)
+    pos = len(prompt)
+    start = time.perf_counter()
+    for _ in range(steps):
+        _fill(runner, [(s, tokens[s], pos) for s in range(n)], logits_last=False)
+        _decode(runner)
+        for s in range(n):
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(runner.ctx, s),
+                                        shape=(runner.n_vocab,))  # fmt: skip
+            tokens[s] = int(row.argmax())
+        pos += 1
+    elapsed = time.perf_counter() - start
+    for s in range(n):
+        runner.free_seq(s)
+    return n * steps / elapsed
+
+
+def _fill(runner, entries: list[tuple[int, int, int]], logits_last: bool) -> None:
+    """entries: (seq id, token, position); every token wants logits unless logits_last."""
+    k = len(entries)
+    seq_ids, toks, pos = zip(*entries, strict=True)
+    runner._seq[:k], runner._tok[:k], runner._pos[:k] = seq_ids, toks, pos
+    runner._logits[:k] = 0 if logits_last else 1
+    runner._logits[k - 1] = 1
+    runner._batch.n_tokens = k
+
+
+def _decode(runner) -> None:
+    rc = llama_cpp.llama_decode(runner.ctx, runner._batch)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc}")
+
+
+class _Timed:
+    """Wrap a callable, summing the seconds spent in it."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.total = fn, 0.0
+
+    def __call__(self, *args, **kw):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kw)
+        finally:
+            self.total += time.perf_counter() - start
+
+
+def engine_decode(runner, config, n: int, steps: int) -> dict[str, float]:
+    """Decode tokens/s through the engine, timing only steps where all n sequences decode."""
+    engine = Engine(runner, config.scheduler)
+    prompt = runner.tokenize(PROMPT)
+    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    for i in range(n):
+        engine.add_request(f"r{i}", prompt, params, user=f"u{i}")
+    while engine.scheduler.running == [] or any(s.is_prefilling or s.num_computed == 0
+                                                 for s in engine.scheduler.running):  # fmt: skip
+        engine.step()
+    timers = {
+        "schedule": _Timed(engine.scheduler.schedule),
+        "fill": _Timed(runner._fill),
+        "postprocess": _Timed(engine.scheduler.postprocess),
+    }
+    engine.scheduler.schedule, runner._fill = timers["schedule"], timers["fill"]
+    engine.scheduler.postprocess = timers["postprocess"]
+    decode_s = 0.0
+    start = time.perf_counter()
+    try:
+        for _ in range(steps):
+            engine.step()
+            decode_s += runner.last_decode_s
+    finally:
+        del runner._fill  # back to the class method
+    elapsed = time.perf_counter() - start
+    while engine.scheduler.has_work:
+        engine.step()
+    other = elapsed - decode_s - sum(t.total for t in timers.values())
+    return {
+        "tokens_per_s": n * steps / elapsed,
+        "step_ms": elapsed / steps * 1e3,
+        "engine_share": (elapsed - decode_s) / elapsed,
+        "schedule_ms": timers["schedule"].total / steps * 1e3,
+        "fill_ms": timers["fill"].total / steps * 1e3,
+        "sample_and_rest_ms": other / steps * 1e3,
+        "postprocess_ms": timers["postprocess"].total / steps * 1e3,
+    }
+
+
+def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
+    """Prompt tokens/s for one long prompt: through the engine and as bare n_batch chunks."""
+    words = (PROMPT * 200).split()
+    prompt = runner.tokenize(" ".join(words))[:n_tokens]
+    start = time.perf_counter()
+    for lo in range(0, len(prompt), runner.n_batch):
+        chunk = prompt[lo : lo + runner.n_batch]
+        _fill(runner, [(0, t, lo + i) for i, t in enumerate(chunk)], logits_last=True)
+        _decode(runner)
+    bare = len(prompt) / (time.perf_counter() - start)
+    runner.free_seq(0)
+    engine = Engine(runner, config.scheduler)
+    engine.add_request("p", prompt, SamplingParams(temperature=0, max_tokens=1))
+    start = time.perf_counter()
+    engine.step()  # takes the request in
+    while engine.scheduler.has_work:
+        engine.step()
+    return {
+        "bare_tokens_per_s": bare,
+        "engine_tokens_per_s": len(prompt) / (time.perf_counter() - start),
+    }
+
+
+def run_benchmark(config: Config, model: str | None, concurrency: list[int], steps: int,
+                  out: str | None) -> int:  # fmt: skip
+    runner = open_runner(config, model)
+    if max(concurrency) > runner.n_seq_max:
+        raise ValueError(f"concurrency {max(concurrency)} exceeds max_num_seqs {runner.n_seq_max}")
+    try:
+        bare_decode(runner, 1, 8)  # warm-up
+        rows = []
+        for n in concurrency:
+            bare, eng = [], []
+            for _ in range(REPEATS):  # alternate, so drift hits both alike
+                bare.append(bare_decode(runner, n, steps))
+                eng.append(engine_decode(runner, config, n, steps))
+            best = max(eng, key=lambda r: r["tokens_per_s"])
+            row = {"concurrency": n, "bare_tokens_per_s": statistics.median(bare),
+                   "engine": {k: statistics.median(r[k] for r in eng) for k in best}}  # fmt: skip
+            row["ratio"] = row["engine"]["tokens_per_s"] / row["bare_tokens_per_s"]
+            rows.append(row)
+            print(_row_text(row), flush=True)
+        prefill = prefill_rates(runner, config)
+        print(f"prefill: bare {prefill['bare_tokens_per_s']:.0f} tokens/s, "
+              f"engine {prefill['engine_tokens_per_s']:.0f} tokens/s")  # fmt: skip
+        result = {"machine": _machine(runner), "steps": steps, "repeats": REPEATS,
+                  "decode": rows, "prefill": prefill}  # fmt: skip
+        if out:
+            with open(out, "w") as f:
+                json.dump(result, f, indent=2)
+        return 0
+    finally:
+        runner.close()
+
+
+def _row_text(row: dict) -> str:
+    e = row["engine"]
+    return (
+        f"{row['concurrency']:>3} seqs: bare {row['bare_tokens_per_s']:7.1f} tok/s, "
+        f"engine {e['tokens_per_s']:7.1f} tok/s ({row['ratio']:.1%}); step {e['step_ms']:.1f} ms, "
+        f"outside llama_decode {e['engine_share']:.1%} (schedule {e['schedule_ms']:.2f}, "
+        f"fill {e['fill_ms']:.2f}, sample+rest {e['sample_and_rest_ms']:.2f}, "
+        f"postprocess {e['postprocess_ms']:.2f} ms)"
+    )
+
+
+def _machine(runner) -> dict:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "runner": msgspec.to_builtins(runner.info)}  # fmt: skip

@@ -1,0 +1,143 @@
+"""The online step-cost model and the adaptive prefill budget (localserve/budget.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from localserve.budget import MAX_TRACE, PRIOR, StepCostModel
+
+# a synthetic machine: step time = A + B * decode tokens + C * prefill tokens (seconds)
+A, B, C = 0.020, 0.003, 0.0005
+
+
+def true_step_s(num_decode: int, num_prefill: int) -> float:
+    return A + B * num_decode + C * num_prefill
+
+
+def mixed_steps(n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """(decode, prefill) pairs: a third of the steps carry a prefill chunk, some without decodes."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(n):
+        num_decode = rng.randint(0, 16)
+        num_prefill = rng.randint(16, 512) if rng.random() < 1 / 3 else 0
+        steps.append((num_decode, num_prefill))
+    return steps
+
+
+def trained(steps: list[tuple[int, int]], noise: float = 0.0, seed: int = 0) -> StepCostModel:
+    rng = random.Random(seed)
+    model = StepCostModel()
+    for num_decode, num_prefill in steps:
+        jitter = 1 + rng.uniform(-noise, noise)
+        model.update(num_decode, num_prefill, true_step_s(num_decode, num_prefill) * jitter)
+    return model
+
+
+def is_finite(model: StepCostModel) -> bool:
+    values = list(model.theta) + [v for row in model._p for v in row]
+    return all(math.isfinite(v) for v in values)
+
+
+# --- the fit ---------------------------------------------------------------------------------
+
+
+def test_untrained_model_predicts_from_the_prior():
+    model = StepCostModel()
+    assert model.theta == list(PRIOR)
+    assert model.predict(2, 10) == pytest.approx(PRIOR[0] + 2 * PRIOR[1] + 10 * PRIOR[2])
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.02])
+def test_model_learns_a_linear_step_time_law(noise):
+    model = trained(mixed_steps(300), noise=noise)
+    assert model.theta == pytest.approx([A, B, C], rel=0.10)
+    assert model.num_updates == 300
+    for num_decode, num_prefill in [(0, 512), (8, 0), (16, 128)]:
+        expected = true_step_s(num_decode, num_prefill)
+        assert model.predict(num_decode, num_prefill) == pytest.approx(expected, rel=0.05)
+
+
+def test_model_follows_a_change_of_machine_speed():
+    model = trained(mixed_steps(200))
+    for num_decode, num_prefill in mixed_steps(200, seed=2):  # the machine is now 2x slower
+        model.update(num_decode, num_prefill, 2 * true_step_s(num_decode, num_prefill))
+    assert model.theta == pytest.approx([2 * A, 2 * B, 2 * C], rel=0.10)
+
+
+def test_prediction_is_never_negative():
+    model = StepCostModel(prior=(-1.0, 0.0, 0.0))
+    assert model.predict(0, 0) == 0.0
+
+
+@pytest.mark.parametrize("num_decode", [None, 1, 8])
+def test_long_decode_only_run_keeps_the_model_finite(num_decode):
+    rng = random.Random(3)
+    model = StepCostModel()
+    for _ in range(10_000):
+        d = num_decode if num_decode is not None else rng.randint(1, 16)
+        model.update(d, 0, true_step_s(d, 0))
+    assert is_finite(model)
+    assert sum(model._p[i][i] for i in range(3)) <= MAX_TRACE * (1 + 1e-9)
+    d = num_decode or 8
+    assert model.predict(d, 0) == pytest.approx(true_step_s(d, 0), rel=0.01)
+    budget = model.prefill_budget(d, target_s=0.12, floor=32, ceiling=512)
+    assert 32 <= budget <= 512
+
+
+def test_prefill_token_cost_stays_positive():
+    model = StepCostModel(prior=(0.01, 0.001, -0.5))
+    assert model.prefill_token_s > 0
+    assert model.prefill_budget(0, target_s=0.1, floor=1, ceiling=10**9) < 10**9
+
+
+# --- the budget ------------------------------------------------------------------------------
+
+# 10 ms per step, 2 ms per decode token, 0.1 ms per prefill token
+SIMPLE = (0.010, 0.002, 0.0001)
+
+
+def test_budget_fills_the_spare_time_of_the_step():
+    model = StepCostModel(prior=SIMPLE)
+    # spare = 0.1 - (0.01 + 20 * 0.002) = 0.05 s -> 500 tokens at 0.1 ms
+    assert model.prefill_budget(20, target_s=0.1, floor=16, ceiling=4096) == pytest.approx(
+        500, abs=1
+    )
+
+
+def test_budget_never_exceeds_the_ceiling():
+    model = StepCostModel(prior=SIMPLE)
+    assert model.prefill_budget(0, target_s=0.1, floor=16, ceiling=512) == 512
+
+
+def test_budget_never_drops_below_the_floor():
+    model = StepCostModel(prior=SIMPLE)
+    assert model.prefill_budget(40, target_s=0.1, floor=16, ceiling=512) == pytest.approx(
+        100, abs=1
+    )
+    assert model.prefill_budget(45, target_s=0.1, floor=16, ceiling=512) == 16  # no spare time
+    assert model.prefill_budget(200, target_s=0.1, floor=16, ceiling=512) == 16
+
+
+def test_ceiling_wins_over_a_larger_floor():
+    model = StepCostModel(prior=SIMPLE)
+    assert model.prefill_budget(200, target_s=0.1, floor=64, ceiling=32) == 32
+
+
+def test_budget_shrinks_as_decodes_grow():
+    model = StepCostModel(prior=SIMPLE)
+    budgets = [model.prefill_budget(d, 0.1, floor=16, ceiling=4096) for d in range(0, 60, 5)]
+    assert budgets == sorted(budgets, reverse=True)
+    assert budgets[0] > budgets[5] > budgets[-1] == 16
+
+
+def test_learned_budget_keeps_the_predicted_step_within_target():
+    model = trained(mixed_steps(300))
+    target = 0.12
+    for num_decode in (0, 4, 16):
+        budget = model.prefill_budget(num_decode, target, floor=32, ceiling=8192)
+        assert true_step_s(num_decode, budget) <= target * 1.05
+        assert true_step_s(num_decode, budget + 20) > target  # and uses most of the time

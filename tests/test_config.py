@@ -1,0 +1,252 @@
+"""models.toml parsing and validation (localserve/config.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localserve.config import (
+    DEFAULT_MODEL,
+    ConfigError,
+    ModelConfig,
+    builtin_config,
+    load_config,
+    parse_config,
+)
+
+VALID_MODEL = """
+[models.x]
+path = "/models/x.gguf"
+"""
+
+
+def config_error(text: str) -> str:
+    """The message of the ConfigError that parsing `text` raises."""
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config(text)
+    return str(excinfo.value)
+
+
+def model_with(*lines: str) -> str:
+    """A models.toml with one valid model `x` plus the given `key = value` lines."""
+    return VALID_MODEL + "\n".join(lines) + "\n"
+
+
+# --- the built-in default --------------------------------------------------------------------
+
+
+def test_builtin_config_is_the_embedded_gemma_model():
+    config = builtin_config()
+    assert config.default == DEFAULT_MODEL == "gemma-3-270m"
+    assert list(config.models) == [DEFAULT_MODEL]
+    model = config.models[DEFAULT_MODEL]
+    assert model.embedded is True
+    assert model.path is None
+    assert model.chat_template == "gemma"
+
+
+def test_empty_file_gives_the_builtin_default():
+    config = parse_config("")
+    assert config.default == DEFAULT_MODEL
+    assert config.models[DEFAULT_MODEL] == builtin_config().models[DEFAULT_MODEL]
+    assert config.scheduler.policy == "continuous"
+
+
+# --- a valid custom model --------------------------------------------------------------------
+
+
+def test_custom_model_with_path_is_accepted_next_to_the_builtin():
+    config = parse_config(
+        model_with('chat_template = "chatml"', "n_ctx = 4096", "max_num_seqs = 8")
+    )
+    x = config.models["x"]
+    assert x.path == "/models/x.gguf"
+    assert x.embedded is False
+    assert (x.chat_template, x.n_ctx, x.max_num_seqs) == ("chatml", 4096, 8)
+    assert DEFAULT_MODEL in config.models
+    assert config.default == DEFAULT_MODEL
+
+
+def test_default_may_name_a_custom_model():
+    config = parse_config('default = "x"\n' + VALID_MODEL)
+    assert config.default == "x"
+
+
+def test_unset_model_keys_take_their_defaults():
+    x = parse_config(VALID_MODEL).models["x"]
+    assert x == ModelConfig(path="/models/x.gguf")
+    assert (x.n_ctx, x.max_num_seqs, x.max_num_batched_tokens) == (8192, 16, 512)
+
+
+def test_scheduler_section_is_read():
+    config = parse_config('[scheduler]\npolicy = "static"\nitl_target_ms = 50.0\n')
+    assert config.scheduler.policy == "static"
+    assert config.scheduler.itl_target_ms == 50.0
+
+
+# --- errors name the key ---------------------------------------------------------------------
+
+MODEL_FIELD_ERRORS = [
+    pytest.param(model_with("n_ctxx = 4096"), "n_ctxx", id="unknown-key"),
+    pytest.param(model_with('n_ctx = "big"'), "n_ctx", id="wrong-type"),
+    pytest.param(model_with("n_ctx = 100"), "n_ctx", id="n_ctx-too-small"),
+    pytest.param(model_with("max_num_seqs = 300"), "max_num_seqs", id="too-many-seqs"),
+    pytest.param(model_with('flash_attn = "yes"'), "flash_attn", id="bad-literal"),
+]
+
+
+@pytest.mark.parametrize(("text", "field"), MODEL_FIELD_ERRORS)
+def test_model_field_error_names_the_field(text, field):
+    message = config_error(text)
+    assert f"`{field}`" in message or f".{field}`" in message
+    assert "models" in message
+
+
+@pytest.mark.parametrize(("text", "field"), MODEL_FIELD_ERRORS)
+def test_model_field_error_names_the_full_key(text, field):
+    assert f"models.x.{field}" in config_error(text)
+
+
+def test_wrong_type_error_says_what_was_expected():
+    message = config_error(model_with('n_ctx = "big"'))
+    assert "int" in message and "str" in message
+
+
+def test_too_few_batched_tokens_for_max_num_seqs_names_the_key():
+    message = config_error(model_with("max_num_seqs = 32", "max_num_batched_tokens = 16"))
+    assert "models.x.max_num_batched_tokens" in message
+    assert "max_num_seqs" in message
+
+
+def test_both_path_and_embedded_is_an_error_naming_the_model():
+    message = config_error(model_with("embedded = true"))
+    assert "models.x" in message
+    assert "path" in message and "embedded" in message
+
+
+def test_neither_path_nor_embedded_is_an_error_naming_the_model():
+    message = config_error("[models.x]\nn_ctx = 4096\n")
+    assert "models.x" in message
+    assert "path" in message and "embedded" in message
+
+
+def test_empty_path_counts_as_no_path():
+    assert "models.x" in config_error('[models.x]\npath = ""\n')
+
+
+def test_unknown_default_model_is_an_error_listing_the_known_ones():
+    message = config_error('default = "nope"\n' + VALID_MODEL)
+    assert "default" in message and "'nope'" in message
+    assert DEFAULT_MODEL in message and "x" in message
+
+
+def test_invalid_toml_is_a_config_error_naming_the_source():
+    with pytest.raises(ConfigError, match=r"my\.toml: not valid TOML"):
+        parse_config("[models.x\n", source="my.toml")
+
+
+def test_unknown_scheduler_key_is_named():
+    message = config_error("[scheduler]\nitl_target = 100\n")
+    assert "`scheduler.itl_target`" in message
+
+
+def test_bad_policy_name_is_named():
+    message = config_error('[scheduler]\npolicy = "fifo"\n')
+    assert "scheduler.policy" in message
+    assert "fifo" in message
+
+
+def test_unknown_top_level_key_is_named():
+    assert "`foo`: unknown key" in config_error("foo = 1\n")
+
+
+def test_error_messages_do_not_leak_msgspec_paths():
+    assert "$" not in config_error('[scheduler]\npolicy = "fifo"\n')
+
+
+# --- load_config -----------------------------------------------------------------------------
+
+
+def write_toml(directory: Path, text: str, name: str = "models.toml") -> Path:
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_load_config_resolves_relative_path_against_the_file_directory(tmp_path, monkeypatch):
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    toml = write_toml(conf_dir, '[models.x]\npath = "weights/x.gguf"\n')
+    monkeypatch.chdir(tmp_path)  # not the file's directory
+    config = load_config(toml)
+    assert config.models["x"].path == str((conf_dir / "weights" / "x.gguf").resolve())
+
+
+def test_load_config_keeps_absolute_and_home_paths(tmp_path):
+    toml = write_toml(
+        tmp_path,
+        '[models.a]\npath = "/abs/a.gguf"\n[models.h]\npath = "~/h.gguf"\n',
+    )
+    config = load_config(toml)
+    assert config.models["a"].path == "/abs/a.gguf"
+    assert config.models["h"].path == "~/h.gguf"
+
+
+def test_load_config_reads_localserve_models_env_var(tmp_path, monkeypatch):
+    toml = write_toml(tmp_path, 'default = "x"\n' + VALID_MODEL, name="elsewhere.toml")
+    monkeypatch.setenv("LOCALSERVE_MODELS", str(toml))
+    assert load_config().default == "x"
+
+
+def test_load_config_explicit_path_wins_over_env_var(tmp_path, monkeypatch):
+    env_toml = write_toml(tmp_path, 'default = "x"\n' + VALID_MODEL, name="env.toml")
+    arg_toml = write_toml(tmp_path, "", name="arg.toml")
+    monkeypatch.setenv("LOCALSERVE_MODELS", str(env_toml))
+    assert load_config(arg_toml).default == DEFAULT_MODEL
+
+
+def test_load_config_reads_models_toml_in_the_working_directory(tmp_path, monkeypatch):
+    write_toml(tmp_path, 'default = "x"\n' + VALID_MODEL)
+    monkeypatch.delenv("LOCALSERVE_MODELS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert load_config().default == "x"
+
+
+def test_load_config_without_any_file_gives_builtins(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCALSERVE_MODELS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert load_config() == builtin_config()
+
+
+def test_load_config_missing_file_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSERVE_MODELS", str(tmp_path / "absent.toml"))
+    with pytest.raises(ConfigError, match="no such configuration file"):
+        load_config()
+
+
+def test_load_config_errors_name_the_file(tmp_path):
+    toml = write_toml(tmp_path, '[scheduler]\npolicy = "fifo"\n')
+    with pytest.raises(ConfigError, match=str(toml)):
+        load_config(toml)
+
+
+# --- ModelConfig.threads ---------------------------------------------------------------------
+
+
+def test_threads_zero_resolves_to_the_core_count(monkeypatch):
+    monkeypatch.setattr("localserve.config.os.cpu_count", lambda: 6)
+    assert ModelConfig(embedded=True).threads() == (6, 6)
+
+
+def test_threads_batch_zero_follows_n_threads():
+    assert ModelConfig(embedded=True, n_threads=4).threads() == (4, 4)
+
+
+def test_threads_explicit_values_are_kept():
+    assert ModelConfig(embedded=True, n_threads=4, n_threads_batch=2).threads() == (4, 2)
+
+
+def test_threads_unknown_core_count_falls_back_to_one(monkeypatch):
+    monkeypatch.setattr("localserve.config.os.cpu_count", lambda: None)
+    assert ModelConfig(embedded=True).threads() == (1, 1)
