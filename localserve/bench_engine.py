@@ -84,11 +84,16 @@ class _Timed:
             self.total += time.perf_counter() - start
 
 
-def engine_decode(runner, config, n: int, steps: int) -> dict[str, float]:
+GREEDY = SamplingParams(temperature=0, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1,
+                         ignore_eos=True)  # fmt: skip
+
+
+def engine_decode(runner, config, n: int, steps: int, params=GREEDY) -> dict[str, float]:
     """Decode tokens/s through the engine, timing only steps where all n sequences decode."""
     engine = Engine(runner, config.scheduler)
     prompt = runner.tokenize(PROMPT)
-    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    params = msgspec.structs.replace(params, max_tokens=steps + 2)
     for i in range(n):
         engine.add_request(f"r{i}", prompt, params, user=f"u{i}")
     while engine.scheduler.running == [] or any(s.is_prefilling or s.num_computed == 0
@@ -166,11 +171,16 @@ def run_benchmark(config: Config, model: str | None, concurrency: list[int], ste
             row["ratio"] = row["engine"]["tokens_per_s"] / row["bare_tokens_per_s"]
             rows.append(row)
             print(_row_text(row), flush=True)
+        n = max(concurrency)
+        sampled = engine_decode(runner, config, n, steps, SAMPLED)
+        print(f"{n:>3} seqs with sampler chains (temperature 0.8, top_k 40, top_p, min_p): "
+              f"{sampled['tokens_per_s']:.1f} tok/s, step {sampled['step_ms']:.1f} ms, "
+              f"outside llama_decode {sampled['engine_share']:.1%}")  # fmt: skip
         prefill = prefill_rates(runner, config)
         print(f"prefill: bare {prefill['bare_tokens_per_s']:.0f} tokens/s, "
               f"engine {prefill['engine_tokens_per_s']:.0f} tokens/s")  # fmt: skip
         result = {"machine": _machine(runner), "steps": steps, "repeats": REPEATS,
-                  "decode": rows, "prefill": prefill}  # fmt: skip
+                  "decode": rows, "sampled": sampled, "prefill": prefill}  # fmt: skip
         if out:
             with open(out, "w") as f:
                 json.dump(result, f, indent=2)

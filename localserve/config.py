@@ -38,7 +38,6 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     n_threads: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = every core
     n_threads_batch: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = n_threads
     flash_attn: Literal["auto", "on", "off"] = "auto"
-    seed: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def threads(self) -> tuple[int, int]:
         """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""

@@ -221,7 +221,7 @@ class Engine:
         prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
         self.metrics.on_step(
             batch.num_decode_tokens, batch.num_prefill_tokens,
-            self.clock() - start, self.runner.last_decode_s, prefill_s,
+            self.clock() - start, self.runner.last_decode_s, prefill_s, len(sampled),
         )  # fmt: skip
         events: list[Event] = []
         for s, text in zip(sampled, deltas, strict=True):

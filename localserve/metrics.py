@@ -14,6 +14,7 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from localserve.protocol import Counters, EventRow, Histogram, Percentiles, StepStats
 from localserve.sequence import FinishReason, Sequence
@@ -27,6 +28,16 @@ LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 
 NAN = math.nan
+
+
+class StepRecord(NamedTuple):
+    t: float
+    num_decode: int
+    num_prefill: int
+    num_sampled: int  # tokens generated (decodes plus first tokens of finished prefills)
+    step_s: float
+    decode_s: float  # inside llama_decode
+    prefill_s: float  # the cost model's share for the prefill tokens
 
 
 class Window:
@@ -97,8 +108,7 @@ class Metrics:
             "e2e_request_latency_seconds": CumulativeHistogram(LATENCY_BUCKETS),
             "request_time_per_output_token_seconds": CumulativeHistogram(ITL_BUCKETS),
         }
-        # per step: (time, decode tokens, prefill tokens, step s, decode s, predicted prefill s)
-        self.steps: deque[tuple[float, int, int, float, float, float]] = deque(maxlen=256)
+        self.steps: deque[StepRecord] = deque(maxlen=256)
         self.events: deque[EventRow] = deque(maxlen=100)
 
     # --- recording -------------------------------------------------------------------------
@@ -144,11 +154,21 @@ class Metrics:
         self.counters.rejections += 1
 
     def on_step(
-        self, num_decode: int, num_prefill: int, step_s: float, decode_s: float, prefill_s: float
+        self,
+        num_decode: int,
+        num_prefill: int,
+        step_s: float,
+        decode_s: float,
+        prefill_s: float,
+        num_sampled: int | None = None,
     ) -> None:
+        """One step: its token counts, wall time, time in llama_decode, predicted prefill time."""
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
-        self.steps.append((self.clock(), num_decode, num_prefill, step_s, decode_s, prefill_s))
+        sampled = num_decode if num_sampled is None else num_sampled
+        record = StepRecord(self.clock(), num_decode, num_prefill, sampled, step_s, decode_s,
+                            prefill_s)  # fmt: skip
+        self.steps.append(record)
 
     def _observe(self, window: Window, name: str, value: float) -> None:
         window.add(self.clock(), value)
@@ -165,25 +185,26 @@ class Metrics:
     def throughput(self, span_s: float = 10.0) -> tuple[float, float]:
         """(prompt tokens/s, generated tokens/s) over the last `span_s` seconds of steps."""
         now = self.clock()
-        recent = [s for s in self.steps if s[0] >= now - span_s]
+        recent = [s for s in self.steps if s.t >= now - span_s]
         if not recent:
             return 0.0, 0.0
-        elapsed = max(now - recent[0][0] + recent[0][3], 1e-9)
-        return sum(s[2] for s in recent) / elapsed, sum(s[1] for s in recent) / elapsed
+        elapsed = max(now - recent[0].t + recent[0].step_s, 1e-9)
+        prompt = sum(s.num_prefill for s in recent)
+        return prompt / elapsed, sum(s.num_sampled for s in recent) / elapsed
 
     def step_stats(self, prefill_budget: int, last_n: int = 32) -> StepStats:
         recent = list(self.steps)[-last_n:]
         if not recent:
             return StepStats(0, NAN, NAN, NAN, NAN, NAN, prefill_budget)
         n = len(recent)
-        total_s = sum(s[3] for s in recent)
+        total_s = max(sum(s.step_s for s in recent), 1e-9)
         return StepStats(
             num_steps=self.counters.steps,
             step_s=total_s / n,
-            decode_tokens=sum(s[1] for s in recent) / n,
-            prefill_tokens=sum(s[2] for s in recent) / n,
-            prefill_time_share=min(1.0, sum(s[5] for s in recent) / max(total_s, 1e-9)),
-            engine_share=max(0.0, 1 - sum(s[4] for s in recent) / max(total_s, 1e-9)),
+            decode_tokens=sum(s.num_decode for s in recent) / n,
+            prefill_tokens=sum(s.num_prefill for s in recent) / n,
+            prefill_time_share=min(1.0, sum(s.prefill_s for s in recent) / total_s),
+            engine_share=max(0.0, 1 - sum(s.decode_s for s in recent) / total_s),
             prefill_budget=prefill_budget,
         )
 
