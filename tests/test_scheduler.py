@@ -216,3 +216,31 @@ def test_kv_accounting_matches_the_cache(make_harness):
         assert h.kv.num_used <= h.kv.num_committed <= h.kv.num_cells
     h.run()
     assert h.kv.num_used == 0 and h.runner.cells == {} and h.runner.num_samplers == 0
+
+
+def test_cache_full_in_llama_shrinks_the_pool_and_everyone_completes(make_harness):
+    from localserve.kv import KVPool
+
+    h = make_harness(n_ctx=512, n_seq_max=4)  # llama.cpp has 512 cells...
+    sched = h.engine.scheduler
+    h.engine.kv = sched.kv = KVPool(2048, 4)  # ...the scheduler believes in 2048
+    for i in range(4):
+        h.add(f"r{i}", 150, max_tokens=40, user=f"u{i}")
+    h.run()
+    assert h.kv.num_cells < 2048
+    assert all(h.done(f"r{i}").completion_tokens == 40 for i in range(4))
+    assert h.runner.cells == {}
+
+
+def test_prompt_that_can_never_fit_is_refused_not_retried_forever():
+    from localserve.kv import KVPool
+    from localserve.scheduler import Scheduler
+    from localserve.sequence import SamplingParams, Sequence
+
+    sched = Scheduler(SchedulerConfig(), KVPool(100, 2), max_num_seqs=2, max_num_batched_tokens=64)
+    seq = Sequence("huge", [2] * 150, SamplingParams(temperature=0))
+    sched.add(seq)
+    batch = sched.schedule()
+    assert batch.finished == [seq] and not batch.items
+    assert seq.finish_reason == "error" and "KV cells" in seq.error
+    assert not sched.has_work
