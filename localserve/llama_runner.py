@@ -19,6 +19,7 @@ import numpy as np
 from localserve.config import ModelConfig
 from localserve.protocol import ModelInfo
 from localserve.runner import DecodeError, KVCacheFull
+from localserve.sampling import Sampler
 from localserve.scheduler import Batch
 from localserve.sequence import SamplingParams
 
@@ -51,6 +52,13 @@ class _LogRouter:
 _router = _LogRouter()
 llama_cpp.llama_log_set(_router.callback, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+
+
+class _Chain:
+    """A llama.cpp sampler chain (penalties need its token history)."""
+
+    def __init__(self, ptr) -> None:
+        self.ptr = ptr
 
 
 class LlamaRunner:
@@ -195,10 +203,10 @@ class LlamaRunner:
 
     # --- sampling --------------------------------------------------------------------------
 
-    def new_sampler(self, params: SamplingParams):
-        """A sampler chain for one sequence, or None for plain greedy (argmax in numpy)."""
-        if params.is_greedy:
-            return None
+    def new_sampler(self, params: SamplingParams) -> Sampler | _Chain:
+        """numpy sampling on the logits; llama.cpp's chain only for repetition penalties."""
+        if params.repeat_penalty == 1.0:
+            return Sampler(params, self._eog_ids)
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
         if params.ignore_eos and len(self._eog_ids):
@@ -206,14 +214,13 @@ class LlamaRunner:
             for i, t in enumerate(self._eog_ids.tolist()):
                 biases[i].token, biases[i].bias = t, float("-inf")
             add(chain, llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases))
-        if params.repeat_penalty != 1.0:
-            penalties = llama_cpp.llama_sampler_init_penalties(
-                self.n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
-            )
-            add(chain, penalties)
+        penalties = llama_cpp.llama_sampler_init_penalties(
+            self.n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
+        )
+        add(chain, penalties)
         if params.temperature == 0:
             add(chain, llama_cpp.llama_sampler_init_greedy())
-            return chain
+            return _Chain(chain)
         if params.top_k > 0:
             add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
         add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
@@ -221,20 +228,17 @@ class LlamaRunner:
         add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
         seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
         add(chain, llama_cpp.llama_sampler_init_dist(seed))
-        return chain
+        return _Chain(chain)
 
     def free_sampler(self, sampler) -> None:
-        if sampler is not None:
-            llama_cpp.llama_sampler_free(sampler)
+        if isinstance(sampler, _Chain):
+            llama_cpp.llama_sampler_free(sampler.ptr)
 
     def _sample(self, row: int, seq) -> int:
-        if seq.sampler is not None:
-            return llama_cpp.llama_sampler_sample(seq.sampler, self.ctx, row)
+        if isinstance(seq.sampler, _Chain):
+            return llama_cpp.llama_sampler_sample(seq.sampler.ptr, self.ctx, row)
         ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        if seq.params.ignore_eos:
-            logits[self._eog_ids] = -np.inf
-        return int(logits.argmax())
+        return seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
 
     # --- the step --------------------------------------------------------------------------
 

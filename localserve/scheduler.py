@@ -221,8 +221,7 @@ class Scheduler:
         in_batch = {id(item.seq) for item in batch.items}
         prefills = [s for s in self.running if id(s) not in in_batch]
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
-        for user in self._served:
-            self._served[user] *= SERVED_DECAY
+        self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
         for seq in prefills:
             if budget <= 0:
                 break
