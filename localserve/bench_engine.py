@@ -28,7 +28,7 @@ from localserve.models import open_runner
 from localserve.sequence import SamplingParams
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. "
-REPEATS = 3
+REPEATS = 6
 
 
 def bare_decode(runner, n: int, steps: int) -> float:
@@ -162,13 +162,18 @@ def run_benchmark(config: Config, model: str | None, concurrency: list[int], ste
         rows = []
         for n in concurrency:
             bare, eng = [], []
-            for _ in range(REPEATS):  # alternate, so drift hits both alike
+            for i in range(REPEATS):  # back-to-back pairs, alternating who goes first
+                if i % 2:
+                    eng.append(engine_decode(runner, config, n, steps))
                 bare.append(bare_decode(runner, n, steps))
-                eng.append(engine_decode(runner, config, n, steps))
+                if not i % 2:
+                    eng.append(engine_decode(runner, config, n, steps))
             best = max(eng, key=lambda r: r["tokens_per_s"])
             row = {"concurrency": n, "bare_tokens_per_s": statistics.median(bare),
                    "engine": {k: statistics.median(r[k] for r in eng) for k in best}}  # fmt: skip
-            row["ratio"] = row["engine"]["tokens_per_s"] / row["bare_tokens_per_s"]
+            # pairs ran back to back: the median of their ratios cancels most machine drift
+            ratios = [e["tokens_per_s"] / b for e, b in zip(eng, bare, strict=True)]
+            row["ratio"] = statistics.median(ratios)
             rows.append(row)
             print(_row_text(row), flush=True)
         n = max(concurrency)
