@@ -178,7 +178,7 @@ def run_benchmark(config: Config, model: str | None, concurrency: list[int], ste
             print(_row_text(row), flush=True)
         n = max(concurrency)
         sampled = engine_decode(runner, config, n, steps, SAMPLED)
-        print(f"{n:>3} seqs with sampler chains (temperature 0.8, top_k 40, top_p, min_p): "
+        print(f"{n:>3} seqs sampled (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05): "
               f"{sampled['tokens_per_s']:.1f} tok/s, step {sampled['step_ms']:.1f} ms, "
               f"outside llama_decode {sampled['engine_share']:.1%}")  # fmt: skip
         prefill = prefill_rates(runner, config)

@@ -299,7 +299,7 @@ class Engine:
 
 
 def _seq_row(seq: Sequence, now: float) -> SeqRow:
-    _, ttft, _, _ = seq.timings_s()
+    ttft = seq.timings_s()[1]
     first, last = seq.first_token_time, seq.last_token_time
     n = seq.num_output_tokens
     return SeqRow(
@@ -310,10 +310,10 @@ def _seq_row(seq: Sequence, now: float) -> SeqRow:
         computed_tokens=seq.num_computed,
         output_tokens=n,
         cells=seq.num_cells,
-        tokens_per_s=(n - 1) / (last - first) if n > 1 and last > first else math.nan,
-        ttft_s=ttft,
-        last_itl_s=math.nan if seq.last_itl_s is None else seq.last_itl_s,
-        since_last_token_s=now - last if last is not None else math.nan,
+        tokens_per_s=(n - 1) / (last - first) if n > 1 and last > first else None,
+        ttft_s=None if math.isnan(ttft) else ttft,
+        last_itl_s=seq.last_itl_s,
+        since_last_token_s=now - last if last is not None else None,
         num_preemptions=seq.num_preemptions,
     )
 

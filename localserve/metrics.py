@@ -3,9 +3,10 @@
 - TTFT = arrival -> first token; queue time = waiting before admission (re-queues after a
   preemption included); ITL = gap between successive tokens of one request (pooled);
   TPOT = (last - first token) / (n - 1); e2e = arrival -> finished.
-- Sliding windows give p50/p90/p99 for the monitor; cumulative histograms with vLLM's buckets
-  feed `/metrics`; counters and per-step records (decode vs prefill tokens, step time, time
-  outside llama_decode) complete the picture. `snapshot()` packs it into one Struct.
+- Sliding windows give p50/p90/p99 for the monitor (None when empty); cumulative histograms
+  with vLLM's buckets feed `/metrics`; counters and per-step records (decode vs prefill tokens,
+  step time, time outside llama_decode) complete the picture. The engine packs it all into one
+  `Snapshot` Struct.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
-
-NAN = math.nan
 
 
 class StepRecord(NamedTuple):
@@ -58,10 +57,10 @@ class Window:
 
 
 def percentiles(values: Iterable[float]) -> Percentiles:
-    """p50/p90/p99 (nearest rank) and mean; NaN for an empty window."""
+    """p50/p90/p99 (nearest rank) and mean; None for an empty window."""
     xs = sorted(values)
     if not xs:
-        return Percentiles(NAN, NAN, NAN, NAN, 0)
+        return Percentiles(None, None, None, None, 0)
 
     def rank(q: float) -> float:
         return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
@@ -195,7 +194,7 @@ class Metrics:
     def step_stats(self, prefill_budget: int, last_n: int = 32) -> StepStats:
         recent = list(self.steps)[-last_n:]
         if not recent:
-            return StepStats(0, NAN, NAN, NAN, NAN, NAN, prefill_budget)
+            return StepStats(0, None, None, None, None, None, prefill_budget)
         n = len(recent)
         total_s = max(sum(s.step_s for s in recent), 1e-9)
         return StepStats(

@@ -1,8 +1,9 @@
 """Wire types shared by the server, the clients and the monitor (a leaf module: msgspec only).
 
-For now: the stats snapshot the engine produces, which the server sends to the monitor as
-`stats` frames and renders as Prometheus text on `/metrics`. Times are in seconds, NaN when
-there is nothing to measure yet.
+JSON text frames over one websocket, tagged by `type` (docs/protocol.md has the whole contract
+and an example exchange). Client frames form a closed tagged union decoded by one reused
+decoder; anything else is a `bad_request`. The `stats` frame carries the engine's `Snapshot`
+(times in seconds; null where there is nothing to measure yet).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ class ModelInfo(msgspec.Struct, frozen=True):
 
 
 class Percentiles(msgspec.Struct):
-    p50: float
-    p90: float
-    p99: float
-    mean: float
+    """None while the window is empty."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
     count: int
 
 
@@ -50,10 +53,10 @@ class SeqRow(msgspec.Struct):
     computed_tokens: int  # tokens whose KV is in the cache
     output_tokens: int
     cells: int  # cells committed to it
-    tokens_per_s: float
-    ttft_s: float
-    last_itl_s: float
-    since_last_token_s: float
+    tokens_per_s: float | None  # None until there is something to measure
+    ttft_s: float | None
+    last_itl_s: float | None
+    since_last_token_s: float | None
     num_preemptions: int
 
 
@@ -70,11 +73,11 @@ class StepStats(msgspec.Struct):
     """Averages over the recent steps."""
 
     num_steps: int
-    step_s: float  # mean wall time of a step
-    decode_tokens: float  # mean decode tokens per step
-    prefill_tokens: float  # mean prefill tokens per step
-    prefill_time_share: float  # share of step time predicted for prefill work
-    engine_share: float  # share of step time outside llama_decode (Python + sampling)
+    step_s: float | None  # mean wall time of a step; None before the first step
+    decode_tokens: float | None  # mean decode tokens per step
+    prefill_tokens: float | None  # mean prefill tokens per step
+    prefill_time_share: float | None  # share of step time predicted for prefill work
+    engine_share: float | None  # share of step time outside llama_decode (Python + sampling)
     prefill_budget: int  # the adaptive budget of the last step
 
 
@@ -129,3 +132,121 @@ class Snapshot(msgspec.Struct):
     waiting_seqs: list[WaitingRow]
     events: list[EventRow]
     histograms: dict[str, Histogram]
+
+
+# --- client -> server -------------------------------------------------------------------------
+
+PROTOCOL_VERSION = 1
+
+
+class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
+    """First frame of a connection."""
+
+    user: str
+    token: str | None = None
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    role: str  # system | user | assistant
+    content: str
+
+
+class Chat(msgspec.Struct, tag="chat", forbid_unknown_fields=True, kw_only=True):
+    """A request: a conversation to continue. `id` is the client's, unique per connection."""
+
+    id: str
+    messages: list[Message]
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):
+    id: str
+
+
+class Subscribe(msgspec.Struct, tag="subscribe", forbid_unknown_fields=True):
+    """Periodic `stats` frames; interval_ms 0 stops them."""
+
+    interval_ms: int = 500
+    token: str | None = None  # the monitor token, when the server requires one
+
+
+ClientFrame = Hello | Chat | Cancel | Subscribe
+
+
+# --- server -> client -------------------------------------------------------------------------
+
+
+class Limits(msgspec.Struct):
+    max_frame_bytes: int
+    max_tokens: int
+    max_inflight_per_user: int
+    max_queued_per_user: int
+    max_queued: int
+
+
+class Welcome(msgspec.Struct, tag="welcome"):
+    model: str
+    n_ctx: int
+    limits: Limits
+    version: str
+    protocol: int = PROTOCOL_VERSION
+
+
+class Queued(msgspec.Struct, tag="queued"):
+    id: str
+    position: int  # 1 = next to be admitted
+
+
+class TokenDelta(msgspec.Struct, tag="token"):
+    id: str
+    text: str  # one or more tokens' text (coalesced when the client reads slowly)
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class Timings(msgspec.Struct):
+    queue_ms: float | None
+    ttft_ms: float | None
+    itl_ms: float | None
+    e2e_ms: float | None
+
+
+class Finished(msgspec.Struct, tag="done"):
+    id: str
+    finish_reason: str  # stop | length | cancelled | error
+    usage: Usage
+    timings: Timings
+
+
+class Error(msgspec.Struct, tag="error", omit_defaults=True):
+    code: (
+        str  # bad_request | unauthorized | busy | too_long | unknown_id | shutting_down | internal
+    )
+    message: str
+    id: str | None = None
+
+
+class Notice(msgspec.Struct, tag="notice"):
+    """Server news, e.g. `shutting_down` with the grace period left."""
+
+    code: str
+    message: str
+
+
+class Stats(msgspec.Struct, tag="stats"):
+    snapshot: Snapshot
+
+
+ServerFrame = Welcome | Queued | TokenDelta | Finished | Error | Notice | Stats

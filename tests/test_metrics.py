@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from localserve.metrics import (
@@ -63,10 +61,10 @@ def histogram(metrics: Metrics, name: str):
 # --- percentiles -----------------------------------------------------------------------------
 
 
-def test_percentiles_of_nothing_are_nan_with_count_zero():
+def test_percentiles_of_nothing_are_none_with_count_zero():
     p = percentiles([])
     assert p.count == 0
-    assert all(math.isnan(x) for x in (p.p50, p.p90, p.p99, p.mean))
+    assert (p.p50, p.p90, p.p99, p.mean) == (None, None, None, None)
 
 
 def test_percentiles_use_nearest_rank():
@@ -271,8 +269,8 @@ def test_step_stats_shares_are_clamped(metrics, clock):
     assert stats.prefill_time_share == 1.0
 
 
-def test_step_stats_without_steps_are_nan(metrics):
+def test_step_stats_without_steps_are_none(metrics):
     stats = metrics.step_stats(prefill_budget=64)
     assert stats.num_steps == 0
-    assert math.isnan(stats.step_s) and math.isnan(stats.engine_share)
+    assert stats.step_s is None and stats.engine_share is None
     assert stats.prefill_budget == 64
