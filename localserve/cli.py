@@ -1,4 +1,4 @@
-"""`localserve` command line: generate, models, bench-engine (serve, chat, monitor, demo: next)."""
+"""`localserve` command line: serve, chat, generate, models, bench-engine."""
 
 from __future__ import annotations
 
@@ -38,6 +38,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
     sub = p.add_subparsers(title="commands")
 
+    s = sub.add_parser("serve", help="the websocket chat server (and /healthz, /metrics)")
+    s.add_argument("--model", help="a name from models.toml (default: its `default`)")
+    s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
+    s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")
+    s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
+    s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
+    s.add_argument("--monitor-token", help="require this token for stats subscriptions")
+    s.set_defaults(run=cmd_serve)
+
+    c = sub.add_parser("chat", help="chat with a running server in this terminal")
+    c.add_argument("--url", default="ws://127.0.0.1:8765", help="the server's websocket URL")
+    c.add_argument("--name", help="your user name (default: $USER)")
+    c.add_argument("--token", help="your token, when the server requires one")
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.7)
+    c.set_defaults(run=cmd_chat)
+
     g = sub.add_parser("generate", help="generate text from one prompt, with timings")
     g.add_argument("prompt")
     g.add_argument("--model", help="a name from models.toml (default: its `default`)")
@@ -58,6 +75,42 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="write the results as JSON here")
     b.set_defaults(run=cmd_bench_engine)
     return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from localserve.auth import Access, load_users
+    from localserve.engine import Engine
+    from localserve.models import open_runner
+    from localserve.server import Server, run
+
+    config = load_config(args.config)
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    access = Access(load_users(args.users), args.monitor_token)
+    access.check_bind(host, args.open)  # before the model loads: fail fast
+    name = args.model or config.default
+    runner = open_runner(config, name)
+    engine = Engine(runner, config.scheduler).start()
+    try:
+        server = Server(engine, runner, config.models[name], config.server, access)
+        asyncio.run(run(server, host, port))
+        return 0
+    finally:
+        engine.stop()
+        runner.close()
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+    import getpass
+
+    from tui.chat import ChatClient
+
+    name = args.name or getpass.getuser()
+    client = ChatClient(args.url, name, args.token, args.max_tokens, args.temperature)
+    return asyncio.run(client.run())
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -30,6 +30,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     path: str | None = None  # a local GGUF file
     embedded: bool = False  # the GGUF shipped by the PyPI package (the default model)
+    # how chats become a prompt: "template" = llama.cpp's chat template (chat_template below);
+    # "transcript" = a plain "User: ... / Assistant:" dialogue, which base models continue best
+    chat_format: Literal["template", "transcript"] = "template"
     chat_template: str | None = None  # llama.cpp built-in template name; None = the GGUF's own
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
@@ -58,17 +61,31 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_running_per_user: Positive = 8  # per-user in-flight cap inside the engine
 
 
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The websocket server's limits (command-line flags override host and port)."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 1 << 20
+    max_tokens: Positive = 4096  # cap on a request's max_tokens
+    max_queued: Positive = 64  # requests waiting for admission, all users together
+    max_queued_per_user: Positive = 16
+    max_inflight_per_user: Positive = 8  # waiting + running, per user
+    shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole of models.toml."""
 
     default: str = DEFAULT_MODEL
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
 
 
 def builtin_config() -> Config:
     """The configuration used when no models.toml exists: the embedded default model."""
-    default = ModelConfig(embedded=True, chat_template="gemma")
+    default = ModelConfig(embedded=True, chat_format="transcript", chat_template="gemma")
     return Config(models={DEFAULT_MODEL: default})
 
 
