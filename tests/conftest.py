@@ -51,3 +51,125 @@ def make_harness():
         return Harness(FakeRunner(**runner_kw), config or SchedulerConfig())
 
     return make
+
+
+# --- a real server on loopback, port 0, with the real default model -------------------------
+
+
+class LiveServer:
+    """localserve's Server on its own event loop thread, with the real model."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import threading
+
+        from localserve.auth import Access
+        from localserve.config import ModelConfig, ServerConfig
+        from localserve.llama_runner import LlamaRunner
+        from localserve.models import ensure_embedded
+        from localserve.server import Server
+
+        self.model = ModelConfig(embedded=True, chat_format="transcript", chat_template="gemma",
+                                 n_ctx=4096, max_num_seqs=8, max_num_batched_tokens=256,
+                                 n_threads=2)  # fmt: skip
+        self.runner = LlamaRunner("gemma-3-270m", ensure_embedded(), self.model)
+        self.engine = Engine(self.runner, SchedulerConfig()).start()
+        self.config = ServerConfig(max_frame_bytes=64 * 1024, shutdown_grace_s=2)
+        self.server = Server(self.engine, self.runner, self.model, self.config, Access({}))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.server.start("127.0.0.1", 0))
+        self.url = f"ws://127.0.0.1:{self.server.port}"
+        self.http = f"http://127.0.0.1:{self.server.port}"
+
+    def call(self, coro, timeout: float = 30):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def snapshot(self):
+        return self.call(self.server.snapshot())
+
+    def wait_idle(self, timeout: float = 30.0):
+        """Wait until nothing runs or waits and every KV cell is free; return the snapshot."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.snapshot()
+            if snap.running == 0 and snap.waiting == 0 and snap.kv_used == 0:
+                return snap
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"server not idle: {snap.running} running, {snap.kv_used} cells"
+                )
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.call(self.server.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.engine.stop()
+        self.runner.close()
+
+
+@pytest.fixture(scope="session")
+def live():
+    server = LiveServer()
+    yield server
+    server.close()
+
+
+class WS:
+    """A blocking test client speaking JSON dicts."""
+
+    def __init__(self, url: str) -> None:
+        from websockets.sync.client import connect
+
+        self.ws = connect(url, max_size=None, legacy=True)
+
+    def send(self, frame) -> None:
+        import json
+
+        self.ws.send(frame if isinstance(frame, str | bytes) else json.dumps(frame))
+
+    def recv(self, timeout: float = 30.0) -> dict:
+        import json
+
+        return json.loads(self.ws.recv(timeout))
+
+    def hello(self, user: str, token: str | None = None) -> dict:
+        self.send({"type": "hello", "user": user, "token": token})
+        return self.recv()
+
+    def chat(self, rid: str, text: str, **kw) -> None:
+        frame = {"type": "chat", "id": rid, "messages": [{"role": "user", "content": text}]}
+        self.send(frame | {"temperature": 0} | kw)
+
+    def until(self, predicate, timeout: float = 60.0) -> list[dict]:
+        """Frames up to and including the first that satisfies the predicate."""
+        frames = []
+        while True:
+            frames.append(self.recv(timeout))
+            if predicate(frames[-1]):
+                return frames
+
+    def until_done(self, rid: str, timeout: float = 60.0) -> list[dict]:
+        return self.until(lambda f: f["type"] == "done" and f["id"] == rid, timeout)
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+@pytest.fixture
+def connect(live):
+    opened: list[WS] = []
+
+    def make() -> WS:
+        opened.append(WS(live.url))
+        return opened[-1]
+
+    yield make
+    for ws in opened:
+        ws.close()

@@ -1,0 +1,74 @@
+"""The terminal chat client, driven against the real server with the real model."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from tui.chat import ChatClient
+
+pytestmark = pytest.mark.model
+
+
+async def script(*lines: str):
+    for line in lines:
+        yield line
+
+
+def make_client(live, user: str, *lines: str, **kw) -> tuple[ChatClient, io.StringIO]:
+    out = io.StringIO()
+    client = ChatClient(live.url, user, max_tokens=24, temperature=0, lines=script(*lines),
+                        out=out, **kw)  # fmt: skip
+    return client, out
+
+
+def test_two_people_chat_at_the_same_time(live):
+    alice, alice_out = make_client(live, "alice", "What is the capital of France?", "/quit")
+    bob, bob_out = make_client(live, "bob", "Why is the sky blue?", "/quit")
+
+    async def both():
+        return await asyncio.gather(alice.run(), bob.run())
+
+    assert asyncio.run(both()) == [0, 0]
+    for out in (alice_out.getvalue(), bob_out.getvalue()):
+        assert "Connected to gemma-3-270m" in out
+        assert "model> " in out and "TTFT" in out and "tokens/s" in out
+    live.wait_idle()
+
+
+def test_history_is_kept_and_new_starts_over(live):
+    client, out = make_client(live, "carol", "Hello!", "How are you?")
+    assert asyncio.run(client.run()) == 0
+    assert [m.role for m in client.history] == ["user", "assistant", "user", "assistant"]
+    client, out = make_client(live, "carol", "Hello!", "/new", "Again")
+    assert asyncio.run(client.run()) == 0
+    assert "(new conversation)" in out.getvalue()
+    assert [m.content for m in client.history if m.role == "user"] == ["Again"]
+
+
+def test_ctrl_c_cancels_the_reply_not_the_program(live):
+    client, out = make_client(live, "dan", "Tell me a very long story.", "Still there?")
+    client.max_tokens = 2000
+
+    async def run_and_interrupt():
+        task = asyncio.create_task(client.run())
+        async with asyncio.timeout(60):
+            while "model> " not in out.getvalue() or len(out.getvalue().split("model> ")[1]) < 20:
+                await asyncio.sleep(0.02)
+        client.interrupt()  # what the SIGINT handler calls
+        return await task
+
+    assert asyncio.run(run_and_interrupt()) == 0
+    text = out.getvalue()
+    assert "cancelled" in text
+    assert text.count("model> ") == 2  # and the conversation went on
+    live.wait_idle()
+
+
+def test_unreachable_server_is_a_clear_message():
+    out = io.StringIO()
+    client = ChatClient("ws://127.0.0.1:9", "eve", lines=script(), out=out)
+    assert asyncio.run(client.run()) == 1
+    assert "cannot connect" in out.getvalue()
