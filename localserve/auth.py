@@ -87,7 +87,8 @@ class Access:
         expected = self.users.get(user)
         return expected is not None and token is not None and hmac.compare_digest(expected, token)
 
-    def allows_monitor(self, token: str | None, said_hello: bool) -> bool:
+    def allows_monitor(self, token: str | None) -> bool:
+        """Stats show every user's requests: open only on a tokenless (loopback) server."""
         if self.monitor_token is not None:
             return token is not None and hmac.compare_digest(self.monitor_token, token)
-        return said_hello or not self.users
+        return not self.users

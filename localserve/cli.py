@@ -1,11 +1,14 @@
-"""`localserve` command line: serve, chat, generate, models, bench-engine."""
+"""`localserve` command line: demo, serve, chat, monitor, generate, models, bench-engine."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
+
+import msgspec
 
 from localserve.config import ConfigError, load_config
 from localserve.sequence import SamplingParams
@@ -37,6 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="models.toml (default: $LOCALSERVE_MODELS or ./models.toml)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
     sub = p.add_subparsers(title="commands")
+
+    d = sub.add_parser("demo", help="server + monitor + four people sharing one model")
+    d.add_argument("--model", help="a name from models.toml (default: its `default`)")
+    d.add_argument("--seed", type=int, default=0, help="varies the scenario's prompts and pauses")
+    d.add_argument("--pace", type=float, default=1.0, help="scales the scenario's pauses")
+    d.set_defaults(run=cmd_demo)
+
+    mo = sub.add_parser("monitor", help="the live monitor of a running server")
+    mo.add_argument("url", nargs="?", default="ws://127.0.0.1:8765")
+    mo.add_argument("--monitor-token", help="the server's monitor token, if it has one")
+    mo.add_argument("--name", help="say hello as this user (servers that require tokens)")
+    mo.add_argument("--token", help="that user's token")
+    mo.set_defaults(run=cmd_monitor)
 
     s = sub.add_parser("serve", help="the websocket chat server (and /healthz, /metrics)")
     s.add_argument("--model", help="a name from models.toml (default: its `default`)")
@@ -111,6 +127,68 @@ def cmd_chat(args: argparse.Namespace) -> int:
     name = args.name or getpass.getuser()
     client = ChatClient(args.url, name, args.token, args.max_tokens, args.temperature)
     return asyncio.run(client.run())
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from tui.app import MonitorApp
+    from tui.source import WebSocketSource
+
+    _log_to_file("monitor")
+    source = WebSocketSource(args.url, args.monitor_token, args.name, args.token)
+    MonitorApp(source, args.url).run()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Serve the model in-process, play the four-person scenario, show the monitor."""
+    import asyncio
+
+    from localserve.auth import Access
+    from localserve.engine import Engine
+    from localserve.models import open_runner
+    from localserve.scenario import play
+    from localserve.server import Server, ServerThread
+    from tui.app import MonitorApp
+    from tui.source import WebSocketSource
+
+    log_path = _log_to_file("demo")
+    config = load_config(args.config)
+    name = args.model or config.default
+    runner = open_runner(config, name)
+    engine = Engine(runner, config.scheduler).start()
+    server = Server(engine, runner, config.models[name], config.server, Access({}))
+    thread = ServerThread(server)
+    stop = asyncio.Event()
+    scenario = asyncio.run_coroutine_threadsafe(
+        play(thread.url, stop, seed=args.seed, pace=args.pace), thread.loop
+    )
+    try:
+        MonitorApp(WebSocketSource(thread.url), thread.url).run()
+    finally:
+        thread.loop.call_soon_threadsafe(stop.set)
+        with contextlib.suppress(Exception):
+            scenario.result(timeout=10)
+        server.config = msgspec.structs.replace(server.config, shutdown_grace_s=0)
+        thread.close()
+        engine.stop()
+        runner.close()
+    print(f"localserve demo: stopped (log: {log_path})")
+    return 0
+
+
+def _log_to_file(name: str) -> str:
+    """A full-screen app owns the terminal: logs go to a file instead."""
+    from localserve.models import cache_dir
+
+    path = cache_dir() / f"{name}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    return str(path)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

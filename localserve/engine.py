@@ -292,7 +292,7 @@ class Engine:
             steps=m.step_stats(sched.last_prefill_budget),
             counters=msgspec.structs.replace(m.counters),
             seqs=[_seq_row(s, now) for s in sched.running],
-            waiting_seqs=[_waiting_row(i, s, now) for i, s in enumerate(sched.waiting_seqs())],
+            waiting_seqs=[_waiting_row(i, s, now) for i, s in enumerate(sched.waiting_seqs(), 1)],
             events=list(m.events),
             histograms=m.export_histograms(),
         )

@@ -45,7 +45,8 @@ def render(snap: Snapshot) -> str:
     metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from a cache.",
            c.cached_tokens)  # fmt: skip
     metric("num_preemptions_total", "counter", "Sequences preempted for KV cells.", c.preemptions)
-    metric("request_success_total", "counter", "Requests finished.", c.finished)
+    metric("request_success_total", "counter", "Requests finished with stop or length.",
+           c.finished - c.cancellations - c.errors)  # fmt: skip
     metric("request_cancelled_total", "counter", "Requests cancelled.", c.cancellations)
     metric("request_rejected_total", "counter", "Requests turned away (busy, too long, ...).",
            c.rejections)  # fmt: skip

@@ -61,7 +61,7 @@ class SeqRow(msgspec.Struct):
 
 
 class WaitingRow(msgspec.Struct):
-    position: int
+    position: int  # 1 = next to be admitted
     request_id: str
     user: str
     prompt_tokens: int

@@ -54,6 +54,7 @@ from localserve.sequence import SamplingParams
 log = logging.getLogger("localserve.server")
 
 MAX_ID_LENGTH = 128
+MAX_FAILED_HELLOS = 3
 MAX_OUTBOX_FRAMES = 1024  # a client that stops reading is disconnected, not buffered forever
 MIN_STATS_INTERVAL_MS = 50
 HARD_FRAME_LIMIT_FACTOR = 4  # websockets closes the socket beyond this; we answer below it
@@ -135,6 +136,7 @@ class Connection:
         self.requests: dict[str, Request] = {}  # by the client's id
         self.outbox = Outbox()
         self.is_closed = False
+        self.failed_hellos = 0
         self._stats_task: asyncio.Task | None = None
 
     async def run(self) -> None:
@@ -177,6 +179,10 @@ class Connection:
                 frame = await self.outbox.get()
                 await self.ws.send(_encoder.encode(frame), text=True)
 
+    async def _close_after_flush(self, code: int, reason: str) -> None:
+        await self.flush(1.0)
+        await self.ws.close(code, reason)
+
     async def flush(self, timeout: float) -> None:
         """Wait (a little) until everything queued has been handed to the socket."""
         with contextlib.suppress(asyncio.TimeoutError):
@@ -190,8 +196,9 @@ class Connection:
         if isinstance(message, bytes):
             return self.error("bad_request", "binary frames are not supported; send JSON text")
         limit = self.server.config.max_frame_bytes
-        if len(message) > limit:
-            return self.error("bad_request", f"frame of {len(message)} bytes exceeds {limit}")
+        size = len(message) if len(message) * 4 <= limit else len(message.encode())
+        if size > limit:
+            return self.error("bad_request", f"frame of {size} bytes exceeds {limit}")
         try:
             frame = _decoder.decode(message)
         except msgspec.DecodeError as e:
@@ -214,13 +221,17 @@ class Connection:
             return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
         if not self.server.access.allows_user(hello.user, hello.token):
             log.warning("connection %d: unauthorized hello as %r", self.num, hello.user)
-            return self.error("unauthorized", "unknown user or wrong token")
+            self.failed_hellos += 1
+            self.error("unauthorized", "unknown user or wrong token")
+            if self.failed_hellos >= MAX_FAILED_HELLOS:  # no guessing tokens on one socket
+                asyncio.ensure_future(self._close_after_flush(1008, "too many failed hellos"))
+            return None
         self.user = hello.user
         self.send(self.server.welcome())
 
     def _subscribe(self, sub: Subscribe) -> None:
-        if not self.server.access.allows_monitor(sub.token, self.user is not None):
-            return self.error("unauthorized", "stats need the monitor token (or hello)")
+        if not self.server.access.allows_monitor(sub.token):
+            return self.error("unauthorized", "stats need the server's monitor token")
         if self._stats_task:
             self._stats_task.cancel()
             self._stats_task = None
@@ -234,6 +245,8 @@ class Connection:
             await asyncio.sleep(interval_s)
 
     def _cancel(self, cancel: Cancel) -> None:
+        if len(cancel.id) > MAX_ID_LENGTH:
+            return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters")
         request = self.requests.get(cancel.id)
         if request is None:  # also the answer for another connection's ids: nothing leaks
             return self.error("unknown_id", f"no request {cancel.id!r} in flight here", cancel.id)
@@ -360,7 +373,8 @@ class Server:
         request = self._open(conn, chat.id)
         try:
             tokens, stops = await asyncio.to_thread(self._tokenize, chat)
-            params = msgspec.structs.replace(params, stop=params.stop + stops)
+            if not chat.ignore_eos:  # the format's end of turn is an EOS in all but name
+                params = msgspec.structs.replace(params, stop=params.stop + stops)
         except ValueError as e:
             self._close(request)
             return conn.error("bad_request", str(e), chat.id)
@@ -476,15 +490,17 @@ class Server:
             snap = await self.snapshot()
             body = json.dumps({"ok": not self.is_shutting_down, "model": snap.model.model,
                                "running": snap.running, "waiting": snap.waiting})  # fmt: skip
-            return _response(connection, body, "application/json")
+            status = HTTPStatus.SERVICE_UNAVAILABLE if self.is_shutting_down else HTTPStatus.OK
+            return _response(connection, body, "application/json", status)
         if path == "/metrics":
             text = prometheus.render(await self.snapshot())
-            return _response(connection, text, "text/plain; version=0.0.4; charset=utf-8")
+            return _response(connection, text, "text/plain; version=0.0.4; charset=utf-8",
+                             HTTPStatus.OK)  # fmt: skip
         return None
 
 
-def _response(connection: ServerConnection, body: str, content_type: str):
-    response = connection.respond(HTTPStatus.OK, body)
+def _response(connection: ServerConnection, body: str, content_type: str, status: HTTPStatus):
+    response = connection.respond(status, body)
     del response.headers["Content-Type"]
     response.headers["Content-Type"] = content_type
     return response
@@ -505,3 +521,30 @@ async def run(server: Server, host: str, port: int) -> None:
     await stop.wait()
     print("localserve: shutting down", flush=True)
     await server.shutdown()
+
+
+class ServerThread:
+    """A Server on its own event-loop thread: for the demo and for tests."""
+
+    def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0) -> None:
+        import threading
+
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="localserve-server",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+        self.call(server.start(host, port))
+        self.url = f"ws://{host}:{server.port}"
+        self.http = f"http://{host}:{server.port}"
+
+    def call(self, coro, timeout: float | None = 30):
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Graceful shutdown, then stop the loop (the engine is the caller's to stop)."""
+        with contextlib.suppress(Exception):
+            self.call(self.server.shutdown(), timeout=self.server.config.shutdown_grace_s + 15)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)

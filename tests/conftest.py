@@ -60,14 +60,11 @@ class LiveServer:
     """localserve's Server on its own event loop thread, with the real model."""
 
     def __init__(self) -> None:
-        import asyncio
-        import threading
-
         from localserve.auth import Access
         from localserve.config import ModelConfig, ServerConfig
         from localserve.llama_runner import LlamaRunner
         from localserve.models import ensure_embedded
-        from localserve.server import Server
+        from localserve.server import Server, ServerThread
 
         self.model = ModelConfig(embedded=True, chat_format="transcript", chat_template="gemma",
                                  n_ctx=4096, max_num_seqs=8, max_num_batched_tokens=256,
@@ -76,17 +73,8 @@ class LiveServer:
         self.engine = Engine(self.runner, SchedulerConfig()).start()
         self.config = ServerConfig(max_frame_bytes=64 * 1024, shutdown_grace_s=2)
         self.server = Server(self.engine, self.runner, self.model, self.config, Access({}))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self.server.start("127.0.0.1", 0))
-        self.url = f"ws://127.0.0.1:{self.server.port}"
-        self.http = f"http://127.0.0.1:{self.server.port}"
-
-    def call(self, coro, timeout: float = 30):
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        self.thread = ServerThread(self.server)
+        self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
 
     def snapshot(self):
         return self.call(self.server.snapshot())
@@ -107,9 +95,7 @@ class LiveServer:
             time.sleep(0.05)
 
     def close(self) -> None:
-        self.call(self.server.shutdown())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+        self.thread.close()
         self.engine.stop()
         self.runner.close()
 
@@ -173,3 +159,30 @@ def connect(live):
     yield make
     for ws in opened:
         ws.close()
+
+
+@pytest.fixture
+def fake_snapshots():
+    """Deterministic snapshots of four people sharing a (fake) model, one per engine step."""
+    from localserve.sequence import SamplingParams
+
+    runner = FakeRunner(n_ctx=8192, n_seq_max=8, n_batch=512)
+    engine = Engine(runner, clock=runner.clock)
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=0, max_tokens=n)
+
+    engine.add_request("1:question", [2] * 30, params(40), "ana")
+    engine.add_request("2:explain", [2] * 60, params(400), "ben")
+    snapshots = []
+    for step in range(30):
+        if step == 5:
+            engine.add_request("3:paste", [2] * 3000, params(100), "cleo")
+        if step == 8:
+            engine.add_request("4:late", [2] * 40, params(80), "dev")
+        if step == 9:
+            for k in range(8):
+                engine.add_request(f"5:batch{k}", [2] * 20, params(50), "eve")
+        engine.step()
+        snapshots.append(engine.build_snapshot())
+    return snapshots

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosed
 
 from localserve.auth import Access
 from localserve.protocol import ClientFrame, Hello, Subscribe
@@ -271,6 +272,18 @@ def test_wrong_token_is_unauthorized(live, connect):
         assert reply["type"] == "error" and reply["code"] == "unauthorized"
         assert connect().hello("mallory")["code"] == "unauthorized"
         assert connect().hello("kate", "correct-horse")["type"] == "welcome"
+        assert ws.hello("kate", "guess-2")["code"] == "unauthorized"
+        assert ws.hello("kate", "guess-3")["code"] == "unauthorized"
+        with pytest.raises(ConnectionClosed):  # three strikes: no guessing on one socket
+            ws.recv(5)
+
+
+def test_stats_of_a_server_with_users_need_the_monitor_token(live, connect):
+    with configured(live, access=Access({"kate": "correct-horse"})):
+        ws = connect()
+        ws.hello("kate", "correct-horse")
+        ws.send({"type": "subscribe", "interval_ms": 100})
+        assert ws.recv()["code"] == "unauthorized"  # users must not see each other's requests
 
 
 def test_one_user_cannot_cancel_another_users_request(live, connect):
@@ -330,6 +343,14 @@ def test_healthz_is_json(live):
         assert response.headers["Content-Type"] == "application/json"
         body = json.load(response)
     assert body == {"ok": True, "model": "gemma-3-270m", "running": 0, "waiting": 0}
+
+
+def test_ignore_eos_also_ignores_the_formats_end_of_turn(connect):
+    ws = connect()
+    ws.hello("quinn")
+    ws.chat("fixed", QUESTION, max_tokens=40, ignore_eos=True)
+    done = ws.until_done("fixed")[-1]
+    assert done["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 40
 
 
 def test_metrics_parse_as_prometheus_text(live, connect):

@@ -1,0 +1,139 @@
+"""The Textual monitor: Pilot tests on a fake stats source, snapshots, and one real end-to-end."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from tui.app import HelpScreen, MonitorApp
+from tui.source import Connected, Disconnected, QueueSource
+from tui.widgets import HeaderBar, KVBar, RunningTable, WaitingTable
+
+
+def feed(app: MonitorApp, *items) -> None:
+    for item in items:
+        app.source.push(item)
+
+
+def header_text(app: MonitorApp) -> str:
+    return str(app.query_one(HeaderBar).render())
+
+
+async def settle(pilot) -> None:
+    await pilot.pause(0.2)
+
+
+def test_widgets_follow_the_stats(fake_snapshots):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(100, 30)) as pilot:
+            feed(app, Connected("ws://test"), *fake_snapshots)
+            await settle(pilot)
+            last = fake_snapshots[-1]
+            assert app.query_one(RunningTable).row_count == len(last.seqs) == 8
+            assert app.query_one(WaitingTable).row_count == len(last.waiting_seqs) == 4
+            assert "● live" in header_text(app) and "fake" in header_text(app)
+            kv = str(app.query_one(KVBar).render())
+            assert f"{last.kv_used} used" in kv and f"{last.kv_total} total" in kv
+            assert "prefill" in str(app.query_one(RunningTable).get_row_at(2))
+            assert len(app.history) == 30
+
+    asyncio.run(run())
+
+
+def test_pause_holds_the_screen_and_resume_catches_up(fake_snapshots):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(100, 30)) as pilot:
+            feed(app, Connected("ws://test"), *fake_snapshots[:3])
+            await settle(pilot)
+            rows = app.query_one(RunningTable).row_count
+            await pilot.press("p")
+            assert "paused" in header_text(app)
+            feed(app, *fake_snapshots[3:])
+            await settle(pilot)
+            assert app.query_one(RunningTable).row_count == rows  # held still
+            await pilot.press("p")
+            await settle(pilot)
+            assert app.query_one(RunningTable).row_count == len(fake_snapshots[-1].seqs)
+
+    asyncio.run(run())
+
+
+def test_help_opens_and_closes_and_q_quits():
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test() as pilot:
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, HelpScreen)
+            await pilot.press("q")
+        return app
+
+    app = asyncio.run(run())
+    assert not app.is_running
+
+
+def test_disconnect_is_shown_and_reconnect_clears_it(fake_snapshots):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(100, 30)) as pilot:
+            feed(app, Connected("ws://test"), fake_snapshots[0])
+            await settle(pilot)
+            feed(app, Disconnected("connection refused"))
+            await settle(pilot)
+            assert "disconnected (connection refused)" in header_text(app)
+            assert app.screen.has_class("disconnected")
+            feed(app, Connected("ws://test"), fake_snapshots[1])
+            await settle(pilot)
+            assert "● live" in header_text(app) and not app.screen.has_class("disconnected")
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_snapshot(snap_compare, fake_snapshots, size):
+    app = MonitorApp(QueueSource(), "ws://127.0.0.1:8765")
+
+    async def run_before(pilot) -> None:
+        feed(app, Connected("ws://127.0.0.1:8765"), *fake_snapshots)
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_importing_the_server_never_loads_textual():
+    code = "import localserve.server, localserve.cli, sys; assert 'textual' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.model
+def test_monitor_sees_a_running_sequence_on_a_real_server(live):
+    from conftest import WS
+
+    from tui.source import WebSocketSource
+
+    async def run():
+        app = MonitorApp(WebSocketSource(live.url, interval_ms=100), live.url)
+        async with app.run_test(size=(100, 30)) as pilot:
+            ws = WS(live.url)
+            ws.hello("watcher")
+            ws.chat("seen", "Tell me a story.", max_tokens=400, ignore_eos=True)
+            table = app.query_one(RunningTable)
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if table.row_count:
+                    break
+            assert table.row_count == 1
+            assert "watcher" in str(table.get_row_at(0)[0])
+            assert "● live" in header_text(app)
+            ws.send({"type": "cancel", "id": "seen"})
+            ws.until_done("seen")
+            ws.close()
+
+    asyncio.run(run())
+    live.wait_idle()

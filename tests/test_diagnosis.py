@@ -1,0 +1,606 @@
+"""The monitor's plain-words diagnosis (tui/diagnosis.py) on synthetic snapshots."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localserve.protocol import (
+    Counters,
+    EventRow,
+    ModelInfo,
+    Percentiles,
+    SeqRow,
+    Snapshot,
+    StepStats,
+    WaitingRow,
+)
+from tui.diagnosis import HEADLINE_MAX, LEVELS, Diagnosis, diagnose
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MODEL = ModelInfo(
+    model="test-model",
+    backend="CPU",
+    n_ctx=8192,
+    n_seq_max=16,
+    n_batch=2048,
+    n_vocab=32000,
+    n_layer=24,
+    n_gpu_layers=0,
+    n_threads=8,
+    chat_template="gemma",
+)
+
+
+# --- a factory for valid snapshots -------------------------------------------------------------
+
+
+def pct(
+    p50: float | None = None,
+    p90: float | None = None,
+    p99: float | None = None,
+    mean: float | None = None,
+    count: int | None = None,
+) -> Percentiles:
+    """A window: give p50 and the rest follow from it; nothing gives an empty window."""
+    if p50 is None:
+        return Percentiles(None, p90, p99, mean, count or 0)
+    p90 = p50 * 1.5 if p90 is None else p90
+    p99 = p90 * 1.2 if p99 is None else p99
+    return Percentiles(p50, p90, p99, p50 if mean is None else mean, 20 if count is None else count)
+
+
+EMPTY = pct()
+
+
+def seq(
+    i: int = 0,
+    phase: str = "decode",
+    prompt: int = 200,
+    computed: int | None = None,
+    user: str | None = None,
+    **kw: Any,
+) -> SeqRow:
+    if computed is None:
+        computed = prompt if phase == "decode" else prompt // 4
+    fields: dict[str, Any] = dict(
+        request_id=f"r{i}",
+        user=user or f"user{i}",
+        phase=phase,
+        prompt_tokens=prompt,
+        computed_tokens=computed,
+        output_tokens=20 if phase == "decode" else 0,
+        cells=prompt + 20,
+        tokens_per_s=20.0 if phase == "decode" else None,
+        ttft_s=0.2 if phase == "decode" else None,
+        last_itl_s=0.05 if phase == "decode" else None,
+        since_last_token_s=0.01 if phase == "decode" else None,
+        num_preemptions=0,
+    )
+    fields.update(kw)
+    return SeqRow(**fields)
+
+
+def waiter(
+    i: int = 0, prompt: int = 200, waited: float = 0.5, user: str | None = None
+) -> WaitingRow:
+    return WaitingRow(
+        position=i,
+        request_id=f"w{i}",
+        user=user or f"waiter{i}",
+        prompt_tokens=prompt,
+        waited_s=waited,
+        is_preempted=False,
+    )
+
+
+def snap(
+    *,
+    seqs: list[SeqRow] | None = None,
+    waiting_seqs: list[WaitingRow] | None = None,
+    steps: dict[str, Any] | None = None,
+    counters: dict[str, Any] | None = None,
+    **kw: Any,
+) -> Snapshot:
+    """A valid Snapshot of a healthy, lightly loaded server; keywords override any field."""
+    if seqs is None:
+        seqs = [seq(i) for i in range(kw.get("running", 3))]
+    waiting_seqs = waiting_seqs or []
+    step_fields: dict[str, Any] = dict(
+        num_steps=1000,
+        step_s=0.045,
+        decode_tokens=3.0,
+        prefill_tokens=10.0,
+        prefill_time_share=0.05,
+        engine_share=0.05,
+        prefill_budget=256,
+    )
+    step_fields.update(steps or {})
+    fields: dict[str, Any] = dict(
+        uptime_s=600.0,
+        model=MODEL,
+        policy="continuous",
+        max_num_seqs=16,
+        max_num_batched_tokens=2048,
+        itl_target_s=0.12,
+        running=len(seqs),
+        waiting=len(waiting_seqs),
+        kv_used=1800,
+        kv_committed=1884,  # 23% of 8192
+        kv_total=8192,
+        free_seq_ids=16 - len(seqs),
+        window_s=60.0,
+        ttft=pct(0.18),
+        itl=pct(0.045),
+        queue=pct(0.01),
+        e2e=pct(5.0),
+        tpot=pct(0.045),
+        prompt_tokens_per_s=200.0,
+        generation_tokens_per_s=60.0,
+        steps=StepStats(**step_fields),
+        counters=Counters(**(counters or {})),
+        seqs=seqs,
+        waiting_seqs=waiting_seqs,
+        events=[EventRow(590.0, "admitted", "r0", "user0", "200 prompt tokens")],
+        histograms={},
+    )
+    fields.update(kw)
+    return Snapshot(**fields)
+
+
+def ramp(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    span_s: float = 60.0,
+    every: float = 0.5,
+    t0: float = 300.0,
+) -> list[Snapshot]:
+    """A history, one snapshot every `every` s over `span_s` s: the first half looks like
+    `before`, the second half like `after` (each a dict of `snap` keywords)."""
+    n = int(span_s / every) + 1
+    out = []
+    for i in range(n):
+        t = t0 + i * every
+        fields = before if t < t0 + span_s / 2 else after
+        out.append(snap(uptime_s=t, **fields))
+    return out
+
+
+def decoders(n: int, start: int = 0, **kw: Any) -> list[SeqRow]:
+    return [seq(start + i, **kw) for i in range(n)]
+
+
+def waiters(n: int, waited: float = 3.0, prompt: int = 300) -> list[WaitingRow]:
+    return [waiter(i, prompt=prompt, waited=waited - 0.1 * i) for i in range(n)]
+
+
+def check(d: Diagnosis) -> Diagnosis:
+    """What every diagnosis must satisfy."""
+    assert isinstance(d, Diagnosis)
+    assert d.level in LEVELS
+    assert 0 < len(d.headline) <= HEADLINE_MAX
+    assert "\n" not in d.headline
+    assert not d.headline.startswith("no diagnosis"), d.details  # the internal guard never fires
+    assert all(isinstance(line, str) and "\n" not in line for line in d.details)
+    return d
+
+
+# --- one test per diagnosis --------------------------------------------------------------------
+
+
+def test_capacity_bound_kv_full():
+    before = dict(ttft=pct(0.3, mean=0.35), queue=pct(0.05, mean=0.05))
+    after = dict(
+        seqs=decoders(10),
+        waiting_seqs=waiters(6),
+        ttft=pct(3.0, mean=3.2),
+        queue=pct(2.5, mean=2.6),
+        kv_used=7500,
+        kv_committed=7864,  # 96%
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.headline == (
+        "TTFT rising: time in queue dominates and the KV cache is 96% full — capacity bound"
+    )
+    assert d.level == "warn"
+    assert any("300 ms → 3.0 s" in line for line in d.details)
+    assert any("queue time is 81% of TTFT" in line for line in d.details)
+
+
+def test_capacity_bound_by_preemptions_is_bad():
+    before = dict(ttft=pct(0.3), queue=pct(0.05), counters=dict(preemptions=2))
+    after = dict(
+        seqs=decoders(8),
+        waiting_seqs=waiters(3),
+        ttft=pct(2.5),
+        queue=pct(2.0),
+        kv_committed=6000,  # 73%: room by the numbers, but decodes ran out
+        counters=dict(preemptions=7),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.level == "bad"
+    assert d.headline == (
+        "TTFT rising: time in queue dominates and 5 preemptions in the last minute — capacity bound"
+    )
+    assert not any(line.startswith("also (warn): preempting") for line in d.details)
+
+
+def test_capacity_bound_next_prompt_does_not_fit():
+    after = dict(
+        seqs=decoders(4),
+        waiting_seqs=[waiter(0, prompt=5000, waited=4.0)],
+        ttft=pct(3.0),
+        queue=pct(2.5),
+        kv_committed=6000,
+    )
+    d = check(diagnose(ramp(after, after)))
+    assert d.headline.endswith("the next prompt needs 5,000 KV cells, 2,192 free — capacity bound")
+    assert d.headline.startswith("TTFT high:")  # flat, not rising
+
+
+def test_slot_bound():
+    before = dict(ttft=pct(0.3), queue=pct(0.02))
+    after = dict(
+        seqs=decoders(16),
+        waiting_seqs=waiters(5),
+        free_seq_ids=0,
+        ttft=pct(2.4, mean=2.5),
+        queue=pct(2.0, mean=2.1),
+        kv_committed=3500,
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.headline == (
+        "TTFT rising: time in queue dominates and all 16 sequence slots are busy — slot bound"
+    )
+    assert d.level == "warn"
+    assert any("the KV cache has room: 43% committed" in line for line in d.details)
+
+
+def test_prefill_bound():
+    before = dict(ttft=pct(0.4), queue=pct(0.02))
+    after = dict(
+        seqs=decoders(3) + [seq(3, phase="prefill", prompt=8000, computed=3000)],
+        ttft=pct(2.5, mean=2.6),
+        queue=pct(0.1, mean=0.1),
+        steps=dict(prefill_time_share=0.8, prefill_tokens=480.0, decode_tokens=3.0),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.headline == "TTFT rising: long prompts dominate the steps — prefill bound"
+    assert d.level == "warn"
+    assert any("prefill takes 80% of step time" in line for line in d.details)
+    assert any("the longest 8,000 tokens (5,000 left)" in line for line in d.details)
+
+
+def test_prefill_bound_held_back_by_the_itl_target():
+    after = dict(
+        seqs=decoders(12) + [seq(12, phase="prefill", prompt=6000, computed=1000)],
+        ttft=pct(3.0),
+        queue=pct(0.2),
+        steps=dict(prefill_time_share=0.2, prefill_budget=128, decode_tokens=12.0),
+    )
+    d = check(diagnose(ramp(after, after)))
+    assert d.headline == (
+        "TTFT high: long prompts advance 128 tokens a step beside 12 decoders — prefill bound"
+    )
+    assert any("ITL target caps prefill at 128 tokens per step" in line for line in d.details)
+
+
+def test_itl_many_decoders_and_prefill_share():
+    before = dict(seqs=decoders(6), itl=pct(0.05))
+    after = dict(
+        seqs=decoders(14),
+        itl=pct(0.25),
+        steps=dict(step_s=0.3, prefill_time_share=0.6, decode_tokens=14.0),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.headline == (
+        "ITL rising: 14 sequences decode at once; prefill chunks take 60% of each step"
+    )
+    assert d.level == "bad"  # p50 250 ms >= 2 x 120 ms
+
+
+def test_itl_many_decoders_only():
+    after = dict(seqs=decoders(14), itl=pct(0.15), steps=dict(step_s=0.16))
+    d = check(diagnose([snap(**after)]))
+    assert d.headline == "ITL high: 14 sequences decode at once"
+    assert d.level == "warn"
+
+
+def test_itl_prefill_share_only():
+    after = dict(
+        seqs=decoders(2) + [seq(2, phase="prefill", prompt=600)],
+        itl=pct(0.1, p90=0.2),  # p50 under the target, p90 above it
+        steps=dict(step_s=0.15, prefill_time_share=0.7),
+    )
+    d = check(diagnose([snap(**after)]))
+    assert d.headline == "ITL high: prefill chunks take 70% of each step"
+    assert any("ITL p90 200 ms against a 120 ms target" in line for line in d.details)
+
+
+def test_itl_rising_under_target_is_info():
+    d = check(diagnose(ramp(dict(itl=pct(0.03)), dict(itl=pct(0.09, p90=0.11)))))
+    assert d.level == "info"
+    assert d.headline == "ITL rising: p50 30 ms → 90 ms, still under the 120 ms target"
+
+
+def test_idle():
+    quiet = dict(
+        seqs=[],
+        prompt_tokens_per_s=0.0,
+        generation_tokens_per_s=0.0,
+        kv_used=0,
+        kv_committed=0,
+        ttft=EMPTY,
+        itl=EMPTY,
+        queue=EMPTY,
+        events=[EventRow(60.0, "finished", "r0", "user0", "stop, 20 tokens")],
+    )
+    d = check(diagnose(ramp(quiet, quiet)))
+    assert d.headline == "accelerator idle: no eligible work"
+    assert d.level == "info"
+    assert any(line.startswith("last activity 5 min ago (finished)") for line in d.details)
+
+
+def test_idle_but_queued_is_admission_blocked():
+    history = ramp(
+        dict(),
+        dict(seqs=[], waiting_seqs=waiters(3, waited=40.0), kv_used=0),
+    )
+    d = check(diagnose(history))
+    assert d.level == "bad"
+    assert d.headline.startswith("admission blocked for 30 s: 3 waiting, 0 running")
+    assert d.headline.endswith("— the scheduler admits nothing")
+    assert "1,884 KV cells stay committed although nothing runs" in d.details
+    assert not any("time in queue dominates" in line for line in d.details)
+
+
+def test_admission_blocked_by_a_prompt_that_does_not_fit():
+    blocked = dict(
+        seqs=[], waiting_seqs=[waiter(0, prompt=3000, waited=9.0)], kv_committed=6000, kv_used=0
+    )
+    d = check(diagnose([snap(**blocked)]))  # one look: the oldest wait is the clock
+    assert d.headline == (
+        "admission blocked for 9.0 s: 1 waiting, 0 running — "
+        "next prompt needs 3,000 KV cells, 2,192 free"
+    )
+
+
+def test_queued_for_a_moment_is_not_blocked():
+    """The monitor may look between an arrival and the next step."""
+    history = ramp(dict(), dict())
+    history.append(snap(uptime_s=361.0, seqs=[], waiting_seqs=[waiter(0, waited=0.1)]))
+    d = check(diagnose(history))
+    assert not d.headline.startswith("admission blocked")
+
+
+def test_rejections():
+    before = dict(counters=dict(rejections=3))
+    after = dict(
+        seqs=decoders(16),
+        waiting_seqs=waiters(40, waited=1.0),
+        counters=dict(rejections=15),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.level == "bad"
+    assert d.headline == (
+        "turning requests away: 12 rejected in the last minute, 40 queued — "
+        "the queue bound is reached"
+    )
+
+
+def test_rejections_in_a_short_history_say_their_span():
+    history = ramp(dict(counters=dict(rejections=0)), dict(counters=dict(rejections=2)), span_s=20)
+    d = check(diagnose(history))
+    assert d.headline.startswith("turning requests away: 2 rejected in the last 20 s")
+    assert d.headline.endswith("per-user limits or long prompts")
+
+
+def test_healthy():
+    d = check(diagnose(ramp(dict(), dict())))
+    assert d == Diagnosis(
+        "ok", "healthy: 3 streaming, TTFT p50 180 ms, ITL p50 45 ms, KV 23%", d.details
+    )
+    assert any(line.startswith("now: 3 running") for line in d.details)
+
+
+def test_static_policy_queue():
+    after = dict(
+        policy="static",
+        seqs=decoders(4),
+        waiting_seqs=waiters(4, waited=5.0),
+        ttft=pct(4.0),
+        queue=pct(3.5),
+    )
+    d = check(diagnose([snap(**after)]))
+    assert d.headline == (
+        "TTFT high: time in queue dominates — the static policy holds 4 until the batch drains"
+    )
+
+
+# --- severity and combinations -----------------------------------------------------------------
+
+
+def test_most_severe_leads_and_the_rest_follow():
+    before = dict(ttft=pct(0.3), queue=pct(0.05), counters=dict(rejections=0))
+    after = dict(
+        seqs=decoders(10),
+        waiting_seqs=waiters(6),
+        ttft=pct(3.0),
+        queue=pct(2.5),
+        kv_committed=7864,
+        itl=pct(0.15),
+        steps=dict(step_s=0.16),
+        counters=dict(rejections=4),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.level == "bad"
+    assert d.headline.startswith("turning requests away: 4 rejected")
+    also = [line for line in d.details if line.startswith("also")]
+    assert also[0].startswith("also (warn): TTFT rising: time in queue dominates")
+    assert also[1] == "also (warn): ITL rising: 10 sequences decode at once"
+
+
+def test_kv_nearly_full_without_symptoms_is_info():
+    d = check(diagnose([snap(kv_committed=7700)]))
+    assert d.level == "info"
+    assert d.headline == "KV cache 94% committed: new prompts will wait for cells"
+
+
+# --- robustness --------------------------------------------------------------------------------
+
+
+def test_empty_history():
+    d = check(diagnose([]))
+    assert d.level == "info"
+    assert d.headline == "no stats yet"
+
+
+def test_single_snapshot_has_levels_but_no_trend():
+    d = check(diagnose([snap(ttft=pct(0.3))]))
+    assert d.level == "ok"
+    d = check(diagnose([snap(ttft=pct(3.0), queue=pct(0.1), steps=dict(prefill_time_share=0.7))]))
+    assert d.headline == "TTFT high: long prompts dominate the steps — prefill bound"
+
+
+def test_none_percentiles_everywhere():
+    empty = dict(ttft=EMPTY, itl=EMPTY, queue=EMPTY, e2e=EMPTY, tpot=EMPTY)
+    nothing = StepStats(0, None, None, None, None, None, 0)
+    d = check(diagnose([snap(**empty)]))
+    assert d.headline == "healthy: 3 streaming, TTFT p50 —, ITL p50 —, KV 23%"
+    history = [snap(uptime_s=100.0 + i, **empty) for i in range(60)]
+    history.append(msgspec.structs.replace(snap(uptime_s=161.0, **empty), steps=nothing))
+    check(diagnose(history))
+    # a queue with nothing measured yet still counts
+    d = check(diagnose([snap(waiting_seqs=waiters(2, waited=5.0), **empty)]))
+    assert "time in queue dominates" in d.headline
+
+
+def test_degenerate_numbers():
+    for kw in (
+        dict(kv_total=0, kv_committed=0, kv_used=0),
+        dict(max_num_seqs=0, itl_target_s=0.0),
+        dict(running=0, seqs=[], uptime_s=0.0, counters=dict(rejections=5)),
+        dict(ttft=pct(float("nan")), itl=pct(float("inf"))),
+    ):
+        check(diagnose([snap(**kw)]))
+
+
+def test_restart_starts_the_history_afresh():
+    before = ramp(dict(counters=dict(rejections=100)), dict(counters=dict(rejections=100)))
+    after = [snap(uptime_s=100.0 + i, counters=dict(rejections=0)) for i in range(10)]
+    d = check(diagnose(before + after))
+    assert d.level == "ok"
+
+
+def test_accepts_any_sequence():
+    history = deque(ramp(dict(), dict()), maxlen=240)
+    assert check(diagnose(history)).level == "ok"
+    assert check(diagnose(tuple(history))).level == "ok"
+
+
+def test_headline_never_exceeds_the_limit_with_huge_numbers():
+    huge = 10**12
+    after = dict(
+        seqs=decoders(40),
+        waiting_seqs=[waiter(0, prompt=huge, waited=1e9)],
+        max_num_seqs=40,
+        kv_total=huge,
+        kv_committed=huge - 1,
+        ttft=pct(1e9),
+        queue=pct(9e8),
+        itl=pct(1e6),
+        counters=dict(rejections=huge, preemptions=huge),
+        steps=dict(step_s=1e6, prefill_time_share=0.9, engine_share=0.9),
+    )
+    for history in ([snap(**after)], ramp(dict(), after)):
+        d = check(diagnose(history))
+        assert all(len(line) <= 200 for line in d.details)
+
+
+floats = st.one_of(
+    st.none(),
+    st.floats(min_value=0, max_value=1e7, allow_nan=False),
+    st.sampled_from([0.0, 1e-9, 0.12, 2.0, float("nan"), float("inf")]),
+)
+counts = st.integers(min_value=0, max_value=10**9)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
+    n_run = draw(st.integers(0, 20))
+    rows = [
+        seq(
+            i,
+            phase=draw(st.sampled_from(["prefill", "decode"])),
+            prompt=draw(st.integers(0, 10**6)),
+            user=draw(st.sampled_from(["a", "b", "c"])),
+        )
+        for i in range(n_run)
+    ]
+    n_wait = draw(st.integers(0, 5))
+    waits = [
+        waiter(
+            i,
+            prompt=draw(st.integers(0, 10**6)),
+            waited=draw(st.floats(0, 1e6)),
+            user=draw(st.sampled_from(["a", "b", "d"])),
+        )
+        for i in range(n_wait)
+    ]
+
+    def window() -> Percentiles:
+        return Percentiles(draw(floats), draw(floats), draw(floats), draw(floats), draw(counts))
+
+    kv_total = draw(st.integers(0, 10**6))
+    return snap(
+        uptime_s=uptime,
+        policy=draw(st.sampled_from(["continuous", "static"])),
+        seqs=rows,
+        waiting_seqs=waits,
+        running=draw(st.sampled_from([n_run, 0, 50])),
+        waiting=draw(st.sampled_from([n_wait, 0, 50])),
+        max_num_seqs=draw(st.integers(0, 32)),
+        itl_target_s=draw(st.sampled_from([0.0, 0.05, 0.12, 1e6])),
+        kv_total=kv_total,
+        kv_committed=draw(st.integers(0, kv_total + 10)),
+        free_seq_ids=draw(st.integers(0, 16)),
+        ttft=window(),
+        itl=window(),
+        queue=window(),
+        prompt_tokens_per_s=draw(st.floats(0, 1e6)),
+        generation_tokens_per_s=draw(st.floats(0, 1e6)),
+        steps=dict(
+            step_s=draw(floats),
+            decode_tokens=draw(floats),
+            prefill_tokens=draw(floats),
+            prefill_time_share=draw(floats),
+            engine_share=draw(floats),
+            prefill_budget=draw(st.integers(0, 4096)),
+        ),
+        counters=dict(
+            preemptions=draw(counts), rejections=draw(counts), steps=draw(st.integers(0, 5))
+        ),
+        events=[],
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_random_histories_never_break_the_rules(data: st.DataObject):
+    n = data.draw(st.integers(0, 6))
+    uptimes = data.draw(st.lists(st.floats(0, 1e5), min_size=n, max_size=n))
+    history = [data.draw(snapshots(t)) for t in uptimes]
+    check(diagnose(history))
+
+
+def test_importing_does_not_pull_in_textual():
+    code = "import tui.diagnosis, sys; assert 'textual' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -1,0 +1,173 @@
+"""`localserve monitor`: what the scheduler is doing, live, and why the server feels slow.
+
+The app consumes a stats source (the server's `stats` frames, reconnecting) in a worker, keeps
+a couple of minutes of snapshots for sparklines and the diagnosis, and renders the newest one.
+Keys: q quits, p pauses (the stream keeps coming, the screen holds still), ? shows help.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, RichLog, Static
+
+from localserve.protocol import Snapshot
+from tui.diagnosis import diagnose
+from tui.source import Connected, Disconnected
+from tui.widgets import (
+    DiagnosisLine,
+    HeaderBar,
+    KVBar,
+    LatencyPanel,
+    RunningTable,
+    ThroughputPanel,
+    WaitingTable,
+    counters_text,
+    reset_colors,
+    user_color,
+)
+
+HISTORY_LENGTH = 240  # snapshots kept: two minutes at the default 0.5 s interval
+
+HELP = """\
+[b]localserve monitor[/b]
+
+[b]q[/b] quit   [b]p[/b] pause / resume   [b]?[/b] this help (any key closes it)
+
+[b]KV cells[/b]: █ cells holding a sequence's tokens, ▒ cells promised to a prompt still being
+prefilled, · free. Colours are users.
+[b]Latency[/b]: p50 p90 p99 over the last minute; sparklines show p90 over the last minutes.
+TTFT = arrival → first token; ITL = gap between tokens; queue = time before admission.
+[b]step[/b]: what one engine step carries on average — decode tokens (green) and prefill
+tokens (yellow), e.g. "14+96 tok" — and how long it takes.
+[b]Diagnosis[/b]: the top line reads the numbers the way an operator would (thresholds in
+tui/diagnosis.py): capacity bound, slot bound, prefill bound, ITL rising, idle, healthy.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP, id="help")
+
+    def on_key(self) -> None:
+        self.dismiss()
+
+
+class MonitorApp(App):
+    """The live monitor over any stats source."""
+
+    CSS_PATH = "monitor.tcss"
+    TITLE = "localserve monitor"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("p", "pause", "Pause"),
+        Binding("question_mark", "help", "Help"),
+    ]
+
+    def __init__(self, source, url: str = "") -> None:
+        super().__init__()
+        reset_colors()
+        self.source = source
+        self.url = url
+        self.history: deque[Snapshot] = deque(maxlen=HISTORY_LENGTH)
+        self.snapshot: Snapshot | None = None
+        self.connected = False
+        self.status = f"connecting to {url}" if url else "waiting for stats"
+        self.paused = False
+        self._last_event_t = -1.0
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        yield DiagnosisLine("", id="diagnosis")
+        yield KVBar(id="kv")
+        with Horizontal(id="middle"):
+            yield LatencyPanel(id="latency")
+            yield ThroughputPanel(id="throughput")
+        with Horizontal(id="tables"):
+            yield RunningTable(id="running")
+            yield WaitingTable(id="waiting")
+        with Horizontal(id="bottom"):
+            with Vertical(id="left"):
+                yield Static("", id="counters")
+            yield RichLog(id="events", max_lines=200, markup=False, wrap=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._main = self.screen
+        self._main.set_class(self.size.height >= 40, "tall")
+        self.query_one(RunningTable).border_title = "running"
+        self.query_one(WaitingTable).border_title = "waiting"
+        self.query_one("#latency").border_title = "latency  p50     p90     p99"
+        self.query_one("#throughput").border_title = "throughput"
+        self.query_one("#events").border_title = "events"
+        self._render_header()
+        self.run_worker(self._consume(), exclusive=True, name="stats")
+
+    async def _consume(self) -> None:
+        async for item in self.source:
+            self.receive(item)
+
+    def receive(self, item) -> None:
+        """One item from the source: a snapshot, or news about the connection."""
+        if isinstance(item, Connected):
+            self.connected, self.status = True, "live"
+            self._main.set_class(False, "disconnected")
+        elif isinstance(item, Disconnected):
+            self.connected, self.status = False, f"disconnected ({item.reason}), reconnecting"
+            self._main.set_class(True, "disconnected")
+        elif isinstance(item, Snapshot):
+            self.connected = True
+            self.history.append(item)
+            self.snapshot = item
+            if not self.paused:
+                self.refresh_snapshot()
+            return
+        self._render_header()
+
+    def refresh_snapshot(self) -> None:
+        snap = self.snapshot
+        if snap is None:
+            return
+        self._render_header()
+        d = diagnose(list(self.history))
+        self.query_one(DiagnosisLine).show(d.level, d.headline)
+        self.query_one(KVBar).show(snap)
+        self.query_one(LatencyPanel).show(snap, self.history)
+        self.query_one(ThroughputPanel).show(snap, self.history)
+        self.query_one(RunningTable).show(snap)
+        self.query_one(WaitingTable).show(snap)
+        self.query_one("#counters", Static).update(counters_text(snap))
+        self._log_events(snap)
+
+    def _render_header(self) -> None:
+        status = "paused" if self.paused else self.status
+        self.query_one(HeaderBar).show(self.snapshot, self.connected and not self.paused, status)
+
+    def _log_events(self, snap: Snapshot) -> None:
+        log = self.query_one("#events", RichLog)
+        for e in snap.events:
+            if e.t <= self._last_event_t:
+                continue
+            self._last_event_t = e.t
+            request = e.request_id.split(":", 1)[-1]
+            log.write(Text.assemble(f"{e.t:6.1f}s ", (e.user, user_color(e.user)),
+                                    f" {e.kind} {request}: {e.detail}"))  # fmt: skip
+
+    def on_resize(self) -> None:
+        self.screen.set_class(self.size.height >= 40, "tall")
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if not self.paused:
+            self.refresh_snapshot()
+        self._render_header()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())

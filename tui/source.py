@@ -1,0 +1,84 @@
+"""Where the monitor's numbers come from: the server's stats stream, or anything that yields.
+
+A source is an async iterable of `Connected`, `Disconnected` and `Snapshot` items. The websocket
+source subscribes to `stats` frames and reconnects, with backoff, whenever the server goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from localserve.client import Client, ClientError, ConnectionClosed
+from localserve.protocol import Error, Snapshot, Stats, Subscribe
+
+
+@dataclass(frozen=True)
+class Connected:
+    url: str
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    reason: str
+
+
+SourceItem = Connected | Disconnected | Snapshot
+
+
+class WebSocketSource:
+    """Stats frames from a localserve server; reconnects forever."""
+
+    def __init__(
+        self,
+        url: str,
+        monitor_token: str | None = None,
+        user: str | None = None,
+        token: str | None = None,
+        interval_ms: int = 500,
+        max_retry_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.monitor_token = monitor_token
+        self.user, self.token = user, token
+        self.interval_ms = interval_ms
+        self.max_retry_s = max_retry_s
+
+    async def __aiter__(self) -> AsyncIterator[SourceItem]:
+        retry = 0.25
+        while True:
+            try:
+                client = await Client.connect(self.url, self.user, self.token)
+                async with client:
+                    await client.send(Subscribe(self.interval_ms, self.monitor_token))
+                    yield Connected(self.url)
+                    retry = 0.25
+                    async for item in self._frames(client):
+                        yield item
+            except (OSError, ConnectionClosed, ClientError, TimeoutError) as e:
+                yield Disconnected(str(e) or type(e).__name__)
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, self.max_retry_s)
+
+    async def _frames(self, client: Client) -> AsyncIterator[SourceItem]:
+        while True:
+            frame = await client.recv()
+            if isinstance(frame, Stats):
+                yield frame.snapshot
+            elif isinstance(frame, Error):
+                raise ClientError(frame.code, frame.message)
+
+
+class QueueSource:
+    """Items pushed by hand (tests, or an in-process engine)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[SourceItem] = asyncio.Queue()
+
+    def push(self, item: SourceItem) -> None:
+        self.queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[SourceItem]:
+        while True:
+            yield await self.queue.get()

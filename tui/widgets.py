@@ -1,0 +1,211 @@
+"""The monitor's widgets: each one shows one part of a Snapshot (and the recent history)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Label, Sparkline, Static
+
+from localserve.protocol import Percentiles, Snapshot
+
+USER_COLORS = ["dodger_blue1", "orange1", "medium_purple1", "spring_green2", "hot_pink2",
+               "gold1", "turquoise2", "salmon1"]  # fmt: skip
+
+
+_assigned: dict[str, str] = {}
+
+
+def reset_colors() -> None:
+    """Start the user -> colour assignment afresh (one monitor, one palette)."""
+    _assigned.clear()
+
+
+def user_color(user: str) -> str:
+    """A colour per user: distinct for the first eight users seen, stable afterwards."""
+    if user not in _assigned:
+        taken = len(_assigned)
+        _assigned[user] = (
+            USER_COLORS[taken % len(USER_COLORS)]
+            if taken < 64
+            else (USER_COLORS[zlib.crc32(user.encode()) % len(USER_COLORS)])
+        )
+    return _assigned[user]
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as a short human duration: 85 ms, 1.2 s, 3 m."""
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.0f} m"
+
+
+def rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+class HeaderBar(Static):
+    """Model, backend, slots, cells, policy and budget; connection state."""
+
+    def show(self, snap: Snapshot | None, connected: bool, status: str) -> None:
+        text = Text()
+        text.append("● live " if connected else f"● {status} ",
+                    style="bold green" if connected else "bold red")  # fmt: skip
+        if snap is not None:
+            m = snap.model
+            where = (
+                m.backend if m.backend == "CPU" else f"{m.backend} {m.n_gpu_layers}/{m.n_layer}L"
+            )
+            text.append(f"{m.model}", style="bold")
+            text.append(f" · {where} · {snap.max_num_seqs} slots · {snap.kv_total} cells · "
+                        f"{snap.policy} ≤{snap.max_num_batched_tokens} tok/step · "
+                        f"ITL ≤{ms(snap.itl_target_s)}")  # fmt: skip
+        self.update(text)
+
+
+class DiagnosisLine(Static):
+    """What limits the server right now, in plain words."""
+
+    def show(self, level: str, headline: str) -> None:
+        self.set_classes(f"level-{level}")
+        self.update(Text(f" {headline}"))
+
+
+class KVBar(Static):
+    """Used vs committed vs total cells, each sequence's share coloured by its user."""
+
+    def show(self, snap: Snapshot) -> None:
+        width = max(self.size.width - 2, 10)
+        total = max(snap.kv_total, 1)
+        bar = Text(" ")
+        for row in snap.seqs:
+            color = user_color(row.user)
+            used = round(row.computed_tokens / total * width)
+            promised = round(max(row.cells - row.computed_tokens, 0) / total * width)
+            bar.append("█" * used, style=color)
+            bar.append("▒" * promised, style=color)
+        bar.append("·" * max(width - len(bar) + 1, 0), style="grey35")
+        pct = snap.kv_used / total
+        cached = snap.counters.cached_tokens
+        legend = Text(
+            f" KV cells: {snap.kv_used} used (█) · {snap.kv_committed} committed (▒) · "
+            f"{snap.kv_total} total · {pct:.0%} full · {snap.free_seq_ids} free slots"
+            + (f" · {cached} reused-prefix tokens" if cached else "")
+        )
+        self.update(Text.assemble(bar, "\n", legend))
+
+
+class LatencyPanel(Vertical):
+    """TTFT, ITL and queue time percentiles, each with a sparkline of its p90."""
+
+    NAMES = {"ttft": "TTFT", "itl": "ITL", "queue": "queue"}
+
+    def compose(self) -> ComposeResult:
+        for key, name in self.NAMES.items():
+            with Horizontal(classes="metric-row"):
+                yield Label(name, id=f"{key}-label", classes="metric-label")
+                yield Sparkline([], id=f"{key}-spark", classes="metric-spark")
+
+    def show(self, snap: Snapshot, history: Sequence[Snapshot]) -> None:
+        for key, name in self.NAMES.items():
+            p: Percentiles = getattr(snap, key)
+            label = f"{name:<5} {ms(p.p50):>7}{ms(p.p90):>8}{ms(p.p99):>8}"
+            self.query_one(f"#{key}-label", Label).update(label)
+            values = [getattr(s, key).p90 or 0.0 for s in history]
+            self.query_one(f"#{key}-spark", Sparkline).data = values or [0.0]
+
+
+class ThroughputPanel(Vertical):
+    """Prompt and generated tokens/s with sparklines; what each step carries."""
+
+    def compose(self) -> ComposeResult:
+        for key in ("prompt", "gen"):
+            with Horizontal(classes="metric-row"):
+                yield Label("", id=f"{key}-label", classes="metric-label")
+                yield Sparkline([], id=f"{key}-spark", classes="metric-spark")
+        yield Static("", id="batch")
+
+    def show(self, snap: Snapshot, history: Sequence[Snapshot]) -> None:
+        rows = {
+            "prompt": ("prompt", "prompt_tokens_per_s"),
+            "gen": ("gen", "generation_tokens_per_s"),
+        }
+        for key, (name, field) in rows.items():
+            value = getattr(snap, field)
+            self.query_one(f"#{key}-label", Label).update(f"{name:<6} {rate(value):>6} tok/s")
+            self.query_one(f"#{key}-spark", Sparkline).data = [
+                getattr(s, field) for s in history
+            ] or [0.0]
+        self.query_one("#batch", Static).update(batch_text(snap))
+
+
+def batch_text(snap: Snapshot) -> Text:
+    """Per-step composition: decode vs prefill tokens, as numbers and a bar."""
+    st = snap.steps
+    if st.step_s is None:
+        return Text("step no steps yet", style="grey50")
+    decode, prefill = st.decode_tokens or 0.0, st.prefill_tokens or 0.0
+    width = 10
+    cap = max(snap.max_num_batched_tokens, 1)
+    d = min(width, round(decode / cap * width))
+    p = min(width - d, round(prefill / cap * width))
+    text = Text("step ")  # decode tokens green, prefill yellow
+    text.append("█" * d, style="green")
+    text.append("█" * p, style="yellow")
+    text.append("·" * (width - d - p), style="grey35")
+    text.append(f" {decode:.0f}+{prefill:.0f} tok, {ms(st.step_s)}")
+    return text
+
+
+class RunningTable(DataTable):
+    """One row per running sequence."""
+
+    COLUMNS = ("user", "request", "phase", "prompt", "gen", "tok/s", "TTFT", "ITL", "idle")
+
+    def on_mount(self) -> None:
+        self.add_columns(*self.COLUMNS)
+        self.cursor_type = "none"
+
+    def show(self, snap: Snapshot) -> None:
+        self.clear()
+        for r in snap.seqs:
+            if r.phase == "prefill":
+                phase = f"prefill {r.computed_tokens / max(r.prompt_tokens, 1):.0%}"
+            else:
+                phase = "decode" + (f" ({r.num_preemptions}×↺)" if r.num_preemptions else "")
+            self.add_row(
+                Text(r.user, style=user_color(r.user)), r.request_id.split(":", 1)[-1], phase,
+                str(r.prompt_tokens), str(r.output_tokens), rate(r.tokens_per_s),
+                ms(r.ttft_s), ms(r.last_itl_s), ms(r.since_last_token_s),
+            )  # fmt: skip
+
+
+class WaitingTable(DataTable):
+    """The queue, in admission order."""
+
+    def on_mount(self) -> None:
+        self.add_columns("#", "user", "request", "prompt", "waited")
+        self.cursor_type = "none"
+
+    def show(self, snap: Snapshot) -> None:
+        self.clear()
+        for w in snap.waiting_seqs:
+            request = w.request_id.split(":", 1)[-1] + (" (preempted)" if w.is_preempted else "")
+            self.add_row(str(w.position), Text(w.user, style=user_color(w.user)), request,
+                         str(w.prompt_tokens), ms(w.waited_s))  # fmt: skip
+
+
+def counters_text(snap: Snapshot) -> str:
+    c = snap.counters
+    return (
+        f"finished {c.finished} · preempted {c.preemptions} · rejected {c.rejections} · "
+        f"cancelled {c.cancellations} · errors {c.errors} · reused {c.cached_tokens} tok · "
+        f"running {snap.running} · waiting {snap.waiting}"
+    )
