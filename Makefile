@@ -4,9 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # llama-cpp-python compiles llama.cpp on install (~12 min on 2 cores; pip caches the wheel)
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
-PROMPT ?= The three primary colours are
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run test lint format bench screenshot clean
 
 setup: $(VENV)/.installed
 
@@ -18,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(VENV)/bin/localserve generate "$(PROMPT)" --max-tokens 64
+	$(VENV)/bin/localserve demo
 
 test: setup
 	$(PY) -m ruff check localserve tui tests
@@ -35,6 +34,9 @@ format: setup
 bench: setup
 	mkdir -p bench-results
 	$(VENV)/bin/localserve bench-engine --out bench-results/engine.json
+
+screenshot: setup
+	$(VENV)/bin/localserve demo --screenshot docs/monitor.svg --after 40
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--model", help="a name from models.toml (default: its `default`)")
     d.add_argument("--seed", type=int, default=0, help="varies the scenario's prompts and pauses")
     d.add_argument("--pace", type=float, default=1.0, help="scales the scenario's pauses")
+    d.add_argument("--screenshot", metavar="SVG", help="run headless; save the screen to SVG")
+    d.add_argument("--after", type=float, default=40.0, help="seconds before the screenshot")
     d.set_defaults(run=cmd_demo)
 
     mo = sub.add_parser("monitor", help="the live monitor of a running server")
@@ -162,8 +164,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     scenario = asyncio.run_coroutine_threadsafe(
         play(thread.url, stop, seed=args.seed, pace=args.pace), thread.loop
     )
+    app = MonitorApp(WebSocketSource(thread.url), thread.url)
     try:
-        MonitorApp(WebSocketSource(thread.url), thread.url).run()
+        if args.screenshot:
+            asyncio.run(_screenshot(app, args.screenshot, args.after))
+        else:
+            app.run()
     finally:
         thread.loop.call_soon_threadsafe(stop.set)
         with contextlib.suppress(Exception):
@@ -174,6 +180,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         runner.close()
     print(f"localserve demo: stopped (log: {log_path})")
     return 0
+
+
+async def _screenshot(app, path: str, after_s: float) -> None:
+    """The monitor, headless at 120x36, after the scenario has played for a while."""
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause(after_s)
+        app.save_screenshot(path)
 
 
 def _log_to_file(name: str) -> str:
