@@ -81,7 +81,7 @@ def test_long_decode_only_run_keeps_the_model_finite(num_decode):
         d = num_decode if num_decode is not None else rng.randint(1, 16)
         model.update(d, 0, true_step_s(d, 0))
     assert is_finite(model)
-    assert sum(model._p[i][i] for i in range(3)) <= MAX_TRACE * (1 + 1e-9)
+    assert sum(row[i] for i, row in enumerate(model._p)) <= MAX_TRACE * (1 + 1e-9)
     d = num_decode or 8
     assert model.predict(d, 0) == pytest.approx(true_step_s(d, 0), rel=0.01)
     budget = model.prefill_budget(d, target_s=0.12, floor=32, ceiling=512)
@@ -141,3 +141,22 @@ def test_learned_budget_keeps_the_predicted_step_within_target():
         budget = model.prefill_budget(num_decode, target, floor=32, ceiling=8192)
         assert true_step_s(num_decode, budget) <= target * 1.05
         assert true_step_s(num_decode, budget + 20) > target  # and uses most of the time
+
+
+def test_prefill_price_is_not_absorbed_by_the_intercept():
+    # a long paste: every step carries the same small chunk, so a joint fit could not tell the
+    # fixed cost from the prefill cost; the decode part was learned before the paste arrived
+    model = StepCostModel()
+    for _ in range(50):
+        model.update(1, 0, true_step_s(1, 0))
+    for _ in range(200):
+        model.update(1, 32, true_step_s(1, 32))
+    assert model.predict(1, 0) == pytest.approx(true_step_s(1, 0), rel=0.05)
+    assert model.prefill_token_s == pytest.approx(C, rel=0.05)
+
+
+def test_prefill_price_follows_deeper_context():
+    model = trained(mixed_steps(300))
+    for _ in range(30):  # chunks deeper in a long prompt cost twice as much per token
+        model.update(2, 64, true_step_s(2, 0) + 2 * C * 64)
+    assert model.prefill_token_s == pytest.approx(2 * C, rel=0.05)
