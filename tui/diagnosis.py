@@ -232,8 +232,8 @@ class _Context:
             parts.append("nothing running")
         if self.waiting:
             parts.append(f"{self.waiting} queued")
-        parts.append(f"TTFT p50 {_dur(self.ttft_p50)}")
-        parts.append(f"ITL p50 {_dur(self.itl_p50)}")
+        parts.append(f"TTFT p50 {duration(self.ttft_p50)}")
+        parts.append(f"ITL p50 {duration(self.itl_p50)}")
         if self.kv_share is not None:
             parts.append(f"KV {_pct(self.kv_share)}")
         return ", ".join(parts)
@@ -243,11 +243,11 @@ class _Context:
         lines = [
             f"now: {self.running} running ({self.decoding} decoding, {self.prefilling} "
             f"prefilling) of {s.max_num_seqs} slots, {self.waiting} waiting"
-            + (f" (oldest {_dur(self.max_wait)})" if self.waiting else ""),
-            f"latency over {s.window_s:.0f} s: TTFT p50 {_dur(self.ttft_p50)} "
-            f"p90 {_dur(_num(s.ttft.p90))}, queue p50 {_dur(_num(s.queue.p50))}, "
-            f"ITL p50 {_dur(self.itl_p50)} p90 {_dur(self.itl_p90)} "
-            f"(target {_dur(self.target)})",
+            + (f" (oldest {duration(self.max_wait)})" if self.waiting else ""),
+            f"latency over {s.window_s:.0f} s: TTFT p50 {duration(self.ttft_p50)} "
+            f"p90 {duration(_num(s.ttft.p90))}, queue p50 {duration(_num(s.queue.p50))}, "
+            f"ITL p50 {duration(self.itl_p50)} p90 {duration(self.itl_p90)} "
+            f"(target {duration(self.target)})",
         ]
         kv = f"KV {_pct(self.kv_share)} committed" if self.kv_share is not None else "KV unknown"
         lines.append(
@@ -260,17 +260,17 @@ class _Context:
     def trend_line(self, name: str, then: float | None, now: float | None) -> list[str]:
         if self.ref is None or then is None or now is None:
             return []
-        return [f"{name} p50 {_dur(then)} → {_dur(now)} over the last {self.trend_s:.0f} s"]
+        return [f"{name} p50 {duration(then)} → {duration(now)} over the last {self.trend_s:.0f} s"]
 
     def queue_lines(self) -> list[str]:
         s, lines = self.now, []
         if self.queue_share is not None:
             lines.append(
                 f"queue time is {_pct(self.queue_share)} of TTFT "
-                f"(mean {_dur(_num(s.queue.mean))} of {_dur(_num(s.ttft.mean))})"
+                f"(mean {duration(_num(s.queue.mean))} of {duration(_num(s.ttft.mean))})"
             )
         if self.waiting:
-            lines.append(f"{self.waiting} waiting, the oldest for {_dur(self.max_wait)}")
+            lines.append(f"{self.waiting} waiting, the oldest for {duration(self.max_wait)}")
         return lines
 
     def ttft_level(self) -> str:
@@ -290,8 +290,8 @@ def _admission_blocked(c: _Context) -> _Finding | None:
     if stalled < ADMISSION_STALL_S:
         return None
     s, head = c.now, c.head
-    lead = f"admission blocked for {_dur(stalled)}: {c.waiting:,} waiting, 0 running"
-    details = [f"the oldest waiting request has waited {_dur(c.max_wait)}"]
+    lead = f"admission blocked for {duration(stalled)}: {c.waiting:,} waiting, 0 running"
+    details = [f"the oldest waiting request has waited {duration(c.max_wait)}"]
     if head is not None and c.kv_total > 0 and head.prompt_tokens > c.kv_free:
         why = f"next prompt needs {head.prompt_tokens:,} KV cells, {c.kv_free:,} free"
     elif s.free_seq_ids <= 0:
@@ -442,7 +442,7 @@ def _prefill_bound(c: _Context) -> _Finding | None:
     )
     if capped:
         details.append(
-            f"the {_dur(c.target)} ITL target caps prefill at {st.prefill_budget:,} tokens per "
+            f"the {duration(c.target)} ITL target caps prefill at {st.prefill_budget:,} tokens per "
             f"step (of {s.max_num_batched_tokens:,}) while {c.decoding} decode"
         )
     c.claimed.add("ttft")
@@ -465,7 +465,7 @@ def _ttft_other(c: _Context) -> _Finding | None:
     if c.prefill_share is not None:
         parts.append(f"prefill {_pct(c.prefill_share)} of steps")
     why = f" ({', '.join(parts)})" if parts else ""
-    line = f"{c.ttft_word}: p50 {_dur(c.ttft_p50)}, no single cause{why}"
+    line = f"{c.ttft_word}: p50 {duration(c.ttft_p50)}, no single cause{why}"
     details = c.trend_line("TTFT", c.ttft_then, c.ttft_p50) + c.queue_lines()
     c.claimed.add("ttft")
     return _Finding(c.ttft_level(), line, details)
@@ -483,14 +483,14 @@ def _itl(c: _Context) -> _Finding | None:
     which = "p50" if p50_over else "p90"
     causes: list[str] = []
     details = c.trend_line("ITL", c.itl_then, c.itl_p50)
-    details.append(f"ITL {which} {_dur(shown)} against a {_dur(target)} target")
+    details.append(f"ITL {which} {duration(shown)} against a {duration(target)} target")
     dstep = c.decode_step_s
     if c.decoding >= 2 and (dstep is None or dstep >= DECODE_STEP_OF_TARGET * target):
         causes.append(f"{c.decoding} sequences decode at once")
         if dstep is not None:
-            details.append(f"the decode part of a step takes {_dur(dstep)}")
+            details.append(f"the decode part of a step takes {duration(dstep)}")
     elif c.decoding <= 1 and dstep is not None and dstep >= DECODE_STEP_OF_TARGET * target:
-        causes.append(f"a lone decode step takes {_dur(dstep)}")
+        causes.append(f"a lone decode step takes {duration(dstep)}")
         details.append("the model is slower than the ITL target with a single decoder")
     if c.prefill_share is not None and c.prefill_share >= ITL_PREFILL_SHARE:
         causes.append(f"prefill chunks take {_pct(c.prefill_share)} of each step")
@@ -508,10 +508,10 @@ def _itl(c: _Context) -> _Finding | None:
         )
     if not causes:
         if c.step_s is not None and c.step_s < DECODE_STEP_OF_TARGET * target:
-            causes.append(f"steps take {_dur(c.step_s)}, so tokens stall between steps")
+            causes.append(f"steps take {duration(c.step_s)}, so tokens stall between steps")
             details.append("gaps come from preemptions or pauses, not from the steps")
         else:
-            causes.append(f"steps average {_dur(c.step_s)} with {c.decoding} decoding")
+            causes.append(f"steps average {duration(c.step_s)} with {c.decoding} decoding")
     word = "ITL rising" if c.itl_rising else "ITL high"
     line = f"{word}: " + "; ".join(causes[:2])
     details += [f"also: {cause}" for cause in causes[2:]]
@@ -542,9 +542,9 @@ def _kv_full(c: _Context) -> _Finding | None:
 def _itl_rising(c: _Context) -> _Finding | None:
     if "itl" in c.claimed or not (c.active and c.itl_rising):
         return None
-    line = f"ITL rising: p50 {_dur(c.itl_then)} → {_dur(c.itl_p50)}"
+    line = f"ITL rising: p50 {duration(c.itl_then)} → {duration(c.itl_p50)}"
     if c.target is not None:
-        line += f", still under the {_dur(c.target)} target"
+        line += f", still under the {duration(c.target)} target"
     return _Finding("info", line, [f"{c.decoding} decoding now"])
 
 
@@ -555,9 +555,9 @@ def _idle(c: _Context) -> _Finding | None:
     details = []
     if s.events:
         last = s.events[-1]
-        details.append(f"last activity {_dur(max(0.0, s.uptime_s - last.t))} ago ({last.kind})")
+        details.append(f"last activity {duration(max(0.0, s.uptime_s - last.t))} ago ({last.kind})")
     if c.ttft_p50 is not None:
-        details.append(f"over the last minute TTFT p50 was {_dur(c.ttft_p50)}")
+        details.append(f"over the last minute TTFT p50 was {duration(c.ttft_p50)}")
     details.append("the scheduler has nothing to give the accelerator")
     return _Finding("info", "accelerator idle: no eligible work", details)
 
@@ -657,7 +657,8 @@ def _rising(now: float | None, then: float | None, min_delta: float) -> bool:
     return now >= RISING_RATIO * then and now - then >= min_delta
 
 
-def _dur(s: float | None) -> str:
+def duration(s: float | None) -> str:
+    """Seconds as a short human duration: 85 ms, 1.2 s, 45 s, 3 min (— for nothing)."""
     if s is None or not math.isfinite(s):
         return "—"
     if s < 1.0:

@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Sparkline, Static
 
 from localserve.protocol import Percentiles, Snapshot
+from tui.diagnosis import duration as ms
 
 USER_COLORS = ["dodger_blue1", "orange1", "medium_purple1", "spring_green2", "hot_pink2",
                "gold1", "turquoise2", "salmon1"]  # fmt: skip
@@ -36,19 +37,8 @@ def user_color(user: str) -> str:
     return _assigned[user]
 
 
-def ms(seconds: float | None) -> str:
-    """Seconds as a short human duration: 85 ms, 1.2 s, 3 m."""
-    if seconds is None:
-        return "–"
-    if seconds < 1:
-        return f"{seconds * 1e3:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.0f} m"
-
-
 def rate(value: float | None) -> str:
-    return "–" if value is None else f"{value:.0f}"
+    return "—" if value is None else f"{value:.0f}"
 
 
 class HeaderBar(Static):
@@ -81,7 +71,17 @@ class DiagnosisLine(Static):
 class KVBar(Static):
     """Used vs committed vs total cells, each sequence's share coloured by its user."""
 
+    _snap: Snapshot | None = None
+
     def show(self, snap: Snapshot) -> None:
+        self._snap = snap
+        self.refresh()
+
+    def render(self) -> Text:
+        """Drawn at the widget's current width (also after a resize)."""
+        snap = self._snap
+        if snap is None:
+            return Text(" KV cells: waiting for stats", style="grey50")
         width = max(self.size.width - 2, 10)
         total = max(snap.kv_total, 1)
         bar = Text(" ")
@@ -99,7 +99,7 @@ class KVBar(Static):
             f"{snap.kv_total} total · {pct:.0%} full · {snap.free_seq_ids} free slots"
             + (f" · {cached} reused-prefix tokens" if cached else "")
         )
-        self.update(Text.assemble(bar, "\n", legend))
+        return Text.assemble(bar, "\n", legend)
 
 
 class LatencyPanel(Vertical):
