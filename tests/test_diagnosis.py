@@ -325,6 +325,14 @@ def test_itl_prefill_share_only():
     assert any("ITL p90 200 ms against a 120 ms target" in line for line in d.details)
 
 
+def test_itl_easing_after_a_long_prefill_is_info():
+    # the window still holds the slow gaps of a finished paste; one decoder, fast steps now
+    after = dict(seqs=decoders(1), itl=pct(0.15, p90=0.23), steps=dict(step_s=0.028))
+    d = check(diagnose([snap(**after)]))
+    assert d.level == "info"
+    assert d.headline == "ITL easing: p50 150 ms over the last minute, steps now take 28 ms"
+
+
 def test_itl_rising_under_target_is_info():
     d = check(diagnose(ramp(dict(itl=pct(0.03)), dict(itl=pct(0.09, p90=0.11)))))
     assert d.level == "info"

@@ -74,7 +74,8 @@ list the others. Each entry: level, when, an example headline, the mechanism it 
    - a lone decode step that slow: the model is slower than the target;
    - prefill share of step time >= `ITL_PREFILL_SHARE` (30%): prefill chunks delay decodes;
    - engine share (time outside llama_decode) >= `ENGINE_SHARE_HIGH` (30%): Python overhead;
-   - none of these and fast steps: tokens stall between steps (preemptions, pauses).
+   - none of these and fast steps now: "ITL easing" (info) — the slow gaps are in the window
+     but behind us (a finished long prefill, preemptions).
 9. preempting (warn). Preemptions grew and no finding above named them. "preempting: 5
    preemptions in the last minute — capacity bound". Decode growth ran out of cells; the
    newest sequence lost its cells and recomputes.
@@ -508,8 +509,12 @@ def _itl(c: _Context) -> _Finding | None:
         )
     if not causes:
         if c.step_s is not None and c.step_s < DECODE_STEP_OF_TARGET * target:
-            causes.append(f"steps take {duration(c.step_s)}, so tokens stall between steps")
-            details.append("gaps come from preemptions or pauses, not from the steps")
+            # the window still holds slow gaps, but today's steps are fast: it has passed
+            c.claimed.add("itl")
+            line = (f"ITL easing: {which} {duration(shown)} over the last minute, "
+                    f"steps now take {duration(c.step_s)}")  # fmt: skip
+            details.append("the slow gaps (a long prefill, preemptions) are behind; steps are fast")
+            return _Finding("info", line, details)
         else:
             causes.append(f"steps average {duration(c.step_s)} with {c.decoding} decoding")
     word = "ITL rising" if c.itl_rising else "ITL high"
