@@ -86,6 +86,20 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list configured models; assemble the embedded one")
     m.set_defaults(run=cmd_models)
 
+    lb = sub.add_parser("bench", help="load generator against a running server (client-side)")
+    lb.add_argument("--url", default="ws://127.0.0.1:8765")
+    lb.add_argument("--workload", default="mixed", help="short | long | paste | chat | mixed")
+    lb.add_argument("--num-requests", type=int, default=50)
+    lb.add_argument("--request-rate", type=float, default=float("inf"),
+                    help="requests/s, open loop (default inf: all at once)")  # fmt: skip
+    lb.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
+    lb.add_argument("--concurrency", type=int, help="closed loop: this many in flight instead")
+    lb.add_argument("--ignore-eos", action="store_true", help="fixed output lengths")
+    lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
+    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
+    lb.set_defaults(run=cmd_bench)
+
     b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
     b.add_argument("--model")
     b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
@@ -263,6 +277,32 @@ def cmd_models(args: argparse.Namespace) -> int:
         path = resolve_model(name, model)
         print(f"{mark} {name:20} {path}  n_ctx={model.n_ctx} max_num_seqs={model.max_num_seqs}")
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+    import json
+
+    from localserve import bench
+
+    slo = bench.SLO.parse(args.slo) if args.slo else None
+    specs = bench.build_requests(args.workload, args.num_requests, args.seed)
+    results, duration = asyncio.run(
+        bench.run_load(
+            args.url, specs, rate=args.request_rate, burstiness=args.burstiness,
+            concurrency=args.concurrency, ignore_eos=args.ignore_eos, seed=args.seed,
+            on_done=bench.progress_bar(f"{args.workload} x{args.num_requests}"),
+        )
+    )  # fmt: skip
+    summary = bench.summarize(results, duration, slo)
+    print(bench.format_summary(summary))
+    if args.out:
+        record = {"args": vars(args) | {"run": None}, "summary": summary,
+                  "requests": [dataclasses.asdict(r) for r in results]}  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+    return 0 if summary["completed"] else 1
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:

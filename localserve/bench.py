@@ -1,0 +1,316 @@
+"""`localserve bench`: a load generator over the websocket protocol, measured on the client.
+
+Definitions follow vLLM's `bench serve`: TTFT = chat sent -> first token frame; ITL = gaps
+between token frames of one request (a frame may carry several tokens when the client reads
+slowly); TPOT = (e2e - TTFT) / (output tokens - 1); e2e = sent -> done. Throughput is counted
+over the whole run; goodput is the rate of requests that met every SLO given.
+
+Arrivals are open-loop at a request rate (Poisson, or gamma with a burstiness factor: < 1 is
+burstier, 1 is Poisson) or closed-loop at a fixed concurrency. Workloads are built from text
+that ships with the project (`localserve/data/pages.md` and the scenario's prompt lists),
+seeded and reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from localserve.client import Client, ClientError, ConnectionClosed
+from localserve.protocol import Chat, Error, Finished, Message, TokenDelta
+from localserve.scenario import (
+    LONG_EXPLANATIONS,
+    MEDIUM_QUESTIONS,
+    SHORT_QUESTIONS,
+    SUMMARY_REQUESTS,
+    TOKENS_PER_WORD,
+    pages_slice,
+)
+
+# kind -> (output tokens, prompt builder); a mix is a weighted choice of kinds
+KINDS = ("short", "long", "paste")
+WORKLOADS: dict[str, dict[str, float]] = {
+    "short": {"short": 1.0},
+    "long": {"long": 1.0},
+    "paste": {"paste": 1.0},
+    "mixed": {"short": 0.5, "long": 0.3, "paste": 0.2},
+    "chat": {"short": 0.7, "long": 0.3},
+}
+OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96}
+PASTE_TOKENS = 2500
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    kind: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass
+class RequestResult:
+    kind: str
+    ok: bool = False
+    error: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    sent: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # arrival of each token frame
+    done: float = 0.0
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.sent if self.token_times else None
+
+    @property
+    def e2e(self) -> float:
+        return self.done - self.sent
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2 or self.ttft is None:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives in milliseconds (None = not required)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """'ttft=500,tpot=100' -> SLO(ttft_ms=500, tpot_ms=100)."""
+        values = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, _, value = item.partition("=")
+            if key not in ("ttft", "tpot", "e2e") or not value:
+                raise ValueError(f"--slo: {item!r}: expected ttft=MS, tpot=MS or e2e=MS")
+            values[f"{key}_ms"] = float(value)
+        return cls(**values)
+
+    def met(self, r: RequestResult) -> bool:
+        checks = [(self.ttft_ms, r.ttft), (self.tpot_ms, r.tpot), (self.e2e_ms, r.e2e)]
+        return r.ok and all(
+            limit is None or (value is not None and value * 1e3 <= limit) for limit, value in checks
+        )
+
+
+# --- workloads and arrivals ---------------------------------------------------------------------
+
+
+def build_requests(workload: str, n: int, seed: int = 0) -> list[RequestSpec]:
+    """n requests of a named workload, reproducible for a seed."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"--workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
+    rng = random.Random(seed)
+    kinds, weights = zip(*WORKLOADS[workload].items(), strict=True)
+    return [_spec(rng.choices(kinds, weights)[0], rng) for _ in range(n)]
+
+
+def _spec(kind: str, rng: random.Random) -> RequestSpec:
+    if kind == "short":
+        prompt = rng.choice(SHORT_QUESTIONS)
+    elif kind == "long":
+        prompt = rng.choice(LONG_EXPLANATIONS)
+    else:
+        text = pages_slice(rng, round(PASTE_TOKENS / TOKENS_PER_WORD))
+        prompt = f"{text}\n\n{rng.choice(SUMMARY_REQUESTS)}"
+    if kind == "short" and rng.random() < 0.3:
+        prompt = rng.choice(MEDIUM_QUESTIONS)
+    return RequestSpec(kind, prompt, OUTPUT_TOKENS[kind])
+
+
+def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Start offsets (s) of n requests: gamma inter-arrivals with mean 1/rate (inf = all at 0)."""
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError("--request-rate and --burstiness must be positive")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return out
+
+
+# --- statistics ----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default); None for no values."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution_ms(values: Sequence[float]) -> dict[str, float | None]:
+    """mean, median, p90, p99 in milliseconds."""
+    ms = [v * 1e3 for v in values]
+    return {
+        "mean": sum(ms) / len(ms) if ms else None,
+        "median": percentile(ms, 50),
+        "p90": percentile(ms, 90),
+        "p99": percentile(ms, 99),
+    }
+
+
+def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO | None = None) -> dict:
+    """The run's figures, vLLM style."""
+    ok = [r for r in results if r.ok]
+    output = sum(r.output_tokens for r in ok)
+    prompt = sum(r.prompt_tokens for r in ok)
+    duration = max(duration_s, 1e-9)
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    summary = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": errors,
+        "duration_s": duration_s,
+        "request_throughput": len(ok) / duration,
+        "output_token_throughput": output / duration,
+        "total_token_throughput": (prompt + output) / duration,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "ttft_ms": distribution_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": distribution_ms([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": distribution_ms([gap for r in ok for gap in r.itls]),
+        "e2e_ms": distribution_ms([r.e2e for r in ok]),
+    }
+    if slo is not None:
+        good = sum(slo.met(r) for r in results)
+        summary["slo"] = asdict(slo)
+        summary["goodput"] = good / duration
+        summary["good_requests"] = good
+    return summary
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+async def send_one(
+    url: str, user: str, spec: RequestSpec, ignore_eos: bool, seed: int
+) -> RequestResult:
+    """One request on its own connection, timed from the chat frame to its done frame."""
+    result = RequestResult(spec.kind)
+    try:
+        async with await Client.connect(url, user) as client:
+            chat = Chat(id="r", messages=[Message("user", spec.prompt)],
+                        max_tokens=spec.max_tokens, temperature=0.7, seed=seed,
+                        ignore_eos=ignore_eos)  # fmt: skip
+            result.sent = time.perf_counter()
+            await client.send(chat)
+            while True:
+                frame = await client.recv()
+                if isinstance(frame, TokenDelta):
+                    result.token_times.append(time.perf_counter())
+                elif isinstance(frame, Error) and frame.code != "internal":
+                    result.error = frame.code
+                    break
+                elif isinstance(frame, Finished):
+                    result.done = time.perf_counter()
+                    result.finish_reason = frame.finish_reason
+                    result.ok = frame.finish_reason in ("stop", "length")
+                    result.error = "" if result.ok else frame.finish_reason
+                    result.prompt_tokens = frame.usage.prompt_tokens
+                    result.output_tokens = frame.usage.completion_tokens
+                    break
+    except (OSError, ConnectionClosed, ClientError) as e:
+        result.error = type(e).__name__
+    return result
+
+
+async def run_load(
+    url: str,
+    specs: Sequence[RequestSpec],
+    *,
+    rate: float = math.inf,
+    burstiness: float = 1.0,
+    concurrency: int | None = None,
+    ignore_eos: bool = False,
+    seed: int = 0,
+    on_done: Callable[[int, int], None] | None = None,
+) -> tuple[list[RequestResult], float]:
+    """Send every request (open loop at `rate`, or closed loop at `concurrency`)."""
+    results: list[RequestResult | None] = [None] * len(specs)
+    finished = 0
+    start = time.perf_counter()
+
+    async def one(i: int) -> None:
+        nonlocal finished
+        results[i] = await send_one(url, f"bench-{i}", specs[i], ignore_eos, seed + i)
+        finished += 1
+        if on_done:
+            on_done(finished, len(specs))
+
+    if concurrency:
+        queue = iter(range(len(specs)))
+
+        async def worker() -> None:
+            for i in queue:
+                await one(i)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    else:
+        offsets = arrival_times(len(specs), rate, burstiness, seed)
+
+        async def delayed(i: int) -> None:
+            await asyncio.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
+            await one(i)
+
+        await asyncio.gather(*(delayed(i) for i in range(len(specs))))
+    return [r for r in results if r is not None], time.perf_counter() - start
+
+
+def progress_bar(label: str) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'-' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def format_summary(s: dict) -> str:
+    """A readable block, like vLLM's."""
+    lines = [
+        f"completed {s['completed']}, failed {s['failed']} {s['errors'] or ''}".rstrip(),
+        f"duration {s['duration_s']:.1f} s; requests {s['request_throughput']:.2f}/s; "
+        f"output {s['output_token_throughput']:.1f} tok/s; "
+        f"total {s['total_token_throughput']:.1f} tok/s",
+    ]
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        d = s[name]
+        cells = " ".join(f"{k} {_num(v)}" for k, v in d.items())
+        lines.append(f"{name[:-3].upper():5} (ms): {cells}")
+    if "goodput" in s:
+        lines.append(f"goodput {s['goodput']:.2f} req/s ({s['good_requests']} met {s['slo']})")
+    return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"

@@ -1,0 +1,140 @@
+"""The load generator: statistics on synthetic timings, arrival processes, one smoke run."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from localserve.bench import (
+    SLO,
+    RequestResult,
+    arrival_times,
+    build_requests,
+    percentile,
+    run_load,
+    summarize,
+)
+
+
+def result(sent: float, gaps: list[float], ttft: float, ok: bool = True, tokens=None):
+    """A request sent at `sent`, first token after `ttft`, then token frames `gaps` apart."""
+    times = [sent + ttft]
+    for gap in gaps:
+        times.append(times[-1] + gap)
+    n = tokens if tokens is not None else len(times)
+    return RequestResult("short", ok=ok, error="" if ok else "busy", prompt_tokens=10,
+                         output_tokens=n if ok else 0, sent=sent,
+                         token_times=times if ok else [], done=times[-1])  # fmt: skip
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q):
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.3]
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_of_nothing_is_none():
+    assert percentile([], 50) is None
+
+
+def test_request_timings_follow_vllm_definitions():
+    r = result(sent=10.0, gaps=[0.1, 0.2, 0.3], ttft=0.5)
+    assert r.ttft == pytest.approx(0.5)
+    assert r.e2e == pytest.approx(0.5 + 0.6)
+    assert r.tpot == pytest.approx(0.6 / 3)  # (e2e - ttft) / (n - 1)
+    assert r.itls == pytest.approx([0.1, 0.2, 0.3])
+
+
+def test_coalesced_frames_make_tpot_differ_from_itl():
+    # 4 tokens arrived in 2 frames: ITL sees one gap, TPOT spreads it over 3 tokens
+    r = result(sent=0.0, gaps=[0.3], ttft=0.2, tokens=4)
+    assert r.itls == pytest.approx([0.3]) and r.tpot == pytest.approx(0.1)
+
+
+def test_summary_counts_throughput_and_percentiles():
+    results = [result(0.0, [0.1] * 9, 0.2), result(0.0, [0.1] * 4, 0.4),
+               result(0.0, [], 0.1, ok=False)]  # fmt: skip
+    s = summarize(results, duration_s=2.0)
+    assert s["completed"] == 2 and s["failed"] == 1 and s["errors"] == {"busy": 1}
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["output_token_throughput"] == pytest.approx((10 + 5) / 2.0)
+    assert s["total_token_throughput"] == pytest.approx((10 + 5 + 20) / 2.0)
+    assert s["ttft_ms"]["mean"] == pytest.approx(300.0)
+    assert s["ttft_ms"]["median"] == pytest.approx(300.0)
+    assert s["itl_ms"]["median"] == pytest.approx(100.0)
+    assert s["e2e_ms"]["p99"] == pytest.approx(percentile([1100.0, 800.0], 99))
+
+
+def test_goodput_counts_requests_meeting_every_slo():
+    fast = result(0.0, [0.05] * 4, 0.2)
+    slow_start = result(0.0, [0.05] * 4, 2.0)
+    slow_tokens = result(0.0, [0.5] * 4, 0.2)
+    failed = result(0.0, [], 0.1, ok=False)
+    slo = SLO.parse("ttft=1000,tpot=100")
+    assert [slo.met(r) for r in (fast, slow_start, slow_tokens, failed)] == [True, False, False,
+                                                                            False]  # fmt: skip
+    s = summarize([fast, slow_start, slow_tokens, failed], duration_s=4.0, slo=slo)
+    assert s["good_requests"] == 1 and s["goodput"] == pytest.approx(0.25)
+
+
+def test_bad_slo_text_is_a_clear_error():
+    with pytest.raises(ValueError, match="ttft=MS"):
+        SLO.parse("latency=5")
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    times = arrival_times(4000, rate=5.0, seed=1)
+    gaps = np.diff(times)
+    assert times[0] == 0.0
+    assert statistics.mean(gaps) == pytest.approx(0.2, rel=0.05)
+    assert statistics.stdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, rel=0.1)
+
+
+def test_burstiness_below_one_makes_arrivals_burstier():
+    smooth = np.diff(arrival_times(4000, rate=5.0, burstiness=4.0, seed=2))
+    bursty = np.diff(arrival_times(4000, rate=5.0, burstiness=0.25, seed=2))
+    for gaps in (smooth, bursty):
+        assert gaps.mean() == pytest.approx(0.2, rel=0.1)  # same rate
+    cv = lambda g: g.std() / g.mean()  # noqa: E731
+    assert cv(smooth) == pytest.approx(0.5, rel=0.1)  # 1 / sqrt(shape)
+    assert cv(bursty) == pytest.approx(2.0, rel=0.1)
+
+
+def test_infinite_rate_sends_everything_at_once():
+    assert arrival_times(5, rate=math.inf) == [0.0] * 5
+
+
+def test_workloads_are_reproducible_and_mixed():
+    a, b = build_requests("mixed", 200, seed=3), build_requests("mixed", 200, seed=3)
+    assert a == b and a != build_requests("mixed", 200, seed=4)
+    kinds = [r.kind for r in a]
+    assert {"short", "long", "paste"} == set(kinds)
+    assert 0.35 < kinds.count("short") / 200 < 0.65
+    paste = next(r for r in a if r.kind == "paste")
+    assert len(paste.prompt.split()) > 1500
+
+
+def test_unknown_workload_is_refused():
+    with pytest.raises(ValueError, match="--workload"):
+        build_requests("everything", 3)
+
+
+@pytest.mark.model
+def test_smoke_run_against_a_real_server(live):
+    specs = build_requests("short", 6, seed=1)
+    seen = []
+    results, duration = asyncio.run(
+        run_load(
+            live.url, specs, concurrency=2, ignore_eos=True, on_done=lambda d, t: seen.append(d)
+        )
+    )
+    s = summarize(results, duration, SLO.parse("ttft=60000"))
+    assert s["completed"] == 6 and s["failed"] == 0 and seen == [1, 2, 3, 4, 5, 6]
+    assert s["output_tokens"] == 6 * 48  # ignore_eos: fixed lengths
+    assert s["ttft_ms"]["median"] > 0 and s["itl_ms"]["p99"] >= s["itl_ms"]["median"]
+    assert s["good_requests"] == 6
+    live.wait_idle()
