@@ -5,6 +5,9 @@ between token frames of one request (a frame may carry several tokens when the c
 slowly); TPOT = (e2e - TTFT) / (output tokens - 1); e2e = sent -> done. Throughput is counted
 over the whole run; goodput is the rate of requests that met every SLO given.
 
+Peer mode sends the same workload to an OpenAI-compatible streaming endpoint (llama.cpp's
+`llama-server`), so the two servers can be compared side by side.
+
 Arrivals are open-loop at a request rate (Poisson, or gamma with a burstiness factor: < 1 is
 burstier, 1 is Poisson) or closed-loop at a fixed concurrency. Workloads are built from text
 that ships with the project (`localserve/data/pages.md` and the scenario's prompt lists),
@@ -14,14 +17,18 @@ seeded and reproducible.
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import math
 import random
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from localserve.client import Client, ClientError, ConnectionClosed
+from localserve.prompt import TRANSCRIPT_STOPS, render_transcript
 from localserve.protocol import Chat, Error, Finished, Message, TokenDelta
 from localserve.scenario import (
     LONG_EXPLANATIONS,
@@ -241,6 +248,59 @@ async def send_one(
     return result
 
 
+async def send_one_openai(
+    base_url: str, user: str, spec: RequestSpec, ignore_eos: bool, seed: int
+) -> RequestResult:
+    """The same request to an OpenAI-compatible server (llama-server): /v1/completions, SSE.
+
+    The prompt is rendered as the transcript our server uses for the embedded base model, so
+    both servers see the same tokens; like ours, the end-of-turn stop is dropped for ignore_eos.
+    """
+    return await asyncio.to_thread(_openai_request, base_url, spec, ignore_eos, seed)
+
+
+def _openai_request(base_url: str, spec: RequestSpec, ignore_eos: bool, seed: int) -> RequestResult:
+    result = RequestResult(spec.kind)
+    body = {
+        "prompt": render_transcript([("user", spec.prompt)]),
+        "max_tokens": spec.max_tokens, "temperature": 0.7, "seed": seed, "stream": True,
+        "ignore_eos": ignore_eos, "stop": [] if ignore_eos else list(TRANSCRIPT_STOPS),
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    url = urllib.parse.urlsplit(base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=600)
+    try:
+        result.sent = time.perf_counter()
+        conn.request("POST", url.path.rstrip("/") + "/v1/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        if response.status != 200:
+            result.error = f"http_{response.status}"
+            return result
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            choices = chunk.get("choices") or []
+            if choices and choices[0].get("text"):
+                result.token_times.append(time.perf_counter())
+            if choices and choices[0].get("finish_reason"):
+                result.finish_reason = choices[0]["finish_reason"]
+            if chunk.get("usage"):
+                result.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
+                result.output_tokens = chunk["usage"].get("completion_tokens", 0)
+        result.done = time.perf_counter()
+        result.output_tokens = result.output_tokens or len(result.token_times)
+        result.ok = bool(result.finish_reason)
+        result.error = "" if result.ok else "no_finish"
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+        result.error = type(e).__name__
+    finally:
+        conn.close()
+    return result
+
+
 async def run_load(
     url: str,
     specs: Sequence[RequestSpec],
@@ -251,15 +311,20 @@ async def run_load(
     ignore_eos: bool = False,
     seed: int = 0,
     on_done: Callable[[int, int], None] | None = None,
+    openai: bool = False,
 ) -> tuple[list[RequestResult], float]:
-    """Send every request (open loop at `rate`, or closed loop at `concurrency`)."""
+    """Send every request (open loop at `rate`, or closed loop at `concurrency`).
+
+    `url` is a localserve websocket URL, or with `openai` an OpenAI-compatible base URL.
+    """
+    send = send_one_openai if openai else send_one
     results: list[RequestResult | None] = [None] * len(specs)
     finished = 0
     start = time.perf_counter()
 
     async def one(i: int) -> None:
         nonlocal finished
-        results[i] = await send_one(url, f"bench-{i}", specs[i], ignore_eos, seed + i)
+        results[i] = await send(url, f"bench-{i}", specs[i], ignore_eos, seed + i)
         finished += 1
         if on_done:
             on_done(finished, len(specs))

@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
 
     lb = sub.add_parser("bench", help="load generator against a running server (client-side)")
     lb.add_argument("--url", default="ws://127.0.0.1:8765")
+    lb.add_argument(
+        "--peer",
+        metavar="URL",
+        help="bench an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080)",
+    )
     lb.add_argument("--workload", default="mixed", help="short | long | paste | chat | mixed")
     lb.add_argument("--num-requests", type=int, default=50)
     lb.add_argument("--request-rate", type=float, default=float("inf"),
@@ -290,9 +295,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     specs = bench.build_requests(args.workload, args.num_requests, args.seed)
     results, duration = asyncio.run(
         bench.run_load(
-            args.url, specs, rate=args.request_rate, burstiness=args.burstiness,
+            args.peer or args.url, specs, rate=args.request_rate, burstiness=args.burstiness,
             concurrency=args.concurrency, ignore_eos=args.ignore_eos, seed=args.seed,
             on_done=bench.progress_bar(f"{args.workload} x{args.num_requests}"),
+            openai=bool(args.peer),
         )
     )  # fmt: skip
     summary = bench.summarize(results, duration, slo)

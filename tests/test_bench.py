@@ -138,3 +138,48 @@ def test_smoke_run_against_a_real_server(live):
     assert s["ttft_ms"]["median"] > 0 and s["itl_ms"]["p99"] >= s["itl_ms"]["median"]
     assert s["good_requests"] == 6
     live.wait_idle()
+
+
+def test_peer_mode_reads_an_openai_sse_stream():
+    """The OpenAI-compatible client against a minimal SSE endpoint (the real peer is
+    llama-server, used in the benchmarks; this checks the parsing and the timings)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from localserve.bench import RequestSpec, send_one_openai
+
+    seen = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            seen["path"] = self.path
+            seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            chunks = [{"choices": [{"text": t, "finish_reason": None}]} for t in ("Pa", "ris", ".")]
+            chunks.append({"choices": [{"text": "", "finish_reason": "length"}]})
+            chunks.append({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3}})
+            for chunk in chunks:
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        spec = RequestSpec("short", "What is the capital of France?", 3)
+        r = asyncio.run(send_one_openai(url, "u", spec, ignore_eos=True, seed=5))
+    finally:
+        server.shutdown()
+    assert seen["path"] == "/v1/completions"
+    body = seen["body"]
+    assert body["prompt"].endswith("User: What is the capital of France?\nAssistant:")
+    assert body["stream"] and body["ignore_eos"] and body["stop"] == [] and body["seed"] == 5
+    assert r.ok and r.finish_reason == "length" and (r.prompt_tokens, r.output_tokens) == (12, 3)
+    assert len(r.token_times) == 3 and r.ttft is not None and r.e2e >= r.ttft
