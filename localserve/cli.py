@@ -105,6 +105,16 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
     lb.set_defaults(run=cmd_bench)
 
+    sw = sub.add_parser("sweep", help="concurrency x workload x policy sweep, table and chart")
+    sw.add_argument("--model")
+    sw.add_argument("--policies", default="continuous,static")
+    sw.add_argument("--workloads", default="chat,mixed")
+    sw.add_argument("--concurrency", default="1,2,4,8,16")
+    sw.add_argument("--num-requests", type=int, default=16, help="per point (at least 2x c)")
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--out-dir", default="bench-results")
+    sw.set_defaults(run=cmd_sweep)
+
     b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
     b.add_argument("--model")
     b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
@@ -309,6 +319,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1, default=str)
     return 0 if summary["completed"] else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from localserve.models import open_runner
+    from localserve.sweep import run_sweep, write_results
+
+    config = load_config(args.config)
+    name = args.model or config.default
+    runner = open_runner(config, name)
+    try:
+        points = run_sweep(
+            config, runner, name, args.policies.split(","), args.workloads.split(","),
+            [int(c) for c in args.concurrency.split(",")], args.num_requests, args.seed,
+        )  # fmt: skip
+    finally:
+        runner.close()
+    out = write_results(points, args.out_dir)
+    print((out / "sweep.md").read_text())
+    print(f"written: {out}/sweep.json, sweep.md, sweep.svg")
+    return 0
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:

@@ -183,3 +183,28 @@ def test_peer_mode_reads_an_openai_sse_stream():
     assert body["stream"] and body["ignore_eos"] and body["stop"] == [] and body["seed"] == 5
     assert r.ok and r.finish_reason == "length" and (r.prompt_tokens, r.output_tokens) == (12, 3)
     assert len(r.token_times) == 3 and r.ttft is not None and r.e2e >= r.ttft
+
+
+def sweep_point(policy, workload, c, tps, ttft_p99, itl_p99):
+    dist = lambda p99: {"mean": p99 / 2, "median": p99 / 2, "p90": p99, "p99": p99}  # noqa: E731
+    return {"policy": policy, "workload": workload, "concurrency": c, "completed": 4,
+            "failed": 0, "request_throughput": c / 4, "output_token_throughput": tps,
+            "ttft_ms": dist(ttft_p99), "itl_ms": dist(itl_p99), "tpot_ms": dist(itl_p99),
+            "e2e_ms": dist(ttft_p99 * 3)}  # fmt: skip
+
+
+def test_sweep_writes_json_markdown_and_an_svg_chart(tmp_path):
+    import json
+    import xml.etree.ElementTree as ET
+
+    from localserve.sweep import write_results
+
+    points = [sweep_point(pol, "chat", c, tps * c, 100 * c, 20 + c)
+              for pol, tps in (("continuous", 40), ("static", 25)) for c in (1, 2, 4)]  # fmt: skip
+    out = write_results(points, tmp_path)
+    assert json.loads((out / "sweep.json").read_text()) == points
+    table = (out / "sweep.md").read_text().splitlines()
+    assert len(table) == 2 + len(points) and "| continuous | chat | 4 |" in table[4]
+    svg = ET.parse(out / "sweep.svg").getroot()
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 4  # two series in each of the two panels
