@@ -379,3 +379,47 @@ def format_summary(s: dict) -> str:
 
 def _num(v: float | None) -> str:
     return "–" if v is None else f"{v:.1f}"
+
+
+# --- the origin scenario -------------------------------------------------------------------------
+
+
+async def origin_scenario(url: str, openai: bool = False, seed: int = 0) -> dict:
+    """Three users stream; a ~3,000-token paste arrives; a short question arrives meanwhile.
+
+    Measures the worst gap between tokens of the users already streaming while the paste is
+    prefilled, and the short question's TTFT, against the same question on an idle server.
+    """
+    send = send_one_openai if openai else send_one
+    rng = random.Random(seed)
+    question = RequestSpec("short", SHORT_QUESTIONS[0], 16)
+    idle = await send(url, "idle", question, True, seed)
+    streams = [RequestSpec("long", LONG_EXPLANATIONS[i], 400) for i in range(3)]
+    text = pages_slice(rng, round(3000 / TOKENS_PER_WORD))
+    paste = RequestSpec("paste", f"{text}\n\n{SUMMARY_REQUESTS[0]}", 32)
+    tasks = [
+        asyncio.create_task(send(url, f"s{i}", s, True, seed + i)) for i, s in enumerate(streams)
+    ]
+    await asyncio.sleep(4.0)  # everyone is streaming
+    paste_task = asyncio.create_task(send(url, "paster", paste, True, seed))
+    await asyncio.sleep(1.0)  # the paste is being prefilled
+    asked = await send(url, "asker", question, True, seed)
+    pasted = await paste_task
+    streamed = await asyncio.gather(*tasks)
+    window = (pasted.sent, pasted.token_times[0] if pasted.token_times else pasted.done)
+    gaps = [b - a for r in streamed for a, b in zip(r.token_times, r.token_times[1:], strict=False)
+            if window[0] <= b <= window[1]]  # fmt: skip
+    return {
+        "paste_prompt_tokens": pasted.prompt_tokens,
+        "paste_ttft_ms": _ms(pasted.ttft),
+        "worst_stream_gap_during_paste_ms": _ms(max(gaps, default=None)),
+        "median_stream_gap_during_paste_ms": _ms(percentile(gaps, 50)),
+        "question_ttft_idle_ms": _ms(idle.ttft),
+        "question_ttft_during_paste_ms": _ms(asked.ttft),
+        "ttft_ratio": (asked.ttft / idle.ttft) if asked.ttft and idle.ttft else None,
+        "all_ok": all(r.ok for r in [idle, asked, pasted, *streamed]),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

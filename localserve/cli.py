@@ -103,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
+    lb.add_argument(
+        "--origin",
+        action="store_true",
+        help="instead: the origin scenario (streams + a 3,000-token paste + a question)",
+    )
     lb.set_defaults(run=cmd_bench)
 
     sw = sub.add_parser("sweep", help="concurrency x workload x policy sweep, table and chart")
@@ -301,6 +306,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from localserve import bench
 
+    if args.origin:
+        figures = asyncio.run(
+            bench.origin_scenario(args.peer or args.url, bool(args.peer), args.seed)
+        )
+        print(json.dumps(figures, indent=1))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(figures, f, indent=1)
+        return 0 if figures["all_ok"] else 1
     slo = bench.SLO.parse(args.slo) if args.slo else None
     specs = bench.build_requests(args.workload, args.num_requests, args.seed)
     results, duration = asyncio.run(
