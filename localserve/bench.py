@@ -393,6 +393,7 @@ async def origin_scenario(url: str, openai: bool = False, seed: int = 0) -> dict
     send = send_one_openai if openai else send_one
     rng = random.Random(seed)
     question = RequestSpec("short", SHORT_QUESTIONS[0], 16)
+    await send(url, "warmup", question, True, seed)  # first decodes allocate buffers
     idle = await send(url, "idle", question, True, seed)
     streams = [RequestSpec("long", LONG_EXPLANATIONS[i], 400) for i in range(3)]
     text = pages_slice(rng, round(3000 / TOKENS_PER_WORD))
