@@ -282,6 +282,9 @@ def _openai_request(base_url: str, spec: RequestSpec, ignore_eos: bool, seed: in
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[5:])
+            if "error" in chunk:  # e.g. llama-server's "Context size has been exceeded"
+                result.error = str(chunk["error"].get("type") or "server_error")
+                return result
             choices = chunk.get("choices") or []
             if choices and choices[0].get("text"):
                 result.token_times.append(time.perf_counter())
