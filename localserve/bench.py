@@ -21,7 +21,6 @@ import http.client
 import json
 import math
 import random
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -349,18 +348,6 @@ async def run_load(
 
         await asyncio.gather(*(delayed(i) for i in range(len(specs))))
     return [r for r in results if r is not None], time.perf_counter() - start
-
-
-def progress_bar(label: str) -> Callable[[int, int], None]:
-    def show(done: int, total: int) -> None:
-        width = 30
-        filled = width * done // max(total, 1)
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'-' * (width - filled)}] {done}/{total}")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
 
 
 def format_summary(s: dict) -> str:

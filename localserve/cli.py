@@ -305,6 +305,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
     from localserve import bench
+    from localserve.models import terminal_progress
 
     if args.origin:
         figures = asyncio.run(
@@ -321,7 +322,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.run_load(
             args.peer or args.url, specs, rate=args.request_rate, burstiness=args.burstiness,
             concurrency=args.concurrency, ignore_eos=args.ignore_eos, seed=args.seed,
-            on_done=bench.progress_bar(f"{args.workload} x{args.num_requests}"),
+            on_done=terminal_progress(f"{args.workload} x{args.num_requests}"),
             openai=bool(args.peer),
         )
     )  # fmt: skip

