@@ -91,7 +91,7 @@ SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed
 
 def engine_decode(runner, config, n: int, steps: int, params=GREEDY) -> dict[str, float]:
     """Decode tokens/s through the engine, timing only steps where all n sequences decode."""
-    engine = Engine(runner, config.scheduler)
+    engine = Engine(runner, _no_reuse(config))
     prompt = runner.tokenize(PROMPT)
     params = msgspec.structs.replace(params, max_tokens=steps + 2)
     for i in range(n):
@@ -140,7 +140,7 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
         _decode(runner)
     bare = len(prompt) / (time.perf_counter() - start)
     runner.free_seq(0)
-    engine = Engine(runner, config.scheduler)
+    engine = Engine(runner, _no_reuse(config))
     engine.add_request("p", prompt, SamplingParams(temperature=0, max_tokens=1))
     start = time.perf_counter()
     engine.step()  # takes the request in
@@ -155,8 +155,10 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
 def run_benchmark(config: Config, model: str | None, concurrency: list[int], steps: int,
                   out: str | None) -> int:  # fmt: skip
     runner = open_runner(config, model)
-    if max(concurrency) > runner.n_seq_max:
-        raise ValueError(f"concurrency {max(concurrency)} exceeds max_num_seqs {runner.n_seq_max}")
+    if max(concurrency) > runner.n_outputs_max:
+        raise ValueError(
+            f"concurrency {max(concurrency)} exceeds max_num_seqs {runner.n_outputs_max}"
+        )
     try:
         bare_decode(runner, 1, 8)  # warm-up
         rows = []
@@ -192,6 +194,11 @@ def run_benchmark(config: Config, model: str | None, concurrency: list[int], ste
         return 0
     finally:
         runner.close()
+
+
+def _no_reuse(config):
+    """The scheduler config without prefix caching: every round prefills the same prompt."""
+    return msgspec.structs.replace(config.scheduler, prefix_caching=False)
 
 
 def _row_text(row: dict) -> str:

@@ -34,8 +34,13 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # "transcript" = a plain "User: ... / Assistant:" dialogue, which base models continue best
     chat_format: Literal["template", "transcript"] = "template"
     chat_template: str | None = None  # llama.cpp built-in template name; None = the GGUF's own
+    # the system message of chats that bring none; its KV is computed once and shared by every
+    # user's requests (None: the transcript format's preamble, no system message for templates)
+    system_prompt: str | None = None
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
+    # sequence ids kept for cached prefixes (finished turns, system prompts) beyond max_num_seqs
+    max_cached_prefixes: Annotated[int, msgspec.Meta(ge=0, le=MAX_PARALLEL_SEQUENCES - 1)] = 16
     max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=16, le=8192)] = 512
     n_gpu_layers: Annotated[int, msgspec.Meta(ge=-1)] = -1  # -1 = all layers
     n_threads: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = every core
@@ -59,6 +64,12 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Free cells kept back at admission, as a share of the cache, so running decodes can grow.
     kv_watermark: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.02
     max_running_per_user: Positive = 8  # per-user in-flight cap inside the engine
+    # Keep finished sequences' KV cells as cached prefixes; a request that starts with one
+    # prefills only the rest (LRU, evicted before any live sequence is touched).
+    prefix_caching: bool = True
+    # Whose cached prefixes a request may reuse: "user" = its own user's and the configured
+    # system prompt's (cache timing would reveal other users' prompts); "all" = anyone's.
+    share_prefixes: Literal["user", "all"] = "user"
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -142,6 +153,11 @@ def check_model(name: str, model: ModelConfig, source: str) -> None:
             f"{source}: {key}.max_num_batched_tokens: {model.max_num_batched_tokens} is below "
             f"max_num_seqs ({model.max_num_seqs}); every running sequence needs one decode "
             "token per step"
+        )
+    if model.max_num_seqs + model.max_cached_prefixes > MAX_PARALLEL_SEQUENCES:
+        raise ConfigError(
+            f"{source}: {key}.max_cached_prefixes: max_num_seqs + max_cached_prefixes must be at "
+            f"most {MAX_PARALLEL_SEQUENCES} (llama.cpp's sequence ids)"
         )
 
 

@@ -73,9 +73,14 @@ class Engine:
         self.runner = runner
         self.config = config or SchedulerConfig()
         info = runner.info
-        self.kv = KVPool(info.n_ctx, info.n_seq_max, self.config.kv_watermark)
+        c = self.config
+        reuse = c.prefix_caching and getattr(runner, "supports_prefix_reuse", True)
+        self.kv = KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes)
         budget = min(max_num_batched_tokens or info.n_batch, info.n_batch)
-        self.scheduler = Scheduler(self.config, self.kv, info.n_seq_max, budget, clock)
+        max_num_seqs = info.max_num_seqs or info.n_seq_max
+        self.scheduler = Scheduler(c, self.kv, max_num_seqs, budget, clock)
+        for seq_id in range(info.n_seq_max):  # the pool starts empty: so must the cache
+            runner.free_seq(seq_id)
         self.metrics = Metrics(clock)
         self.clock = clock
         self.on_events: EventSink = on_events or (lambda events: None)
@@ -89,15 +94,27 @@ class Engine:
     # --- thread-safe entry points ----------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_tokens: list[int], params: SamplingParams, user: str = ""
+        self,
+        request_id: str,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        user: str = "",
+        shared_prefix_tokens: int = 0,
+        share_globally: bool = False,
     ) -> None:
-        """Queue a request; raises ValueError for an empty, too long or duplicate one."""
+        """Queue a request; raises ValueError for an empty, too long or duplicate one.
+
+        `shared_prefix_tokens`: the prompt starts with a system prompt of this many tokens that
+        other requests may share (the user's own, or every user's with `share_globally`).
+        """
         n_ctx = self.runner.info.n_ctx
         if len(prompt_tokens) >= n_ctx:
             raise ValueError(
                 f"too_long: the prompt has {len(prompt_tokens)} tokens; the context holds {n_ctx}"
             )
         seq = Sequence(request_id, prompt_tokens, params, user, self.clock(), n_ctx)
+        seq.shared_prefix_tokens = min(shared_prefix_tokens, len(prompt_tokens))
+        seq.share_prefix_globally = share_globally
         with self._ids_lock:
             if request_id in self._ids:
                 raise ValueError(f"duplicate request id {request_id!r}")
@@ -185,6 +202,7 @@ class Engine:
         events: list[Event] = []
         for seq in batch.admitted:
             if seq.num_preemptions == 0:
+                seq.num_cached_tokens = seq.num_computed  # reused from a cached prefix
                 self.metrics.on_admitted(seq)
             events.append(Admitted(seq.request_id))
         for seq in batch.preempted:
@@ -244,14 +262,20 @@ class Engine:
             seq.finish_reason.value,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
-            cached_tokens=0,
+            cached_tokens=seq.num_cached_tokens,
             timings=timings,
             error=seq.error,
         )
 
     def _clear_freed(self) -> None:
-        for seq_id in self.kv.take_cleared():
-            self.runner.free_seq(seq_id)
+        """Apply the pool's cell operations in llama.cpp, in the order they were decided."""
+        for op in self.kv.take_ops():
+            if op.kind == "free":
+                self.runner.free_seq(op.seq_id)
+            elif op.kind == "copy":
+                self.runner.copy_seq(op.seq_id, op.dst, op.n)
+            elif not self.runner.trim_seq(op.seq_id, op.n):  # refused: a memory without it
+                raise RuntimeError(f"llama.cpp could not trim sequence {op.seq_id} to {op.n}")
 
     def _fail_all(self, message: str) -> None:
         seqs = list(self._seqs.values())
@@ -284,13 +308,15 @@ class Engine:
             kv_used=kv.num_used,
             kv_committed=kv.num_committed,
             kv_total=kv.num_cells,
+            kv_cached=kv.num_cached,
+            cached_prefixes=len(kv.prefixes),
             free_seq_ids=kv.num_free_seq_ids,
             window_s=m.window_s,
             **latency,
             prompt_tokens_per_s=prompt_tps,
             generation_tokens_per_s=gen_tps,
             steps=m.step_stats(sched.last_prefill_budget),
-            counters=msgspec.structs.replace(m.counters),
+            counters=msgspec.structs.replace(m.counters, prefix_evictions=kv.num_evictions),
             seqs=[_seq_row(s, now) for s in sched.running],
             waiting_seqs=[_waiting_row(i, s, now) for i, s in enumerate(sched.waiting_seqs(), 1)],
             events=list(m.events),
@@ -310,6 +336,7 @@ def _seq_row(seq: Sequence, now: float) -> SeqRow:
         computed_tokens=seq.num_computed,
         output_tokens=n,
         cells=seq.num_cells,
+        cached_tokens=seq.num_cached_tokens,
         tokens_per_s=(n - 1) / (last - first) if n > 1 and last > first else None,
         ttft_s=None if math.isnan(ttft) else ttft,
         last_itl_s=seq.last_itl_s,

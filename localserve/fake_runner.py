@@ -2,9 +2,10 @@
 
 It keeps llama.cpp's rules that matter to the engine: a sequence's tokens must continue at
 exactly pos_max + 1, the cache has `n_ctx` cells (KVCacheFull when a batch does not fit, state
-unchanged), and more than n_batch tokens or n_seq_max logit rows would abort the real process
-(here an AssertionError). Each step advances a fake clock by a linear cost model, so timing
-logic is testable without sleeping.
+unchanged), a cell copied to another sequence is shared, not duplicated (it is freed when its
+last sequence lets go), and more than n_batch tokens or max_num_seqs logit rows would abort the
+real process (here an AssertionError). Each step advances a fake clock by a linear cost model,
+so timing logic is testable without sleeping.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ class StepRecord:
     num_prefill: int
     seq_ids: list[int]
     request_ids: list[str]
+    num_tokens: list[int] = field(default_factory=list)  # per item
 
 
 @dataclass
 class FakeRunner:
     n_ctx: int = 4096
-    n_seq_max: int = 8
+    n_seq_max: int = 8  # sequence ids
+    max_num_seqs: int | None = None  # running sequences (n_outputs_max); None = n_seq_max
     n_batch: int = 512
     n_vocab: int = 1000
     clock: FakeClock = field(default_factory=FakeClock)
@@ -51,12 +54,15 @@ class FakeRunner:
     last_decode_s: float = 0.0
 
     def __post_init__(self) -> None:
-        self.cells: dict[int, list[int]] = {}  # seq id -> positions held
+        self.max_num_seqs = self.max_num_seqs or self.n_seq_max
+        self.cells: dict[int, dict[int, int]] = {}  # seq id -> {position: cell}
+        self.refs: dict[int, int] = {}  # cell -> sequences holding it
+        self._next_cell = 0
         self.num_samplers = 0
         self.info = ModelInfo(
             model="fake", backend="CPU", n_ctx=self.n_ctx, n_seq_max=self.n_seq_max,
             n_batch=self.n_batch, n_vocab=self.n_vocab, n_layer=1, n_gpu_layers=0,
-            n_threads=1, chat_template="fake",
+            n_threads=1, chat_template="fake", max_num_seqs=self.max_num_seqs,
         )  # fmt: skip
 
     # --- text ------------------------------------------------------------------------------
@@ -87,16 +93,18 @@ class FakeRunner:
     def run(self, batch: Batch) -> list[int]:
         assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
         rows = [item for item in batch.items if item.wants_logits]
-        assert len(rows) <= self.n_seq_max, "llama.cpp would abort: outputs > n_outputs_max"
-        in_use = sum(len(p) for p in self.cells.values())
-        if in_use + batch.num_tokens > self.n_ctx:
+        assert len(rows) <= self.max_num_seqs, "llama.cpp would abort: outputs > n_outputs_max"
+        if self.num_cells_in_use + batch.num_tokens > self.n_ctx:
             raise KVCacheFull("fake: no free cells")
         for seq, start, k, _ in batch.items:
-            held = self.cells.setdefault(seq.seq_id, [])
-            expected = held[-1] + 1 if held else 0
+            held = self.cells.setdefault(seq.seq_id, {})
+            expected = max(held) + 1 if held else 0
             if start != expected:
                 raise ValueError(f"seq {seq.seq_id}: batch starts at {start}, cache at {expected}")
-            held.extend(range(start, start + k))
+            for pos in range(start, start + k):
+                held[pos] = self._next_cell
+                self.refs[self._next_cell] = 1
+                self._next_cell += 1
         a, b, c = self.step_cost
         self.last_decode_s = a + b * batch.num_decode_tokens + c * batch.num_prefill_tokens
         self.clock.now += self.last_decode_s
@@ -106,6 +114,7 @@ class FakeRunner:
                 batch.num_prefill_tokens,
                 [item.seq.seq_id for item in batch.items],
                 [item.seq.request_id for item in batch.items],
+                [item.num_tokens for item in batch.items],
             )
         )
         return [
@@ -119,11 +128,37 @@ class FakeRunner:
 
     # --- memory ----------------------------------------------------------------------------
 
+    @property
+    def num_cells_in_use(self) -> int:
+        """Distinct cells holding tokens (a shared cell counts once), as llama.cpp counts."""
+        return len(self.refs)
+
     def free_seq(self, seq_id: int) -> None:
+        self.trim_seq(seq_id, 0)
         self.cells.pop(seq_id, None)
+
+    def trim_seq(self, seq_id: int, num_tokens: int) -> bool:
+        held = self.cells.get(seq_id, {})
+        for pos in [p for p in held if p >= num_tokens]:
+            self._unref(held.pop(pos))
+        return True
+
+    def copy_seq(self, src: int, dst: int, num_tokens: int) -> None:
+        target = self.cells.setdefault(dst, {})
+        for pos, cell in self.cells.get(src, {}).items():
+            if pos < num_tokens and target.get(pos) != cell:
+                assert pos not in target, "fake: copying over a position the target holds"
+                target[pos] = cell
+                self.refs[cell] += 1
+
+    def _unref(self, cell: int) -> None:
+        self.refs[cell] -= 1
+        if not self.refs[cell]:
+            del self.refs[cell]
 
     def seq_num_cells(self, seq_id: int) -> int:
         return len(self.cells.get(seq_id, ()))
 
     def close(self) -> None:
         self.cells.clear()
+        self.refs.clear()

@@ -1,30 +1,107 @@
-"""KV-cache accounting: the unified pool of cells as a capacity pool, and the sequence ids.
+"""KV-cache accounting: the unified pool of cells as a capacity pool, sequence ids, cached prefixes.
 
-Token-level, like llama.cpp's unified cache: one cell per token per sequence. Three numbers:
-- used: cells that hold computed tokens (what llama.cpp reports through seq_pos_*);
+Token-level, like llama.cpp's unified cache: one cell per token position, and a cell may belong to
+several sequences at once (`llama_memory_seq_cp` only adds a sequence id to it). Three numbers:
+- used: cells that hold computed tokens, each counted once however many sequences share it;
 - committed: used plus cells promised to admitted prompts not yet prefilled;
 - total: the context size.
 A prompt is admitted only if it fits in uncommitted cells above the watermark, so a running
 prefill never runs out; decode growth takes free cells one at a time and may trigger preemption.
+
+Prefix caching: a finished sequence's cells stay in the cache as a `CachedPrefix` owned by its
+user, under its sequence id. A new request whose tokens start the same way takes the prefix over
+(its id, cells trimmed to the common part) and prefills only the rest. A system prompt shared by
+many requests becomes a *root*: prefilled once, kept under an id of its own and copied into each
+request that starts with it, so its cells are shared. Cached prefixes are evicted, least recently
+used first, whenever admission or decode growth needs cells or ids: before any live sequence is
+preempted. A root is evicted only when no sequence and no cached prefix shares its cells.
+
+The pool only counts; the cell operations it decides (free, trim, copy) are queued for the
+engine to apply in llama.cpp, in order, before the next batch runs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 from localserve.sequence import Sequence
+
+MIN_REUSE_TOKENS = 16  # shorter common prefixes are not worth a sequence id or a lookup
+
+
+class CellOp(NamedTuple):
+    """A cell operation for llama.cpp: free a sequence, keep its first n positions, or copy them."""
+
+    kind: str  # "free" | "trim" | "copy"
+    seq_id: int
+    n: int = 0  # trim: positions to keep; copy: positions [0, n) to copy
+    dst: int = -1  # copy: the sequence that receives them
+
+
+@dataclass(eq=False)
+class CachedPrefix:
+    """Cells of tokens[0:len] kept under `seq_id` after their sequence finished (or a root)."""
+
+    seq_id: int
+    tokens: list[int]
+    owner: str | None  # the user whose requests may reuse it; None = every user
+    is_root: bool = False  # shared by copying (a system prompt), never taken over
+    root: CachedPrefix | None = None  # the root whose cells its first `num_shared` positions are
+    num_shared: int = 0
+    refs: int = 0  # roots: sequences and cached prefixes sharing its cells
+    last_used: int = 0
+
+    @property
+    def num_own(self) -> int:
+        """Cells that go when it is evicted (shared ones stay with the root)."""
+        return len(self.tokens) - self.num_shared
+
+
+class Match(NamedTuple):
+    prefix: CachedPrefix
+    num_tokens: int  # positions [0, num_tokens) are reused
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class KVPool:
-    """Cell and sequence-id accounting; pure Python, the runner does the real freeing."""
+    """Cell, sequence-id and cached-prefix accounting; pure Python, the runner moves the cells."""
 
-    def __init__(self, num_cells: int, num_seq_ids: int, watermark: float = 0.0) -> None:
+    def __init__(
+        self,
+        num_cells: int,
+        num_seq_ids: int,
+        watermark: float = 0.0,
+        prefix_caching: bool = False,
+        share_prefixes: str = "user",
+    ) -> None:
         if num_cells < 1 or num_seq_ids < 1:
             raise ValueError("KVPool needs at least one cell and one sequence id")
         self.num_cells = num_cells
         self.num_watermark_cells = int(num_cells * watermark)
         self.num_used = 0
         self.num_committed = 0
+        self.prefix_caching = prefix_caching
+        self.share_all = share_prefixes == "all"
+        self.prefixes: list[CachedPrefix] = []
+        self.num_evictions = 0
+        self._tick = 0  # LRU clock
         self._free_ids = list(range(num_seq_ids - 1, -1, -1))  # pop() hands out 0 first
-        self._to_clear: list[int] = []  # seq ids whose cells the runner must drop
+        self._ops: list[CellOp] = []
 
     @property
     def num_free(self) -> int:
@@ -34,23 +111,96 @@ class KVPool:
     def num_free_seq_ids(self) -> int:
         return len(self._free_ids)
 
-    def can_admit(self, seq: Sequence) -> bool:
-        """Does the sequence's whole prompt fit, keeping the watermark free?"""
-        need = len(seq.tokens) + self.num_watermark_cells
-        return bool(self._free_ids) and need <= self.num_free
+    @property
+    def num_cached(self) -> int:
+        """Cells that only cached prefixes hold: evicting every one of them would free these."""
+        return self._evictable(keep=None)[0]
+
+    # --- admission -------------------------------------------------------------------------
+
+    def match(self, seq: Sequence) -> Match | None:
+        """The cached prefix this sequence would reuse most of, among those it may see."""
+        if not self.prefix_caching or not self.prefixes:
+            return None
+        best: Match | None = None
+        limit = len(seq.tokens) - 1  # the last prompt token is computed again, for its logits
+        for prefix in self.prefixes:
+            if not (self.share_all or prefix.owner is None or prefix.owner == seq.user):
+                continue
+            n = min(common_prefix(prefix.tokens, seq.tokens), limit)
+            # longest wins; on a tie take a prefix over rather than copy a root (frees its id)
+            if n >= MIN_REUSE_TOKENS and (
+                best is None or (n, not prefix.is_root) > (best.num_tokens, not best.prefix.is_root)
+            ):
+                best = Match(prefix, n)
+        return best
+
+    def try_admit(self, seq: Sequence, match: Match | None, watermark: bool = True) -> bool:
+        """Admit if the prompt fits, evicting cached prefixes as needed; False if it cannot."""
+        need_cells = len(seq.tokens) - (match.num_tokens if match else 0)
+        need_cells += self.num_watermark_cells if watermark else 0
+        freed = self._freed_by_takeover(match)
+        need_id = match is None or match.prefix.is_root
+        keep = match.prefix if match else None
+        cells, ids = self._evictable(keep)
+        if need_cells > self.num_free + freed + cells or need_id > len(self._free_ids) + ids:
+            return False
+        self._evict_until(need_cells - freed, int(need_id), keep)
+        self._admit(seq, match)
+        return True
 
     def admit(self, seq: Sequence) -> None:
-        """Give the sequence an id and commit cells for every token it has."""
-        seq.seq_id = self._free_ids.pop()
+        """Give the sequence an id and commit cells for every token it has (no reuse)."""
+        self._admit(seq, None)
+
+    def _admit(self, seq: Sequence, match: Match | None) -> None:
         seq.num_cells = len(seq.tokens)
-        self.num_committed += seq.num_cells
+        if match is None:
+            seq.seq_id = self._free_ids.pop()
+            seq.num_computed = seq.num_shared = 0
+            self.num_committed += seq.num_cells
+            return
+        prefix, n = match
+        self._tick += 1
+        if prefix.is_root:  # share its cells: they gain this sequence's id
+            prefix.last_used = self._tick
+            prefix.refs += 1
+            seq.seq_id = self._free_ids.pop()
+            seq.root, seq.num_shared = prefix, n
+            self._ops.append(CellOp("copy", prefix.seq_id, n, seq.seq_id))
+        else:  # take it over: its id, its cells up to the common part
+            self.prefixes.remove(prefix)
+            trimmed = self._freed_by_takeover(match)
+            self.num_used -= trimmed
+            self.num_committed -= trimmed
+            seq.seq_id = prefix.seq_id
+            seq.root, seq.num_shared = prefix.root, min(prefix.num_shared, n)
+            if seq.root is not None and seq.num_shared == 0:
+                seq.root.refs -= 1
+                seq.root = None
+            if n < len(prefix.tokens):
+                self._ops.append(CellOp("trim", prefix.seq_id, n))
+        seq.num_computed = n
+        self.num_committed += seq.num_cells - n
+
+    def _freed_by_takeover(self, match: Match | None) -> int:
+        """Cells freed when a taken-over prefix is trimmed to the common part."""
+        if match is None or match.prefix.is_root:
+            return 0
+        prefix, n = match
+        return prefix.num_own - (n - min(prefix.num_shared, n))
+
+    # --- growth and progress ---------------------------------------------------------------
 
     def ensure(self, seq: Sequence, num_tokens: int) -> bool:
-        """Commit cells so the sequence can hold `num_tokens`; False if the pool is out."""
+        """Commit cells so the sequence can hold `num_tokens`; evicts cached prefixes first.
+
+        False if the pool is out even with every cached prefix gone.
+        """
         extra = num_tokens - seq.num_cells
         if extra <= 0:
             return True
-        if extra > self.num_free:
+        if extra > self.num_free and not self._evict_until(extra, 0, keep=None):
             return False
         seq.num_cells += extra
         self.num_committed += extra
@@ -60,23 +210,117 @@ class KVPool:
         """Record that `num_tokens` more of the sequence's tokens are now in the cache."""
         seq.num_computed += num_tokens
         self.num_used += num_tokens
+        hint = seq.shared_prefix_tokens
+        if hint and seq.num_computed >= hint:
+            seq.shared_prefix_tokens = 0  # one try: the prompt is in the cache now
+            if seq.root is None and self.prefix_caching:
+                self._make_root(seq, hint)
 
-    def release(self, seq: Sequence) -> None:
-        """Free everything the sequence holds; its id is cleared in the runner before reuse."""
+    def _make_root(self, seq: Sequence, n: int) -> None:
+        """The sequence's first n cells (a system prompt) become a root that others copy."""
+        owner = None if seq.share_prefix_globally else seq.user
+        tokens = seq.tokens[:n]
+        if not self._free_ids or n < MIN_REUSE_TOKENS:
+            return
+        for prefix in self.prefixes:  # one root per prompt and audience
+            if prefix.is_root and prefix.owner == owner and prefix.tokens == tokens:
+                return
+        self._tick += 1
+        root = CachedPrefix(self._free_ids.pop(), tokens, owner, True, refs=1, last_used=self._tick)
+        self.prefixes.append(root)
+        self._ops.append(CellOp("copy", seq.seq_id, n, root.seq_id))
+        seq.root, seq.num_shared = root, n  # the cells now count as the root's
+
+    # --- release ---------------------------------------------------------------------------
+
+    def release(self, seq: Sequence, keep: bool = False) -> None:
+        """Free what the sequence holds; with `keep`, its computed cells stay as a cached prefix."""
         if seq.seq_id is None:
             return
-        self.num_used -= seq.num_computed
-        self.num_committed -= seq.num_cells
-        seq.num_cells = 0
-        self._to_clear.append(seq.seq_id)
-        self._free_ids.append(seq.seq_id)
-        seq.seq_id = None
+        self.num_committed -= seq.num_cells - seq.num_computed  # promised, never computed
+        own = seq.num_computed - seq.num_shared
+        if keep and self.prefix_caching and own > 0 and seq.num_computed >= MIN_REUSE_TOKENS:
+            self._tick += 1
+            self.prefixes.append(
+                CachedPrefix(
+                    seq.seq_id,
+                    seq.tokens[: seq.num_computed],
+                    seq.user,
+                    root=seq.root,
+                    num_shared=seq.num_shared,
+                    last_used=self._tick,
+                )  # fmt: skip
+            )
+        else:
+            self.num_used -= own
+            self.num_committed -= own
+            if seq.root is not None:
+                seq.root.refs -= 1
+            self._free_id(seq.seq_id)
+        seq.seq_id, seq.root, seq.num_shared, seq.num_cells = None, None, 0, 0
+
+    def evict_all(self) -> int:
+        """Drop every cached prefix that can go (llama.cpp found no room); returns how many."""
+        count = 0
+        while self._evict_one(keep=None):
+            count += 1
+        return count
+
+    # --- eviction --------------------------------------------------------------------------
+
+    def _evictable(self, keep: CachedPrefix | None) -> tuple[int, int]:
+        """(cells, ids) that evicting every cached prefix but `keep` (and its root) would free."""
+        cells = ids = 0
+        held_by_entries: dict[int, int] = {}
+        for prefix in self.prefixes:
+            if prefix.root is not None:
+                held_by_entries[id(prefix.root)] = held_by_entries.get(id(prefix.root), 0) + 1
+        pinned = keep.root if keep is not None else None
+        for prefix in self.prefixes:
+            if prefix is keep or prefix is pinned:
+                continue
+            if prefix.is_root and prefix.refs != held_by_entries.get(id(prefix), 0):
+                continue  # a live sequence shares its cells
+            cells += prefix.num_own
+            ids += 1
+        return cells, ids
+
+    def _evict_until(self, num_cells: int, num_ids: int, keep: CachedPrefix | None) -> bool:
+        """Evict least recently used prefixes until enough cells and ids are free."""
+        while self.num_free < num_cells or len(self._free_ids) < num_ids:
+            if not self._evict_one(keep):
+                return False
+        return True
+
+    def _evict_one(self, keep: CachedPrefix | None) -> bool:
+        pinned = keep.root if keep is not None else None
+        candidates = [
+            p for p in self.prefixes
+            if p is not keep and p is not pinned and not (p.is_root and p.refs > 0)
+        ]  # fmt: skip
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda p: p.last_used)
+        self.prefixes.remove(victim)
+        self.num_used -= victim.num_own
+        self.num_committed -= victim.num_own
+        if victim.root is not None:
+            victim.root.refs -= 1
+        self._free_id(victim.seq_id)
+        self.num_evictions += 1
+        return True
+
+    def _free_id(self, seq_id: int) -> None:
+        self._ops.append(CellOp("free", seq_id))
+        self._free_ids.append(seq_id)
+
+    # --- for the engine --------------------------------------------------------------------
 
     def shrink(self, num_cells: int) -> None:
         """Lower the capacity (llama.cpp found fewer cells than we counted)."""
         self.num_cells = max(1, min(self.num_cells, num_cells))
 
-    def take_cleared(self) -> list[int]:
-        """Seq ids released since the last call; the engine frees their cells in llama.cpp."""
-        ids, self._to_clear = self._to_clear, []
-        return ids
+    def take_ops(self) -> list[CellOp]:
+        """Cell operations decided since the last call, in order, for the runner to apply."""
+        ops, self._ops = self._ops, []
+        return ops

@@ -79,7 +79,13 @@ class LlamaRunner:
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)  # padded: read back the real values
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
-        self.n_seq_max = llama_cpp.llama_n_seq_max(self.ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(self.ctx)  # running + cached prefixes
+        self.n_outputs_max = cfg.max_num_seqs  # logit rows the engine ever asks for
+        # recurrent state cannot be cut back to a prefix: no prefix reuse for those models
+        self.supports_prefix_reuse = not (
+            llama_cpp.llama_model_is_recurrent(self.model)
+            or llama_cpp.llama_model_is_hybrid(self.model)
+        )
         self._template = self._chat_template(cfg)
         self.info = self._describe(name, cfg)
         self._eog_ids = np.array(
@@ -99,8 +105,11 @@ class LlamaRunner:
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = cfg.n_ctx
         p.n_batch = p.n_ubatch = cfg.max_num_batched_tokens
-        p.n_seq_max = cfg.max_num_seqs
-        p.n_outputs_max = cfg.max_num_seqs  # the default reserves n_ubatch rows of logits
+        # sequence ids for the running set and for cached prefixes; only running ones sample
+        p.n_seq_max = cfg.max_num_seqs + cfg.max_cached_prefixes
+        # the default reserves n_ubatch rows of logits (514 MiB with Gemma's vocabulary);
+        # llama.cpp asserts at least n_seq_max rows, though only running sequences sample
+        p.n_outputs_max = p.n_seq_max
         p.kv_unified = True
         p.swa_full = True  # keep whole histories in sliding-window layers
         p.n_threads, p.n_threads_batch = n_threads, n_threads_batch
@@ -134,6 +143,7 @@ class LlamaRunner:
             n_gpu_layers=min(n_gpu, n_layer),
             n_threads=cfg.threads()[0],
             chat_template=(self._template or b"").decode(errors="replace"),
+            max_num_seqs=cfg.max_num_seqs,
         )
 
     def _init_batch(self) -> None:
@@ -268,8 +278,8 @@ class LlamaRunner:
             if wants_logits:
                 self._logits[n - 1] = 1
                 rows.append((n - 1, seq))
-        if len(rows) > self.n_seq_max:  # n_outputs_max: the other abort
-            raise ValueError(f"{len(rows)} logit rows exceed n_outputs_max {self.n_seq_max}")
+        if len(rows) > self.n_outputs_max:  # the other abort
+            raise ValueError(f"{len(rows)} logit rows exceed n_outputs_max {self.n_outputs_max}")
         self._batch.n_tokens = n
         return rows
 
@@ -277,6 +287,14 @@ class LlamaRunner:
 
     def free_seq(self, seq_id: int) -> None:
         llama_cpp.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+
+    def trim_seq(self, seq_id: int, num_tokens: int) -> bool:
+        """Keep positions [0, num_tokens) of a sequence; False if the memory cannot."""
+        return llama_cpp.llama_memory_seq_rm(self.mem, seq_id, num_tokens, -1)
+
+    def copy_seq(self, src: int, dst: int, num_tokens: int) -> None:
+        """Share positions [0, num_tokens) of `src` with `dst` (the cells gain an id)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, num_tokens)
 
     def seq_num_cells(self, seq_id: int) -> int:
         lo = llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id)

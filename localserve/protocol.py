@@ -17,13 +17,14 @@ class ModelInfo(msgspec.Struct, frozen=True):
     model: str
     backend: str  # "CPU", "CUDA", ...
     n_ctx: int  # KV cells in the unified cache
-    n_seq_max: int
+    n_seq_max: int  # llama.cpp sequence ids: running sequences plus cached prefixes
     n_batch: int
     n_vocab: int
     n_layer: int
     n_gpu_layers: int  # layers offloaded to the accelerator
     n_threads: int
     chat_template: str
+    max_num_seqs: int = 0  # sequences decoded together (0 in frames from older servers)
 
 
 class Percentiles(msgspec.Struct):
@@ -53,6 +54,7 @@ class SeqRow(msgspec.Struct):
     computed_tokens: int  # tokens whose KV is in the cache
     output_tokens: int
     cells: int  # cells committed to it
+    cached_tokens: int  # prompt tokens it reused from a cached prefix at admission
     tokens_per_s: float | None  # None until there is something to measure
     ttft_s: float | None
     last_itl_s: float | None
@@ -87,7 +89,9 @@ class Counters(msgspec.Struct):
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prefill_tokens: int = 0  # computed, recompute after preemption included
-    cached_tokens: int = 0  # prompt tokens reused from a cached prefix
+    cached_tokens: int = 0  # prompt tokens reused from a cached prefix (first admissions)
+    prefix_hits: int = 0  # admissions that reused a cached prefix
+    prefix_evictions: int = 0  # cached prefixes dropped to make room
     preemptions: int = 0
     cancellations: int = 0
     rejections: int = 0
@@ -114,9 +118,11 @@ class Snapshot(msgspec.Struct):
     itl_target_s: float
     running: int
     waiting: int
-    kv_used: int
-    kv_committed: int
+    kv_used: int  # cells holding computed tokens; a cell shared by sequences counts once
+    kv_committed: int  # used plus cells promised to admitted prompts
     kv_total: int
+    kv_cached: int  # of kv_used: cells only cached prefixes hold (evicted first, on demand)
+    cached_prefixes: int  # finished conversations and system prompts kept in the cache
     free_seq_ids: int
     window_s: float
     ttft: Percentiles

@@ -43,6 +43,14 @@ class Runner(Protocol):
 
     def free_seq(self, seq_id: int) -> None: ...
 
+    def trim_seq(self, seq_id: int, num_tokens: int) -> bool:
+        """Keep a sequence's positions [0, num_tokens); False if the memory cannot."""
+        ...
+
+    def copy_seq(self, src: int, dst: int, num_tokens: int) -> None:
+        """Share positions [0, num_tokens) of `src` with `dst` (free in a unified cache)."""
+        ...
+
     def seq_num_cells(self, seq_id: int) -> int:
         """Cells the cache holds for a sequence (from its position range)."""
         ...

@@ -3,9 +3,11 @@
 Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
 1. cancelled sequences leave and free their cells;
 2. decode first: one token for every running sequence past its prompt, growing its cells,
-   preempting the newest running sequence (by recompute) when the pool is out;
+   evicting cached prefixes, then preempting the newest running sequence (by recompute), when
+   the pool is out;
 3. admission: waiting sequences enter round-robin across users, within the per-user cap, when
-   their prompt fits in uncommitted cells above the watermark;
+   their prompt fits in uncommitted cells above the watermark; a sequence that starts with a
+   cached prefix it may see reuses those cells and prefills only the rest (localserve.kv);
 4. prefill: chunks of prompts within `max_num_batched_tokens`, and while anyone decodes within
    the adaptive budget that keeps the step near the ITL target; users who got the least prefill
    recently go first, and within a user the shortest remaining prompt.
@@ -138,7 +140,7 @@ class Scheduler:
         deltas = [s.seq.append_token(s.token, s.piece, s.is_eog, now) for s in sampled]
         for s in sampled:
             if s.seq.is_finished:
-                self._remove_running(s.seq)
+                self._remove_running(s.seq, keep=True)
         return deltas
 
     def fail(self, seqs: list[Sequence], message: str) -> None:
@@ -153,7 +155,10 @@ class Scheduler:
         """llama.cpp found no cells for `batch`: believe it, shrink the pool, preempt to fit.
 
         Returns the preempted sequences (newest first); nothing in the batch was computed.
+        Cached prefixes go first: if there were any, the step is simply tried again.
         """
+        if self.kv.evict_all():
+            return []
         self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
         victims = []
         while self.running and self.kv.num_committed > self.kv.num_cells:
@@ -167,7 +172,7 @@ class Scheduler:
         reaped, self._cancelled = self._cancelled, []
         for seq in reaped:
             if seq.status is Status.RUNNING:
-                self._remove_running(seq)
+                self._remove_running(seq, keep=True)  # what it computed may serve a retry
             elif seq in self.requeued:
                 self.requeued.remove(seq)
             else:
@@ -180,7 +185,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or seq.is_prefilling or seq.num_computed == 0:
                 continue
-            while not self.kv.ensure(seq, seq.num_computed + 1):
+            while not self.kv.ensure(seq, seq.num_computed + 1):  # evicts cached prefixes first
                 victim = self.running[-1]  # newest loses its cells, recomputed later
                 self._preempt(victim, now)
                 batch.preempted.append(victim)
@@ -197,13 +202,13 @@ class Scheduler:
             seq = self._next_candidate()
             if seq is None:
                 return
-            if not self._fits(seq):
+            # with nothing running there is nothing to protect: no watermark
+            if not self.kv.try_admit(seq, self.kv.match(seq), watermark=bool(self.running)):
                 if not self.running and len(seq.tokens) > self.kv.num_cells:
                     self._refuse(seq, now, batch)  # would never fit, even alone
                     continue
                 return
             self._take(seq)
-            self.kv.admit(seq)
             seq.status = Status.RUNNING
             seq.mark_scheduled(now)
             self.running.append(seq)
@@ -245,12 +250,6 @@ class Scheduler:
             self._users.rotate(-1)
         return None
 
-    def _fits(self, seq: Sequence) -> bool:
-        # with nothing running there is nothing to protect: any prompt within n_ctx fits
-        if not self.running:
-            return self.kv.num_free >= len(seq.tokens) and self.kv.num_free_seq_ids > 0
-        return self.kv.can_admit(seq)
-
     def _take(self, seq: Sequence) -> None:
         if self.requeued and self.requeued[0] is seq:
             self.requeued.popleft()
@@ -277,12 +276,13 @@ class Scheduler:
         del self.waiting[user]
         self._users.remove(user)
 
-    def _remove_running(self, seq: Sequence) -> None:
+    def _remove_running(self, seq: Sequence, keep: bool = False) -> None:
+        """Out of the running set; with `keep` its cells stay as a cached prefix."""
         self.running.remove(seq)
         self._num_running[seq.user] -= 1
         if not self._num_running[seq.user]:
             del self._num_running[seq.user]
-        self.kv.release(seq)
+        self.kv.release(seq, keep)
 
     def _preempt(self, seq: Sequence, now: float) -> None:
         self._remove_running(seq)

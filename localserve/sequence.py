@@ -112,7 +112,8 @@ class Sequence:
         "status", "finish_reason", "seq_id", "num_computed", "num_cells", "sampler",
         "stream", "error", "is_cancelled", "num_preemptions", "arrival_time", "queued_time",
         "first_scheduled_time", "first_token_time", "last_token_time", "finished_time",
-        "queue_s", "last_itl_s",
+        "queue_s", "last_itl_s", "num_cached_tokens", "root", "num_shared",
+        "shared_prefix_tokens", "share_prefix_globally",
     )  # fmt: skip
 
     def __init__(
@@ -139,6 +140,14 @@ class Sequence:
         self.seq_id: int | None = None  # llama.cpp sequence id while it holds cells
         self.num_computed = 0  # tokens whose KV is in the cache
         self.num_cells = 0  # cells committed to it (>= num_computed)
+        # prefix caching (see localserve.kv): tokens reused from a cached prefix at admission;
+        # the root whose cells its first `num_shared` positions are; and the length of a
+        # system prompt at the start of its tokens that other requests may share
+        self.num_cached_tokens = 0
+        self.root = None
+        self.num_shared = 0
+        self.shared_prefix_tokens = 0
+        self.share_prefix_globally = False  # the configured system prompt: every user's
         self.sampler = None  # runner-owned sampling state
         self.stream = TextStream(params.stop)
         self.num_preemptions = 0

@@ -8,6 +8,7 @@ from localserve.config import ModelConfig, SchedulerConfig
 from localserve.engine import Done, Engine, Preempted, Token
 from localserve.kv import KVPool
 from localserve.models import ensure_embedded
+from localserve.prompt import PREAMBLE
 from localserve.scheduler import Batch, BatchItem
 from localserve.sequence import SamplingParams, Sequence
 
@@ -83,8 +84,9 @@ def test_eight_concurrent_sequences_finish_and_free_their_cells(runner):
         assert d.finish_reason in ("length", "stop")
         if d.finish_reason == "length":
             assert d.completion_tokens == 4 + 6 * i
-    assert engine.kv.num_used == 0 and engine.kv.num_committed == 0
-    assert all_cells(runner) == 0
+    kv = engine.kv  # what is left are the finished sequences, kept as cached prefixes
+    assert kv.num_used == kv.num_cached == kv.num_committed == all_cells(runner)
+    assert all(runner.seq_num_cells(p.seq_id) == len(p.tokens) for p in kv.prefixes)
 
 
 def test_the_same_schedule_twice_gives_the_same_greedy_text(runner):
@@ -165,3 +167,97 @@ def test_text_helpers(runner):
     euro = runner.tokenize("€", add_special=False)
     assert b"".join(runner.piece(t) for t in euro).decode() == "€"
     assert runner.info.n_ctx == 2048 and runner.info.backend in ("CPU", "CUDA", "GPU")
+
+
+# --- prefix caching with the real model --------------------------------------------------------
+
+TURN_1 = "\n\nUser: What is the capital of France?\nAssistant:"
+TURN_2 = "\nUser: And what river flows through that city?\nAssistant:"
+
+
+def test_reuse_gives_the_same_greedy_output_as_a_full_prefill(runner):
+    """Turn 2 on the cells turn 1 left behind equals turn 2 prefilled from nothing."""
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    results = {}
+    for caching in (True, False):
+        config = SchedulerConfig(prefix_caching=caching)
+        events = []
+        engine = Engine(runner, config, on_events=events.extend)
+        engine.add_request("t1", runner.tokenize(PREAMBLE + TURN_1), greedy, user="u")
+        drain(engine)
+        reply = texts(events)["t1"]
+        second = PREAMBLE + TURN_1 + reply + TURN_2
+        engine.add_request("t2", runner.tokenize(second), greedy, user="u")
+        drain(engine)
+        done = next(e for e in events if isinstance(e, Done) and e.request_id == "t2")
+        results[caching] = (reply, texts(events)["t2"], done.cached_tokens)
+    (reply, text, cached), (cold_reply, cold_text, cold_cached) = results[True], results[False]
+    assert reply == cold_reply and len(text) > 10
+    assert text == cold_text
+    assert cold_cached == 0 and cached >= len(runner.tokenize(PREAMBLE + TURN_1)) - 1
+
+
+@pytest.fixture(scope="module")
+def small():
+    """512 cells, four running sequences, eight ids for cached prefixes."""
+    from localserve.llama_runner import LlamaRunner
+
+    cfg = ModelConfig(embedded=True, n_ctx=512, max_num_seqs=4, max_cached_prefixes=8,
+                      max_num_batched_tokens=256, n_threads=2)  # fmt: skip
+    r = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
+    yield r
+    r.close()
+
+
+def drain(engine, steps: int = 3000) -> None:
+    for _ in range(steps):
+        engine.step()
+        if not engine.scheduler.has_work:
+            return
+    raise AssertionError("engine did not drain")
+
+
+def test_cached_prefixes_are_evicted_before_live_sequences_with_the_real_cache(small):
+    events = []
+    engine = Engine(small, SchedulerConfig(kv_watermark=0.0), on_events=events.extend)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for i in range(3):  # three finished requests leave ~400 cells cached
+        prompt = small.tokenize(f"{PROMPTS[i]} " + " ".join(["word"] * 110))
+        engine.add_request(f"old{i}", prompt, params, user=f"u{i}")
+    drain(engine)
+    assert engine.kv.num_cached > 350 and len(engine.kv.prefixes) == 3
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i in range(3):  # three new users need ~480 cells
+        prompt = small.tokenize(f"{PROMPTS[4 + i]} " + " ".join(["thing"] * 110))
+        engine.add_request(f"new{i}", prompt, params, user=f"v{i}")
+    drain(engine)
+    assert not any(isinstance(e, Preempted) for e in events)
+    assert engine.kv.num_evictions >= 2 and engine.kv.num_cells == small.n_ctx  # never shrank
+    done = [e for e in events if isinstance(e, Done) and e.request_id.startswith("new")]
+    assert len(done) == 3 and all(d.completion_tokens == 40 for d in done)
+
+
+def test_a_shared_system_prompt_shares_cells_in_llama_cpp(small):
+    """Three requests on one 200-token system prompt fit in 512 cells only if it is shared."""
+    events = []
+    engine = Engine(small, SchedulerConfig(kv_watermark=0.0), on_events=events.extend)
+    system = small.tokenize(" ".join(["rule"] * 199))
+    assert len(system) == 200
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine.add_request("first", system + small.tokenize(PROMPTS[0], False), params, "u0", 200,
+                       True)  # fmt: skip
+    drain(engine)
+    assert [len(p.tokens) for p in engine.kv.prefixes if p.is_root] == [200]
+    for i in range(1, 4):
+        tokens = system + small.tokenize(PROMPTS[i] + " " + "more " * 50, False)
+        engine.add_request(f"r{i}", tokens, params, f"u{i}", 200, True)
+    engine.step()
+    assert len(engine.scheduler.running) == 3  # 3 x ~290 cells: fits only because 200 are shared
+    for seq in engine.scheduler.running:  # each sequence sees its whole prefix in llama.cpp
+        assert seq.num_shared == 200 and small.seq_num_cells(seq.seq_id) == seq.num_computed
+    drain(engine)
+    assert not any(isinstance(e, Preempted) for e in events)
+    assert engine.kv.num_cells == small.n_ctx  # llama.cpp never reported the cache full
+    done = {e.request_id: e for e in events if isinstance(e, Done)}
+    assert all(done[f"r{i}"].cached_tokens == 200 for i in range(1, 4))
+    assert all(done[f"r{i}"].completion_tokens == 30 for i in range(1, 4))

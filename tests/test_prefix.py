@@ -1,0 +1,266 @@
+"""Prefix caching on the fake runner: reuse, sharing, isolation, eviction and honest accounting.
+
+The fake cache shares copied cells the way llama.cpp's unified cache does, so `num_used` (each
+cell once) can be checked against it after every step. The real-model checks are in
+test_llama_runner.py and test_server.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+from localserve.config import SchedulerConfig
+from localserve.engine import Preempted
+from localserve.kv import MIN_REUSE_TOKENS, KVPool, common_prefix
+from localserve.sequence import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+def words(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 1000) for _ in range(n)]
+
+
+def add(h, rid, tokens, user="u", max_tokens=8, system=0, everyone=False):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    h.engine.add_request(rid, tokens, params, user, system, everyone)
+
+
+def run_checked(h, max_steps: int = 10_000) -> None:
+    """Run to the end, checking after every step that the pool and the cache agree."""
+    for _ in range(max_steps):
+        h.step()
+        kv, runner = h.kv, h.runner
+        assert kv.num_used == runner.num_cells_in_use
+        assert kv.num_used <= kv.num_committed <= kv.num_cells
+        for seq in h.engine.scheduler.running:
+            assert runner.seq_num_cells(seq.seq_id) == seq.num_computed
+        for prefix in kv.prefixes:
+            assert runner.seq_num_cells(prefix.seq_id) == len(prefix.tokens)
+        if not h.engine.scheduler.has_work:
+            return
+    raise AssertionError("engine did not drain")
+
+
+def prefill_tokens(h, rid: str) -> int:
+    """Prompt tokens the request had computed (every token it fed but its decode steps)."""
+    steps = h.runner.steps
+    fed = sum(
+        n for s in steps for r, n in zip(s.request_ids, s.num_tokens, strict=True) if r == rid
+    )
+    return fed - (h.done(rid).completion_tokens - 1)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+    a = list(range(1000))
+    for cut in (0, 1, 499, 999):
+        assert common_prefix(a, a[:cut] + [-1] + a[cut + 1 :]) == cut
+
+
+def test_next_turn_prefills_only_its_new_tokens(make_harness):
+    h = make_harness(n_ctx=4096, n_batch=512)
+    history = words(300, 1)
+    add(h, "t1", history, max_tokens=20)
+    run_checked(h)
+    # the client resends the reply; its tokens are in the cached prefix
+    reply = h.kv.prefixes[0].tokens[len(history) :]
+    assert len(reply) == 19  # the last sampled token was never fed back
+    second = history + reply + words(40, 2)
+    add(h, "t2", second, max_tokens=5)
+    run_checked(h)
+    done = h.done("t2")
+    assert done.cached_tokens == 319 and done.prompt_tokens == 359
+    assert prefill_tokens(h, "t2") == 40
+    counters = h.engine.metrics.counters
+    assert counters.prefix_hits == 1 and counters.cached_tokens == 319
+
+
+def test_reuse_gives_the_same_output_as_a_full_prefill(make_harness):
+    prompt = words(200, 3)
+    cold = make_harness(SchedulerConfig(prefix_caching=False))
+    add(cold, "a", prompt, max_tokens=30)
+    cold.run()
+    warm = make_harness()
+    add(warm, "warmup", prompt[:150] + words(20, 4), max_tokens=3)
+    warm.run()
+    add(warm, "a", prompt, max_tokens=30)
+    run_checked(warm)
+    assert warm.done("a").cached_tokens == 150
+    assert warm.text("a") == cold.text("a")
+
+
+def test_an_identical_prompt_recomputes_only_its_last_token(make_harness):
+    h = make_harness()
+    prompt = words(100, 5)
+    add(h, "a", prompt)
+    run_checked(h)
+    add(h, "b", prompt)
+    run_checked(h)
+    assert h.done("b").cached_tokens == 99 and prefill_tokens(h, "b") == 1
+    assert h.text("a") == h.text("b")
+
+
+def test_another_users_prefix_is_never_reused(make_harness):
+    h = make_harness()
+    prompt = words(200, 6)
+    add(h, "a", prompt, user="alice")
+    run_checked(h)
+    add(h, "b", prompt + words(10, 7), user="bob")
+    run_checked(h)
+    assert h.done("b").cached_tokens == 0 and prefill_tokens(h, "b") == 210
+    add(h, "c", prompt + words(10, 7), user="alice")
+    run_checked(h)
+    assert h.done("c").cached_tokens == 200
+
+
+def test_sharing_across_users_when_enabled(make_harness):
+    h = make_harness(SchedulerConfig(share_prefixes="all"))
+    prompt = words(200, 6)
+    add(h, "a", prompt, user="alice")
+    run_checked(h)
+    add(h, "b", prompt + words(10, 7), user="bob")
+    run_checked(h)
+    assert h.done("b").cached_tokens == 200
+
+
+def test_prefix_caching_off_reuses_nothing_and_keeps_nothing(make_harness):
+    h = make_harness(SchedulerConfig(prefix_caching=False))
+    prompt = words(200, 8)
+    add(h, "a", prompt)
+    run_checked(h)
+    assert h.kv.num_used == 0 and h.kv.prefixes == []
+    add(h, "b", prompt)
+    run_checked(h)
+    assert h.done("b").cached_tokens == 0
+
+
+def test_shared_system_prompt_is_prefilled_once_and_its_cells_shared(make_harness):
+    h = make_harness(n_ctx=4096, n_seq_max=8)
+    system = words(300, 9)
+    add(h, "first", system + words(20, 10), user="u0", system=300, everyone=True)
+    run_checked(h)
+    roots = [p for p in h.kv.prefixes if p.is_root]
+    assert len(roots) == 1 and roots[0].owner is None and len(roots[0].tokens) == 300
+    for i in range(1, 5):
+        add(h, f"r{i}", system + words(20, 10 + i), user=f"u{i}", system=300, everyone=True)
+    h.step()  # all four admitted: each copies the root
+    running = h.engine.scheduler.running
+    assert len(running) == 4 and all(s.num_shared == 300 for s in running)
+    assert h.kv.num_used == h.runner.num_cells_in_use
+    run_checked(h)
+    for i in range(1, 5):
+        assert h.done(f"r{i}").cached_tokens == 300
+        assert prefill_tokens(h, f"r{i}") == 20
+    assert sum(p.is_root for p in h.kv.prefixes) == 1
+
+
+def test_a_users_own_system_prompt_is_shared_only_with_that_user(make_harness):
+    h = make_harness()
+    system = words(100, 11)
+    add(h, "a1", system + words(30, 12), user="alice", system=100)
+    run_checked(h)
+    add(h, "b1", system + words(30, 13), user="bob", system=100)
+    run_checked(h)
+    assert h.done("b1").cached_tokens == 0  # bob prefilled it himself; his own root now
+    add(h, "a2", system + words(30, 14), user="alice", system=100)
+    run_checked(h)
+    assert h.done("a2").cached_tokens == 100
+    owners = sorted(p.owner for p in h.kv.prefixes if p.is_root)
+    assert owners == ["alice", "bob"]
+
+
+def test_cached_prefixes_are_evicted_before_any_live_sequence_is_preempted(make_harness):
+    # 1024 cells: five finished conversations fill most of it, then four live requests need it
+    h = make_harness(SchedulerConfig(kv_watermark=0.0), n_ctx=1024, n_seq_max=12, max_num_seqs=4)
+    for i in range(5):
+        add(h, f"old{i}", words(150, 20 + i), user=f"u{i}")
+    run_checked(h)
+    assert len(h.kv.prefixes) == 5 and h.kv.num_cached > 700
+    for i in range(4):
+        add(h, f"new{i}", words(150, 40 + i), user=f"v{i}", max_tokens=40)
+    run_checked(h)
+    assert not any(isinstance(e, Preempted) for e in h.events)
+    assert h.engine.metrics.counters.preemptions == 0
+    assert h.kv.num_evictions >= 3
+    assert all(h.done(f"new{i}").completion_tokens == 40 for i in range(4))
+
+
+def test_eviction_is_least_recently_used_first(make_harness):
+    h = make_harness(SchedulerConfig(kv_watermark=0.0), n_ctx=512, n_seq_max=6, max_num_seqs=2)
+    prompts = {u: words(100, 50 + i) for i, u in enumerate("abc")}
+    for u, p in prompts.items():
+        add(h, f"{u}1", p, user=u)
+        run_checked(h)
+    add(h, "a2", prompts["a"] + words(5, 60), user="a")  # touches a's prefix: now the newest
+    run_checked(h)
+    add(h, "big", words(260, 61), user="d")  # needs cells: b's prefix goes first, then c's
+    run_checked(h)
+    left = {p.owner for p in h.kv.prefixes}
+    assert "b" not in left and "a" in left
+
+
+def test_a_root_shared_by_a_live_sequence_is_never_evicted():
+    from localserve.sequence import Sequence
+
+    pool = KVPool(1000, 4, prefix_caching=True)
+    seq = Sequence("s", words(100, 70) + words(20, 71), GREEDY, "u")
+    seq.shared_prefix_tokens = 100
+    assert pool.try_admit(seq, pool.match(seq))
+    pool.computed(seq, 120)  # the system prompt is computed: it becomes a root
+    assert [op.kind for op in pool.take_ops()] == ["copy"]
+    assert pool.num_used == 120 and pool.num_cached == 0
+    assert pool.evict_all() == 0  # the root's cells are live: seq shares them
+    pool.release(seq, keep=True)  # its own 20 cells stay as a prefix on top of the root
+    assert pool.num_used == 120 and pool.num_cached == 120 and len(pool.prefixes) == 2
+    assert pool.evict_all() == 2  # the child first, then the root it no longer shares
+    assert pool.num_used == pool.num_committed == 0 and pool.num_free_seq_ids == 4
+    assert sorted(op.kind for op in pool.take_ops()) == ["free", "free"]
+
+
+def test_sequence_ids_of_cached_prefixes_are_given_up_for_admission(make_harness):
+    h = make_harness(n_seq_max=4, max_num_seqs=4)
+    for i in range(4):
+        add(h, f"old{i}", words(40, 80 + i), user=f"u{i}")
+    run_checked(h)
+    assert h.kv.num_free_seq_ids == 0 and len(h.kv.prefixes) == 4
+    for i in range(3):
+        add(h, f"new{i}", words(40, 90 + i), user=f"v{i}")
+    run_checked(h)
+    assert all(h.done(f"new{i}").finish_reason == "length" for i in range(3))
+    assert h.kv.num_evictions == 3
+
+
+def test_short_prompts_are_not_cached(make_harness):
+    h = make_harness()
+    add(h, "a", words(MIN_REUSE_TOKENS - 10, 1), max_tokens=4)
+    run_checked(h)
+    assert h.kv.prefixes == [] and h.kv.num_used == 0
+
+
+def test_cancelled_and_preempted_work_accounts_correctly_under_churn(make_harness):
+    """A random mix of conversations, system prompts, cancels and pressure; the books balance."""
+    rng = random.Random(0)
+    config = SchedulerConfig(kv_watermark=0.0)
+    h = make_harness(config, n_ctx=2048, n_seq_max=10, max_num_seqs=4, n_batch=256)
+    system = words(64, 100)
+    history: dict[str, list[int]] = {}
+    for i in range(40):
+        user = f"u{rng.randrange(4)}"
+        base = history.get(user, system) if rng.random() < 0.7 else system
+        tokens = base + words(rng.randrange(5, 200), 200 + i)
+        add(h, f"r{i}", tokens, user=user, max_tokens=rng.randrange(2, 40), system=64,
+            everyone=True)  # fmt: skip
+        history[user] = tokens
+        for _ in range(rng.randrange(0, 6)):
+            h.step()
+            assert h.kv.num_used == h.runner.num_cells_in_use
+        if rng.random() < 0.15:
+            h.engine.cancel(f"r{i}")
+    run_checked(h)
+    assert all(h.done(f"r{i}") is not None for i in range(40))
+    h.assert_drained()
+    assert h.engine.metrics.counters.prefix_hits > 10
