@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 ROLES = ("system", "user", "assistant")
 PREAMBLE = (
@@ -38,13 +40,44 @@ def render_transcript(messages: Sequence[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+class Rendered(NamedTuple):
+    text: str
+    stops: tuple[str, ...]  # stop strings the format needs
+    # text[:system_chars] is the system prompt's part: requests that share it may share its KV
+    system_chars: int
+    is_default_system: bool  # that part is the server's own (configured or the preamble)
+
+
 def render_chat(
     messages: Sequence[tuple[str, str]],
     chat_format: str,
     apply_template: Callable[[list[dict[str, str]]], str],
-) -> tuple[str, tuple[str, ...]]:
-    """Return (prompt text, stop strings the format needs)."""
+    system_prompt: str | None = None,
+) -> Rendered:
+    """The prompt text of a chat; `system_prompt` is the default for chats without one."""
     check_messages(messages)
+    system = [c for r, c in messages if r == "system"]
+    is_default = not system or system == [system_prompt]
+    if not system and system_prompt is not None:
+        messages = [("system", system_prompt), *messages]
     if chat_format == "transcript":
-        return render_transcript(messages), TRANSCRIPT_STOPS
-    return apply_template([{"role": r, "content": c} for r, c in messages]), ()
+        text = render_transcript(messages)
+        head = "\n".join(system) if system else PREAMBLE if system_prompt is None else system_prompt
+        return Rendered(text, TRANSCRIPT_STOPS, len(head) + 2, is_default)
+    text = apply_template([{"role": r, "content": c} for r, c in messages])
+    return Rendered(text, (), _system_chars(messages, text, apply_template), is_default)
+
+
+def _system_chars(messages, text: str, apply_template) -> int:
+    """Where the system part of a templated prompt ends (0 without a system message).
+
+    Templates place the system prompt differently (a turn of its own, or inside the first user
+    turn), so render it before two different user messages: the common start is the part every
+    chat with this system prompt shares.
+    """
+    system = [{"role": r, "content": c} for r, c in messages if r == "system"]
+    if not system or messages[0][0] != "system":
+        return 0
+    a, b = (apply_template([*system, {"role": "user", "content": x}]) for x in ("a", "b"))
+    head = os.path.commonprefix([a, b])
+    return len(head) if text.startswith(head) else 0

@@ -19,6 +19,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import NamedTuple
 
 import msgspec
 from websockets.asyncio.server import Server as WsServer
@@ -29,6 +30,7 @@ from localserve import __version__, prometheus
 from localserve.auth import Access, check_user_name
 from localserve.config import ModelConfig, ServerConfig
 from localserve.engine import Admitted, Done, Engine, Event, Preempted, Token
+from localserve.kv import common_prefix
 from localserve.prompt import render_chat
 from localserve.protocol import (
     Cancel,
@@ -269,6 +271,13 @@ class _Counts:
     inflight_per_user: dict[str, int] = field(default_factory=dict)
 
 
+class Prompt(NamedTuple):
+    tokens: list[int]
+    stops: tuple[str, ...]
+    system_tokens: int  # the first ones are a system prompt that other requests may share
+    is_default_system: bool  # the server's own system prompt: shared with every user
+
+
 class Server:
     """Connections on one side, the engine on the other."""
 
@@ -372,9 +381,10 @@ class Server:
             return conn.error("bad_request", str(e), chat.id)
         request = self._open(conn, chat.id)
         try:
-            tokens, stops = await asyncio.to_thread(self._tokenize, chat)
+            prompt = await asyncio.to_thread(self._tokenize, chat)
+            tokens = prompt.tokens
             if not chat.ignore_eos:  # the format's end of turn is an EOS in all but name
-                params = msgspec.structs.replace(params, stop=params.stop + stops)
+                params = msgspec.structs.replace(params, stop=params.stop + prompt.stops)
         except ValueError as e:
             self._close(request)
             return conn.error("bad_request", str(e), chat.id)
@@ -386,7 +396,10 @@ class Server:
             return conn.error("too_long", message, chat.id)
         if conn.is_closed:
             return self._close(request)
-        self.engine.add_request(request.engine_id, tokens, params, user=conn.user)
+        self.engine.add_request(
+            request.engine_id, tokens, params, user=conn.user,
+            shared_prefix_tokens=prompt.system_tokens, share_globally=prompt.is_default_system,
+        )  # fmt: skip
         conn.send(Queued(chat.id, self.counts.waiting))
 
     def _check_chat(self, conn: Connection, chat: Chat) -> tuple[str, str] | None:
@@ -420,11 +433,16 @@ class Server:
             ignore_eos=chat.ignore_eos,
         )
 
-    def _tokenize(self, chat: Chat) -> tuple[list[int], tuple[str, ...]]:
+    def _tokenize(self, chat: Chat) -> Prompt:
         """Chat template (or transcript), then tokens; runs in a worker thread."""
         messages = [(m.role, m.content) for m in chat.messages]
-        text, stops = render_chat(messages, self.model.chat_format, self.runner.apply_chat_template)
-        return self.runner.tokenize(text), stops
+        model = self.model
+        r = render_chat(messages, model.chat_format, self.runner.apply_chat_template,
+                        model.system_prompt)  # fmt: skip
+        tokens = self.runner.tokenize(r.text)
+        # the system prompt's tokens as the prompt has them (a word may straddle the boundary)
+        system = self.runner.tokenize(r.text[: r.system_chars]) if r.system_chars else []
+        return Prompt(tokens, r.stops, common_prefix(system, tokens), r.is_default_system)
 
     def _open(self, conn: Connection, client_id: str) -> Request:
         request = Request(f"{conn.num}:{client_id}", client_id, conn)

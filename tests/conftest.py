@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from localserve.config import SchedulerConfig
@@ -20,7 +22,8 @@ class Harness:
 
     def add(self, rid: str, n_prompt: int, max_tokens: int = 8, user: str = "u", **kw) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, **kw)
-        tokens = [10 + (i * 7 + len(rid)) % 900 for i in range(n_prompt)]
+        salt = zlib.crc32(rid.encode())  # prompts differ per request: no accidental reuse
+        tokens = [10 + (i * 7 + salt) % 900 for i in range(n_prompt)]
         self.engine.add_request(rid, tokens, params, user=user)
 
     def step(self) -> None:
@@ -43,6 +46,14 @@ class Harness:
     @property
     def kv(self):
         return self.engine.kv
+
+    def assert_drained(self) -> None:
+        """Nothing live is left: only cached prefixes hold cells, as the fake cache agrees."""
+        kv, runner = self.kv, self.runner
+        assert kv.num_used == kv.num_cached and kv.num_committed == kv.num_used
+        assert runner.num_cells_in_use == kv.num_used
+        assert {p.seq_id for p in kv.prefixes} == {i for i, c in runner.cells.items() if c}
+        assert runner.num_samplers == 0
 
 
 @pytest.fixture
@@ -80,17 +91,18 @@ class LiveServer:
         return self.call(self.server.snapshot())
 
     def wait_idle(self, timeout: float = 30.0):
-        """Wait until nothing runs or waits and every KV cell is free; return the snapshot."""
+        """Wait until nothing runs or waits and only cached prefixes hold cells; return it."""
         import time
 
         deadline = time.monotonic() + timeout
         while True:
             snap = self.snapshot()
-            if snap.running == 0 and snap.waiting == 0 and snap.kv_used == 0:
+            live_cells = snap.kv_committed - snap.kv_cached
+            if snap.running == 0 and snap.waiting == 0 and live_cells == 0:
                 return snap
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"server not idle: {snap.running} running, {snap.kv_used} cells"
+                    f"server not idle: {snap.running} running, {live_cells} live cells"
                 )
             time.sleep(0.05)
 
@@ -166,23 +178,25 @@ def fake_snapshots():
     """Deterministic snapshots of four people sharing a (fake) model, one per engine step."""
     from localserve.sequence import SamplingParams
 
-    runner = FakeRunner(n_ctx=8192, n_seq_max=8, n_batch=512)
+    runner = FakeRunner(n_ctx=8192, n_seq_max=16, max_num_seqs=8, n_batch=512)
     engine = Engine(runner, clock=runner.clock)
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=n)
 
-    engine.add_request("1:question", [2] * 30, params(40), "ana")
+    engine.add_request("1:question", [2] * 30, params(24), "ana")
     engine.add_request("2:explain", [2] * 60, params(400), "ben")
     snapshots = []
     for step in range(30):
         if step == 5:
             engine.add_request("3:paste", [2] * 3000, params(100), "cleo")
         if step == 8:
-            engine.add_request("4:late", [2] * 40, params(80), "dev")
+            engine.add_request("4:late", [2] * 40, params(12), "dev")
         if step == 9:
             for k in range(8):
                 engine.add_request(f"5:batch{k}", [2] * 20, params(50), "eve")
+        if step == 20:  # ana's next turn starts with her first: its cells are reused
+            engine.add_request("6:followup", [2] * 30 + [5] * 40, params(40), "ana")
         engine.step()
         snapshots.append(engine.build_snapshot())
     return snapshots
