@@ -32,9 +32,15 @@ def render(snap: Snapshot) -> str:
     c = snap.counters
     metric("num_requests_running", "gauge", "Sequences in the running batch.", snap.running)
     metric("num_requests_waiting", "gauge", "Requests waiting for admission.", snap.waiting)
-    metric("kv_cache_usage_perc", "gauge", "KV cells holding tokens, as a fraction of all cells.",
-           snap.kv_used / max(snap.kv_total, 1))  # fmt: skip
-    metric("kv_cache_used_cells", "gauge", "KV cells holding computed tokens.", snap.kv_used)
+    # vLLM counts cached blocks nobody uses as free: usage is what live sequences hold, so a
+    # cache kept full of reusable prefixes does not read as 100%
+    metric("kv_cache_usage_perc", "gauge",
+           "KV cells live sequences hold, as a fraction of all cells (cached prefixes excluded).",
+           (snap.kv_used - snap.kv_cached) / max(snap.kv_total, 1))  # fmt: skip
+    metric("kv_cache_used_cells", "gauge",
+           "KV cells holding computed tokens, cached prefixes included.", snap.kv_used)  # fmt: skip
+    metric("kv_cache_cached_cells", "gauge",
+           "KV cells only cached prefixes hold (evicted on demand).", snap.kv_cached)  # fmt: skip
     metric("kv_cache_committed_cells", "gauge", "KV cells used or promised to admitted prompts.",
            snap.kv_committed)  # fmt: skip
     metric("kv_cache_total_cells", "gauge", "KV cells in the unified cache.", snap.kv_total)
@@ -42,8 +48,14 @@ def render(snap: Snapshot) -> str:
     metric("generation_tokens_total", "counter", "Generated tokens.", c.generation_tokens)
     metric("prefill_tokens_total", "counter", "Prompt tokens computed, recompute included.",
            c.prefill_tokens)  # fmt: skip
+    metric("prefix_cache_entries", "gauge", "Cached prefixes kept for reuse.",
+           snap.cached_prefixes)  # fmt: skip
     metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from a cache.",
            c.cached_tokens)  # fmt: skip
+    metric("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.",
+           c.prefix_hits)  # fmt: skip
+    metric("prefix_cache_evictions_total", "counter", "Cached prefixes evicted to make room.",
+           c.prefix_evictions)  # fmt: skip
     metric("num_preemptions_total", "counter", "Sequences preempted for KV cells.", c.preemptions)
     metric("request_success_total", "counter", "Requests finished with stop or length.",
            c.finished - c.cancellations - c.errors)  # fmt: skip

@@ -6,7 +6,9 @@ import asyncio
 import subprocess
 import sys
 
+import msgspec
 import pytest
+from textual.widgets import Static
 
 from tui.app import HelpScreen, MonitorApp
 from tui.source import Connected, Disconnected, QueueSource
@@ -34,12 +36,46 @@ def test_widgets_follow_the_stats(fake_snapshots):
             await settle(pilot)
             last = fake_snapshots[-1]
             assert app.query_one(RunningTable).row_count == len(last.seqs) == 8
-            assert app.query_one(WaitingTable).row_count == len(last.waiting_seqs) == 4
+            assert app.query_one(WaitingTable).row_count == len(last.waiting_seqs) == 3
             assert "● live" in header_text(app) and "fake" in header_text(app)
             kv = str(app.query_one(KVBar).render())
-            assert f"{last.kv_used} used" in kv and f"{last.kv_total} total" in kv
-            assert "prefill" in str(app.query_one(RunningTable).get_row_at(2))
+            live, free = last.kv_used - last.kv_cached, last.kv_total - last.kv_committed
+            assert f"KV {live:,} used (█)" in kv and f"{free:,} free" in kv
+            assert f"{last.kv_cached} cached (░) in 1 prefix" in kv
+            assert "prefill" in str(app.query_one(RunningTable).get_row_at(1))
             assert len(app.history) == 30
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_kv_bar_shows_cached_prefixes_and_fits(fake_snapshots, width):
+    last = fake_snapshots[-1]
+    total, live = last.kv_total, last.kv_committed - last.kv_cached
+    cached = msgspec.structs.replace(
+        last,
+        kv_used=last.kv_used - last.kv_cached + 4000,
+        kv_committed=live + 4000,
+        kv_cached=4000,
+        cached_prefixes=5,
+        counters=msgspec.structs.replace(last.counters, cached_tokens=12345, prefix_hits=17),
+    )
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(width, 30)) as pilot:
+            feed(app, Connected("ws://test"), cached)
+            await settle(pilot)
+            bar, legend = str(app.query_one(KVBar).render()).split("\n")
+            assert len(bar) <= width - 1 and len(legend) <= width - 1
+            assert bar.count("░") == round((live + 4000) / total * (width - 2)) - round(
+                live / total * (width - 2)
+            )
+            assert "4,000 cached (░) in 5 prefixes" in legend
+            if width >= 120:
+                assert "reused 12,345 tokens in 17 hits" in legend
+            counters = str(app.query_one("#counters", Static).render())
+            assert "reused 12345 tok in 17 hits" in counters
 
     asyncio.run(run())
 

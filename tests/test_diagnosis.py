@@ -79,6 +79,7 @@ def seq(
         computed_tokens=computed,
         output_tokens=20 if phase == "decode" else 0,
         cells=prompt + 20,
+        cached_tokens=0,
         tokens_per_s=20.0 if phase == "decode" else None,
         ttft_s=0.2 if phase == "decode" else None,
         last_itl_s=0.05 if phase == "decode" else None,
@@ -136,6 +137,8 @@ def snap(
         kv_used=1800,
         kv_committed=1884,  # 23% of 8192
         kv_total=8192,
+        kv_cached=0,
+        cached_prefixes=0,
         free_seq_ids=16 - len(seqs),
         window_s=60.0,
         ttft=pct(0.18),
@@ -462,6 +465,103 @@ def test_kv_nearly_full_without_symptoms_is_info():
     assert d.headline == "KV cache 94% committed: new prompts will wait for cells"
 
 
+# --- prefix caching ----------------------------------------------------------------------------
+
+
+def test_a_cache_full_of_cached_prefixes_is_not_pressure():
+    # 97% committed, but 6,100 of those cells only hold finished conversations: evictable
+    cached = dict(kv_used=7900, kv_committed=7984, kv_cached=6100, cached_prefixes=12)
+    d = check(diagnose(ramp(cached, cached)))
+    assert d == Diagnosis(
+        "ok", "healthy: 3 streaming, TTFT p50 180 ms, ITL p50 45 ms, KV 23%", d.details
+    )
+    assert any(
+        line.startswith("KV 23% committed (1,884 of 8,192 cells, 1,800 used)") for line in d.details
+    )
+    # a queue that builds up is not blamed on the cache either
+    queued = dict(cached, waiting_seqs=waiters(4, prompt=3000), ttft=pct(3.0), queue=pct(2.5))
+    d = check(diagnose([snap(**queued)]))
+    assert d.headline == "TTFT high: time in queue dominates although slots and KV are free"
+
+
+def test_live_pressure_beside_cached_prefixes_is_still_capacity_bound():
+    after = dict(
+        seqs=decoders(10),
+        waiting_seqs=waiters(6),
+        ttft=pct(3.0),
+        queue=pct(2.5),
+        kv_used=7900,
+        kv_committed=8000,
+        kv_cached=200,  # 7,800 live: 95%
+        cached_prefixes=2,
+    )
+    d = check(diagnose([snap(**after)]))
+    assert d.headline == (
+        "TTFT high: time in queue dominates and the KV cache is 95% full — capacity bound"
+    )
+    assert any(
+        line.startswith("KV cache: 7,800 of 8,192 cells committed (95%), 7,700 hold computed")
+        and line.endswith("; 200 more hold cached prefixes, evicted on demand")
+        for line in d.details
+    )
+
+
+def test_cached_cells_do_not_block_admission():
+    # nothing runs, every committed cell is a cached prefix and they hold every free id:
+    # the engine evicts them for the prompt, so a stall is not explained by them
+    blocked = dict(
+        seqs=[],
+        waiting_seqs=[waiter(0, prompt=3000, waited=9.0)],
+        kv_used=6000,
+        kv_committed=6000,
+        kv_cached=6000,
+        cached_prefixes=16,
+        free_seq_ids=0,
+    )
+    d = check(diagnose([snap(**blocked)]))
+    assert d.headline == (
+        "admission blocked for 9.0 s: 1 waiting, 0 running — the scheduler admits nothing"
+    )
+    assert not any("stay committed although nothing runs" in line for line in d.details)
+    live = dict(blocked, kv_committed=6500)  # 500 cells promised with nothing running
+    d = check(diagnose([snap(**live)]))
+    assert "500 KV cells stay committed although nothing runs" in d.details
+
+
+def test_cached_prefixes_hold_ids_but_the_slots_are_not_busy():
+    after = dict(
+        seqs=decoders(4),
+        waiting_seqs=waiters(3),
+        ttft=pct(3.0),
+        queue=pct(2.5),
+        free_seq_ids=0,  # the other ids hold cached prefixes, evicted for newcomers
+        cached_prefixes=12,
+    )
+    d = check(diagnose([snap(**after)]))
+    assert "slot bound" not in d.headline
+
+
+def test_prefix_reuse_is_reported_in_the_details():
+    before = dict(counters=dict(prompt_tokens=1000, cached_tokens=0, prefix_hits=2))
+    after = dict(
+        kv_used=3034,
+        kv_committed=3118,
+        kv_cached=1234,
+        cached_prefixes=5,
+        counters=dict(prompt_tokens=5000, cached_tokens=2560, prefix_hits=19, prefix_evictions=3),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.level == "ok" and d.headline.endswith("KV 23%")  # good news, not a finding
+    assert d.details[-1] == (
+        "prefix cache: 64% of prompt tokens reused in the last minute (17 hits); "
+        "1,234 cells cached in 5 prefixes; 3 prefixes evicted to make room"
+    )
+    d = check(diagnose([snap(kv_cached=100, cached_prefixes=1, uptime_s=30.0)]))
+    assert d.details[-1] == "prefix cache: 100 cells cached in 1 prefix, no reuse in the last 30 s"
+    d = check(diagnose([snap()]))  # no prefix cache in use: no line
+    assert not any(line.startswith("prefix cache") for line in d.details)
+
+
 # --- robustness --------------------------------------------------------------------------------
 
 
@@ -568,6 +668,7 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
         return Percentiles(draw(floats), draw(floats), draw(floats), draw(floats), draw(counts))
 
     kv_total = draw(st.integers(0, 10**6))
+    kv_used = draw(st.integers(0, kv_total + 10))
     return snap(
         uptime_s=uptime,
         policy=draw(st.sampled_from(["continuous", "static"])),
@@ -578,7 +679,10 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
         max_num_seqs=draw(st.integers(0, 32)),
         itl_target_s=draw(st.sampled_from([0.0, 0.05, 0.12, 1e6])),
         kv_total=kv_total,
+        kv_used=kv_used,
         kv_committed=draw(st.integers(0, kv_total + 10)),
+        kv_cached=draw(st.integers(0, kv_used)),
+        cached_prefixes=draw(st.integers(0, 64)),
         free_seq_ids=draw(st.integers(0, 16)),
         ttft=window(),
         itl=window(),
@@ -594,7 +698,13 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
             prefill_budget=draw(st.integers(0, 4096)),
         ),
         counters=dict(
-            preemptions=draw(counts), rejections=draw(counts), steps=draw(st.integers(0, 5))
+            preemptions=draw(counts),
+            rejections=draw(counts),
+            steps=draw(st.integers(0, 5)),
+            prompt_tokens=draw(counts),
+            cached_tokens=draw(counts),
+            prefix_hits=draw(counts),
+            prefix_evictions=draw(counts),
         ),
         events=[],
     )

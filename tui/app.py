@@ -39,14 +39,19 @@ HELP = """\
 
 [b]q[/b] quit   [b]p[/b] pause / resume   [b]?[/b] this help (any key closes it)
 
-[b]KV cells[/b]: █ cells holding a sequence's tokens, ▒ cells promised to a prompt still being
-prefilled, · free. Colours are users.
-[b]Latency[/b]: p50 p90 p99 over the last minute; sparklines show p90 over the last minutes.
-TTFT = arrival → first token; ITL = gap between tokens; queue = time before admission.
-[b]step[/b]: what one engine step carries on average — decode tokens (green) and prefill
-tokens (yellow), e.g. "14+96 tok" — and how long it takes.
-[b]Diagnosis[/b]: the top line reads the numbers the way an operator would (thresholds in
-tui/diagnosis.py): capacity bound, slot bound, prefill bound, ITL rising, idle, healthy.
+[b]KV cells[/b]: █ a sequence's tokens, ▒ promised to a prompt still being
+prefilled, ░ cached prefixes (finished turns, system prompts) kept for
+reuse and evicted when cells are needed, · free. Colours are users.
+"reused … in N hits": prompt tokens taken from cached prefixes instead
+of computed; the running table's last column has them per request.
+[b]Latency[/b]: p50 p90 p99 over the last minute; sparklines show p90 over
+the last minutes. TTFT = arrival → first token; ITL = gap between
+tokens; queue = time before admission.
+[b]step[/b]: what one engine step carries on average — decode tokens (green)
+and prefill tokens (yellow), e.g. "14+96 tok" — and how long it takes.
+[b]Diagnosis[/b]: the top line reads the numbers the way an operator would
+(thresholds in tui/diagnosis.py): capacity bound, slot bound, prefill
+bound, ITL rising, idle, healthy.
 """
 
 

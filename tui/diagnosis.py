@@ -29,8 +29,12 @@ Reading the numbers
 - *TTFT is a problem* when it is rising, when its p50 is >= `TTFT_HIGH_S` (2 s), or when a
   request has already waited >= `QUEUE_WAIT_HIGH_S` in the queue (its TTFT will be at least
   that). Level `warn`; `bad` from `TTFT_BAD_S` (10 s) or when sequences are being preempted.
-- *KV is full* when committed cells (used + promised to admitted prompts) / total >=
-  `KV_FULL_SHARE` (0.9).
+- *KV is full* when live committed cells / total >= `KV_FULL_SHARE` (0.9). Live committed =
+  committed (used + promised to admitted prompts) minus the cells only cached prefixes hold:
+  finished conversations and system prompts kept for reuse are evicted on demand before any
+  live sequence is touched, so they are free for every purpose here (free cells = total - live
+  committed) and a cache full of them is not pressure. Likewise the sequence ids cached
+  prefixes hold count as free.
 - Window-based TTFT and ITL findings are only made while something runs or waits; once the
   engine is quiet they would describe a burst that is over.
 
@@ -42,8 +46,8 @@ list the others. Each entry: level, when, an example headline, the mechanism it 
 1. admission blocked (bad). Waiting > 0 and running == 0 for >= `ADMISSION_STALL_S` (2 s).
    "admission blocked for 5.0 s: 3 waiting, 0 running — the scheduler admits nothing".
    The next prompt does not fit the free cells, no sequence id is free, or cells stay
-   committed with nothing running (the engine counts no steps without a batch, so a stall
-   cannot be told from an empty batch).
+   committed with nothing running (cached prefixes aside; the engine counts no steps without
+   a batch, so a stall cannot be told from an empty batch).
 2. turning requests away (bad). The rejection counter grew in the last minute.
    "turning requests away: 12 rejected in the last minute, 40 queued — the queue bound is
    reached". The server refuses `busy` (queue or per-user bounds), `too_long` and
@@ -85,6 +89,11 @@ list the others. Each entry: level, when, an example headline, the mechanism it 
 12. idle (info). Nothing running or waiting and no tokens in the last 10 s. "accelerator idle:
     no eligible work": the scheduler has nothing to give the accelerator.
 13. healthy (ok). Otherwise: "healthy: 3 streaming, TTFT p50 180 ms, ITL p50 45 ms, KV 23%".
+
+The picture of the moment ends the details: running and waiting, the latency windows, KV cells
+and, while a prefix cache is in use, how much of the prompt tokens of the last minute it served
+("prefix cache: 64% of prompt tokens reused in the last minute (17 hits); 1,234 cells cached in
+5 prefixes"). Reuse is good news, not a finding: it never takes the headline.
 
 These follow the troubleshooting table of the design notes:
 TTFT under load → queue time, prompt lengths, prefill time; streaming smoothness → ITL and active
@@ -181,8 +190,13 @@ class _Context:
         self.decoding = len(phases) - self.prefilling if phases else self.running
         self.active = self.running > 0 or self.waiting > 0
         self.kv_total = s.kv_total
-        self.kv_share = s.kv_committed / s.kv_total if s.kv_total > 0 else None
-        self.kv_free = max(0, s.kv_total - s.kv_committed)
+        # cached prefixes are evicted before any live sequence is touched: not pressure
+        self.kv_cached = max(0, s.kv_cached)
+        self.kv_live = max(0, s.kv_committed - self.kv_cached)
+        self.kv_live_used = max(0, s.kv_used - self.kv_cached)
+        self.kv_share = self.kv_live / s.kv_total if s.kv_total > 0 else None
+        self.kv_free = max(0, s.kv_total - self.kv_live)
+        self.free_ids = max(0, s.free_seq_ids) + max(0, s.cached_prefixes)
         self.head = s.waiting_seqs[0] if s.waiting_seqs else None
         waits = [_num(w.waited_s) for w in s.waiting_seqs]
         self.max_wait = max((w for w in waits if w is not None), default=0.0)
@@ -211,6 +225,10 @@ class _Context:
 
         self.preemptions, self.preempt_span = _counter_delta(seg, "preemptions")
         self.rejections, self.reject_span = _counter_delta(seg, "rejections")
+        self.prefix_hits, self.prefix_span = _counter_delta(seg, "prefix_hits")
+        self.reused_tokens = _counter_delta(seg, "cached_tokens")[0]
+        self.prompt_tokens = _counter_delta(seg, "prompt_tokens")[0]
+        self.prefix_evictions = _counter_delta(seg, "prefix_evictions")[0]
 
         st = s.steps
         self.step_s = _num(st.step_s)
@@ -252,11 +270,32 @@ class _Context:
         ]
         kv = f"KV {_pct(self.kv_share)} committed" if self.kv_share is not None else "KV unknown"
         lines.append(
-            f"{kv} ({s.kv_committed:,} of {s.kv_total:,} cells, {s.kv_used:,} used); "
+            f"{kv} ({self.kv_live:,} of {s.kv_total:,} cells, {self.kv_live_used:,} used); "
             f"{s.generation_tokens_per_s:.0f} tokens/s generated, "
             f"{s.prompt_tokens_per_s:.0f} prompt tokens/s"
         )
-        return lines
+        return lines + self.prefix_lines()
+
+    def prefix_lines(self) -> list[str]:
+        """How much the prefix cache served lately and what it holds (nothing when unused)."""
+        s = self.now
+        if not (self.prefix_hits or self.kv_cached or s.cached_prefixes > 0):
+            return []
+        held = f"{self.kv_cached:,} cells cached in {_n(s.cached_prefixes, 'prefix', 'es')}"
+        when = _span(self.prefix_span)
+        if self.prefix_hits:
+            share = (
+                min(1.0, self.reused_tokens / self.prompt_tokens) if self.prompt_tokens else None
+            )
+            line = (
+                f"prefix cache: {_pct(share)} of prompt tokens reused {when} "
+                f"({_n(self.prefix_hits, 'hit')}); {held}"
+            )
+        else:
+            line = f"prefix cache: {held}, no reuse {when}"
+        if self.prefix_evictions:
+            line += f"; {_n(self.prefix_evictions, 'prefix', 'es')} evicted to make room"
+        return [line]
 
     def trend_line(self, name: str, then: float | None, now: float | None) -> list[str]:
         if self.ref is None or then is None or now is None:
@@ -273,6 +312,12 @@ class _Context:
         if self.waiting:
             lines.append(f"{self.waiting} waiting, the oldest for {duration(self.max_wait)}")
         return lines
+
+    def cached_words(self) -> str:
+        """A clause for KV lines: the cached cells they leave out, when there are any."""
+        if not self.kv_cached:
+            return ""
+        return f"; {self.kv_cached:,} more hold cached prefixes, evicted on demand"
 
     def ttft_level(self) -> str:
         worst = max(self.ttft_p50 or 0.0, self.max_wait if self.waiting else 0.0)
@@ -295,14 +340,14 @@ def _admission_blocked(c: _Context) -> _Finding | None:
     details = [f"the oldest waiting request has waited {duration(c.max_wait)}"]
     if head is not None and c.kv_total > 0 and head.prompt_tokens > c.kv_free:
         why = f"next prompt needs {head.prompt_tokens:,} KV cells, {c.kv_free:,} free"
-    elif s.free_seq_ids <= 0:
+    elif c.free_ids <= 0:
         why = "no free sequence id"
         details.append("every sequence id is taken although nothing runs: ids are not released")
     else:
         why = "the scheduler admits nothing"
-    if s.kv_committed > 0:
-        details.append(f"{s.kv_committed:,} KV cells stay committed although nothing runs")
-    details.append(f"KV {s.kv_committed:,} of {s.kv_total:,} cells committed")
+    if c.kv_live > 0:
+        details.append(f"{c.kv_live:,} KV cells stay committed although nothing runs")
+    details.append(f"KV {c.kv_live:,} of {s.kv_total:,} cells committed" + c.cached_words())
     c.claimed.add("ttft")  # the queue's TTFT is this finding's symptom
     return _Finding("bad", f"{lead} — {why}", details)
 
@@ -345,8 +390,8 @@ def _capacity_bound(c: _Context) -> _Finding | None:
     details = c.trend_line("TTFT", c.ttft_then, c.ttft_p50) + c.queue_lines()
     s = c.now
     details.append(
-        f"KV cache: {s.kv_committed:,} of {s.kv_total:,} cells committed ({_pct(c.kv_share)}), "
-        f"{s.kv_used:,} hold computed tokens"
+        f"KV cache: {c.kv_live:,} of {s.kv_total:,} cells committed ({_pct(c.kv_share)}), "
+        f"{c.kv_live_used:,} hold computed tokens" + c.cached_words()
     )
     if c.preemptions > 0:
         details.append(
@@ -371,7 +416,7 @@ def _slot_bound(c: _Context) -> _Finding | None:
     s = c.now
     if s.max_num_seqs > 0 and c.running >= s.max_num_seqs:
         slots = f"all {s.max_num_seqs} sequence slots are busy"
-    elif s.free_seq_ids <= 0 and c.running > 0:
+    elif c.free_ids <= 0 and c.running > 0:
         slots = f"all {c.running} sequence ids are in use"
     else:
         return None
@@ -541,7 +586,10 @@ def _kv_full(c: _Context) -> _Finding | None:
     if "kv" in c.claimed or c.kv_share is None or c.kv_share < KV_FULL_SHARE:
         return None
     line = f"KV cache {_pct(c.kv_share)} committed: new prompts will wait for cells"
-    return _Finding("info", line, [f"{c.kv_free:,} cells free of {c.kv_total:,}"])
+    free = f"{c.kv_free:,} cells free of {c.kv_total:,}"
+    if c.kv_cached:
+        free += f" ({c.kv_cached:,} of them hold cached prefixes, evicted on demand)"
+    return _Finding("info", line, [free])
 
 
 def _itl_rising(c: _Context) -> _Finding | None:
@@ -686,8 +734,8 @@ def _fmt(x: float | None) -> str:
     return "—" if x is None else f"{x:,.0f}"
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+def _n(count: int, noun: str, plural: str = "s") -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else plural)
 
 
 def _span(seconds: float) -> str:

@@ -69,7 +69,7 @@ class DiagnosisLine(Static):
 
 
 class KVBar(Static):
-    """Used vs committed vs total cells, each sequence's share coloured by its user."""
+    """Live, cached, committed and free cells; each sequence's share coloured by its user."""
 
     _snap: Snapshot | None = None
 
@@ -84,22 +84,63 @@ class KVBar(Static):
             return Text(" KV cells: waiting for stats", style="grey50")
         width = max(self.size.width - 2, 10)
         total = max(snap.kv_total, 1)
-        bar = Text(" ")
+        cached = min(max(snap.kv_cached, 0), snap.kv_used)
+        live_committed = max(snap.kv_committed - cached, 0)
+        # Sequences sharing a prefix (a common system prompt) each count its cells, the cache
+        # holds them once: shrink the shares so the bar adds up to the distinct cells.
+        claimed = sum(max(r.cells, r.computed_tokens) for r in snap.seqs)
+        scale = min(1.0, live_committed / claimed) if claimed else 1.0
+        bar = _CellBar(total, width)
         for row in snap.seqs:
             color = user_color(row.user)
-            used = round(row.computed_tokens / total * width)
-            promised = round(max(row.cells - row.computed_tokens, 0) / total * width)
-            bar.append("█" * used, style=color)
-            bar.append("▒" * promised, style=color)
-        bar.append("·" * max(width - len(bar) + 1, 0), style="grey35")
-        pct = snap.kv_used / total
-        cached = snap.counters.cached_tokens
-        legend = Text(
-            f" KV cells: {snap.kv_used} used (█) · {snap.kv_committed} committed (▒) · "
-            f"{snap.kv_total} total · {pct:.0%} full · {snap.free_seq_ids} free slots"
-            + (f" · {cached} reused-prefix tokens" if cached else "")
-        )
-        return Text.assemble(bar, "\n", legend)
+            bar.add(row.computed_tokens * scale, "█", color)
+            bar.add(max(row.cells - row.computed_tokens, 0) * scale, "▒", color)
+        bar.add(cached, "░", "grey62")
+        bar.add(total, "·", "grey35")  # the rest
+        return Text.assemble(bar.text, "\n", kv_legend(snap, self.size.width - 1))
+
+
+class _CellBar:
+    """A row of glyphs for consecutive runs of cells; rounding at the run boundaries keeps the
+    whole bar exactly `width` wide however many runs there are."""
+
+    def __init__(self, total: int, width: int) -> None:
+        self.total, self.width = total, width
+        self.cells = 0.0
+        self.text = Text(" ")
+
+    def add(self, cells: float, glyph: str, style: str) -> None:
+        start = self._column(self.cells)
+        self.cells = min(self.cells + max(cells, 0.0), self.total)
+        self.text.append(glyph * (self._column(self.cells) - start), style=style)
+
+    def _column(self, cells: float) -> int:
+        return round(cells / self.total * self.width)
+
+
+def kv_legend(snap: Snapshot, width: int) -> Text:
+    """The numbers behind the bar, as many parts as fit in `width` columns (most useful first)."""
+    c = snap.counters
+    cached = min(max(snap.kv_cached, 0), snap.kv_used)
+    parts = [f"KV {snap.kv_used - cached:,} used (█)"]
+    if cached or snap.cached_prefixes:
+        parts.append(f"{cached:,} cached (░) in {_n(snap.cached_prefixes, 'prefix', 'es')}")
+    parts.append(f"{snap.kv_committed - cached:,} committed (▒)")
+    parts.append(f"{max(snap.kv_total - snap.kv_committed, 0):,} free")
+    if c.prefix_hits or c.cached_tokens:
+        parts.append(f"reused {c.cached_tokens:,} tokens in {_n(c.prefix_hits, 'hit')}")
+    # slots as in the header (max_num_seqs): free sequence ids also count spares for caching
+    parts.append(_n(max(snap.max_num_seqs - snap.running, 0), "free slot"))
+    line = ""
+    for part in parts:  # a part that does not fit is left out; shorter ones after it may fit
+        candidate = f"{line} · {part}" if line else f" {part}"
+        if len(candidate) <= width or not line:
+            line = candidate
+    return Text(line)
+
+
+def _n(count: int, noun: str, plural: str = "s") -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else plural)
 
 
 class LatencyPanel(Vertical):
@@ -167,7 +208,10 @@ def batch_text(snap: Snapshot) -> Text:
 class RunningTable(DataTable):
     """One row per running sequence."""
 
-    COLUMNS = ("user", "request", "phase", "prompt", "gen", "tok/s", "TTFT", "ITL", "idle")
+    # cached (prompt tokens reused from a cached prefix) comes last: at 80 columns the timings
+    # matter more and the legend above already counts the reuse
+    COLUMNS = ("user", "request", "phase", "prompt", "gen", "tok/s", "TTFT", "ITL", "idle",
+               "cached")  # fmt: skip
 
     def on_mount(self) -> None:
         self.add_columns(*self.COLUMNS)
@@ -183,7 +227,7 @@ class RunningTable(DataTable):
             self.add_row(
                 Text(r.user, style=user_color(r.user)), r.request_id.split(":", 1)[-1], phase,
                 str(r.prompt_tokens), str(r.output_tokens), rate(r.tokens_per_s),
-                ms(r.ttft_s), ms(r.last_itl_s), ms(r.since_last_token_s),
+                ms(r.ttft_s), ms(r.last_itl_s), ms(r.since_last_token_s), str(r.cached_tokens),
             )  # fmt: skip
 
 
@@ -206,6 +250,7 @@ def counters_text(snap: Snapshot) -> str:
     c = snap.counters
     return (
         f"finished {c.finished} · preempted {c.preemptions} · rejected {c.rejections} · "
-        f"cancelled {c.cancellations} · errors {c.errors} · reused {c.cached_tokens} tok · "
+        f"cancelled {c.cancellations} · errors {c.errors} · reused {c.cached_tokens} tok in "
+        f"{_n(c.prefix_hits, 'hit')} · evicted {_n(c.prefix_evictions, 'prefix', 'es')} · "
         f"running {snap.running} · waiting {snap.waiting}"
     )
