@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+NO_PREFIX_CACHE_HELP = "keep no finished conversations' KV: every turn prefills its whole prompt"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="localserve", description=__doc__)
     p.add_argument("--config", help="models.toml (default: $LOCALSERVE_MODELS or ./models.toml)")
@@ -47,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--pace", type=float, default=1.0, help="scales the scenario's pauses")
     d.add_argument("--screenshot", metavar="SVG", help="run headless; save the screen to SVG")
     d.add_argument("--after", type=float, default=40.0, help="seconds before the screenshot")
+    d.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
     d.set_defaults(run=cmd_demo)
 
     mo = sub.add_parser("monitor", help="the live monitor of a running server")
@@ -63,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
     s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
     s.add_argument("--monitor-token", help="require this token for stats subscriptions")
+    s.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
     s.set_defaults(run=cmd_serve)
 
     c = sub.add_parser("chat", help="chat with a running server in this terminal")
@@ -93,16 +98,33 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="bench an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080)",
     )
-    lb.add_argument("--workload", default="mixed", help="short | long | paste | chat | mixed")
+    lb.add_argument(
+        "--workload",
+        default="mixed",
+        help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report)",
+    )
     lb.add_argument("--num-requests", type=int, default=50)
     lb.add_argument("--request-rate", type=float, default=float("inf"),
                     help="requests/s, open loop (default inf: all at once)")  # fmt: skip
     lb.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
-    lb.add_argument("--concurrency", type=int, help="closed loop: this many in flight instead")
+    lb.add_argument(
+        "--concurrency",
+        type=int,
+        help="closed loop: this many in flight instead (conversation: conversations at a time)",
+    )
     lb.add_argument("--ignore-eos", action="store_true", help="fixed output lengths")
     lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
+    cv = lb.add_argument_group("--workload conversation")
+    cv.add_argument("--conversations", type=int, default=4, help="conversations to play")
+    cv.add_argument("--turns", type=int, default=5, help="user turns per conversation")
+    cv.add_argument("--turn-tokens", type=int, default=350,
+                    help="document tokens per user turn (350: turn 5 has ~2,000)")  # fmt: skip
+    cv.add_argument("--max-tokens", type=int, default=64, help="reply cap per turn (greedy)")
+    cv.add_argument("--cold", action="store_true",
+                    help="then replay each last turn without reuse (another user; peer: "
+                         "cache_prompt false) for a with/without ratio in one run")  # fmt: skip
     lb.add_argument(
         "--origin",
         action="store_true",
@@ -137,7 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from localserve.models import open_runner
     from localserve.server import Server, run
 
-    config = load_config(args.config)
+    config = _prefix_cache_option(load_config(args.config), args.no_prefix_cache)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     access = Access(load_users(args.users), args.monitor_token)
@@ -152,6 +174,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.stop()
         runner.close()
+
+
+def _prefix_cache_option(config, no_prefix_cache: bool):
+    """The config, with prefix caching turned off if asked."""
+    if not no_prefix_cache:
+        return config
+    scheduler = msgspec.structs.replace(config.scheduler, prefix_caching=False)
+    return msgspec.structs.replace(config, scheduler=scheduler)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -188,7 +218,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tui.source import WebSocketSource
 
     log_path = _log_to_file("demo")
-    config = load_config(args.config)
+    config = _prefix_cache_option(load_config(args.config), args.no_prefix_cache)
     name = args.model or config.default
     runner = open_runner(config, name)
     engine = Engine(runner, config.scheduler).start()
@@ -316,6 +346,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with open(args.out, "w") as f:
                 json.dump(figures, f, indent=1)
         return 0 if figures["all_ok"] else 1
+    if args.workload == "conversation":
+        return _bench_conversations(args)
     slo = bench.SLO.parse(args.slo) if args.slo else None
     specs = bench.build_requests(args.workload, args.num_requests, args.seed)
     results, duration = asyncio.run(
@@ -334,6 +366,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1, default=str)
     return 0 if summary["completed"] else 1
+
+
+def _bench_conversations(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+    import json
+
+    from localserve import bench
+    from localserve.models import terminal_progress
+
+    conversations = bench.build_conversations(
+        args.conversations, args.turns, args.turn_tokens, args.seed
+    )
+    results, duration = asyncio.run(
+        bench.run_conversations(
+            args.peer or args.url, conversations, max_tokens=args.max_tokens,
+            concurrency=args.concurrency or 1, ignore_eos=args.ignore_eos, seed=args.seed,
+            cold=args.cold, openai=bool(args.peer),
+            on_done=terminal_progress(f"{args.conversations} conversations x{args.turns}",
+                                      unit=" turns"),
+        )
+    )  # fmt: skip
+    summary = bench.summarize_conversations(results, duration)
+    print(bench.format_conversations(summary))
+    if args.out:
+        record = {
+            "args": vars(args) | {"run": None},
+            "server": "peer" if args.peer else "localserve",
+            "url": args.peer or args.url,
+            "summary": summary,
+            "conversations": [
+                {"index": c.index, "user": c.user, "user_messages": list(conv.user_messages),
+                 "replies": c.replies, "turns": [dataclasses.asdict(r) for r in c.turns],
+                 "cold": dataclasses.asdict(c.cold) if c.cold else None}
+                for c, conv in zip(results, conversations, strict=True)
+            ],
+        }  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+    return 0 if summary["completed"] == len(results) else 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

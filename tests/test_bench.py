@@ -208,3 +208,263 @@ def test_sweep_writes_json_markdown_and_an_svg_chart(tmp_path):
     svg = ET.parse(out / "sweep.svg").getroot()
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 4  # two series in each of the two panels
+
+
+# --- the conversation workload ------------------------------------------------------------------
+
+
+def test_conversations_are_reproducible_and_read_the_text_part_by_part():
+    from localserve.bench import FIRST_PART, NEXT_PART, build_conversations
+
+    a, b = build_conversations(3, 5, seed=7), build_conversations(3, 5, seed=7)
+    assert a == b and a != build_conversations(3, 5, seed=8)
+    for conv in a:
+        assert len(conv.user_messages) == 5
+        assert conv.user_messages[0].startswith(FIRST_PART)
+        assert all(m.startswith(NEXT_PART) for m in conv.user_messages[1:])
+        # each part is ~350 tokens of the document (the intro and the question aside)
+        assert all(280 < len(m.split()) < 340 for m in conv.user_messages)
+    with pytest.raises(ValueError, match="--turns"):
+        build_conversations(2, 0)
+
+
+def test_history_grows_to_about_2000_tokens_by_turn_5_and_each_prompt_extends_the_last():
+    from localserve.bench import build_conversations, estimate_prompt_tokens, turn_messages
+    from localserve.prompt import render_transcript
+
+    reply = " ".join(["word"] * 40)  # a ~50-token reply
+    for conv in build_conversations(4, 5, seed=1):
+        replies = [f"{reply} {k}" for k in range(5)]
+        sizes, previous = [], ""
+        for turn in range(1, 6):
+            messages = turn_messages(conv, replies, turn)
+            assert len(messages) == 2 * turn - 1 and messages[-1][0] == "user"
+            assert [m for r, m in messages if r == "assistant"] == replies[: turn - 1]
+            text = render_transcript(messages)
+            assert text.startswith(previous)  # the last turn's prompt is a prefix: reusable
+            previous = text
+            sizes.append(estimate_prompt_tokens(messages))
+        assert all(b - a > 350 for a, b in zip(sizes, sizes[1:], strict=False))
+        assert 1800 < sizes[-1] < 2300
+    with pytest.raises(ValueError, match="turn 3 needs 2 replies"):
+        turn_messages(conv, ["one"], 3)
+
+
+def turn(ttft: float, prompt: int, cached: int, ok: bool = True, kind: str = "turn"):
+    r = result(0.0, [0.05] * 3, ttft, ok=ok)
+    r.kind, r.prompt_tokens, r.cached_tokens = kind, prompt, cached
+    return r
+
+
+def test_report_aggregates_per_turn_with_the_cold_replay_and_the_ratio():
+    from localserve.bench import ConversationResult, format_conversations, summarize_conversations
+
+    a = ConversationResult(0, "conv-0", [turn(1.0, 400, 0), turn(0.2, 800, 390)], ["x", "y"],
+                           cold=turn(2.0, 800, 0, kind="cold"))  # fmt: skip
+    b = ConversationResult(1, "conv-1", [turn(1.2, 410, 0), turn(0.4, 820, 400)], ["x", "y"],
+                           cold=turn(3.0, 820, 0, kind="cold"))  # fmt: skip
+    c = ConversationResult(2, "conv-2", [turn(1.1, 420, 0, ok=False)], [""])
+    s = summarize_conversations([a, b, c], duration_s=9.0)
+    assert s["conversations"] == 3 and s["completed"] == 2
+    one, two = s["turns"]
+    assert one["turn"] == 1 and one["completed"] == 2 and one["failed"] == 1
+    assert one["errors"] == {"busy": 1}
+    assert two["completed"] == 2 and two["failed"] == 1 and two["errors"] == {"not_reached": 1}
+    assert one["ttft_ms"]["mean"] == pytest.approx(1100.0)
+    assert two["ttft_ms"]["median"] == pytest.approx(300.0)
+    assert two["ttft_ms"]["p90"] == pytest.approx(380.0)
+    assert two["prompt_tokens"] == {"mean": 810.0, "min": 800, "max": 820}
+    assert two["cached_tokens"]["mean"] == pytest.approx(395.0)
+    assert two["cached_share"] == pytest.approx(790 / 1620)
+    cold = s["cold"]
+    assert cold["turn"] == "cold" and cold["completed"] == 2 and cold["cached_tokens"]["max"] == 0
+    last = s["last_turn"]
+    assert last["turn"] == 2 and last["ttft_median_ms"] == pytest.approx(300.0)
+    assert last["ratio_to_cold"] == pytest.approx(300.0 / 2500.0)
+    table = format_conversations(s)
+    assert "turn 2 TTFT median 300 ms, cold 2500 ms: 12%" in table
+    assert " cold  2/2 " in table and "{'not_reached': 1}" in table
+    # without a cold replay: no ratio
+    assert summarize_conversations([a, b], 1.0)["last_turn"]["ratio_to_cold"] is not None
+    a.cold = b.cold = None
+    s = summarize_conversations([a, b], 1.0)
+    assert s["cold"] is None and s["last_turn"]["ratio_to_cold"] is None
+
+
+class FakeOpenAI:
+    """A minimal streaming /v1/completions endpoint, llama-server style: it answers turn k of a
+    transcript with "reply <k>" and reports cached tokens as llama-server does (usage and/or
+    timings), recording every request body."""
+
+    def __init__(self, usage_details: bool = True) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        fake = self
+        self.bodies: list[dict] = []
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                import json
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with fake.lock:
+                    fake.bodies.append(body)
+                k = body["prompt"].count("User:")
+                cached = 0 if body.get("cache_prompt") is False else 100 * (k - 1)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                usage = {"prompt_tokens": 100 * k, "completion_tokens": 2}
+                if usage_details:
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
+                chunks = [{"choices": [{"text": t, "finish_reason": None}]}
+                          for t in (" reply", f" {k}")]  # fmt: skip
+                timings = {"cache_n": cached, "prompt_n": 100 * k - cached}
+                final = {"text": "", "finish_reason": "stop"}
+                chunks.append({"choices": [final], "usage": usage, "timings": timings})
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeOpenAI:
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("usage_details", [True, False])
+def test_peer_conversations_resend_the_growing_history(usage_details):
+    from localserve.bench import build_conversations, run_conversations
+
+    convs = build_conversations(2, 3, seed=2)
+    with FakeOpenAI(usage_details) as fake:
+        results, _ = asyncio.run(
+            run_conversations(fake.url, convs, max_tokens=16, cold=True, openai=True)
+        )
+    warmup, *turns = fake.bodies
+    assert warmup["max_tokens"] == 8
+    assert len(turns) == 2 * (3 + 1)  # three turns and a cold replay per conversation
+    for conv, out in zip(convs, results, strict=True):
+        assert out.replies == [" reply 1", " reply 2", " reply 3"]
+        assert [(r.ok, r.prompt_tokens, r.cached_tokens) for r in out.turns] == [
+            (True, 100, 0), (True, 200, 100), (True, 300, 200)]  # fmt: skip
+        assert (out.cold.ok, out.cold.prompt_tokens, out.cold.cached_tokens) == (True, 300, 0)
+        mine = [b for b in turns if conv.user_messages[0].strip() in b["prompt"]]
+        assert len(mine) == 4
+        for k, body in enumerate(mine[:3], start=1):
+            assert body["temperature"] == 0.0 and body["max_tokens"] == 16 and body["stream"]
+            assert body["prompt"].count("User:") == k and body["prompt"].endswith("Assistant:")
+            assert body["prompt"].count("Assistant: reply") == k - 1
+            assert "cache_prompt" not in body
+        assert mine[3]["prompt"] == mine[2]["prompt"] and mine[3]["cache_prompt"] is False
+
+
+def test_localserve_conversations_over_the_websocket_protocol():
+    """The websocket path against a stand-in server speaking the protocol's frames."""
+    import json
+
+    from websockets.asyncio.server import serve
+
+    from localserve.bench import build_conversations, run_conversations
+
+    chats: list[tuple[str, dict]] = []
+
+    async def handler(ws):
+        hello = json.loads(await ws.recv())
+        user = hello["user"]
+        limits = {"max_frame_bytes": 1 << 20, "max_tokens": 4096, "max_inflight_per_user": 8,
+                  "max_queued_per_user": 16, "max_queued": 64}  # fmt: skip
+        await ws.send(json.dumps({"type": "welcome", "model": "fake", "n_ctx": 8192,
+                                  "limits": limits, "version": "0", "protocol": 1}))  # fmt: skip
+        async for raw in ws:
+            chat = json.loads(raw)
+            chats.append((user, chat))
+            k = sum(m["role"] == "user" for m in chat["messages"])
+            cached = 0 if user.endswith("-cold") else 100 * (k - 1)
+            rid = chat["id"]
+            await ws.send(json.dumps({"type": "queued", "id": rid, "position": 1}))
+            for text in (" reply", f" {k}"):
+                await ws.send(json.dumps({"type": "token", "id": rid, "text": text}))
+            usage = {"prompt_tokens": 100 * k, "completion_tokens": 2, "cached_tokens": cached}
+            timings = {"queue_ms": 0.1, "ttft_ms": 1.0, "itl_ms": 1.0, "e2e_ms": 2.0}
+            await ws.send(json.dumps({"type": "done", "id": rid, "finish_reason": "stop",
+                                      "usage": usage, "timings": timings}))  # fmt: skip
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            convs = build_conversations(2, 3, seed=4)
+            return convs, await run_conversations(
+                f"ws://127.0.0.1:{port}", convs, cold=True, concurrency=2
+            )
+
+    convs, (results, duration) = asyncio.run(main())
+    assert duration > 0
+    users = sorted({u for u, _ in chats})
+    assert users == ["conv-0", "conv-0-cold", "conv-1", "conv-1-cold", "warmup"]
+    for conv, out in zip(convs, results, strict=True):
+        assert [(r.ok, r.prompt_tokens, r.cached_tokens) for r in out.turns] == [
+            (True, 100, 0), (True, 200, 100), (True, 300, 200)]  # fmt: skip
+        assert out.cold.ok and out.cold.cached_tokens == 0 and out.cold.ttft is not None
+        mine = [c for u, c in chats if u == out.user]
+        assert [c["id"] for c in mine] == ["turn-1", "turn-2", "turn-3"]
+        assert all(c["temperature"] == 0.0 and c["max_tokens"] == 64 for c in mine)
+        last = mine[-1]["messages"]
+        assert [m["role"] for m in last] == ["user", "assistant"] * 2 + ["user"]
+        assert [m["content"] for m in last[1::2]] == [" reply 1", " reply 2"]
+        assert [m["content"] for m in last[::2]] == list(conv.user_messages)
+        cold = next(c for u, c in chats if u == f"{out.user}-cold")
+        assert cold["messages"] == last
+
+
+def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):
+    import json
+
+    from localserve.cli import main
+
+    out = tmp_path / "conv.json"
+    with FakeOpenAI() as fake:
+        rc = main(["bench", "--peer", fake.url, "--workload", "conversation",
+                   "--conversations", "2", "--turns", "3", "--max-tokens", "8", "--cold",
+                   "--seed", "3", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    assert "turn 3 TTFT median" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["server"] == "peer" and record["url"] == fake.url
+    assert record["args"]["turns"] == 3 and record["args"]["cold"] is True
+    summary = record["summary"]
+    assert [row["turn"] for row in summary["turns"]] == [1, 2, 3]
+    assert summary["turns"][2]["cached_tokens"]["mean"] == 200
+    assert summary["cold"]["cached_tokens"]["mean"] == 0
+    conv = record["conversations"][0]
+    assert conv["replies"] == [" reply 1", " reply 2", " reply 3"]
+    assert len(conv["user_messages"]) == 3 and conv["turns"][1]["cached_tokens"] == 100
+    assert conv["cold"]["kind"] == "cold"
+
+
+def test_no_prefix_cache_turns_prefix_caching_off():
+    from localserve.cli import _parser, _prefix_cache_option
+    from localserve.config import Config
+
+    config = Config()
+    assert config.scheduler.prefix_caching
+    off = _prefix_cache_option(config, True)
+    assert off.scheduler.prefix_caching is False and config.scheduler.prefix_caching
+    assert _prefix_cache_option(config, False) is config
+    assert _parser().parse_args(["serve", "--no-prefix-cache"]).no_prefix_cache
+    assert _parser().parse_args(["demo", "--no-prefix-cache"]).no_prefix_cache
+    assert not _parser().parse_args(["serve"]).no_prefix_cache
