@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 
 from localserve.auth import Access
+from localserve.prompt import PREAMBLE
 from localserve.protocol import ClientFrame, Hello, Subscribe
 from localserve.runner import DecodeError
 
@@ -461,3 +462,58 @@ def test_serve_shuts_down_gracefully_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- prefix caching through the server ---------------------------------------------------------
+
+TURNS = [
+    "What is the capital of France?",
+    "And what river flows through that city?",
+    "Name a famous museum there.",
+    "What is painted on its most famous canvas?",
+    "Thank you. Summarise our conversation in one sentence.",
+]
+
+
+def converse(ws, rid: str, messages: list[dict]) -> tuple[str, dict]:
+    ws.send({"type": "chat", "id": rid, "messages": messages, "max_tokens": 24,
+             "temperature": 0})  # fmt: skip
+    frames = ws.until_done(rid)
+    return "".join(f["text"] for f in tokens_of(frames, rid)), frames[-1]["usage"]
+
+
+def test_a_five_turn_conversation_prefills_only_its_new_tokens(live, connect):
+    ws = connect()
+    ws.hello("gina")
+    messages, usages = [], []
+    for i, question in enumerate(TURNS):
+        messages.append({"role": "user", "content": question})
+        reply, usage = converse(ws, f"t{i}", messages)
+        messages.append({"role": "assistant", "content": reply})
+        usages.append(usage)
+    runner = live.runner
+    for i in range(1, 5):
+        before, now = usages[i - 1], usages[i]
+        # everything the previous turn's prompt had is reused...
+        assert now["cached_tokens"] >= before["prompt_tokens"]
+        # ...and what is prefilled is the new question (its reply's tokens, re-tokenized, may
+        # differ from the sampled ones at a word or two)
+        new = len(runner.tokenize(f"\nUser: {TURNS[i]}\nAssistant:", add_special=False))
+        prefilled = now["prompt_tokens"] - now["cached_tokens"]
+        assert prefilled <= new + 4, (i, usages)
+    assert usages[4]["prompt_tokens"] > 2 * usages[0]["prompt_tokens"]
+
+
+def test_one_user_never_reuses_another_users_conversation(live, connect):
+    text = " ".join(f"item{i} is green;" for i in range(120))  # one long, unusual message
+    alice, bob = connect(), connect()
+    alice.hello("alice-prefix")
+    bob.hello("bob-prefix")
+    messages = [{"role": "user", "content": text}]
+    _, first = converse(alice, "a1", messages)
+    _, other = converse(bob, "b1", messages)
+    _, again = converse(alice, "a2", messages)
+    preamble = len(live.runner.tokenize(PREAMBLE + "\n\nUser:"))  # the shared system prompt
+    assert first["prompt_tokens"] > 300
+    assert other["cached_tokens"] <= preamble  # bob prefilled alice's text himself
+    assert again["cached_tokens"] == first["prompt_tokens"] - 1  # alice reuses all but one
