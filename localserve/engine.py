@@ -269,13 +269,16 @@ class Engine:
 
     def _clear_freed(self) -> None:
         """Apply the pool's cell operations in llama.cpp, in the order they were decided."""
-        for op in self.kv.take_ops():
+        refused = []
+        for op in self.kv.take_ops():  # all of them, even after a refusal: ids get reused
             if op.kind == "free":
                 self.runner.free_seq(op.seq_id)
             elif op.kind == "copy":
                 self.runner.copy_seq(op.seq_id, op.dst, op.n)
-            elif not self.runner.trim_seq(op.seq_id, op.n):  # refused: a memory without it
-                raise RuntimeError(f"llama.cpp could not trim sequence {op.seq_id} to {op.n}")
+            elif not self.runner.trim_seq(op.seq_id, op.n):  # a memory without partial removal
+                refused.append(op)
+        if refused:
+            raise RuntimeError(f"llama.cpp could not trim sequences to a prefix: {refused}")
 
     def _fail_all(self, message: str) -> None:
         seqs = list(self._seqs.values())

@@ -136,7 +136,16 @@ class KVPool:
         return best
 
     def try_admit(self, seq: Sequence, match: Match | None, watermark: bool = True) -> bool:
-        """Admit if the prompt fits, evicting cached prefixes as needed; False if it cannot."""
+        """Admit if the prompt fits, evicting cached prefixes as needed; False if it cannot.
+
+        A match keeps its prefix (and root) from eviction, cells the request does not share
+        included; if that is what stops it, the request is admitted without reuse instead.
+        """
+        if self._try_admit(seq, match, watermark):
+            return True
+        return match is not None and self._try_admit(seq, None, watermark)
+
+    def _try_admit(self, seq: Sequence, match: Match | None, watermark: bool) -> bool:
         need_cells = len(seq.tokens) - (match.num_tokens if match else 0)
         need_cells += self.num_watermark_cells if watermark else 0
         freed = self._freed_by_takeover(match)

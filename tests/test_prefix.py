@@ -264,3 +264,14 @@ def test_cancelled_and_preempted_work_accounts_correctly_under_churn(make_harnes
     assert all(h.done(f"r{i}") is not None for i in range(40))
     h.assert_drained()
     assert h.engine.metrics.counters.prefix_hits > 10
+
+
+def test_a_request_sharing_part_of_a_root_is_admitted_without_reuse_when_that_fits(make_harness):
+    """The matched root's unshared tail must not block a prompt that fits once it is evicted."""
+    h = make_harness(SchedulerConfig(kv_watermark=0.0), n_ctx=256)
+    system = words(150, 300)
+    add(h, "a", system, max_tokens=1, system=150, everyone=True)  # a 150-cell root
+    run_checked(h)
+    add(h, "b", system[:20] + words(230, 301), max_tokens=1)  # 250 tokens, 20 of them shared
+    run_checked(h, max_steps=1000)
+    assert h.done("b").finish_reason == "length" and h.done("b").cached_tokens == 0
