@@ -4,7 +4,8 @@ One round, every person on their own connection:
 
 - ana asks short questions (40-60 tokens), one every few seconds, each after the last answer;
 - ben asks for a long explanation (300-400 tokens, `ignore_eos`, so it really is long);
-- cleo pastes a few pages of `data/pages.md` (2,000-3,000 tokens) and asks for a summary;
+- cleo pastes a few pages of `data/pages.md` (2,000-3,000 tokens) and asks for a summary, then
+  asks a follow-up in the same conversation (the server reuses the paste's cached cells);
 - dev arrives a few seconds after the paste, while all of that still runs, with a medium question.
 
 Rounds repeat, separated by a short rest, until `stop` is set (or `rounds` are done). Prompts,
@@ -27,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from localserve.client import Client, ConnectionClosed
-from localserve.protocol import Chat, Error, Finished, Message, Notice
+from localserve.protocol import Chat, Error, Finished, Message, Notice, TokenDelta
 
 log = logging.getLogger("localserve.scenario")
 
@@ -67,6 +68,13 @@ MEDIUM_QUESTIONS = [
     "Why does the moon look different over the course of a month?",
 ]
 
+FOLLOW_UPS = [
+    "Which part of it matters most, and why?",
+    "Is there anything in those pages I should double-check?",
+    "Explain the first paragraph again in simpler words.",
+    "What would be a good title for it?",
+]
+
 SUMMARY_REQUESTS = [
     "Please summarise the pages above in a few sentences.",
     "What are the main points of this text? Keep it short.",
@@ -84,6 +92,7 @@ class Ask:
     max_tokens: int
     seed: int
     ignore_eos: bool = False
+    continues: bool = False  # a next turn: sent with the person's previous chat and its reply
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class ScenarioResult:
     errors: Counter[str] = field(default_factory=Counter)  # error code -> requests
     answered: Counter[str] = field(default_factory=Counter)  # person -> done frames
     prompt_tokens: dict[str, int] = field(default_factory=dict)  # person -> longest prompt
+    cached_tokens: dict[str, int] = field(default_factory=dict)  # person -> most tokens reused
 
 
 # --- planning (all randomness is here) -------------------------------------------------------
@@ -127,7 +137,8 @@ def pages_slice(rng: random.Random, words: int) -> str:
 def plan_round(rng: random.Random, scale: float = 1.0) -> Round:
     """Who asks what, when and for how long, for one round."""
     paste = _paste(rng)
-    asks = {"ana": _short(rng), "ben": [_long(rng)], "cleo": [paste], "dev": [_medium(rng, paste)]}
+    cleo = [paste, _follow_up(rng)]
+    asks = {"ana": _short(rng), "ben": [_long(rng)], "cleo": cleo, "dev": [_medium(rng, paste)]}
     scaled = {name: [_scaled(a, scale) for a in chats] for name, chats in asks.items()}
     return Round(scaled, rest=rng.uniform(3, 8))
 
@@ -153,6 +164,11 @@ def _paste(rng: random.Random) -> Ask:
     return _ask(rng, rng.uniform(1, 3), prompt, rng.randint(80, 120))
 
 
+def _follow_up(rng: random.Random) -> Ask:
+    question = rng.choice(FOLLOW_UPS)
+    return _ask(rng, rng.uniform(2, 5), question, rng.randint(60, 100), continues=True)
+
+
 def _medium(rng: random.Random, paste: Ask) -> Ask:
     pause = paste.pause + rng.uniform(2, 5)  # dev arrives a few seconds after the paste
     return _ask(rng, pause, rng.choice(MEDIUM_QUESTIONS), rng.randint(120, 200))
@@ -175,6 +191,7 @@ class Person:
     pace: float
     is_gone: bool = False  # the connection closed
     count: int = 0
+    history: list[Message] = field(default_factory=list)  # the last chat and its reply
 
     async def play(self, asks: list[Ask]) -> None:
         """This person's part of a round."""
@@ -192,15 +209,19 @@ class Person:
         """Send one chat and read frames until its done frame (or its error, then back off)."""
         self.count += 1
         rid = f"{self.name}-{self.count}"
-        messages = [Message("user", ask.prompt)]
+        messages = (self.history if ask.continues else []) + [Message("user", ask.prompt)]
+        reply: list[str] = []
         await self.client.send(Chat(id=rid, messages=messages, max_tokens=ask.max_tokens,
                                     temperature=TEMPERATURE, seed=ask.seed,
                                     ignore_eos=ask.ignore_eos))  # fmt: skip
         self.result.sent += 1
         while True:
             frame = await self.client.recv()
-            if isinstance(frame, Finished) and frame.id == rid:
+            if isinstance(frame, TokenDelta) and frame.id == rid:
+                reply.append(frame.text)
+            elif isinstance(frame, Finished) and frame.id == rid:
                 self._done(frame)
+                self.history = [*messages, Message("assistant", "".join(reply))]
                 return
             if isinstance(frame, Error):
                 log.warning("%s: %s: %s", self.name, frame.code, frame.message)
@@ -216,9 +237,11 @@ class Person:
         r.finished[done.finish_reason] += 1
         r.answered[self.name] += 1
         r.prompt_tokens[self.name] = max(r.prompt_tokens.get(self.name, 0), usage.prompt_tokens)
-        log.info("%s: %s, %d prompt + %d generated tokens, TTFT %s ms", self.name,
-                 done.finish_reason, usage.prompt_tokens, usage.completion_tokens,
-                 done.timings.ttft_ms and round(done.timings.ttft_ms))  # fmt: skip
+        r.cached_tokens[self.name] = max(r.cached_tokens.get(self.name, 0), usage.cached_tokens)
+        ttft = done.timings.ttft_ms and round(done.timings.ttft_ms)
+        log.info("%s: %s, %d prompt (%d reused) + %d generated tokens, TTFT %s ms", self.name,
+                 done.finish_reason, usage.prompt_tokens, usage.cached_tokens,
+                 usage.completion_tokens, ttft)  # fmt: skip
 
 
 async def play(

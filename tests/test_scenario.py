@@ -41,6 +41,7 @@ def test_rounds_vary_but_a_seed_plays_the_same_rounds():
         assert ben[0].ignore_eos and 300 <= ben[0].max_tokens <= 400
         assert len(cleo[0].prompt.split()) * scenario.TOKENS_PER_WORD >= 2000
         assert dev[0].pause > cleo[0].pause  # dev arrives after the paste
+        assert cleo[1].continues and not cleo[0].continues  # then a follow-up on the paste
     halved = plan_round(random.Random(1), scale=0.5)
     assert halved.asks["ben"][0].max_tokens == round(plans(1)[0].asks["ben"][0].max_tokens / 2)
 
@@ -57,6 +58,7 @@ def test_one_round_against_the_live_server(live):
     assert result.finished.total() == result.sent >= 6
     assert set(result.answered) == set(PEOPLE)
     assert result.prompt_tokens["cleo"] >= 1500  # the paste really is several pages
+    assert result.cached_tokens["cleo"] >= 1500  # her follow-up reused the paste's cells
     after = live.wait_idle().counters
     assert after.finished - before.finished == result.sent
     assert after.prompt_tokens - before.prompt_tokens >= 1500
