@@ -128,9 +128,10 @@ class KVPool:
             if not (self.share_all or prefix.owner is None or prefix.owner == seq.user):
                 continue
             n = min(common_prefix(prefix.tokens, seq.tokens), limit)
-            # longest wins; on a tie take a prefix over rather than copy a root (frees its id)
+            # longest wins; on a tie copy the root: taking over the user's cached conversation
+            # would cut it back to the system prompt, and that conversation may go on later
             if n >= MIN_REUSE_TOKENS and (
-                best is None or (n, not prefix.is_root) > (best.num_tokens, not best.prefix.is_root)
+                best is None or (n, prefix.is_root) > (best.num_tokens, best.prefix.is_root)
             ):
                 best = Match(prefix, n)
         return best

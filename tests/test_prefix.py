@@ -38,6 +38,15 @@ def run_checked(h, max_steps: int = 10_000) -> None:
             assert runner.seq_num_cells(seq.seq_id) == seq.num_computed
         for prefix in kv.prefixes:
             assert runner.seq_num_cells(prefix.seq_id) == len(prefix.tokens)
+        running, prefixes = h.engine.scheduler.running, kv.prefixes
+        ids = [s.seq_id for s in running] + [p.seq_id for p in prefixes]
+        assert len(set(ids)) == len(ids) and not set(ids) & set(kv._free_ids)
+        assert not any(cells for i, cells in runner.cells.items() if i not in ids)
+        for root in (p for p in prefixes if p.is_root):  # a root knows who shares its cells
+            sharing = [x for x in (*running, *prefixes) if x.root is root]
+            assert root.refs == len(sharing)
+        own = sum(s.num_computed - s.num_shared for s in running) + sum(p.num_own for p in prefixes)
+        assert own == kv.num_used  # each cell counted once
         if not h.engine.scheduler.has_work:
             return
     raise AssertionError("engine did not drain")
@@ -275,3 +284,35 @@ def test_a_request_sharing_part_of_a_root_is_admitted_without_reuse_when_that_fi
     add(h, "b", system[:20] + words(230, 301), max_tokens=1)  # 250 tokens, 20 of them shared
     run_checked(h, max_steps=1000)
     assert h.done("b").finish_reason == "length" and h.done("b").cached_tokens == 0
+
+
+def test_a_new_conversation_leaves_the_users_other_conversation_cached(make_harness):
+    h = make_harness()
+    system = words(40, 400)
+    first = system + words(200, 401)
+    add(h, "c1", first, system=40, everyone=True)
+    run_checked(h)
+    add(h, "c2", system + words(30, 402), system=40, everyone=True)  # another conversation
+    run_checked(h)
+    assert h.done("c2").cached_tokens == 40  # the system prompt, copied from its root
+    add(h, "c1-next", first + words(20, 403), system=40, everyone=True)
+    run_checked(h)
+    assert h.done("c1-next").cached_tokens == 240  # the first conversation is still there
+
+
+def test_conversations_that_share_random_prefixes_in_a_tiny_cache_always_drain(make_harness):
+    """Many short schedules in 128 cells: prompts reuse random parts of the previous one."""
+    for seed in range(150):
+        rng = random.Random(seed)
+        h = make_harness(SchedulerConfig(kv_watermark=0.0), n_ctx=128, n_seq_max=6,
+                         max_num_seqs=2, n_batch=64)  # fmt: skip
+        previous: list[int] = []
+        for i in range(6):
+            base = previous[: rng.randint(0, len(previous))]
+            tokens = (base + words(rng.randint(1, 128), seed * 10 + i))[:127]
+            system = rng.choice([0, 0, 20, 40]) if len(tokens) > 40 else 0
+            add(h, f"r{i}", tokens, user=rng.choice("ab"), max_tokens=rng.randint(1, 5),
+                system=system, everyone=rng.random() < 0.5)  # fmt: skip
+            run_checked(h, max_steps=3000)
+            previous = tokens
+        h.assert_drained()
