@@ -74,7 +74,7 @@ class Engine:
         self.config = config or SchedulerConfig()
         info = runner.info
         c = self.config
-        reuse = c.prefix_caching and getattr(runner, "supports_prefix_reuse", True)
+        reuse = c.prefix_caching and runner.supports_prefix_reuse
         self.kv = KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes)
         budget = min(max_num_batched_tokens or info.n_batch, info.n_batch)
         max_num_seqs = info.max_num_seqs or info.n_seq_max

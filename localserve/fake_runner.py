@@ -52,6 +52,7 @@ class FakeRunner:
     eog_every: int | None = None  # sample EOG when (last token + position) % eog_every == 0
     steps: list[StepRecord] = field(default_factory=list)
     last_decode_s: float = 0.0
+    supports_prefix_reuse: bool = True
 
     def __post_init__(self) -> None:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max

@@ -180,14 +180,10 @@ class KVPool:
             self._ops.append(CellOp("copy", prefix.seq_id, n, seq.seq_id))
         else:  # take it over: its id, its cells up to the common part
             self.prefixes.remove(prefix)
-            trimmed = self._freed_by_takeover(match)
-            self.num_used -= trimmed
-            self.num_committed -= trimmed
+            self._drop(self._freed_by_takeover(match))
             seq.seq_id = prefix.seq_id
+            # n >= MIN_REUSE_TOKENS, so a prefix on a root still shares some of its cells
             seq.root, seq.num_shared = prefix.root, min(prefix.num_shared, n)
-            if seq.root is not None and seq.num_shared == 0:
-                seq.root.refs -= 1
-                seq.root = None
             if n < len(prefix.tokens):
                 self._ops.append(CellOp("trim", prefix.seq_id, n))
         seq.num_computed = n
@@ -228,10 +224,10 @@ class KVPool:
 
     def _make_root(self, seq: Sequence, n: int) -> None:
         """The sequence's first n cells (a system prompt) become a root that others copy."""
-        owner = None if seq.share_prefix_globally else seq.user
-        tokens = seq.tokens[:n]
         if not self._free_ids or n < MIN_REUSE_TOKENS:
             return
+        owner = None if seq.share_prefix_globally else seq.user
+        tokens = seq.tokens[:n]
         for prefix in self.prefixes:  # one root per prompt and audience
             if prefix.is_root and prefix.owner == owner and prefix.tokens == tokens:
                 return
@@ -262,8 +258,7 @@ class KVPool:
                 )  # fmt: skip
             )
         else:
-            self.num_used -= own
-            self.num_committed -= own
+            self._drop(own)
             if seq.root is not None:
                 seq.root.refs -= 1
             self._free_id(seq.seq_id)
@@ -312,13 +307,17 @@ class KVPool:
             return False
         victim = min(candidates, key=lambda p: p.last_used)
         self.prefixes.remove(victim)
-        self.num_used -= victim.num_own
-        self.num_committed -= victim.num_own
+        self._drop(victim.num_own)
         if victim.root is not None:
             victim.root.refs -= 1
         self._free_id(victim.seq_id)
         self.num_evictions += 1
         return True
+
+    def _drop(self, num_cells: int) -> None:
+        """Computed cells leave the cache."""
+        self.num_used -= num_cells
+        self.num_committed -= num_cells
 
     def _free_id(self, seq_id: int) -> None:
         self._ops.append(CellOp("free", seq_id))

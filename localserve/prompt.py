@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -75,9 +76,15 @@ def _system_chars(messages, text: str, apply_template) -> int:
     turn), so render it before two different user messages: the common start is the part every
     chat with this system prompt shares.
     """
-    system = [{"role": r, "content": c} for r, c in messages if r == "system"]
+    system = tuple(c for r, c in messages if r == "system")
     if not system or messages[0][0] != "system":
         return 0
-    a, b = (apply_template([*system, {"role": "user", "content": x}]) for x in ("a", "b"))
-    head = os.path.commonprefix([a, b])
+    head = _template_head(system, apply_template)
     return len(head) if text.startswith(head) else 0
+
+
+@functools.lru_cache(maxsize=64)  # the same system prompt comes with every chat
+def _template_head(system: tuple[str, ...], apply_template) -> str:
+    chats = ([*({"role": "system", "content": c} for c in system), {"role": "user", "content": x}]
+             for x in ("a", "b"))  # fmt: skip
+    return os.path.commonprefix([apply_template(chat) for chat in chats])

@@ -24,6 +24,7 @@ class DecodeError(Exception):
 class Runner(Protocol):
     info: ModelInfo
     last_decode_s: float  # time spent inside the model in the last run()
+    supports_prefix_reuse: bool  # can a sequence be cut back to a prefix (trim_seq)?
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 

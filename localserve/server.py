@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -303,6 +304,8 @@ class Server:
         self._ws: WsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         engine.on_events = self._on_engine_events
+        # the same system prompt comes with every chat: tokenize it once (thread-safe cache)
+        self._system_tokens = functools.lru_cache(maxsize=64)(runner.tokenize)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -441,7 +444,7 @@ class Server:
                         model.system_prompt)  # fmt: skip
         tokens = self.runner.tokenize(r.text)
         # the system prompt's tokens as the prompt has them (a word may straddle the boundary)
-        system = self.runner.tokenize(r.text[: r.system_chars]) if r.system_chars else []
+        system = self._system_tokens(r.text[: r.system_chars]) if r.system_chars else []
         return Prompt(tokens, r.stops, common_prefix(system, tokens), r.is_default_system)
 
     def _open(self, conn: Connection, client_id: str) -> Request:

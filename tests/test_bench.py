@@ -140,6 +140,16 @@ def test_smoke_run_against_a_real_server(live):
     live.wait_idle()
 
 
+def write_sse(wfile, chunks: list[dict]) -> None:
+    """Stream chunks as OpenAI-style server-sent events, then [DONE]."""
+    import json
+
+    for chunk in chunks:
+        wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        wfile.flush()
+    wfile.write(b"data: [DONE]\n\n")
+
+
 def test_peer_mode_reads_an_openai_sse_stream():
     """The OpenAI-compatible client against a minimal SSE endpoint (the real peer is
     llama-server, used in the benchmarks; this checks the parsing and the timings)."""
@@ -161,10 +171,7 @@ def test_peer_mode_reads_an_openai_sse_stream():
             chunks = [{"choices": [{"text": t, "finish_reason": None}]} for t in ("Pa", "ris", ".")]
             chunks.append({"choices": [{"text": "", "finish_reason": "length"}]})
             chunks.append({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3}})
-            for chunk in chunks:
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
+            write_sse(self.wfile, chunks)
 
         def log_message(self, *args):
             pass
@@ -324,10 +331,7 @@ class FakeOpenAI:
                 timings = {"cache_n": cached, "prompt_n": 100 * k - cached}
                 final = {"text": "", "finish_reason": "stop"}
                 chunks.append({"choices": [final], "usage": usage, "timings": timings})
-                for chunk in chunks:
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
-                self.wfile.write(b"data: [DONE]\n\n")
+                write_sse(self.wfile, chunks)
 
             def log_message(self, *args):
                 pass
