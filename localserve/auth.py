@@ -3,7 +3,9 @@
 Bound to loopback, the server needs no tokens (everyone on the machine may chat). Bound to any
 other address it refuses to start without per-user tokens, unless told it is open on purpose.
 Tokens come from a users file (TOML: `[users]` table of name = "token") or from
-$LOCALSERVE_USERS ("alice:token1,bob:token2").
+$LOCALSERVE_USERS ("alice:token1,bob:token2"). Tokens are compared as UTF-8 bytes in constant
+time, whatever their characters. Failed authentications are counted per client address: past
+a cap per minute, that address is refused without a check until its failures age out.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import time
 import tomllib
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from localserve.config import ConfigError
@@ -84,11 +89,66 @@ class Access:
     def allows_user(self, user: str, token: str | None) -> bool:
         if not self.users:
             return True
-        expected = self.users.get(user)
-        return expected is not None and token is not None and hmac.compare_digest(expected, token)
+        return _same_token(self.users.get(user), token)
 
     def allows_monitor(self, token: str | None) -> bool:
-        """Stats show every user's requests: open only on a tokenless (loopback) server."""
+        """Stats and /metrics show every user's traffic: open only on a tokenless server."""
         if self.monitor_token is not None:
-            return token is not None and hmac.compare_digest(self.monitor_token, token)
+            return _same_token(self.monitor_token, token)
         return not self.users
+
+
+def _same_token(expected: str | None, given: str | None) -> bool:
+    """Constant-time comparison of the UTF-8 bytes (compare_digest refuses non-ASCII str)."""
+    if expected is None or given is None:
+        return False
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogatepass"))
+
+
+class AuthThrottle:
+    """Failed authentications per client address, over a sliding window.
+
+    After `max_failures` failures within `window_s`, `retry_after` tells how long that address
+    must wait: its attempts are refused without looking at the token. At most `max_addresses`
+    addresses are remembered (the least recently failing are forgotten first), so the table
+    itself cannot be grown without bound by clients with many addresses.
+    """
+
+    def __init__(
+        self,
+        max_failures: int,
+        window_s: float = 60.0,
+        max_addresses: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self.max_addresses = max_addresses
+        self.clock = clock
+        self.num_failures = 0  # since start, for /metrics
+        self.num_throttled = 0  # attempts refused without a check
+        self._failures: dict[str, deque[float]] = {}
+
+    def retry_after(self, address: str) -> float:
+        """Seconds this address must wait before its next attempt is checked; 0 = go ahead."""
+        times = self._recent(address)
+        if len(times) < self.max_failures:
+            return 0.0
+        self.num_throttled += 1
+        return times[-self.max_failures] + self.window_s - self.clock()
+
+    def failed(self, address: str) -> None:
+        """Count one failed attempt from this address."""
+        self.num_failures += 1
+        times = self._failures.pop(address, None) or deque(maxlen=self.max_failures)
+        times.append(self.clock())
+        self._failures[address] = times  # most recent last
+        while len(self._failures) > self.max_addresses:
+            del self._failures[next(iter(self._failures))]
+
+    def _recent(self, address: str) -> deque[float]:
+        times = self._failures.get(address, deque())
+        horizon = self.clock() - self.window_s
+        while times and times[0] <= horizon:
+            times.popleft()
+        return times

@@ -83,6 +83,17 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_queued_per_user: Positive = 16
     max_inflight_per_user: Positive = 8  # waiting + running, per user
     shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    # What one connection may pin: frames waiting to be sent to it, in bytes (a client that
+    # stops reading reaches this and is closed with 1008, its requests cancelled) ...
+    max_outbox_bytes: Annotated[int, msgspec.Meta(ge=64 << 10, le=64 << 20)] = 1 << 20
+    # ... a socket that takes nothing for this long is closed the same way ...
+    write_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    # ... and so is one that does not answer a ping (sent this often) within this long.
+    keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 20.0
+    max_connections: Positive = 256  # beyond it, a new connection gets HTTP 503
+    # failed hellos, subscribes and /metrics tokens per client address and minute; beyond it
+    # that address is refused without a check until its failures are a minute old
+    max_auth_failures_per_minute: Positive = 10
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

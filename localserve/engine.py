@@ -25,7 +25,7 @@ from localserve.config import SchedulerConfig
 from localserve.kv import KVPool
 from localserve.metrics import Metrics
 from localserve.protocol import SeqRow, Snapshot, WaitingRow
-from localserve.runner import DecodeError, KVCacheFull, Runner
+from localserve.runner import DecodeError, KVCacheFull, Runner, SamplingError
 from localserve.scheduler import Batch, Sampled, Scheduler
 from localserve.sequence import SamplingParams, Sequence, Status
 
@@ -229,24 +229,35 @@ class Engine:
             self._clear_freed()
             return [self._finish(seq) for seq in failed]
         rows = [item.seq for item in batch.items if item.wants_logits]
+        results = list(zip(rows, tokens, strict=True))
+        failed = [(seq, t) for seq, t in results if isinstance(t, SamplingError)]
         sampled = [
             Sampled(seq, t, self.runner.piece(t), self.runner.is_eog(t))
-            for seq, t in zip(rows, tokens, strict=True)
+            for seq, t in results
+            if not isinstance(t, SamplingError)
         ]
         step_s = self.clock() - start
         deltas = self.scheduler.postprocess(batch, sampled, step_s)
+        events = self._fail_sampling(failed)  # those sequences alone; the rest go on
         self._clear_freed()
         prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
         self.metrics.on_step(
             batch.num_decode_tokens, batch.num_prefill_tokens,
             self.clock() - start, self.runner.last_decode_s, prefill_s, len(sampled),
         )  # fmt: skip
-        events: list[Event] = []
         for s, text in zip(sampled, deltas, strict=True):
             self.metrics.on_token(s.seq)
             events.append(Token(s.seq.request_id, text))
             if s.seq.is_finished:
                 events.append(self._finish(s.seq))
+        return events
+
+    def _fail_sampling(self, failed: list[tuple[Sequence, SamplingError]]) -> list[Event]:
+        events: list[Event] = []
+        for seq, error in failed:
+            log.error("request %s failed: %s", seq.request_id, error)
+            self.scheduler.fail([seq], f"sampling failed for this request: {error}")
+            events.append(self._finish(seq))
         return events
 
     def _finish(self, seq: Sequence) -> Done:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localserve.protocol import ModelInfo
-from localserve.runner import KVCacheFull
+from localserve.runner import KVCacheFull, SamplingError
 from localserve.scheduler import Batch
 from localserve.sequence import SamplingParams
 
@@ -53,6 +53,7 @@ class FakeRunner:
     steps: list[StepRecord] = field(default_factory=list)
     last_decode_s: float = 0.0
     supports_prefix_reuse: bool = True
+    failing_requests: set[str] = field(default_factory=set)  # their sampling fails (a fault)
 
     def __post_init__(self) -> None:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max
@@ -91,7 +92,7 @@ class FakeRunner:
 
     # --- the step --------------------------------------------------------------------------
 
-    def run(self, batch: Batch) -> list[int]:
+    def run(self, batch: Batch) -> list[int | SamplingError]:
         assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
         rows = [item for item in batch.items if item.wants_logits]
         assert len(rows) <= self.max_num_seqs, "llama.cpp would abort: outputs > n_outputs_max"
@@ -118,9 +119,12 @@ class FakeRunner:
                 [item.num_tokens for item in batch.items],
             )
         )
-        return [
-            self._next_token(item.seq.tokens[-1], item.start + item.num_tokens) for item in rows
-        ]
+        return [self._sample(item) for item in rows]
+
+    def _sample(self, item) -> int | SamplingError:
+        if item.seq.request_id in self.failing_requests:
+            return SamplingError("fake: the logits are not finite")
+        return self._next_token(item.seq.tokens[-1], item.start + item.num_tokens)
 
     def _next_token(self, last: int, position: int) -> int:
         if self.eog_every and (last + position) % self.eog_every == 0:

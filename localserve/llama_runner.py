@@ -18,10 +18,10 @@ import numpy as np
 
 from localserve.config import ModelConfig
 from localserve.protocol import ModelInfo
-from localserve.runner import DecodeError, KVCacheFull
+from localserve.runner import DecodeError, KVCacheFull, SamplingError
 from localserve.sampling import Sampler
 from localserve.scheduler import Batch
-from localserve.sequence import SamplingParams
+from localserve.sequence import MIN_TEMPERATURE, SamplingParams
 
 log = logging.getLogger("localserve.runner")
 llama_log = logging.getLogger("llama_cpp")
@@ -228,7 +228,7 @@ class LlamaRunner:
             self.n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
         )
         add(chain, penalties)
-        if params.temperature == 0:
+        if params.temperature < MIN_TEMPERATURE:
             add(chain, llama_cpp.llama_sampler_init_greedy())
             return _Chain(chain)
         if params.top_k > 0:
@@ -244,15 +244,23 @@ class LlamaRunner:
         if isinstance(sampler, _Chain):
             llama_cpp.llama_sampler_free(sampler.ptr)
 
-    def _sample(self, row: int, seq) -> int:
-        if isinstance(seq.sampler, _Chain):
-            return llama_cpp.llama_sampler_sample(seq.sampler.ptr, self.ctx, row)
-        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
-        return seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+    def _sample(self, row: int, seq) -> int | SamplingError:
+        """One sequence's token; a failure is returned for that sequence alone, never raised."""
+        try:
+            if isinstance(seq.sampler, _Chain):
+                token = llama_cpp.llama_sampler_sample(seq.sampler.ptr, self.ctx, row)
+            else:
+                ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+                token = seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+        except Exception as e:  # numpy or ctypes: this sequence's problem only
+            return e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")
+        if not 0 <= token < self.n_vocab:
+            return SamplingError(f"sampling gave token {token}, outside the vocabulary")
+        return token
 
     # --- the step --------------------------------------------------------------------------
 
-    def run(self, batch: Batch) -> list[int]:
+    def run(self, batch: Batch) -> list[int | SamplingError]:
         """Fill the llama_batch, decode, sample the rows that want logits."""
         rows = self._fill(batch)
         start = time.perf_counter()

@@ -19,8 +19,8 @@ HISTOGRAMS = {
 }
 
 
-def render(snap: Snapshot) -> str:
-    """The whole exposition, ending with a newline."""
+def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> str:
+    """The whole exposition, ending with a newline (the auth counts are the server's)."""
     label = f'model_name="{_escape(snap.model.model)}"'
     out: list[str] = []
 
@@ -64,6 +64,11 @@ def render(snap: Snapshot) -> str:
            c.rejections)  # fmt: skip
     metric("request_errors_total", "counter", "Requests failed by the engine.", c.errors)
     metric("engine_steps_total", "counter", "Engine iterations.", c.steps)
+    metric("auth_failures_total", "counter",
+           "Failed authentications (hello, subscribe, /metrics).", auth_failures)  # fmt: skip
+    metric("auth_throttled_total", "counter",
+           "Authentications refused unchecked: too many failures from the address.",
+           auth_throttled)  # fmt: skip
     for name, help_text in HISTOGRAMS.items():
         out += _histogram(name, help_text, label, snap.histograms[name])
     return "\n".join(out) + "\n"

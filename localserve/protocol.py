@@ -8,6 +8,8 @@ decoder; anything else is a `bad_request`. The `stats` frame carries the engine'
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -143,6 +145,7 @@ class Snapshot(msgspec.Struct):
 # --- client -> server -------------------------------------------------------------------------
 
 PROTOCOL_VERSION = 1
+MAX_STATS_INTERVAL_MS = 3_600_000
 
 
 class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
@@ -180,7 +183,7 @@ class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):
 class Subscribe(msgspec.Struct, tag="subscribe", forbid_unknown_fields=True):
     """Periodic `stats` frames; interval_ms 0 stops them."""
 
-    interval_ms: int = 500
+    interval_ms: Annotated[int, msgspec.Meta(le=MAX_STATS_INTERVAL_MS)] = 500
     token: str | None = None  # the monitor token, when the server requires one
 
 

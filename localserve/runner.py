@@ -17,6 +17,10 @@ class KVCacheFull(Exception):
     """llama_decode returned 1: no free KV slot for the batch; nothing was computed."""
 
 
+class SamplingError(ValueError):
+    """No valid token could be drawn for one sequence; that sequence fails, no other."""
+
+
 class DecodeError(Exception):
     """llama_decode failed (aborted, invalid batch or a fatal error); the batch is lost."""
 
@@ -38,8 +42,11 @@ class Runner(Protocol):
 
     def free_sampler(self, sampler: Any) -> None: ...
 
-    def run(self, batch: Batch) -> list[int]:
-        """Decode the batch; return one sampled token per item that wants logits, in order."""
+    def run(self, batch: Batch) -> list[int | SamplingError]:
+        """Decode the batch; return one sampled token per item that wants logits, in order.
+
+        A row that could not be sampled gets its `SamplingError` in place of a token.
+        """
         ...
 
     def free_seq(self, seq_id: int) -> None: ...

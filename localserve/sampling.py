@@ -7,6 +7,10 @@ threshold against the maximum, top_k an argpartition, and only the few survivors
 for top_p, scaled by the temperature and drawn from. Same filters, same order of effect as
 llama.cpp's `top_k -> top_p -> min_p -> temp -> dist` (min_p and top_k commute; top_p is then
 taken over the survivors). Repetition penalties stay with llama.cpp's chain (see the runner).
+
+Logits are shifted by their maximum before the temperature divides them, so no temperature
+overflows; a row the model filled with NaN or infinities raises `SamplingError`, which fails
+that one sequence and nothing else.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import math
 
 import numpy as np
 
-from localserve.sequence import SamplingParams
+from localserve.runner import SamplingError
+from localserve.sequence import MIN_TEMPERATURE, SamplingParams
 
 
 class Sampler:
@@ -32,17 +37,24 @@ class Sampler:
         if self._banned is not None:
             logits[self._banned] = -np.inf
         p = self.params
-        if p.temperature == 0:
-            return int(logits.argmax())
+        if p.temperature < MIN_TEMPERATURE:
+            token = int(logits.argmax())
+            if not math.isfinite(logits[token]):
+                raise SamplingError(f"the model's logits are not finite ({logits[token]})")
+            return token
         candidates = self._filter(logits)
         values = logits[candidates].astype(np.float64)
         order = np.argsort(-values, kind="stable")
         candidates, values = candidates[order], values[order]
+        if not len(values) or not math.isfinite(values[0]):
+            raise SamplingError("the model's logits are not finite (NaN or infinity)")
         if p.top_p < 1.0:
             probs = _softmax(values)
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
             candidates, values = candidates[:keep], values[:keep]
-        probs = _softmax(values / p.temperature)
+        probs = _softmax(values, p.temperature)
+        if not np.isfinite(probs).all():
+            raise SamplingError("the model's logits are not finite (NaN)")
         return int(candidates[self.rng.choice(len(candidates), p=probs)])
 
     def _filter(self, logits: np.ndarray) -> np.ndarray:
@@ -60,6 +72,7 @@ class Sampler:
         return np.arange(len(logits)) if candidates is None else candidates
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
+def _softmax(x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Shift first, then scale: (x - max) / t is <= 0, so exp never overflows whatever t is."""
+    e = np.exp((x - x.max()) / temperature)
     return e / e.sum()

@@ -27,8 +27,20 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # the engine failed this request
 
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # each stop string is searched in every token's text: keep that cheap
+# Temperatures below this are greedy, as in vLLM: dividing float32 logits by less can overflow to
+# inf and turn the probabilities into NaN.
+MIN_TEMPERATURE = 1e-5
+MIN_REPEAT_PENALTY = 0.01  # llama.cpp divides positive logits by it (0 would give inf)
+
+
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Per-request sampling; temperature 0 means greedy."""
+    """Per-request sampling; temperature 0 (or below MIN_TEMPERATURE) means greedy.
+
+    Every value that passes these checks is safe for both samplers (numpy and llama.cpp's
+    float32 chain): nothing a client sends can make a step produce NaN or overflow.
+    """
 
     max_tokens: int = 256
     temperature: float = 0.8
@@ -38,21 +50,33 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     repeat_penalty: float = 1.0  # 1 = off
     repeat_last_n: int = 64
     seed: int | None = None  # None = random
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()  # the client's stop strings
+    format_stop: tuple[str, ...] = ()  # the chat format's own (not counted against the limit)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         # runs on direct construction and on msgspec decoding (as a ValidationError)
+        stops_ok = len(self.stop) <= MAX_STOP_STRINGS and all(
+            0 < len(s) <= MAX_STOP_CHARS for s in self.stop + self.format_stop
+        )
         checks = [
             (1 <= self.max_tokens <= 1 << 20, "max_tokens", "must be between 1 and 1048576"),
             (0 <= self.temperature <= 100, "temperature", "must be between 0 and 100"),
-            (self.top_k >= 0, "top_k", "must be >= 0 (0 = off)"),
+            (0 <= self.top_k < 1 << 31, "top_k", "must be in [0, 2**31) (0 = off)"),
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p", "must be in [0, 1]"),
-            (0 < self.repeat_penalty <= 10, "repeat_penalty", "must be in (0, 10]"),
+            (
+                MIN_REPEAT_PENALTY <= self.repeat_penalty <= 10,
+                "repeat_penalty",
+                f"must be in [{MIN_REPEAT_PENALTY}, 10]",
+            ),  # fmt: skip
             (0 <= self.repeat_last_n <= 4096, "repeat_last_n", "must be in [0, 4096]"),
             (self.seed is None or 0 <= self.seed < 1 << 32, "seed", "must be in [0, 2**32)"),
-            (all(self.stop) and len(self.stop) <= 16, "stop", "at most 16 non-empty strings"),
+            (
+                stops_ok,
+                "stop",
+                f"at most {MAX_STOP_STRINGS} strings of 1-{MAX_STOP_CHARS} characters",
+            ),  # fmt: skip
         ]
         for ok, key, problem in checks:
             if not ok:
@@ -61,7 +85,11 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     @property
     def is_greedy(self) -> bool:
         """Argmax sampling with nothing that needs a sampler chain."""
-        return self.temperature == 0 and self.repeat_penalty == 1.0
+        return self.temperature < MIN_TEMPERATURE and self.repeat_penalty == 1.0
+
+    @property
+    def all_stops(self) -> tuple[str, ...]:
+        return self.stop + self.format_stop
 
 
 class TextStream:
@@ -149,7 +177,7 @@ class Sequence:
         self.shared_prefix_tokens = 0
         self.share_prefix_globally = False  # the configured system prompt: every user's
         self.sampler = None  # runner-owned sampling state
-        self.stream = TextStream(params.stop)
+        self.stream = TextStream(params.all_stops)
         self.num_preemptions = 0
         # timestamps (monotonic seconds); None until they happen
         self.arrival_time = arrival_time

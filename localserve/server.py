@@ -16,8 +16,10 @@ import functools
 import itertools
 import json
 import logging
+import math
 import signal
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import NamedTuple
@@ -28,7 +30,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from localserve import __version__, prometheus
-from localserve.auth import Access, check_user_name
+from localserve.auth import Access, AuthThrottle, check_user_name
 from localserve.config import ModelConfig, ServerConfig
 from localserve.engine import Admitted, Done, Engine, Event, Preempted, Token
 from localserve.kv import common_prefix
@@ -57,10 +59,16 @@ from localserve.sequence import SamplingParams
 log = logging.getLogger("localserve.server")
 
 MAX_ID_LENGTH = 128
-MAX_FAILED_HELLOS = 3
+MAX_ERRORS_BEFORE_HELLO = 3  # then the connection is closed: no guessing, no free echo service
 MAX_OUTBOX_FRAMES = 1024  # a client that stops reading is disconnected, not buffered forever
+MAX_ERROR_CHARS = 200  # an error message quotes at most this much of what the client sent
 MIN_STATS_INTERVAL_MS = 50
-HARD_FRAME_LIMIT_FACTOR = 4  # websockets closes the socket beyond this; we answer below it
+# websockets closes the socket (1009) on frames beyond max_frame_bytes + this; below it we
+# answer with an error frame. It also bounds what one connection's reader can hold.
+FRAME_SLACK_BYTES = 64 << 10
+MAX_QUEUED_FRAMES = 2  # frames read ahead of the one being handled, then TCP pushes back
+CLOSE_TIMEOUT_S = 2.0  # a closing handshake the client does not finish is cut off
+CLOSE_NOT_READING = 1008  # policy violation: it stopped reading, or too many errors
 
 _decoder = msgspec.json.Decoder(ClientFrame)
 _encoder = msgspec.json.Encoder()
@@ -80,48 +88,87 @@ class Request:
     is_waiting: bool = True
 
 
+class _Text:
+    """A token frame still open for more text, and the bytes counted for it."""
+
+    __slots__ = ("frame", "num_bytes")
+
+    def __init__(self, frame: TokenDelta, num_bytes: int) -> None:
+        self.frame = frame
+        self.num_bytes = num_bytes
+
+
+class _Slot:
+    """An encoded frame that a newer one may replace while it waits (stats)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 class Outbox:
-    """Frames waiting to be written; token text for a request is merged while it waits."""
+    """Frames waiting to be written, counted in frames and in bytes.
+
+    Frames are encoded when they are queued, so `num_bytes` is what they hold. Token text for
+    a request is merged into one waiting frame; only the newest stats frame is kept.
+    """
 
     def __init__(self) -> None:
-        self._frames: deque = deque()
-        self._open_text: dict[str, TokenDelta] = {}
-        self._stats: Stats | None = None
+        self._frames: deque[bytes | _Text | _Slot] = deque()
+        self._open_text: dict[str, _Text] = {}
+        self._stats: _Slot | None = None
         self._ready = asyncio.Event()
+        self.num_bytes = 0
 
     def __len__(self) -> int:
         return len(self._frames)
 
     def put(self, frame) -> None:
-        self._frames.append(frame)
-        self._ready.set()
+        data = _encoder.encode(frame)
+        self._push(data, len(data))
 
     def put_text(self, client_id: str, text: str) -> None:
+        size = len(text.encode())
         pending = self._open_text.get(client_id)
-        if pending is not None:
-            pending.text += text  # coalesce: the client has not read the last delta yet
+        if pending is not None:  # coalesce: the client has not read the last delta yet
+            pending.frame.text += text
+            pending.num_bytes += size
+            self.num_bytes += size
             return
-        self._open_text[client_id] = frame = TokenDelta(client_id, text)
-        self.put(frame)
+        frame = TokenDelta(client_id, text)
+        self._open_text[client_id] = pending = _Text(frame, size + len(_encoder.encode(frame)))
+        self._push(pending, pending.num_bytes - size)
 
     def put_stats(self, stats: Stats) -> None:
         """Only the newest snapshot is worth sending."""
+        data = _encoder.encode(stats)
         if self._stats is None:
-            self.put(stats)
+            self._stats = _Slot(data)
+            self._push(self._stats, len(data))
         else:
-            self._frames[self._frames.index(self._stats)] = stats
-        self._stats = stats
+            self.num_bytes += len(data) - len(self._stats.data)
+            self._stats.data = data
 
-    async def get(self):
+    def _push(self, item: bytes | _Text | _Slot, num_bytes: int) -> None:
+        self._frames.append(item)
+        self.num_bytes += num_bytes
+        self._ready.set()
+
+    async def get(self) -> bytes:
         while not self._frames:
             self._ready.clear()
             await self._ready.wait()
-        frame = self._frames.popleft()
-        if isinstance(frame, TokenDelta) and self._open_text.get(frame.id) is frame:
-            del self._open_text[frame.id]
-        elif frame is self._stats:
+        item = self._frames.popleft()
+        if isinstance(item, _Text):
+            del self._open_text[item.frame.id]
+            self.num_bytes -= item.num_bytes
+            return _encoder.encode(item.frame)
+        if isinstance(item, _Slot):
             self._stats = None
-        return frame
+            item = item.data
+        self.num_bytes -= len(item)
+        return item
 
     @property
     def is_empty(self) -> bool:
@@ -135,26 +182,39 @@ class Connection:
         self.server = server
         self.ws = ws
         self.num = num
+        self.address = _address(ws)
         self.user: str | None = None
         self.requests: dict[str, Request] = {}  # by the client's id
         self.outbox = Outbox()
-        self.is_closed = False
-        self.failed_hellos = 0
+        self.is_closed = False  # nothing more is sent
+        self.is_closing = False  # nothing more is read
+        self.num_errors_before_hello = 0
         self._stats_task: asyncio.Task | None = None
 
     async def run(self) -> None:
-        writer = asyncio.create_task(self._write())
+        tasks = [asyncio.create_task(self._write()), asyncio.create_task(self._keepalive())]
         try:
             async for message in self.ws:
-                await self.handle(message)
+                if self.is_closing:
+                    break
+                await self._guarded(message)
         except ConnectionClosed:
             pass
         finally:
-            self.is_closed = True
-            writer.cancel()
+            self.is_closed = self.is_closing = True
+            for task in tasks:
+                task.cancel()
             if self._stats_task:
                 self._stats_task.cancel()
             self.server.drop(self)
+
+    async def _guarded(self, message: str | bytes) -> None:
+        """Handle a frame; whatever goes wrong is an `internal` error, never a dead connection."""
+        try:
+            await self.handle(message)
+        except Exception:
+            log.exception("connection %d (%s): handling a frame failed", self.num, self.user)
+            self.error("internal", "the server failed to handle this frame (logged)")
 
     def send(self, frame) -> None:
         if self.is_closed:
@@ -168,23 +228,68 @@ class Connection:
             self._check_backlog()
 
     def error(self, code: str, message: str, client_id: str | None = None) -> None:
+        """An error frame; it quotes at most MAX_ERROR_CHARS of the client's input."""
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS] + "…"
+        if client_id is not None and not 0 < len(client_id) <= MAX_ID_LENGTH:
+            client_id = None  # never echo an id the server would not accept
         self.send(Error(code, message, client_id))
+        if self.user is None:
+            self.num_errors_before_hello += 1
+            if self.num_errors_before_hello >= MAX_ERRORS_BEFORE_HELLO:
+                self.close(CLOSE_NOT_READING, "too many errors before hello", flush=True)
 
     def _check_backlog(self) -> None:
-        if len(self.outbox) > MAX_OUTBOX_FRAMES:
-            log.warning("connection %d (%s) is not reading; closing it", self.num, self.user)
+        outbox, limit = self.outbox, self.server.config.max_outbox_bytes
+        if len(outbox) > MAX_OUTBOX_FRAMES:
+            self.close(CLOSE_NOT_READING, f"not reading: over {MAX_OUTBOX_FRAMES} frames unsent")
+        elif outbox.num_bytes > limit:
+            self.close(CLOSE_NOT_READING, f"not reading: over {limit} bytes unsent")
+
+    def close(self, code: int, reason: str, flush: bool = False) -> None:
+        """Close now: requests are cancelled at once, the socket within CLOSE_TIMEOUT_S."""
+        if self.is_closing:
+            return
+        self.is_closing = True
+        log.warning("connection %d (%s, %s): closing, %d: %s",
+                    self.num, self.user, self.address, code, reason)  # fmt: skip
+        if not flush:
             self.is_closed = True
-            asyncio.ensure_future(self.ws.close(1008, "too many unread frames"))
+            self.server.drop(self)  # their cells are freed at the next step
+        asyncio.ensure_future(self._close(code, reason, flush))
+
+    async def _close(self, code: int, reason: str, flush: bool) -> None:
+        if flush:  # let the client read why (errors before hello), briefly
+            await self.flush(CLOSE_TIMEOUT_S / 2)
+            self.is_closed = True
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            self.ws.transport.abort()  # it reads nothing, not even the close frame
 
     async def _write(self) -> None:
+        timeout = self.server.config.write_timeout_s
         with contextlib.suppress(ConnectionClosed):
             while True:
-                frame = await self.outbox.get()
-                await self.ws.send(_encoder.encode(frame), text=True)
+                data = await self.outbox.get()
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self.ws.send(data, text=True)
+                except TimeoutError:
+                    return self.close(CLOSE_NOT_READING, f"not reading for {timeout:g} s")
 
-    async def _close_after_flush(self, code: int, reason: str) -> None:
-        await self.flush(1.0)
-        await self.ws.close(code, reason)
+    async def _keepalive(self) -> None:
+        """A ping every keepalive_s; no pong within keepalive_s closes the connection (1008)."""
+        interval = self.server.config.keepalive_s
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    async with asyncio.timeout(interval):
+                        await (await self.ws.ping())
+                except TimeoutError:
+                    return self.close(CLOSE_NOT_READING, f"no pong within {interval:g} s")
 
     async def flush(self, timeout: float) -> None:
         """Wait (a little) until everything queued has been handed to the socket."""
@@ -206,6 +311,8 @@ class Connection:
             frame = _decoder.decode(message)
         except msgspec.DecodeError as e:
             return self.error("bad_request", f"invalid frame: {e}", _recover_id(message))
+        except RecursionError:
+            return self.error("bad_request", "invalid frame: JSON nested too deeply")
         if isinstance(frame, Hello):
             self._hello(frame)
         elif isinstance(frame, Subscribe):
@@ -222,19 +329,16 @@ class Connection:
             return self.error("bad_request", f"already said hello as {self.user!r}")
         if not check_user_name(hello.user):
             return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
-        if not self.server.access.allows_user(hello.user, hello.token):
-            log.warning("connection %d: unauthorized hello as %r", self.num, hello.user)
-            self.failed_hellos += 1
-            self.error("unauthorized", "unknown user or wrong token")
-            if self.failed_hellos >= MAX_FAILED_HELLOS:  # no guessing tokens on one socket
-                asyncio.ensure_future(self._close_after_flush(1008, "too many failed hellos"))
+        check = lambda access: access.allows_user(hello.user, hello.token)  # noqa: E731
+        if not self.server.authenticate(self, check, "unknown user or wrong token"):
             return None
         self.user = hello.user
         self.send(self.server.welcome())
 
     def _subscribe(self, sub: Subscribe) -> None:
-        if not self.server.access.allows_monitor(sub.token):
-            return self.error("unauthorized", "stats need the server's monitor token")
+        check = lambda access: access.allows_monitor(sub.token)  # noqa: E731
+        if not self.server.authenticate(self, check, "stats need the server's monitor token"):
+            return None  # an existing subscription goes on
         if self._stats_task:
             self._stats_task.cancel()
             self._stats_task = None
@@ -245,6 +349,7 @@ class Connection:
     async def _stream_stats(self, interval_s: float) -> None:
         while not self.is_closed:
             self.outbox.put_stats(Stats(await self.server.snapshot()))
+            self._check_backlog()
             await asyncio.sleep(interval_s)
 
     def _cancel(self, cancel: Cancel) -> None:
@@ -256,11 +361,17 @@ class Connection:
         self.server.engine.cancel(request.engine_id)
 
 
+def _address(ws: ServerConnection) -> str:
+    """The client's IP address (the throttle's key)."""
+    peer = ws.remote_address
+    return str(peer[0]) if peer else "unknown"
+
+
 def _recover_id(message: str) -> str | None:
     """The `id` of a frame that failed validation, so the error can name the request."""
     try:
         found = msgspec.json.decode(message, type=_IdOnly)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return found.id
 
@@ -298,6 +409,7 @@ class Server:
         self.requests: dict[str, Request] = {}  # by engine id
         self.connections: set[Connection] = set()
         self.counts = _Counts()
+        self.throttle = AuthThrottle(config.max_auth_failures_per_minute)
         self.is_shutting_down = False
         self.port = 0
         self._numbers = itertools.count(1)
@@ -316,8 +428,11 @@ class Server:
             host,
             port,
             process_request=self._process_request,
-            max_size=self.config.max_frame_bytes * HARD_FRAME_LIMIT_FACTOR,
-            max_queue=64,
+            create_connection=_GetOnlyConnection,
+            max_size=self.config.max_frame_bytes + FRAME_SLACK_BYTES,
+            max_queue=MAX_QUEUED_FRAMES,
+            ping_interval=None,  # each Connection pings itself: no pong is a 1008, not a 1011
+            close_timeout=CLOSE_TIMEOUT_S,
         )
         self.port = next(iter(self._ws.sockets)).getsockname()[1]
         log.info("listening on ws://%s:%d (model %s)", host, self.port, self.runner.info.model)
@@ -354,10 +469,28 @@ class Server:
         await conn.run()
 
     def drop(self, conn: Connection) -> None:
-        """A closed connection: cancel its requests (their cells are freed at the next step)."""
+        """A closed connection: cancel its requests (their cells are freed at the next step).
+
+        Called when it is closed, and again when its handler ends: cancelling twice is harmless.
+        """
         self.connections.discard(conn)
         for request in conn.requests.values():
             self.engine.cancel(request.engine_id)
+
+    def authenticate(self, conn: Connection, check: Callable[[Access], bool],
+                     refusal: str) -> bool:  # fmt: skip
+        """Run a token check unless the client's address is throttled; count what fails."""
+        wait = self.throttle.retry_after(conn.address)
+        if wait > 0:
+            message = f"too many failed attempts from your address; try again in {wait:.0f} s"
+            conn.error("unauthorized", message)
+            return False
+        if check(self.access):
+            return True
+        self.throttle.failed(conn.address)
+        log.warning("connection %d (%s): %s", conn.num, conn.address, refusal)
+        conn.error("unauthorized", refusal)
+        return False
 
     def welcome(self) -> Welcome:
         c = self.config
@@ -387,7 +520,7 @@ class Server:
             prompt = await asyncio.to_thread(self._tokenize, chat)
             tokens = prompt.tokens
             if not chat.ignore_eos:  # the format's end of turn is an EOS in all but name
-                params = msgspec.structs.replace(params, stop=params.stop + prompt.stops)
+                params = msgspec.structs.replace(params, format_stop=prompt.stops)
         except ValueError as e:
             self._close(request)
             return conn.error("bad_request", str(e), chat.id)
@@ -507,6 +640,9 @@ class Server:
 
     async def _process_request(self, connection: ServerConnection, request):
         path = request.path.split("?", 1)[0]
+        if len(self.connections) >= self.config.max_connections:
+            return _response(connection, "too many connections; try again later\n",
+                             "text/plain", HTTPStatus.SERVICE_UNAVAILABLE)  # fmt: skip
         if path == "/healthz":
             snap = await self.snapshot()
             body = json.dumps({"ok": not self.is_shutting_down, "model": snap.model.model,
@@ -514,10 +650,60 @@ class Server:
             status = HTTPStatus.SERVICE_UNAVAILABLE if self.is_shutting_down else HTTPStatus.OK
             return _response(connection, body, "application/json", status)
         if path == "/metrics":
-            text = prometheus.render(await self.snapshot())
+            refused = self._check_metrics_token(connection, request)
+            if refused is not None:
+                return refused
+            t = self.throttle
+            text = prometheus.render(await self.snapshot(), t.num_failures, t.num_throttled)
             return _response(connection, text, "text/plain; version=0.0.4; charset=utf-8",
                              HTTPStatus.OK)  # fmt: skip
         return None
+
+    def _check_metrics_token(self, connection: ServerConnection, request):
+        """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
+        address = _address(connection)
+        wait = self.throttle.retry_after(address)
+        if wait > 0:
+            response = _response(connection, "too many failed attempts\n", "text/plain",
+                                 HTTPStatus.TOO_MANY_REQUESTS)  # fmt: skip
+            response.headers["Retry-After"] = str(math.ceil(wait))
+            return response
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if self.access.allows_monitor(token.strip() if scheme.lower() == "bearer" else None):
+            return None
+        self.throttle.failed(address)
+        log.warning("%s: /metrics without the monitor token", address)
+        response = _response(connection, "/metrics needs the monitor token (Bearer)\n",
+                             "text/plain", HTTPStatus.UNAUTHORIZED)  # fmt: skip
+        response.headers["WWW-Authenticate"] = 'Bearer realm="localserve"'
+        return response
+
+
+class _GetOnlyConnection(ServerConnection):
+    """Answers every method but GET with 405 before websockets parses the request.
+
+    websockets handles GET only: it passes other methods without a body to process_request,
+    and closes the connection without an answer on a request with a body.
+    """
+
+    _head: bytes | None = b""  # the request's first bytes, until its method is known
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            self._head += data
+            method, space, _ = self._head.partition(b" ")
+            if not space and len(self._head) < 16:
+                return  # wait for the whole method
+            data, self._head = self._head, None
+            if method != b"GET":
+                body = b"only GET: /healthz, /metrics, or a websocket\n"
+                self.transport.write(
+                    b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET\r\nConnection: close\r\n"
+                    b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                self.transport.close()
+                return
+        super().data_received(data)
 
 
 def _response(connection: ServerConnection, body: str, content_type: str, status: HTTPStatus):
