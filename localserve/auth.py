@@ -5,7 +5,7 @@ other address it refuses to start without per-user tokens, unless told it is ope
 Tokens come from a users file (TOML: `[users]` table of name = "token") or from
 $LOCALSERVE_USERS ("alice:token1,bob:token2"). Tokens are compared as UTF-8 bytes in constant
 time, whatever their characters. Failed authentications are counted per client address: past
-a cap per minute, that address is refused without a check until its failures age out.
+a cap per minute, that address is refused whatever its token until its failures age out.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class AuthThrottle:
     """Failed authentications per client address, over a sliding window.
 
     After `max_failures` failures within `window_s`, `retry_after` tells how long that address
-    must wait: its attempts are refused without looking at the token. At most `max_addresses`
+    must wait: its attempts are refused whatever the token. At most `max_addresses`
     addresses are remembered (the least recently failing are forgotten first), so the table
     itself cannot be grown without bound by clients with many addresses.
     """
@@ -126,7 +126,7 @@ class AuthThrottle:
         self.max_addresses = max_addresses
         self.clock = clock
         self.num_failures = 0  # since start, for /metrics
-        self.num_throttled = 0  # attempts refused without a check
+        self.num_throttled = 0  # attempts refused whatever the token
         self._failures: dict[str, deque[float]] = {}
 
     def retry_after(self, address: str) -> float:

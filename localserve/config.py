@@ -77,7 +77,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
-    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 1 << 20
+    # the longest frame a client may send (~60,000 tokens of English; raise it for huge n_ctx)
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 256 << 10
     max_tokens: Positive = 4096  # cap on a request's max_tokens
     max_queued: Positive = 64  # requests waiting for admission, all users together
     max_queued_per_user: Positive = 16
@@ -85,14 +86,14 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     # What one connection may pin: frames waiting to be sent to it, in bytes (a client that
     # stops reading reaches this and is closed with 1008, its requests cancelled) ...
-    max_outbox_bytes: Annotated[int, msgspec.Meta(ge=64 << 10, le=64 << 20)] = 1 << 20
+    max_outbox_bytes: Annotated[int, msgspec.Meta(ge=64 << 10, le=64 << 20)] = 256 << 10
     # ... a socket that takes nothing for this long is closed the same way ...
     write_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     # ... and so is one that does not answer a ping (sent this often) within this long.
-    keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 20.0
-    max_connections: Positive = 256  # beyond it, a new connection gets HTTP 503
+    keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    max_connections: Positive = 128  # beyond it, a new connection gets HTTP 503
     # failed hellos, subscribes and /metrics tokens per client address and minute; beyond it
-    # that address is refused without a check until its failures are a minute old
+    # that address is refused whatever the token until its failures are a minute old
     max_auth_failures_per_minute: Positive = 10
 
 

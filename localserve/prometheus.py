@@ -67,7 +67,7 @@ def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> s
     metric("auth_failures_total", "counter",
            "Failed authentications (hello, subscribe, /metrics).", auth_failures)  # fmt: skip
     metric("auth_throttled_total", "counter",
-           "Authentications refused unchecked: too many failures from the address.",
+           "Authentications refused whatever the token: too many failures from the address.",
            auth_throttled)  # fmt: skip
     for name, help_text in HISTOGRAMS.items():
         out += _histogram(name, help_text, label, snap.histograms[name])

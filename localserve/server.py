@@ -18,8 +18,8 @@ import json
 import logging
 import math
 import signal
+import socket
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import NamedTuple
@@ -67,6 +67,7 @@ MIN_STATS_INTERVAL_MS = 50
 # answer with an error frame. It also bounds what one connection's reader can hold.
 FRAME_SLACK_BYTES = 64 << 10
 MAX_QUEUED_FRAMES = 2  # frames read ahead of the one being handled, then TCP pushes back
+SOCKET_BUFFER_BYTES = 256 << 10  # each of the kernel's buffers (Linux doubles it: 512 KiB)
 CLOSE_TIMEOUT_S = 2.0  # a closing handshake the client does not finish is cut off
 CLOSE_NOT_READING = 1008  # policy violation: it stopped reading, or too many errors
 
@@ -86,6 +87,9 @@ class Request:
     client_id: str
     conn: Connection
     is_waiting: bool = True
+
+
+_TOKEN_FRAME_BYTES = len(_encoder.encode(TokenDelta("", "")))  # without its id and text
 
 
 class _Text:
@@ -129,7 +133,7 @@ class Outbox:
         self._push(data, len(data))
 
     def put_text(self, client_id: str, text: str) -> None:
-        size = len(text.encode())
+        size = len(text.encode())  # JSON escapes add a little: a count for the bound only
         pending = self._open_text.get(client_id)
         if pending is not None:  # coalesce: the client has not read the last delta yet
             pending.frame.text += text
@@ -137,8 +141,9 @@ class Outbox:
             self.num_bytes += size
             return
         frame = TokenDelta(client_id, text)
-        self._open_text[client_id] = pending = _Text(frame, size + len(_encoder.encode(frame)))
-        self._push(pending, pending.num_bytes - size)
+        size += _TOKEN_FRAME_BYTES + len(client_id.encode())
+        self._open_text[client_id] = pending = _Text(frame, size)
+        self._push(pending, size)
 
     def put_stats(self, stats: Stats) -> None:
         """Only the newest snapshot is worth sending."""
@@ -329,15 +334,15 @@ class Connection:
             return self.error("bad_request", f"already said hello as {self.user!r}")
         if not check_user_name(hello.user):
             return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
-        check = lambda access: access.allows_user(hello.user, hello.token)  # noqa: E731
-        if not self.server.authenticate(self, check, "unknown user or wrong token"):
+        allowed = self.server.access.allows_user(hello.user, hello.token)
+        if not self.server.authenticate(self, allowed, "unknown user or wrong token"):
             return None
         self.user = hello.user
         self.send(self.server.welcome())
 
     def _subscribe(self, sub: Subscribe) -> None:
-        check = lambda access: access.allows_monitor(sub.token)  # noqa: E731
-        if not self.server.authenticate(self, check, "stats need the server's monitor token"):
+        allowed = self.server.access.allows_monitor(sub.token)
+        if not self.server.authenticate(self, allowed, "stats need the server's monitor token"):
             return None  # an existing subscription goes on
         if self._stats_task:
             self._stats_task.cancel()
@@ -428,7 +433,7 @@ class Server:
             host,
             port,
             process_request=self._process_request,
-            create_connection=_GetOnlyConnection,
+            create_connection=_GuardedConnection,
             max_size=self.config.max_frame_bytes + FRAME_SLACK_BYTES,
             max_queue=MAX_QUEUED_FRAMES,
             ping_interval=None,  # each Connection pings itself: no pong is a 1008, not a 1011
@@ -477,15 +482,15 @@ class Server:
         for request in conn.requests.values():
             self.engine.cancel(request.engine_id)
 
-    def authenticate(self, conn: Connection, check: Callable[[Access], bool],
-                     refusal: str) -> bool:  # fmt: skip
-        """Run a token check unless the client's address is throttled; count what fails."""
+    def authenticate(self, conn: Connection, allowed: bool, refusal: str) -> bool:
+        """The outcome of a token check, unless the client's address is throttled: then no
+        token is right. Failures are counted and logged."""
         wait = self.throttle.retry_after(conn.address)
         if wait > 0:
             message = f"too many failed attempts from your address; try again in {wait:.0f} s"
             conn.error("unauthorized", message)
             return False
-        if check(self.access):
+        if allowed:
             return True
         self.throttle.failed(conn.address)
         log.warning("connection %d (%s): %s", conn.num, conn.address, refusal)
@@ -679,14 +684,23 @@ class Server:
         return response
 
 
-class _GetOnlyConnection(ServerConnection):
-    """Answers every method but GET with 405 before websockets parses the request.
+class _GuardedConnection(ServerConnection):
+    """A websocket connection with fixed kernel buffers and GET as the only HTTP method.
 
-    websockets handles GET only: it passes other methods without a body to process_request,
-    and closes the connection without an answer on a request with a body.
+    The kernel's send and receive buffers are capped (Linux otherwise grows a send buffer to
+    4 MiB for a client that does not read). Every method but GET is answered 405 before
+    websockets parses the request: it would pass methods without a body to process_request,
+    and close the connection without an answer on a request with a body.
     """
 
     _head: bytes | None = b""  # the request's first bytes, until its method is known
+
+    def connection_made(self, transport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         if self._head is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 
+import msgspec
 import pytest
 
 from localserve.config import SchedulerConfig
@@ -110,6 +112,22 @@ class LiveServer:
         self.thread.close()
         self.engine.stop()
         self.runner.close()
+
+
+@contextlib.contextmanager
+def configured(live, access=None, **limits):
+    """Temporarily change the live server's limits or access rules (with a fresh throttle)."""
+    from localserve.auth import AuthThrottle
+
+    server = live.server
+    old = server.config, server.access, server.throttle
+    server.config = msgspec.structs.replace(server.config, **limits)
+    server.access = access or server.access
+    server.throttle = AuthThrottle(server.config.max_auth_failures_per_minute)
+    try:
+        yield server
+    finally:
+        server.config, server.access, server.throttle = old
 
 
 @pytest.fixture(scope="session")

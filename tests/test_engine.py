@@ -95,3 +95,18 @@ def test_a_failing_decode_fails_only_that_batch_and_the_engine_goes_on():
     assert done["a"].finish_reason == "error" and "-3" in done["a"].error
     assert done["b"].finish_reason == "length"
     assert engine.kv.num_used == 0 and runner.cells == {}
+
+
+def test_a_sampling_failure_fails_only_its_own_sequence(make_harness):
+    h = make_harness()
+    h.runner.failing_requests.add("bad")
+    for rid in ("a", "bad", "b"):
+        h.add(rid, 20, max_tokens=6, user=rid)
+    h.run()
+    bad = h.done("bad")
+    assert bad.finish_reason == "error" and "sampling failed" in bad.error
+    assert bad.completion_tokens == 0
+    for rid in ("a", "b"):  # decoded in the same steps, untouched
+        assert h.done(rid).finish_reason == "length" and h.done(rid).completion_tokens == 6
+    assert h.engine.metrics.counters.errors == 1
+    h.assert_drained()  # the failed sequence's cells are back in the pool

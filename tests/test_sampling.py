@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from localserve.runner import SamplingError
 from localserve.sampling import Sampler
-from localserve.sequence import SamplingParams
+from localserve.sequence import MIN_TEMPERATURE, SamplingParams
 
 
 def logits(n: int = 1000, seed: int = 0) -> np.ndarray:
@@ -73,3 +75,34 @@ def test_frequencies_follow_the_tempered_softmax():
     counts = np.bincount(draws(hot, row, 4000), minlength=3) / 4000
     expected = np.sqrt([0.5, 0.3, 0.2]) / np.sqrt([0.5, 0.3, 0.2]).sum()
     assert np.allclose(counts, expected, atol=0.03)
+
+
+# --- hostile values and broken logits: one sequence's problem, raised as SamplingError ------
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-320, 1e-38, 9.99e-6])
+def test_a_temperature_below_the_minimum_is_argmax(temperature):
+    row = logits() * 1e4  # large logits: divided by a tiny temperature they would overflow
+    assert Sampler(SamplingParams(temperature=temperature)).sample(row) == int(row.argmax())
+
+
+def test_the_smallest_temperature_never_overflows():
+    row = logits() * 1e4
+    params = SamplingParams(temperature=MIN_TEMPERATURE, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    assert set(draws(params, row, 20)) == {int(row.argmax())}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_raise_a_sampling_error(bad, temperature):
+    row = logits()
+    row[3] = bad
+    with pytest.raises(SamplingError, match="not finite"):
+        Sampler(SamplingParams(temperature=temperature, seed=1)).sample(row)
+
+
+def test_a_row_of_nan_raises_a_sampling_error_with_every_filter_off():
+    row = np.full(1000, np.nan, dtype=np.float32)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    with pytest.raises(SamplingError):
+        Sampler(params).sample(row)

@@ -128,6 +128,15 @@ def test_flush_replaces_an_incomplete_utf8_tail():
         ("seed", 1 << 32),
         ("stop", ("",)),
         ("stop", tuple(f"s{i}" for i in range(17))),
+        ("stop", ("x" * 257,)),
+        ("top_k", 1 << 31),
+        ("top_k", 10**40),
+        ("max_tokens", 10**40),
+        ("repeat_penalty", 5e-324),
+        ("repeat_penalty", 0.00999),
+        ("temperature", float("inf")),
+        ("temperature", float("nan")),
+        ("top_p", float("nan")),
     ],
 )
 def test_invalid_sampling_param_raises_value_error_naming_the_field(field, value):
@@ -137,6 +146,19 @@ def test_invalid_sampling_param_raises_value_error_naming_the_field(field, value
 
 def test_sampling_params_boundary_values_are_accepted():
     SamplingParams(max_tokens=1, temperature=0, top_p=1.0, seed=(1 << 32) - 1, stop=("x",) * 16)
+    SamplingParams(temperature=5e-324, top_p=5e-324, min_p=5e-324, top_k=(1 << 31) - 1,
+                   repeat_penalty=0.01, stop=("x" * 256,))  # fmt: skip
+
+
+def test_the_chat_formats_stop_strings_do_not_count_against_the_users_sixteen():
+    stops = tuple(f"s{i}" for i in range(16))
+    seq = make_seq(stop=stops, format_stop=("\nUser:",))
+    assert seq.params.all_stops == (*stops, "\nUser:")
+    assert seq.stream.push(b"Paris.\nUser:") == ("Paris.", True)
+
+
+def test_a_tiny_temperature_is_greedy():
+    assert SamplingParams(temperature=1e-320).is_greedy
 
 
 def test_invalid_sampling_param_in_json_is_a_validation_error_naming_the_field():

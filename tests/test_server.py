@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -10,6 +9,7 @@ import urllib.request
 
 import msgspec
 import pytest
+from conftest import configured
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
@@ -22,19 +22,6 @@ from localserve.runner import DecodeError
 pytestmark = pytest.mark.model
 
 QUESTION = "What is the capital of France?"
-
-
-@contextlib.contextmanager
-def configured(live, access: Access | None = None, **limits):
-    """Temporarily change the live server's limits or access rules."""
-    server = live.server
-    old_config, old_access = server.config, server.access
-    server.config = msgspec.structs.replace(old_config, **limits)
-    server.access = access or old_access
-    try:
-        yield
-    finally:
-        server.config, server.access = old_config, old_access
 
 
 def tokens_of(frames, rid):
