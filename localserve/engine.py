@@ -27,7 +27,7 @@ from localserve.metrics import Metrics
 from localserve.protocol import SeqRow, Snapshot, WaitingRow
 from localserve.runner import DecodeError, KVCacheFull, Runner, SamplingError
 from localserve.scheduler import Batch, Sampled, Scheduler
-from localserve.sequence import SamplingParams, Sequence, Status
+from localserve.sequence import FinishReason, SamplingParams, Sequence, Status
 
 log = logging.getLogger("localserve.engine")
 
@@ -185,13 +185,20 @@ class Engine:
 
     def _handle(self, kind: str, arg) -> None:
         if kind == "add":
-            arg.sampler = self.runner.new_sampler(arg.params)
             self._seqs[arg.request_id] = arg
+            try:
+                arg.sampler = self.runner.new_sampler(arg.params)
+            except Exception as e:  # this request's settings: it fails alone
+                log.exception("request %s: no sampler", arg.request_id)
+                arg.finish(FinishReason.ERROR, self.clock(), f"sampling setup failed: {e}")
+                self.on_events([self._finish(arg)])
+                return
             self.scheduler.add(arg)
         elif kind == "cancel" and arg in self._seqs:
             self.scheduler.cancel(self._seqs[arg])
         elif kind == "snapshot":
-            arg.set_result(self.build_snapshot())
+            if arg.set_running_or_notify_cancel():  # the asker may have given up (cancelled)
+                arg.set_result(self.build_snapshot())
         elif kind == "reject":
             self.metrics.on_rejected()
         elif kind == "stop":

@@ -110,3 +110,35 @@ def test_a_sampling_failure_fails_only_its_own_sequence(make_harness):
         assert h.done(rid).finish_reason == "length" and h.done(rid).completion_tokens == 6
     assert h.engine.metrics.counters.errors == 1
     h.assert_drained()  # the failed sequence's cells are back in the pool
+
+
+def test_a_snapshot_nobody_waits_for_any_more_harms_no_request(make_harness):
+    """A monitor that disconnects while its snapshot is queued cancels the Future."""
+    from concurrent.futures import Future
+
+    h = make_harness()
+    h.add("a", 20, max_tokens=6)
+    h.step()
+    abandoned: Future = Future()
+    abandoned.cancel()
+    h.engine._commands.put(("snapshot", abandoned))
+    h.run()
+    assert h.done("a").finish_reason == "length" and h.done("a").completion_tokens == 6
+
+
+def test_a_request_whose_sampler_cannot_be_made_fails_alone(make_harness):
+    h = make_harness()
+    real = h.runner.new_sampler
+
+    def picky(params):
+        if params.seed == 13:
+            raise ValueError("no such sampler")
+        return real(params)
+
+    h.runner.new_sampler = picky
+    h.add("bad", 20, seed=13)
+    h.add("good", 20, max_tokens=4)
+    h.run()
+    assert h.done("bad").finish_reason == "error" and "no such sampler" in h.done("bad").error
+    assert h.done("good").finish_reason == "length"
+    h.assert_drained()
