@@ -4,8 +4,9 @@ Bound to loopback, the server needs no tokens (everyone on the machine may chat)
 other address it refuses to start without per-user tokens, unless told it is open on purpose.
 Tokens come from a users file (TOML: `[users]` table of name = "token") or from
 $LOCALSERVE_USERS ("alice:token1,bob:token2"). Tokens are compared as UTF-8 bytes in constant
-time, whatever their characters. Failed authentications are counted per client address: past
-a cap per minute, that address is refused whatever its token until its failures age out.
+time, whatever their characters. Failed authentications are counted per client address and
+credential (a user name, or the monitor token): past a cap per minute, that credential is
+refused from that address whatever the token until the failures age out.
 """
 
 from __future__ import annotations
@@ -98,6 +99,23 @@ class Access:
         return not self.users
 
 
+def address_group(address: str) -> str:
+    """The throttle's notion of one place: all of loopback is one, an IPv6 /64 is one (a
+    single host is usually given a whole /64, so counting addresses in it would count nothing).
+    """
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 def _same_token(expected: str | None, given: str | None) -> bool:
     """Constant-time comparison of the UTF-8 bytes (compare_digest refuses non-ASCII str)."""
     if expected is None or given is None:
@@ -106,48 +124,49 @@ def _same_token(expected: str | None, given: str | None) -> bool:
 
 
 class AuthThrottle:
-    """Failed authentications per client address, over a sliding window.
+    """Failed authentications per key (the server's: address group and credential), over a
+    sliding window.
 
-    After `max_failures` failures within `window_s`, `retry_after` tells how long that address
-    must wait: its attempts are refused whatever the token. At most `max_addresses`
-    addresses are remembered (the least recently failing are forgotten first), so the table
-    itself cannot be grown without bound by clients with many addresses.
+    After `max_failures` failures within `window_s`, `retry_after` tells how long that key
+    must wait: its attempts are refused whatever the token. At most `max_keys` keys are
+    remembered (the least recently failing are forgotten first), so the table itself cannot
+    be grown without bound by clients with many addresses or names.
     """
 
     def __init__(
         self,
         max_failures: int,
         window_s: float = 60.0,
-        max_addresses: int = 4096,
+        max_keys: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_failures = max_failures
         self.window_s = window_s
-        self.max_addresses = max_addresses
+        self.max_keys = max_keys
         self.clock = clock
         self.num_failures = 0  # since start, for /metrics
         self.num_throttled = 0  # attempts refused whatever the token
         self._failures: dict[str, deque[float]] = {}
 
-    def retry_after(self, address: str) -> float:
-        """Seconds this address must wait before its next attempt is checked; 0 = go ahead."""
-        times = self._recent(address)
+    def retry_after(self, key: str) -> float:
+        """Seconds this key must wait before its next attempt is checked; 0 = go ahead."""
+        times = self._recent(key)
         if len(times) < self.max_failures:
             return 0.0
         self.num_throttled += 1
         return times[-self.max_failures] + self.window_s - self.clock()
 
-    def failed(self, address: str) -> None:
-        """Count one failed attempt from this address."""
+    def failed(self, key: str) -> None:
+        """Count one failed attempt for this key."""
         self.num_failures += 1
-        times = self._failures.pop(address, None) or deque(maxlen=self.max_failures)
+        times = self._failures.pop(key, None) or deque(maxlen=self.max_failures)
         times.append(self.clock())
-        self._failures[address] = times  # most recent last
-        while len(self._failures) > self.max_addresses:
+        self._failures[key] = times  # most recent last
+        while len(self._failures) > self.max_keys:
             del self._failures[next(iter(self._failures))]
 
-    def _recent(self, address: str) -> deque[float]:
-        times = self._failures.get(address, deque())
+    def _recent(self, key: str) -> deque[float]:
+        times = self._failures.get(key, deque())
         horizon = self.clock() - self.window_s
         while times and times[0] <= horizon:
             times.popleft()

@@ -91,7 +91,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     write_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     # ... and so is one that does not answer a ping (sent this often) within this long.
     keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
-    max_connections: Positive = 128  # beyond it, a new connection gets HTTP 503
+    max_connections: Positive = 64  # websockets; beyond it, a new one gets HTTP 503
     # failed hellos, subscribes and /metrics tokens per client address and minute; beyond it
     # that address is refused whatever the token until its failures are a minute old
     max_auth_failures_per_minute: Positive = 10

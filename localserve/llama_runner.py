@@ -231,8 +231,7 @@ class LlamaRunner:
         if params.temperature < MIN_TEMPERATURE:
             add(chain, llama_cpp.llama_sampler_init_greedy())
             return _Chain(chain)
-        if params.top_k > 0:
-            add(chain, llama_cpp.llama_sampler_init_top_k(params.top_k))
+        add(chain, llama_cpp.llama_sampler_init_top_k(params.num_candidates))
         add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))

@@ -20,6 +20,7 @@ PREAMBLE = (
     "assistant. The assistant answers clearly and truthfully."
 )
 TRANSCRIPT_STOPS = ("\nUser:",)
+MAX_CACHED_SYSTEM_CHARS = 16 << 10  # system prompts up to this long are cached (rendered, tokens)
 _SPEAKERS = {"user": "User", "assistant": "Assistant"}
 
 
@@ -79,7 +80,9 @@ def _system_chars(messages, text: str, apply_template) -> int:
     system = tuple(c for r, c in messages if r == "system")
     if not system or messages[0][0] != "system":
         return 0
-    head = _template_head(system, apply_template)
+    # the cache holds its keys: only short system prompts go in (it is bounded in bytes)
+    cached = sum(map(len, system)) <= MAX_CACHED_SYSTEM_CHARS
+    head = (_template_head if cached else _template_head.__wrapped__)(system, apply_template)
     return len(head) if text.startswith(head) else 0
 
 

@@ -58,17 +58,16 @@ class Sampler:
         return int(candidates[self.rng.choice(len(candidates), p=probs)])
 
     def _filter(self, logits: np.ndarray) -> np.ndarray:
-        """Indices that survive min_p and top_k, unordered."""
+        """Indices that survive min_p and top_k (at most MAX_CANDIDATES), unordered."""
         if self._log_min_p is not None:
             candidates = np.flatnonzero(logits >= logits.max() + self._log_min_p)
         else:
             candidates = None
-        k = self.params.top_k
-        if k > 0:
-            pool = logits if candidates is None else logits[candidates]
-            if len(pool) > k:
-                top = np.argpartition(pool, -k)[-k:]
-                return top if candidates is None else candidates[top]
+        k = self.params.num_candidates
+        pool = logits if candidates is None else logits[candidates]
+        if len(pool) > k:
+            top = np.argpartition(pool, -k)[-k:]
+            return top if candidates is None else candidates[top]
         return np.arange(len(logits)) if candidates is None else candidates
 
 

@@ -20,6 +20,7 @@ import math
 import signal
 import socket
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import NamedTuple
@@ -30,11 +31,11 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from localserve import __version__, prometheus
-from localserve.auth import Access, AuthThrottle, check_user_name
+from localserve.auth import Access, AuthThrottle, address_group, check_user_name
 from localserve.config import ModelConfig, ServerConfig
 from localserve.engine import Admitted, Done, Engine, Event, Preempted, Token
 from localserve.kv import common_prefix
-from localserve.prompt import render_chat
+from localserve.prompt import MAX_CACHED_SYSTEM_CHARS, render_chat
 from localserve.protocol import (
     Cancel,
     Chat,
@@ -69,6 +70,9 @@ FRAME_SLACK_BYTES = 64 << 10
 MAX_QUEUED_FRAMES = 2  # frames read ahead of the one being handled, then TCP pushes back
 SOCKET_BUFFER_BYTES = 256 << 10  # each of the kernel's buffers (Linux doubles it: 512 KiB)
 CLOSE_TIMEOUT_S = 2.0  # a closing handshake the client does not finish is cut off
+HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
+PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed before tokenizing
+TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
 CLOSE_NOT_READING = 1008  # policy violation: it stopped reading, or too many errors
 
 _decoder = msgspec.json.Decoder(ClientFrame)
@@ -133,7 +137,7 @@ class Outbox:
         self._push(data, len(data))
 
     def put_text(self, client_id: str, text: str) -> None:
-        size = len(text.encode())  # JSON escapes add a little: a count for the bound only
+        size = len(_encoder.encode(text)) - 2  # as JSON (escapes included), less the quotes
         pending = self._open_text.get(client_id)
         if pending is not None:  # coalesce: the client has not read the last delta yet
             pending.frame.text += text
@@ -145,9 +149,8 @@ class Outbox:
         self._open_text[client_id] = pending = _Text(frame, size)
         self._push(pending, size)
 
-    def put_stats(self, stats: Stats) -> None:
-        """Only the newest snapshot is worth sending."""
-        data = _encoder.encode(stats)
+    def put_stats(self, data: bytes) -> None:
+        """An encoded stats frame; only the newest snapshot is worth sending."""
         if self._stats is None:
             self._stats = _Slot(data)
             self._push(self._stats, len(data))
@@ -197,7 +200,7 @@ class Connection:
         self._stats_task: asyncio.Task | None = None
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self._write()), asyncio.create_task(self._keepalive())]
+        tasks = [asyncio.create_task(c) for c in (self._write(), self._keepalive(), self._greet())]
         try:
             async for message in self.ws:
                 if self.is_closing:
@@ -284,6 +287,12 @@ class Connection:
                 except TimeoutError:
                     return self.close(CLOSE_NOT_READING, f"not reading for {timeout:g} s")
 
+    async def _greet(self) -> None:
+        """Close a connection that is neither a user's nor a monitor's (it holds a slot)."""
+        await asyncio.sleep(HELLO_TIMEOUT_S)
+        if self.user is None and self._stats_task is None:
+            self.close(CLOSE_NOT_READING, f"no hello within {HELLO_TIMEOUT_S:g} s")
+
     async def _keepalive(self) -> None:
         """A ping every keepalive_s; no pong within keepalive_s closes the connection (1008)."""
         interval = self.server.config.keepalive_s
@@ -335,15 +344,19 @@ class Connection:
         if not check_user_name(hello.user):
             return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
         allowed = self.server.access.allows_user(hello.user, hello.token)
-        if not self.server.authenticate(self, allowed, "unknown user or wrong token"):
-            return None
+        refused = self.server.authenticate(self.address, f"user {hello.user}", allowed,
+                                           "unknown user or wrong token")  # fmt: skip
+        if refused:
+            return self.error("unauthorized", refused.message)
         self.user = hello.user
         self.send(self.server.welcome())
 
     def _subscribe(self, sub: Subscribe) -> None:
         allowed = self.server.access.allows_monitor(sub.token)
-        if not self.server.authenticate(self, allowed, "stats need the server's monitor token"):
-            return None  # an existing subscription goes on
+        refused = self.server.authenticate(self.address, "monitor", allowed,
+                                           "stats need the server's monitor token")  # fmt: skip
+        if refused:  # an existing subscription goes on
+            return self.error("unauthorized", refused.message)
         if self._stats_task:
             self._stats_task.cancel()
             self._stats_task = None
@@ -353,7 +366,7 @@ class Connection:
 
     async def _stream_stats(self, interval_s: float) -> None:
         while not self.is_closed:
-            self.outbox.put_stats(Stats(await self.server.snapshot()))
+            self.outbox.put_stats(await self.server.stats_frame())
             self._check_backlog()
             await asyncio.sleep(interval_s)
 
@@ -388,6 +401,15 @@ class _Counts:
     inflight_per_user: dict[str, int] = field(default_factory=dict)
 
 
+class PromptTooLong(ValueError):
+    """The formatted prompt does not fit in the context."""
+
+
+class Refused(NamedTuple):
+    message: str
+    retry_after_s: float  # > 0: the throttle refused, whatever the token
+
+
 class Prompt(NamedTuple):
     tokens: list[int]
     stops: tuple[str, ...]
@@ -418,6 +440,9 @@ class Server:
         self.is_shutting_down = False
         self.port = 0
         self._numbers = itertools.count(1)
+        self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
+        self._stats_frame: tuple[Snapshot | None, bytes] = (None, b"")
+        self._tokenizer = ThreadPoolExecutor(TOKENIZER_THREADS, "localserve-tokenize")
         self._ws: WsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         engine.on_events = self._on_engine_events
@@ -433,7 +458,9 @@ class Server:
             host,
             port,
             process_request=self._process_request,
-            create_connection=_GuardedConnection,
+            create_connection=functools.partial(
+                _GuardedConnection, max_write_buffer=self.config.max_outbox_bytes + (64 << 10)
+            ),
             max_size=self.config.max_frame_bytes + FRAME_SLACK_BYTES,
             max_queue=MAX_QUEUED_FRAMES,
             ping_interval=None,  # each Connection pings itself: no pong is a 1008, not a 1011
@@ -482,20 +509,24 @@ class Server:
         for request in conn.requests.values():
             self.engine.cancel(request.engine_id)
 
-    def authenticate(self, conn: Connection, allowed: bool, refusal: str) -> bool:
-        """The outcome of a token check, unless the client's address is throttled: then no
-        token is right. Failures are counted and logged."""
-        wait = self.throttle.retry_after(conn.address)
+    def authenticate(
+        self, address: str, credential: str, allowed: bool, refusal: str
+    ) -> Refused | None:
+        """None when a token check passed; else why not (its refusal, or the throttle's).
+
+        Failures count per (address, credential): guessing bob's token from one place locks
+        only that, for a minute; other users and other places sign in as usual.
+        """
+        key = f"{address_group(address)} {credential}"
+        wait = self.throttle.retry_after(key)
         if wait > 0:
             message = f"too many failed attempts from your address; try again in {wait:.0f} s"
-            conn.error("unauthorized", message)
-            return False
+            return Refused(message, wait)
         if allowed:
-            return True
-        self.throttle.failed(conn.address)
-        log.warning("connection %d (%s): %s", conn.num, conn.address, refusal)
-        conn.error("unauthorized", refusal)
-        return False
+            return None
+        self.throttle.failed(key)
+        log.warning("%s: %s (%s)", address, refusal, credential[:80])
+        return Refused(refusal, 0.0)
 
     def welcome(self) -> Welcome:
         c = self.config
@@ -504,7 +535,24 @@ class Server:
         return Welcome(self.runner.info.model, self.runner.info.n_ctx, limits, __version__)
 
     async def snapshot(self) -> Snapshot:
-        return await asyncio.wrap_future(self.engine.snapshot())
+        """The engine's next snapshot; askers who come while one is on its way share it, so
+        any number of monitors cost the engine at most one snapshot per step."""
+        if self._snapshot is None:
+            self._snapshot = asyncio.ensure_future(self._fetch_snapshot())
+        return await asyncio.shield(self._snapshot)  # one asker giving up cancels nothing
+
+    async def _fetch_snapshot(self) -> Snapshot:
+        try:
+            return await asyncio.wrap_future(self.engine.snapshot())
+        finally:
+            self._snapshot = None
+
+    async def stats_frame(self) -> bytes:
+        """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
+        snap = await self.snapshot()
+        if self._stats_frame[0] is not snap:
+            self._stats_frame = (snap, _encoder.encode(Stats(snap)))
+        return self._stats_frame[1]
 
     # --- chats ----------------------------------------------------------------------------------
 
@@ -522,25 +570,27 @@ class Server:
             return conn.error("bad_request", str(e), chat.id)
         request = self._open(conn, chat.id)
         try:
-            prompt = await asyncio.to_thread(self._tokenize, chat)
-            tokens = prompt.tokens
+            loop = asyncio.get_running_loop()
+            prompt = await loop.run_in_executor(self._tokenizer, self._tokenize, chat)
             if not chat.ignore_eos:  # the format's end of turn is an EOS in all but name
                 params = msgspec.structs.replace(params, format_stop=prompt.stops)
+            if conn.is_closed:
+                return self._close(request)
+            self.engine.add_request(
+                request.engine_id, prompt.tokens, params, user=conn.user,
+                shared_prefix_tokens=prompt.system_tokens,
+                share_globally=prompt.is_default_system,
+            )  # fmt: skip
+        except PromptTooLong as e:
+            self._close(request)
+            self.engine.reject()
+            return conn.error("too_long", str(e), chat.id)
         except ValueError as e:
             self._close(request)
             return conn.error("bad_request", str(e), chat.id)
-        n_ctx = self.runner.info.n_ctx
-        if len(tokens) >= n_ctx:
+        except BaseException:  # unexpected (or cancelled): the request must not stay counted
             self._close(request)
-            self.engine.reject()
-            message = f"the prompt has {len(tokens)} tokens; the context holds {n_ctx}"
-            return conn.error("too_long", message, chat.id)
-        if conn.is_closed:
-            return self._close(request)
-        self.engine.add_request(
-            request.engine_id, tokens, params, user=conn.user,
-            shared_prefix_tokens=prompt.system_tokens, share_globally=prompt.is_default_system,
-        )  # fmt: skip
+            raise
         conn.send(Queued(chat.id, self.counts.waiting))
 
     def _check_chat(self, conn: Connection, chat: Chat) -> tuple[str, str] | None:
@@ -575,14 +625,27 @@ class Server:
         )
 
     def _tokenize(self, chat: Chat) -> Prompt:
-        """Chat template (or transcript), then tokens; runs in a worker thread."""
+        """Chat template (or transcript), then tokens; runs in a tokenizer thread.
+
+        Raises PromptTooLong (the one too-long check) and ValueError (a bad chat).
+        """
         messages = [(m.role, m.content) for m in chat.messages]
-        model = self.model
+        model, n_ctx, tokenize = self.model, self.runner.info.n_ctx, self.runner.tokenize
         r = render_chat(messages, model.chat_format, self.runner.apply_chat_template,
                         model.system_prompt)  # fmt: skip
-        tokens = self.runner.tokenize(r.text)
+        probe = n_ctx * PROBE_CHARS_PER_TOKEN
+        if len(r.text) > probe and len(head := tokenize(r.text[:probe])) > n_ctx:
+            # far too long: no need to tokenize all of it (up to max_frame_bytes) to say so
+            raise PromptTooLong(
+                f"the prompt has over {len(head)} tokens; the context holds {n_ctx}"
+            )
+        tokens = tokenize(r.text)
+        if len(tokens) >= n_ctx:
+            raise PromptTooLong(f"the prompt has {len(tokens)} tokens; the context holds {n_ctx}")
         # the system prompt's tokens as the prompt has them (a word may straddle the boundary)
-        system = self._system_tokens(r.text[: r.system_chars]) if r.system_chars else []
+        system_text = r.text[: r.system_chars]
+        cached = len(system_text) <= MAX_CACHED_SYSTEM_CHARS  # the cache is bounded in bytes
+        system = (self._system_tokens if cached else tokenize)(system_text) if system_text else []
         return Prompt(tokens, r.stops, common_prefix(system, tokens), r.is_default_system)
 
     def _open(self, conn: Connection, client_id: str) -> Request:
@@ -617,19 +680,24 @@ class Server:
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
             request = self.requests.get(event.request_id)
-            if request is None:
-                continue
-            conn = request.conn
-            if isinstance(event, Token):
-                if event.text:
-                    conn.send_text(request.client_id, event.text)
-            elif isinstance(event, Done):
-                self._finish(request, event)
-            elif isinstance(event, Admitted) and request.is_waiting:
-                self._count(conn.user, waiting=-1, inflight=0)
-                request.is_waiting = False
-            elif isinstance(event, Preempted):
-                conn.send(Queued(request.client_id, self.counts.waiting + 1))
+            if request is not None:
+                try:
+                    self._route(request, event)
+                except Exception:  # one request's trouble must not drop others' events
+                    log.exception("request %s: routing %s failed", request.engine_id, event)
+
+    def _route(self, request: Request, event: Event) -> None:
+        conn = request.conn
+        if isinstance(event, Token):
+            if event.text:
+                conn.send_text(request.client_id, event.text)
+        elif isinstance(event, Done):
+            self._finish(request, event)
+        elif isinstance(event, Admitted) and request.is_waiting:
+            self._count(conn.user, waiting=-1, inflight=0)
+            request.is_waiting = False
+        elif isinstance(event, Preempted):
+            conn.send(Queued(request.client_id, self.counts.waiting + 1))
 
     def _finish(self, request: Request, done: Done) -> None:
         self._close(request)
@@ -645,9 +713,6 @@ class Server:
 
     async def _process_request(self, connection: ServerConnection, request):
         path = request.path.split("?", 1)[0]
-        if len(self.connections) >= self.config.max_connections:
-            return _response(connection, "too many connections; try again later\n",
-                             "text/plain", HTTPStatus.SERVICE_UNAVAILABLE)  # fmt: skip
         if path == "/healthz":
             snap = await self.snapshot()
             body = json.dumps({"ok": not self.is_shutting_down, "model": snap.model.model,
@@ -662,38 +727,45 @@ class Server:
             text = prometheus.render(await self.snapshot(), t.num_failures, t.num_throttled)
             return _response(connection, text, "text/plain; version=0.0.4; charset=utf-8",
                              HTTPStatus.OK)  # fmt: skip
-        return None
+        if len(self.connections) >= self.config.max_connections:
+            return _response(connection, "too many connections; try again later\n",
+                             "text/plain", HTTPStatus.SERVICE_UNAVAILABLE)  # fmt: skip
+        return None  # a websocket
 
     def _check_metrics_token(self, connection: ServerConnection, request):
         """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
-        address = _address(connection)
-        wait = self.throttle.retry_after(address)
-        if wait > 0:
-            response = _response(connection, "too many failed attempts\n", "text/plain",
-                                 HTTPStatus.TOO_MANY_REQUESTS)  # fmt: skip
-            response.headers["Retry-After"] = str(math.ceil(wait))
-            return response
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if self.access.allows_monitor(token.strip() if scheme.lower() == "bearer" else None):
+        allowed = self.access.allows_monitor(token.strip() if scheme.lower() == "bearer" else None)
+        refused = self.authenticate(_address(connection), "monitor", allowed,
+                                    "/metrics needs the monitor token (Bearer)")  # fmt: skip
+        if refused is None:
             return None
-        self.throttle.failed(address)
-        log.warning("%s: /metrics without the monitor token", address)
-        response = _response(connection, "/metrics needs the monitor token (Bearer)\n",
-                             "text/plain", HTTPStatus.UNAUTHORIZED)  # fmt: skip
+        if refused.retry_after_s:
+            response = _response(connection, refused.message + "\n", "text/plain",
+                                 HTTPStatus.TOO_MANY_REQUESTS)  # fmt: skip
+            response.headers["Retry-After"] = str(math.ceil(refused.retry_after_s))
+            return response
+        response = _response(connection, refused.message + "\n", "text/plain",
+                             HTTPStatus.UNAUTHORIZED)  # fmt: skip
         response.headers["WWW-Authenticate"] = 'Bearer realm="localserve"'
         return response
 
 
 class _GuardedConnection(ServerConnection):
-    """A websocket connection with fixed kernel buffers and GET as the only HTTP method.
+    """A websocket connection with bounded buffers and GET as the only HTTP method.
 
     The kernel's send and receive buffers are capped (Linux otherwise grows a send buffer to
-    4 MiB for a client that does not read). Every method but GET is answered 405 before
-    websockets parses the request: it would pass methods without a body to process_request,
-    and close the connection without an answer on a request with a body.
+    4 MiB for a client that does not read), and so is the transport's write buffer. Every
+    method but GET is answered 405 before websockets parses the request: it would pass methods
+    without a body to process_request, and close the connection without an answer on a request
+    with a body.
     """
 
     _head: bytes | None = b""  # the request's first bytes, until its method is known
+
+    def __init__(self, *args, max_write_buffer: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_write_buffer = max_write_buffer
 
     def connection_made(self, transport) -> None:
         sock = transport.get_extra_info("socket")
@@ -718,6 +790,11 @@ class _GuardedConnection(ServerConnection):
                 self.transport.close()
                 return
         super().data_received(data)
+        # websockets answers each ping with a pong written at once, with no flow control: a
+        # client that sends pings and reads nothing would grow this buffer without bound
+        if self.transport.get_write_buffer_size() > self.max_write_buffer:
+            log.warning("%s: not reading its pongs; connection cut", _address(self))
+            self.transport.abort()
 
 
 def _response(connection: ServerConnection, body: str, content_type: str, status: HTTPStatus):

@@ -38,7 +38,7 @@ def test_an_address_is_refused_unchecked_after_its_failures_per_minute():
 
 def test_the_throttle_remembers_a_bounded_number_of_addresses():
     clock = Clock()
-    throttle = AuthThrottle(1, max_addresses=100, clock=clock)
+    throttle = AuthThrottle(1, max_keys=100, clock=clock)
     for i in range(1000):
         throttle.failed(f"10.0.{i // 256}.{i % 256}")
     assert len(throttle._failures) == 100

@@ -92,10 +92,12 @@ class RawClient:
     as it would with any client that stops reading.
     """
 
-    def __init__(self, url: str, rcvbuf: int = 4096) -> None:
+    def __init__(self, url: str, rcvbuf: int = 4096, source: str | None = None) -> None:
         host, port = url.removeprefix("ws://").rstrip("/").split(":")
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if source:
+            self.sock.bind((source, 0))
         self.sock.settimeout(30)
         self.sock.connect((host, int(port)))
         key = base64.b64encode(os.urandom(16)).decode()
@@ -109,21 +111,40 @@ class RawClient:
             head += self.sock.recv(1)
         assert head.startswith(b"HTTP/1.1 101"), head
 
-    def send(self, frame: dict | str) -> bool:
-        """One masked text frame (a zero mask: valid, and no copying); False once refused."""
+    def send(self, frame: dict | str, opcode: int = 0x1) -> bool:
+        """One masked frame (a zero mask: valid, and no copying); False once refused."""
         data = (frame if isinstance(frame, str) else json.dumps(frame)).encode()
-        n = len(data)
+        n, first = len(data), 0x80 | opcode
         if n < 126:
-            head = struct.pack("!BB", 0x81, 0x80 | n)
+            head = struct.pack("!BB", first, 0x80 | n)
         elif n < 1 << 16:
-            head = struct.pack("!BBH", 0x81, 0x80 | 126, n)
+            head = struct.pack("!BBH", first, 0x80 | 126, n)
         else:
-            head = struct.pack("!BBQ", 0x81, 0x80 | 127, n)
+            head = struct.pack("!BBQ", first, 0x80 | 127, n)
         try:
             self.sock.sendall(head + b"\0\0\0\0" + data)
             return True
         except OSError:  # reset, or the server stopped reading and closed
             return False
+
+    def recv(self) -> dict:
+        """The next frame from the server (unmasked, unfragmented text: all it sends)."""
+        first, second = self._exactly(2)
+        n = second & 0x7F
+        if n == 126:
+            (n,) = struct.unpack("!H", self._exactly(2))
+        elif n == 127:
+            (n,) = struct.unpack("!Q", self._exactly(8))
+        assert first & 0x0F == 0x1, first
+        return json.loads(self._exactly(n))
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            assert chunk, "connection closed"
+            data += chunk
+        return data
 
     def close(self) -> None:
         self.sock.close()
@@ -423,25 +444,48 @@ def test_a_failure_while_handling_a_frame_is_an_internal_error(live, connect, bo
 # --- 5. token guessing is throttled per address ---------------------------------------------
 
 
-def test_failed_authentication_is_throttled_per_address(live, connect, bob):
-    access = Access({"kate": "correct-horse"}, monitor_token="monitor-secret")
+def test_failed_authentication_is_throttled_per_address_and_user(live, connect, bob):
+    access = Access({"kate": "correct-horse", "liz": "battery-staple"}, monitor_token="m-secret")
     with configured(live, access=access, max_auth_failures_per_minute=5) as server:
         for i in range(5):  # fresh sockets each time: the per-socket limit does not help
             assert connect().hello("kate", f"guess-{i}")["code"] == "unauthorized"
-        reply = connect().hello("kate", "correct-horse")  # right, but not even looked at
+        reply = connect().hello("kate", "correct-horse")  # right, but refused all the same
         assert reply["code"] == "unauthorized" and "try again in" in reply["message"]
-        request = urllib.request.Request(
-            live.http + "/metrics", headers={"Authorization": "Bearer monitor-secret"}
-        )
+        assert connect().hello("liz", "battery-staple")["type"] == "welcome"  # others sign in
+        metrics = live.http + "/metrics"
+        good = urllib.request.Request(metrics, headers={"Authorization": "Bearer m-secret"})
+        assert urllib.request.urlopen(good, timeout=10).status == 200
+        for i in range(5):
+            wrong = urllib.request.Request(metrics, headers={"Authorization": f"Bearer m{i}"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(wrong, timeout=10)
+            assert refused.value.code == 401
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
-        assert refused.value.code == 429 and refused.value.headers["Retry-After"]
-        assert server.throttle.num_failures == 5 and server.throttle.num_throttled == 2
+            urllib.request.urlopen(good, timeout=10)
+        assert refused.value.code == 429 and int(refused.value.headers["Retry-After"]) > 0
+        assert server.throttle.num_failures == 10 and server.throttle.num_throttled == 2
         server.throttle.clock = lambda: time.monotonic() + 61  # a minute later
         assert connect().hello("kate", "correct-horse")["type"] == "welcome"
-        text = urllib.request.urlopen(request, timeout=10).read().decode()
-        assert 'localserve:auth_failures_total{model_name="gemma-3-270m"} 5' in text
+        text = urllib.request.urlopen(good, timeout=10).read().decode()
+        assert 'localserve:auth_failures_total{model_name="gemma-3-270m"} 10' in text
         assert 'localserve:auth_throttled_total{model_name="gemma-3-270m"} 2' in text
+
+
+def test_guessing_from_other_loopback_addresses_counts_as_one_place(live, bob):
+    with configured(live, access=Access({"kate": "correct-horse"}),
+                    max_auth_failures_per_minute=3) as server:  # fmt: skip
+
+        def hello(source: str, token: str) -> dict:
+            client = RawClient(live.url, source=source)
+            client.send({"type": "hello", "user": "kate", "token": token})
+            reply = client.recv()
+            client.close()
+            return reply
+
+        for i in range(3):
+            assert hello(f"127.0.0.{i + 2}", f"guess-{i}")["code"] == "unauthorized"
+        assert "try again in" in hello("127.0.0.9", "correct-horse")["message"]
+        assert server.throttle.num_failures == 3
 
 
 def test_metrics_follow_the_stats_rule(live, bob):
@@ -482,3 +526,64 @@ def test_every_http_method_but_get_is_405(live, method):
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET"
     assert urllib.request.urlopen(live.http + "/healthz", timeout=10).status == 200
+
+
+# --- found by review: pings, squatters, sampling cost, tokenizing, caches -------------------
+
+
+def test_a_client_that_pings_and_never_reads_is_cut_off(live, bob):
+    """websockets answers every ping at once: unread pongs must not pile up in the server."""
+    before = rss_bytes()
+    client = RawClient(live.url)
+    client.send({"type": "hello", "user": "pinger"})
+    sent = 0
+    while sent < 200_000 and client.send("x" * 125, opcode=0x9):
+        sent += 1
+    client.close()
+    assert sent < 200_000, "the server should have cut it off"
+    assert rss_bytes() - before < 32 << 20
+    wait_for(lambda: not _connections_of(live, "pinger"), 10, "pinger dropped")
+
+
+def test_a_connection_must_say_hello_or_subscribe_soon(live, monkeypatch, bob):
+    import localserve.server
+
+    monkeypatch.setattr(localserve.server, "HELLO_TIMEOUT_S", 0.5)
+    silent, monitor = WS(live.url), WS(live.url)
+    monitor.send({"type": "subscribe", "interval_ms": 200})
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            silent.recv(5)
+    assert closed.value.rcvd.code == 1008 and "hello" in closed.value.rcvd.reason
+    assert monitor.recv()["type"] == "stats" and monitor.recv()["type"] == "stats"
+    monitor.close()
+
+
+def test_health_and_metrics_answer_when_the_connections_are_all_taken(live, connect, bob):
+    with configured(live, max_connections=1):  # bob holds it
+        assert urllib.request.urlopen(live.http + "/healthz", timeout=10).status == 200
+        assert urllib.request.urlopen(live.http + "/metrics", timeout=10).status == 200
+        with pytest.raises(Exception, match="503"):
+            connect()
+
+
+def test_a_far_too_long_prompt_is_refused_before_all_of_it_is_tokenized(live, connect, bob):
+    ws = connect()
+    ws.hello("paste")
+    ws.chat("p", "word " * 12_000)  # 60,000 characters; the context holds 4,096 tokens
+    reply = ws.recv()
+    assert reply["code"] == "too_long" and "over" in reply["message"] and "4096" in reply["message"]
+
+
+def test_long_system_prompts_do_not_fill_the_token_cache(live, connect, bob):
+    cache = live.server._system_tokens
+    before = cache.cache_info().currsize
+    ws = connect()
+    ws.hello("sys")
+    for i in range(2):  # each system prompt is over the cached size (yet only ~560 tokens)
+        system = f"{i}" + " " * 17_000
+        ws.send({"type": "chat", "id": f"s{i}", "max_tokens": 1,
+                 "messages": [{"role": "system", "content": system},
+                              {"role": "user", "content": "hi"}]})  # fmt: skip
+        ws.until_done(f"s{i}")
+    assert cache.cache_info().currsize == before

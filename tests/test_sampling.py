@@ -7,7 +7,7 @@ import pytest
 
 from localserve.runner import SamplingError
 from localserve.sampling import Sampler
-from localserve.sequence import MIN_TEMPERATURE, SamplingParams
+from localserve.sequence import MAX_CANDIDATES, MIN_TEMPERATURE, SamplingParams
 
 
 def logits(n: int = 1000, seed: int = 0) -> np.ndarray:
@@ -106,3 +106,11 @@ def test_a_row_of_nan_raises_a_sampling_error_with_every_filter_off():
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     with pytest.raises(SamplingError):
         Sampler(params).sample(row)
+
+
+def test_a_draw_considers_at_most_max_candidates_tokens():
+    """top_k 0 (or huge) and no min_p must not sort Gemma's whole vocabulary every token."""
+    row = np.random.default_rng(0).normal(size=262_144).astype(np.float32)
+    for top_k in (0, 1 << 30):
+        sampler = Sampler(SamplingParams(top_k=top_k, min_p=0.0, top_p=0.99, seed=1))
+        assert len(sampler._filter(row)) == MAX_CANDIDATES
