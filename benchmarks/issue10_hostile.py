@@ -10,7 +10,11 @@ same number of replies, alternating the scenarios twice:
   sponge   a connection that asks for eight 1,500-token replies and never reads, reconnecting
            whenever the server drops it;
   fuzz     a user sending chats with hostile sampling values (temperature 1e-320, which used
-           to fail the whole step, denormal top_p, huge top_k, ...), reading its replies.
+           to fail the whole step, denormal top_p, huge top_k, ...), reading its replies;
+  topk0    four replies at a time with top_k 0 and min_p 0 (every draw used to sort all
+           262,144 tokens), read as they come;
+  pings    a connection that sends pings as fast as it can and never reads a pong;
+  pastes   four connections pasting 250 KB prompts (far over the context) back to back.
 
 For each: bob's replies (all must be whole), TTFT and ITL percentiles, his longest gap, the
 server's resident memory growth, and how many attacking connections the server dropped.
@@ -121,7 +125,52 @@ def fuzz(stop: threading.Event, drops: list[int]) -> None:
                 pass
 
 
-ATTACKS = {"quiet": None, "flood": flood, "sponge": sponge, "fuzz": fuzz}
+def topk0(stop: threading.Event, drops: list[int]) -> None:
+    wide = {"max_tokens": 48, "ignore_eos": True, "temperature": 1.0, "top_k": 0, "min_p": 0,
+            "top_p": 0.99, "messages": SEA}  # fmt: skip
+    with connect(URL, max_size=None) as ws:
+        ws.send(json.dumps({"type": "hello", "user": "wide"}))
+        json.loads(ws.recv())
+        for i in range(4):
+            ws.send(json.dumps({"type": "chat", "id": f"w{i}"} | wide))
+        n = 4
+        while not stop.is_set():
+            if json.loads(ws.recv(300))["type"] == "done":
+                n += 1
+                ws.send(json.dumps({"type": "chat", "id": f"w{n}"} | wide))
+
+
+def pings(stop: threading.Event, drops: list[int]) -> None:
+    while not stop.is_set():
+        client = RawClient(URL)
+        client.send({"type": "hello", "user": "pinger"})
+        while not stop.is_set() and client.send("x" * 125, opcode=0x9):
+            pass
+        client.close()
+        drops[0] += not stop.is_set()
+
+
+def pastes(stop: threading.Event, drops: list[int]) -> None:
+    def paste(k: int) -> None:
+        text = [{"role": "user", "content": "word " * 50_000}]
+        with connect(URL, max_size=None) as ws:
+            ws.send(json.dumps({"type": "hello", "user": f"paste{k}"}))
+            json.loads(ws.recv())
+            i = 0
+            while not stop.is_set():
+                i += 1
+                ws.send(json.dumps({"type": "chat", "id": f"p{i}", "messages": text}))
+                json.loads(ws.recv(300))  # too_long
+
+    threads = [threading.Thread(target=paste, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+ATTACKS = {"quiet": None, "flood": flood, "sponge": sponge, "fuzz": fuzz, "topk0": topk0,
+           "pings": pings, "pastes": pastes}  # fmt: skip
 
 
 def measure(pid: int, name: str, n_replies: int) -> dict:

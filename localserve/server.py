@@ -17,8 +17,10 @@ import itertools
 import json
 import logging
 import math
+import os
 import signal
 import socket
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -73,6 +75,7 @@ CLOSE_TIMEOUT_S = 2.0  # a closing handshake the client does not finish is cut o
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
 PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed before tokenizing
 TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
+TOKENIZER_NICENESS = 19  # ... at the lowest priority: llama.cpp's threads come first
 CLOSE_NOT_READING = 1008  # policy violation: it stopped reading, or too many errors
 
 _decoder = msgspec.json.Decoder(ClientFrame)
@@ -379,6 +382,18 @@ class Connection:
         self.server.engine.cancel(request.engine_id)
 
 
+def _lower_priority() -> None:
+    """Run this (tokenizer) thread at the lowest CPU priority.
+
+    llama.cpp's threads meet at a barrier after every operation: a thread that loses its core
+    to other work stalls the whole step. With two cores and two llama.cpp threads, tokenizing a
+    pasted 250 KB prompt at normal priority stretched decode steps from 11 ms to over a second;
+    at this priority they stay under 35 ms (benchmarks/issue10_hostile.py).
+    """
+    with contextlib.suppress(OSError, AttributeError):  # Linux: per thread; elsewhere: as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), TOKENIZER_NICENESS)
+
+
 def _address(ws: ServerConnection) -> str:
     """The client's IP address (the throttle's key)."""
     peer = ws.remote_address
@@ -442,7 +457,9 @@ class Server:
         self._numbers = itertools.count(1)
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
         self._stats_frame: tuple[Snapshot | None, bytes] = (None, b"")
-        self._tokenizer = ThreadPoolExecutor(TOKENIZER_THREADS, "localserve-tokenize")
+        self._tokenizer = ThreadPoolExecutor(
+            TOKENIZER_THREADS, "localserve-tokenize", initializer=_lower_priority
+        )
         self._ws: WsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         engine.on_events = self._on_engine_events
@@ -459,7 +476,9 @@ class Server:
             port,
             process_request=self._process_request,
             create_connection=functools.partial(
-                _GuardedConnection, max_write_buffer=self.config.max_outbox_bytes + (64 << 10)
+                _GuardedConnection,
+                max_write_buffer=self.config.max_outbox_bytes + (64 << 10),
+                max_read_rate=self.config.max_frame_bytes + FRAME_SLACK_BYTES,
             ),
             max_size=self.config.max_frame_bytes + FRAME_SLACK_BYTES,
             max_queue=MAX_QUEUED_FRAMES,
@@ -763,9 +782,14 @@ class _GuardedConnection(ServerConnection):
 
     _head: bytes | None = b""  # the request's first bytes, until its method is known
 
-    def __init__(self, *args, max_write_buffer: int, **kwargs) -> None:
+    def __init__(self, *args, max_write_buffer: int, max_read_rate: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_write_buffer = max_write_buffer
+        # a token bucket over bytes read: a burst of two frames, then max_read_rate a second
+        self.max_read_rate = max_read_rate
+        self._credit = self._burst = 2 * max_read_rate
+        self._credit_time = 0.0
+        self._is_rate_paused = False
 
     def connection_made(self, transport) -> None:
         sock = transport.get_extra_info("socket")
@@ -773,6 +797,7 @@ class _GuardedConnection(ServerConnection):
             for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
         super().connection_made(transport)
+        self.recv_messages.resume = self._resume_reading  # its flow control, and the rate's
 
     def data_received(self, data: bytes) -> None:
         if self._head is not None:
@@ -795,6 +820,31 @@ class _GuardedConnection(ServerConnection):
         if self.transport.get_write_buffer_size() > self.max_write_buffer:
             log.warning("%s: not reading its pongs; connection cut", _address(self))
             self.transport.abort()
+        else:
+            self._limit_read_rate(len(data))
+
+    def _limit_read_rate(self, num_bytes: int) -> None:
+        """Stop reading for a while when a client sends faster than max_read_rate.
+
+        Every byte costs the event loop (frames decoded, pings answered) and, on a small
+        machine, the CPU that llama.cpp's threads need: one flooding client must not take it.
+        """
+        now = self.loop.time()
+        elapsed, self._credit_time = now - self._credit_time, now
+        self._credit = min(self._burst, self._credit + elapsed * self.max_read_rate) - num_bytes
+        if self._credit < 0 and not self._is_rate_paused:
+            self._is_rate_paused = True
+            self.transport.pause_reading()
+            self.loop.call_later(-self._credit / self.max_read_rate, self._end_rate_pause)
+
+    def _end_rate_pause(self) -> None:
+        self._is_rate_paused = False
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read again once neither the rate nor websockets' own flow control holds it back."""
+        if not (self._is_rate_paused or self.recv_messages.paused or self.transport.is_closing()):
+            self.transport.resume_reading()
 
 
 def _response(connection: ServerConnection, body: str, content_type: str, status: HTTPStatus):
@@ -825,8 +875,6 @@ class ServerThread:
     """A Server on its own event-loop thread: for the demo and for tests."""
 
     def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0) -> None:
-        import threading
-
         self.server = server
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="localserve-server",

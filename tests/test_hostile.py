@@ -92,10 +92,14 @@ class RawClient:
     as it would with any client that stops reading.
     """
 
-    def __init__(self, url: str, rcvbuf: int = 4096, source: str | None = None) -> None:
+    def __init__(
+        self, url: str, rcvbuf: int = 4096, source: str | None = None, sndbuf: int | None = None
+    ) -> None:
         host, port = url.removeprefix("ws://").rstrip("/").split(":")
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if sndbuf:  # what it can push ahead of the server's reading
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         if source:
             self.sock.bind((source, 0))
         self.sock.settimeout(30)
@@ -302,8 +306,9 @@ def test_before_hello_a_connection_gets_three_errors_then_is_closed(live, connec
 def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(live, bob):
     """Four connections send frames that each earn an error, and never read a byte.
 
-    First 300 frames of 60 KB each (whose errors used to quote them whole), then small frames
-    until the server has had enough: it must close them, and its memory must stay bounded.
+    First 10 frames of 60 KB each (whose errors used to quote them whole; the server reads a
+    client at most max_frame_bytes + 64 KiB a second), then small frames until the server has
+    had enough: it must close them, and its memory must stay bounded.
     """
     config, n_conns = live.config, 4
     per_conn = ((MAX_QUEUED_FRAMES + 1) * (config.max_frame_bytes + FRAME_SLACK_BYTES)
@@ -318,7 +323,7 @@ def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(l
     sent = [0] * n_conns
 
     def attack(i: int) -> None:
-        while sent[i] < 100_000 and clients[i].send(big if sent[i] < 300 else small):
+        while sent[i] < 100_000 and clients[i].send(big if sent[i] < 10 else small):
             sent[i] += 1
 
     threads = [threading.Thread(target=attack, args=(i,)) for i in range(n_conns)]
@@ -331,7 +336,7 @@ def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(l
         client.close()
     growth = max(peak) - before
     # the bound, plus room for the interpreter's own churn; echoing each big frame back, as
-    # the server used to, pinned n_conns x 1024 x 60 KB = 240 MB
+    # the server used to, pinned 60 KB per unread error
     assert growth < n_conns * per_conn + (48 << 20), (growth, sent)
     assert all(n < 100_000 for n in sent), "the server should have closed them"
     wait_for(lambda: not _connections_of(live, "reader"), 10, "readers dropped")
@@ -587,3 +592,19 @@ def test_long_system_prompts_do_not_fill_the_token_cache(live, connect, bob):
                               {"role": "user", "content": "hi"}]})  # fmt: skip
         ws.until_done(f"s{i}")
     assert cache.cache_info().currsize == before
+
+
+def test_a_client_is_read_at_most_so_fast(live, bob):
+    """A flood of frames is read at max_frame_bytes + 64 KiB a second, after a burst of two."""
+    rate = live.config.max_frame_bytes + FRAME_SLACK_BYTES
+    # each is read and decoded, and earns no answer (no token is needed here)
+    frame = json.dumps({"type": "subscribe", "interval_ms": 0, "token": "n" * 100})
+    client = RawClient(live.url, sndbuf=16 << 10)
+    client.send({"type": "hello", "user": "hasty"})
+    start, sent = time.monotonic(), 0
+    while sent < (1600 << 10) and client.send(frame):
+        sent += len(frame) + 8
+    took = time.monotonic() - start
+    client.close()
+    # ahead of the reading: the burst and the kernel's buffers (512 KiB, and the client's)
+    assert took > ((1600 << 10) - 2 * rate - (640 << 10)) / rate / 2, took
