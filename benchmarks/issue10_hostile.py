@@ -11,8 +11,8 @@ same number of replies, alternating the scenarios twice:
            whenever the server drops it;
   fuzz     a user sending chats with hostile sampling values (temperature 1e-320, which used
            to fail the whole step, denormal top_p, huge top_k, ...), reading its replies;
-  topk0    four replies at a time with top_k 0 and min_p 0 (every draw used to sort all
-           262,144 tokens), read as they come;
+  busy4    for comparison, an ordinary user with four replies at a time (default sampling);
+  topk0    the same with top_k 0 and min_p 0 (every draw used to sort all 262,144 tokens);
   pings    a connection that sends pings as fast as it can and never reads a pong;
   pastes   four connections pasting 250 KB prompts (far over the context) back to back.
 
@@ -125,19 +125,26 @@ def fuzz(stop: threading.Event, drops: list[int]) -> None:
                 pass
 
 
-def topk0(stop: threading.Event, drops: list[int]) -> None:
-    wide = {"max_tokens": 48, "ignore_eos": True, "temperature": 1.0, "top_k": 0, "min_p": 0,
-            "top_p": 0.99, "messages": SEA}  # fmt: skip
+def four_at_a_time(stop: threading.Event, sampling: dict) -> None:
+    chat = {"max_tokens": 48, "ignore_eos": True, "messages": SEA} | sampling
     with connect(URL, max_size=None) as ws:
-        ws.send(json.dumps({"type": "hello", "user": "wide"}))
+        ws.send(json.dumps({"type": "hello", "user": "four"}))
         json.loads(ws.recv())
         for i in range(4):
-            ws.send(json.dumps({"type": "chat", "id": f"w{i}"} | wide))
+            ws.send(json.dumps({"type": "chat", "id": f"w{i}"} | chat))
         n = 4
         while not stop.is_set():
             if json.loads(ws.recv(300))["type"] == "done":
                 n += 1
-                ws.send(json.dumps({"type": "chat", "id": f"w{n}"} | wide))
+                ws.send(json.dumps({"type": "chat", "id": f"w{n}"} | chat))
+
+
+def busy4(stop: threading.Event, drops: list[int]) -> None:
+    four_at_a_time(stop, {"temperature": 1.0})
+
+
+def topk0(stop: threading.Event, drops: list[int]) -> None:
+    four_at_a_time(stop, {"temperature": 1.0, "top_k": 0, "min_p": 0, "top_p": 0.99})
 
 
 def pings(stop: threading.Event, drops: list[int]) -> None:
@@ -169,8 +176,8 @@ def pastes(stop: threading.Event, drops: list[int]) -> None:
         t.join()
 
 
-ATTACKS = {"quiet": None, "flood": flood, "sponge": sponge, "fuzz": fuzz, "topk0": topk0,
-           "pings": pings, "pastes": pastes}  # fmt: skip
+ATTACKS = {"quiet": None, "flood": flood, "sponge": sponge, "fuzz": fuzz, "busy4": busy4,
+           "topk0": topk0, "pings": pings, "pastes": pastes}  # fmt: skip
 
 
 def measure(pid: int, name: str, n_replies: int) -> dict:
@@ -199,7 +206,8 @@ def measure(pid: int, name: str, n_replies: int) -> dict:
     return result | {"rss_growth": max(peak) - before, "drops": drops[0]}
 
 
-def percentile(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: int) -> float:
+    """The q-th percentile (q = 50: the median); NaN with fewer than two values."""
     return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else float("nan")
 
 
@@ -207,9 +215,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replies", type=int, default=12, help="bob's replies per scenario run")
     parser.add_argument("--out", default="bench-results/issue10.json")
+    parser.add_argument("--server-tree", help="serve from this checkout (e.g. an older commit)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
-    server = subprocess.Popen([str(root / ".venv/bin/localserve"), "serve", "--port", str(PORT)],
+    env = os.environ | ({"PYTHONPATH": args.server_tree} if args.server_tree else {})
+    server = subprocess.Popen([str(root / ".venv/bin/python"), "-m", "localserve", "serve",
+                               "--port", str(PORT)], cwd=args.server_tree or root, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         for _ in range(240):
@@ -236,10 +247,10 @@ def main() -> int:
         gaps = [g for r in results for g in r["gaps"]]
         row = {
             "whole": f"{sum(r['whole'] for r in results)}/{2 * args.replies}",
-            "ttft_p50_ms": 1e3 * statistics.median(ttfts),
-            "itl_p50_ms": 1e3 * statistics.median(gaps),
+            "ttft_p50_ms": 1e3 * percentile(ttfts, 50),
+            "itl_p50_ms": 1e3 * percentile(gaps, 50),
             "itl_p99_ms": 1e3 * percentile(gaps, 99),
-            "max_gap_ms": 1e3 * max(gaps),
+            "max_gap_ms": 1e3 * max(gaps, default=float("nan")),
             "rss_growth_mib": max(r["rss_growth"] for r in results) / 2**20,
             "drops": sum(r["drops"] for r in results),
         }
