@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from localserve.protocol import ClientFrame, Error, Hello, ServerFrame, Welcome
 
@@ -37,7 +37,10 @@ class Client:
     @classmethod
     async def connect(cls, url: str, user: str | None = None, token: str | None = None) -> Client:
         """Open a connection; with a user, say hello and wait for the welcome."""
-        ws = await connect(url, max_size=None, open_timeout=10)
+        try:
+            ws = await connect(url, max_size=None, open_timeout=10)
+        except InvalidHandshake as e:  # e.g. 503: the server has all the connections it takes
+            raise ClientError("unavailable", str(e)) from None
         client = cls(ws)
         if user is not None:
             await client.send(Hello(user, token))

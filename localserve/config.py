@@ -86,14 +86,14 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     # What one connection may pin: frames waiting to be sent to it, in bytes (a client that
     # stops reading reaches this and is closed with 1008, its requests cancelled) ...
-    max_outbox_bytes: Annotated[int, msgspec.Meta(ge=64 << 10, le=64 << 20)] = 256 << 10
+    max_outbox_bytes: Annotated[int, msgspec.Meta(ge=256 << 10, le=64 << 20)] = 256 << 10
     # ... a socket that takes nothing for this long is closed the same way ...
     write_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     # ... and so is one that does not answer a ping (sent this often) within this long.
     keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     max_connections: Positive = 64  # websockets; beyond it, a new one gets HTTP 503
-    # failed hellos, subscribes and /metrics tokens per client address and minute; beyond it
-    # that address is refused whatever the token until its failures are a minute old
+    # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
+    # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10
 
 

@@ -198,7 +198,11 @@ class Engine:
             self.scheduler.cancel(self._seqs[arg])
         elif kind == "snapshot":
             if arg.set_running_or_notify_cancel():  # the asker may have given up (cancelled)
-                arg.set_result(self.build_snapshot())
+                try:
+                    arg.set_result(self.build_snapshot())
+                except Exception as e:  # the asker must hear of it, not wait forever
+                    log.exception("snapshot failed")
+                    arg.set_exception(e)
         elif kind == "reject":
             self.metrics.on_rejected()
         elif kind == "stop":

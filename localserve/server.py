@@ -70,9 +70,13 @@ MIN_STATS_INTERVAL_MS = 50
 # answer with an error frame. It also bounds what one connection's reader can hold.
 FRAME_SLACK_BYTES = 64 << 10
 MAX_QUEUED_FRAMES = 2  # frames read ahead of the one being handled, then TCP pushes back
-SOCKET_BUFFER_BYTES = 256 << 10  # each of the kernel's buffers (Linux doubles it: 512 KiB)
+SOCKET_BUFFER_BYTES = 256 << 10  # the kernel's send buffer (Linux doubles it: 512 KiB)
+# the receive buffer, smaller: it bounds how much one read (one callback of the loop) parses
+SOCKET_RECEIVE_BYTES = 32 << 10
+FRAME_COST_BYTES = 1024  # each frame read (pings too) is charged at least this to the rate
 CLOSE_TIMEOUT_S = 2.0  # a closing handshake the client does not finish is cut off
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
+SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
 PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed before tokenizing
 TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
 TOKENIZER_NICENESS = 19  # ... at the lowest priority: llama.cpp's threads come first
@@ -201,6 +205,7 @@ class Connection:
         self.is_closing = False  # nothing more is read
         self.num_errors_before_hello = 0
         self._stats_task: asyncio.Task | None = None
+        self._close_task: asyncio.Future | None = None
 
     async def run(self) -> None:
         tasks = [asyncio.create_task(c) for c in (self._write(), self._keepalive(), self._greet())]
@@ -212,6 +217,9 @@ class Connection:
         except ConnectionClosed:
             pass
         finally:
+            if self._close_task is not None:  # the close code the server chose goes out first
+                with contextlib.suppress(Exception):
+                    await self._close_task
             self.is_closed = self.is_closing = True
             for task in tasks:
                 task.cancel()
@@ -267,7 +275,7 @@ class Connection:
         if not flush:
             self.is_closed = True
             self.server.drop(self)  # their cells are freed at the next step
-        asyncio.ensure_future(self._close(code, reason, flush))
+        self._close_task = asyncio.ensure_future(self._close(code, reason, flush))
 
     async def _close(self, code: int, reason: str, flush: bool) -> None:
         if flush:  # let the client read why (errors before hello), briefly
@@ -306,6 +314,8 @@ class Connection:
                     async with asyncio.timeout(interval):
                         await (await self.ws.ping())
                 except TimeoutError:
+                    if self.ws.recv_messages.paused or self.ws._is_rate_paused:
+                        continue  # the server is not reading it: its pong may be waiting
                     return self.close(CLOSE_NOT_READING, f"no pong within {interval:g} s")
 
     async def flush(self, timeout: float) -> None:
@@ -347,7 +357,10 @@ class Connection:
         if not check_user_name(hello.user):
             return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
         allowed = self.server.access.allows_user(hello.user, hello.token)
-        refused = self.server.authenticate(self.address, f"user {hello.user}", allowed,
+        # unknown names share one key: inventing names must not push real users' entries out
+        known = hello.user in self.server.access.users
+        credential = f"user {hello.user}" if known else "unknown user"
+        refused = self.server.authenticate(self.address, credential, allowed,
                                            "unknown user or wrong token")  # fmt: skip
         if refused:
             return self.error("unauthorized", refused.message)
@@ -369,7 +382,10 @@ class Connection:
 
     async def _stream_stats(self, interval_s: float) -> None:
         while not self.is_closed:
-            self.outbox.put_stats(await self.server.stats_frame())
+            try:
+                self.outbox.put_stats(await self.server.stats_frame())
+            except Exception:  # the engine failed a snapshot: try again at the next tick
+                log.exception("connection %d: no stats this time", self.num)
             self._check_backlog()
             await asyncio.sleep(interval_s)
 
@@ -483,6 +499,7 @@ class Server:
             max_size=self.config.max_frame_bytes + FRAME_SLACK_BYTES,
             max_queue=MAX_QUEUED_FRAMES,
             ping_interval=None,  # each Connection pings itself: no pong is a 1008, not a 1011
+            compression=None,  # a deflated frame can grow ~1000x: no bound would hold
             close_timeout=CLOSE_TIMEOUT_S,
         )
         self.port = next(iter(self._ws.sockets)).getsockname()[1]
@@ -507,6 +524,7 @@ class Server:
         if self._ws is not None:
             self._ws.close()
             await self._ws.wait_closed()
+        self._tokenizer.shutdown(wait=False, cancel_futures=True)
 
     async def _wait_for_requests(self, timeout: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -562,7 +580,8 @@ class Server:
 
     async def _fetch_snapshot(self) -> Snapshot:
         try:
-            return await asyncio.wrap_future(self.engine.snapshot())
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):  # a stuck engine must not hang us
+                return await asyncio.wrap_future(self.engine.snapshot())
         finally:
             self._snapshot = None
 
@@ -593,8 +612,11 @@ class Server:
             prompt = await loop.run_in_executor(self._tokenizer, self._tokenize, chat)
             if not chat.ignore_eos:  # the format's end of turn is an EOS in all but name
                 params = msgspec.structs.replace(params, format_stop=prompt.stops)
-            if conn.is_closed:
-                return self._close(request)
+            if conn.is_closed or self.is_shutting_down:  # both may have come while tokenizing
+                self._close(request)
+                if self.is_shutting_down:
+                    conn.error("shutting_down", "the server is shutting down", chat.id)
+                return None
             self.engine.add_request(
                 request.engine_id, prompt.tokens, params, user=conn.user,
                 shared_prefix_tokens=prompt.system_tokens,
@@ -794,8 +816,8 @@ class _GuardedConnection(ServerConnection):
     def connection_made(self, transport) -> None:
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_RECEIVE_BYTES)
         super().connection_made(transport)
         self.recv_messages.resume = self._resume_reading  # its flow control, and the rate's
 
@@ -823,19 +845,28 @@ class _GuardedConnection(ServerConnection):
         else:
             self._limit_read_rate(len(data))
 
+    def process_event(self, event) -> None:
+        """Each frame costs the loop work (a pong, a decode), however few bytes it has."""
+        if self.request is not None:  # a frame, not the handshake
+            self._charge(FRAME_COST_BYTES)
+        super().process_event(event)
+
     def _limit_read_rate(self, num_bytes: int) -> None:
         """Stop reading for a while when a client sends faster than max_read_rate.
 
         Every byte costs the event loop (frames decoded, pings answered) and, on a small
         machine, the CPU that llama.cpp's threads need: one flooding client must not take it.
         """
-        now = self.loop.time()
-        elapsed, self._credit_time = now - self._credit_time, now
-        self._credit = min(self._burst, self._credit + elapsed * self.max_read_rate) - num_bytes
+        self._charge(num_bytes)
         if self._credit < 0 and not self._is_rate_paused:
             self._is_rate_paused = True
             self.transport.pause_reading()
             self.loop.call_later(-self._credit / self.max_read_rate, self._end_rate_pause)
+
+    def _charge(self, num_bytes: int) -> None:
+        now = self.loop.time()
+        elapsed, self._credit_time = now - self._credit_time, now
+        self._credit = min(self._burst, self._credit + elapsed * self.max_read_rate) - num_bytes
 
     def _end_rate_pause(self) -> None:
         self._is_rate_paused = False
