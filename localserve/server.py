@@ -314,7 +314,7 @@ class Connection:
                     async with asyncio.timeout(interval):
                         await (await self.ws.ping())
                 except TimeoutError:
-                    if self.ws.recv_messages.paused or self.ws._is_rate_paused:
+                    if self.ws.is_reading_paused:
                         continue  # the server is not reading it: its pong may be waiting
                     return self.close(CLOSE_NOT_READING, f"no pong within {interval:g} s")
 
@@ -872,9 +872,14 @@ class _GuardedConnection(ServerConnection):
         self._is_rate_paused = False
         self._resume_reading()
 
+    @property
+    def is_reading_paused(self) -> bool:
+        """The server holds reading back (the rate, or websockets' own flow control)."""
+        return self._is_rate_paused or self.recv_messages.paused
+
     def _resume_reading(self) -> None:
         """Read again once neither the rate nor websockets' own flow control holds it back."""
-        if not (self._is_rate_paused or self.recv_messages.paused or self.transport.is_closing()):
+        if not (self.is_reading_paused or self.transport.is_closing()):
             self.transport.resume_reading()
 
 
