@@ -69,7 +69,7 @@ def is_loopback(host: str) -> bool:
 
 
 class Access:
-    """Token checks for hello and subscribe."""
+    """Token checks for hello, subscribe, /metrics and the HTTP API's keys."""
 
     def __init__(self, users: dict[str, str], monitor_token: str | None = None) -> None:
         self.users = users
@@ -91,6 +91,14 @@ class Access:
         if not self.users:
             return True
         return _same_token(self.users.get(user), token)
+
+    def user_for_token(self, token: str | None) -> str | None:
+        """The user whose token this is (an HTTP API key); every token is compared."""
+        found = None
+        for user, expected in self.users.items():
+            if _same_token(expected, token):
+                found = user
+        return found
 
     def allows_monitor(self, token: str | None) -> bool:
         """Stats and /metrics show every user's traffic: open only on a tokenless server."""

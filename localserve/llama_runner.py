@@ -214,8 +214,9 @@ class LlamaRunner:
     # --- sampling --------------------------------------------------------------------------
 
     def new_sampler(self, params: SamplingParams) -> Sampler | _Chain:
-        """numpy sampling on the logits; llama.cpp's chain only for repetition penalties."""
-        if params.repeat_penalty == 1.0:
+        """numpy sampling on the logits; llama.cpp's chain only for penalties (repeat, frequency,
+        presence), which need the token history."""
+        if not params.has_penalties:
             return Sampler(params, self._eog_ids)
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         add = llama_cpp.llama_sampler_chain_add
@@ -225,8 +226,9 @@ class LlamaRunner:
                 biases[i].token, biases[i].bias = t, float("-inf")
             add(chain, llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases))
         penalties = llama_cpp.llama_sampler_init_penalties(
-            self.n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
-        )
+            self.n_vocab, params.repeat_last_n, params.repeat_penalty,
+            params.frequency_penalty, params.presence_penalty,
+        )  # fmt: skip
         add(chain, penalties)
         if params.temperature < MIN_TEMPERATURE:
             add(chain, llama_cpp.llama_sampler_init_greedy())

@@ -1,18 +1,28 @@
-"""Chats to prompt text, per the model's `chat_format`.
+"""The prompt builder: chats to prompt text (per the model's `chat_format`), then to tokens.
 
 - "template": llama.cpp's built-in chat template (by name from models.toml, or the GGUF's own).
 - "transcript": a plain dialogue that a *base* model continues sensibly. The embedded Gemma 3
   270M is a base model: given its chat template it echoes the question back in a loop, given a
   transcript it answers ("User: What is the capital of France? / Assistant: The capital of
   France is Paris."). Generation stops where the model starts the user's next turn.
+
+`PromptBuilder` renders and tokenizes off the event loop, in a small pool of low-priority
+threads, says once (`PromptTooLong`) when a prompt does not fit the context, and finds the
+system prompt's tokens that requests may share.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
+
+from localserve.kv import common_prefix
 
 ROLES = ("system", "user", "assistant")
 PREAMBLE = (
@@ -91,3 +101,101 @@ def _template_head(system: tuple[str, ...], apply_template) -> str:
     chats = ([*({"role": "system", "content": c} for c in system), {"role": "user", "content": x}]
              for x in ("a", "b"))  # fmt: skip
     return os.path.commonprefix([apply_template(chat) for chat in chats])
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed before tokenizing
+TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
+TOKENIZER_NICENESS = 19  # ... at the lowest priority: llama.cpp's threads come first
+
+
+class PromptTooLong(ValueError):
+    """The formatted prompt does not fit in the context."""
+
+    def __init__(self, num_tokens: int, n_ctx: int, at_least: bool = False) -> None:
+        self.num_tokens, self.n_ctx = num_tokens, n_ctx
+        over = "over " if at_least else ""
+        super().__init__(f"the prompt has {over}{num_tokens} tokens; the context holds {n_ctx}")
+
+
+class Prompt(NamedTuple):
+    tokens: list[int]
+    stops: tuple[str, ...]  # the format's own stop strings
+    system_tokens: int  # the first ones are a system prompt that other requests may share
+    is_default_system: bool  # the server's own system prompt: shared with every user
+
+
+class PromptBuilder:
+    """Render and tokenize in a pool of low-priority threads; one too-long check."""
+
+    def __init__(
+        self,
+        tokenize: Callable[[str], list[int]],
+        apply_template: Callable[[list[dict[str, str]]], str],
+        n_ctx: int,
+        chat_format: str,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.tokenize = tokenize
+        self.apply_template = apply_template
+        self.n_ctx = n_ctx
+        self.chat_format = chat_format
+        self.system_prompt = system_prompt
+        # the same system prompt comes with every chat: tokenize it once (thread-safe cache)
+        self._system_tokens = functools.lru_cache(maxsize=64)(tokenize)
+        self._pool = ThreadPoolExecutor(
+            TOKENIZER_THREADS, "localserve-tokenize", initializer=_lower_priority
+        )
+
+    async def chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
+        """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat."""
+        return await self._run(self._chat, messages)
+
+    async def text(self, text: str) -> Prompt:
+        """A raw prompt (OpenAI's completions): the text as it is, nothing shared."""
+        return await self._run(self._text, text)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn, arg) -> Prompt:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+
+    def _chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
+        r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
+        tokens = self._tokens(r.text)
+        # the system prompt's tokens as the prompt has them (a word may straddle the boundary)
+        system_text = r.text[: r.system_chars]
+        cached = len(system_text) <= MAX_CACHED_SYSTEM_CHARS  # the cache is bounded in bytes
+        tokenize = self._system_tokens if cached else self.tokenize
+        system = tokenize(system_text) if system_text else []
+        return Prompt(tokens, r.stops, common_prefix(system, tokens), r.is_default_system)
+
+    def _text(self, text: str) -> Prompt:
+        if not text:
+            raise ValueError("prompt: must not be empty")
+        return Prompt(self._tokens(text), (), 0, False)
+
+    def _tokens(self, text: str) -> list[int]:
+        """The one too-long check: the prompt must leave a cell for the reply."""
+        n_ctx, probe = self.n_ctx, self.n_ctx * PROBE_CHARS_PER_TOKEN
+        if len(text) > probe and len(head := self.tokenize(text[:probe])) > n_ctx:
+            # far too long: no need to tokenize all of it (up to max_frame_bytes) to say so
+            raise PromptTooLong(len(head), n_ctx, at_least=True)
+        tokens = self.tokenize(text)
+        if len(tokens) >= n_ctx:
+            raise PromptTooLong(len(tokens), n_ctx)
+        return tokens
+
+
+def _lower_priority() -> None:
+    """Run this (tokenizer) thread at the lowest CPU priority.
+
+    llama.cpp's threads meet at a barrier after every operation: a thread that loses its core
+    to other work stalls the whole step. With two cores and two llama.cpp threads, tokenizing a
+    pasted 250 KB prompt at normal priority stretched decode steps from 11 ms to over a second;
+    at this priority they stay under 35 ms (benchmarks/issue10_hostile.py).
+    """
+    with contextlib.suppress(OSError, AttributeError):  # Linux: per thread; elsewhere: as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), TOKENIZER_NICENESS)

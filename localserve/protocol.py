@@ -160,20 +160,31 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
     content: str
 
 
-class Chat(msgspec.Struct, tag="chat", forbid_unknown_fields=True, kw_only=True):
-    """A request: a conversation to continue. `id` is the client's, unique per connection."""
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """How a reply is sampled: the one definition behind the websocket `chat` frame, the OpenAI
+    API's requests and the engine's `SamplingParams` (which checks the values)."""
 
-    id: str
-    messages: list[Message]
     max_tokens: int = 256
     temperature: float = 0.8
     top_p: float = 0.95
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
+
+
+SAMPLING_FIELDS = SamplingFields.__struct_fields__
+
+
+class Chat(SamplingFields, tag="chat", forbid_unknown_fields=True, kw_only=True):
+    """A request: a conversation to continue. `id` is the client's, unique per connection."""
+
+    id: str
+    messages: list[Message]
 
 
 class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):

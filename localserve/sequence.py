@@ -13,6 +13,8 @@ import math
 
 import msgspec
 
+from localserve.protocol import SAMPLING_FIELDS
+
 
 class Status(enum.Enum):
     WAITING = "waiting"
@@ -51,6 +53,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0  # 1 = off
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times the count of a token so far
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token has appeared
     repeat_last_n: int = 64
     seed: int | None = None  # None = random
     stop: tuple[str, ...] = ()  # the client's stop strings
@@ -73,6 +77,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
                 "repeat_penalty",
                 f"must be in [{MIN_REPEAT_PENALTY}, 10]",
             ),  # fmt: skip
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
             (0 <= self.repeat_last_n <= 4096, "repeat_last_n", "must be in [0, 4096]"),
             (self.seed is None or 0 <= self.seed < 1 << 32, "seed", "must be in [0, 2**32)"),
             (
@@ -86,9 +92,14 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
                 raise ValueError(f"{key}: {problem}")
 
     @property
+    def has_penalties(self) -> bool:
+        """Penalties need the token history: llama.cpp's sampler chain applies them."""
+        return (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1, 0, 0)
+
+    @property
     def is_greedy(self) -> bool:
         """Argmax sampling with nothing that needs a sampler chain."""
-        return self.temperature < MIN_TEMPERATURE and self.repeat_penalty == 1.0
+        return self.temperature < MIN_TEMPERATURE and not self.has_penalties
 
     @property
     def num_candidates(self) -> int:
@@ -98,6 +109,16 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     @property
     def all_stops(self) -> tuple[str, ...]:
         return self.stop + self.format_stop
+
+
+def sampling_params(fields, **extra) -> SamplingParams:
+    """The engine's checked parameters from a request's `protocol.SamplingFields`.
+
+    Raises ValueError naming the first field out of range.
+    """
+    values = {name: getattr(fields, name) for name in SAMPLING_FIELDS}
+    values["stop"] = tuple(values["stop"])
+    return SamplingParams(**values, **extra)
 
 
 class TextStream:

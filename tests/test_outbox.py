@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 
 from localserve.protocol import Error, Stats, TokenDelta
-from localserve.server import Outbox
+from localserve.outbox import Outbox
 
 
 def drain(outbox: Outbox) -> list[dict]:

@@ -336,7 +336,8 @@ def test_healthz_is_json(live):
     with urllib.request.urlopen(live.http + "/healthz", timeout=10) as response:
         assert response.headers["Content-Type"] == "application/json"
         body = json.load(response)
-    assert body == {"ok": True, "model": "gemma-3-270m", "running": 0, "waiting": 0}
+    assert body == {"ok": True, "model": "gemma-3-270m", "backend": "CPU", "running": 0,
+                    "waiting": 0}  # fmt: skip
 
 
 def test_ignore_eos_also_ignores_the_formats_end_of_turn(connect):

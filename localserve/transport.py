@@ -1,0 +1,263 @@
+"""Bounded connections: uvicorn's HTTP and websocket protocols with localserve's limits.
+
+uvicorn parses HTTP (httptools) and hands websockets to the `websockets` library's Sans-I/O
+protocol; these subclasses add what one hostile client must not get past:
+
+- kernel buffers fixed small (Linux grows a send buffer to 4 MiB for a client that does not
+  read; the receive buffer bounds how much one read, one callback of the loop, parses);
+- a read rate per connection (a token bucket over bytes, each HTTP request and websocket frame
+  charged at least FRAME_COST_BYTES): a flooding client must not take the CPU llama.cpp needs;
+- HTTP: a request's head within MAX_HEAD_BYTES and HEAD_TIMEOUT_S, at most MAX_PIPELINED
+  requests read ahead;
+- websockets: a client that does not read the pongs the protocol writes for its pings is cut
+  off; no pong within the keepalive closes with 1008 (not while the server itself holds reading
+  back); a closing handshake the client does not finish is cut off after CLOSE_TIMEOUT_S.
+
+The app reaches its connection's protocol through `scope["extensions"]["localserve"]`, to
+abort a connection that stopped reading (a close would wait for its buffer to drain).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+log = logging.getLogger("localserve.transport")
+
+SOCKET_SEND_BYTES = 256 << 10  # the kernel's send buffer (Linux doubles it: 512 KiB)
+SOCKET_RECEIVE_BYTES = 32 << 10  # smaller: it bounds how much one read parses
+FRAME_COST_BYTES = 1024  # each frame or request read (pings too) costs at least this much
+MAX_HEAD_BYTES = 64 << 10  # request line and headers
+HEAD_TIMEOUT_S = 10.0  # a request's head must arrive within this long
+MAX_PIPELINED = 16  # HTTP requests read ahead of the one being answered
+CLOSE_TIMEOUT_S = 2.0
+CLOSE_NOT_READING = 1008  # policy violation
+
+
+class Limits:
+    """What a connection may cost: set per server, read by every connection it accepts."""
+
+    def __init__(self, max_read_rate: int, max_write_buffer: int) -> None:
+        self.max_read_rate = max_read_rate  # bytes a second, after a burst of two seconds' worth
+        self.max_write_buffer = max_write_buffer  # bytes the transport holds unsent (pongs)
+
+
+class _ReadRate:
+    """A token bucket over bytes read; pauses the transport while it is empty."""
+
+    def __init__(self, protocol, rate: int) -> None:
+        self.protocol = protocol
+        self.rate = rate
+        self.credit = self.burst = 2 * rate
+        self.time = 0.0
+        self.is_paused = False
+
+    def charge(self, num_bytes: int) -> None:
+        loop = self.protocol.loop
+        now = loop.time()
+        elapsed, self.time = now - self.time, now
+        self.credit = min(self.burst, self.credit + elapsed * self.rate) - num_bytes
+        if self.credit < 0:
+            # again while paused: uvicorn's own flow control may have resumed reading
+            self.protocol.transport.pause_reading()
+            if not self.is_paused:
+                self.is_paused = True
+                loop.call_later(-self.credit / self.rate, self._end_pause)
+
+    def _end_pause(self) -> None:
+        self.is_paused = False
+        self.protocol.resume_if_allowed()
+
+
+def _fix_buffers(transport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_RECEIVE_BYTES)
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class GuardedHTTP(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a bounded head, a deadline and a read rate."""
+
+    def __init__(self, *args, limits: Limits, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._rate = _ReadRate(self, limits.max_read_rate)
+        self._head_bytes = 0
+        self._head_too_large = False
+        self._head_timer = None
+
+    def connection_made(self, transport) -> None:
+        _fix_buffers(transport)
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_too_large:
+            return
+        self._rate.charge(len(data))
+        super().data_received(data)
+
+    def abort(self) -> None:
+        """Cut the connection now (it stopped reading: a close would wait for it)."""
+        self.transport.abort()
+
+    def resume_if_allowed(self) -> None:
+        if not (self.flow.read_paused or self._rate.is_paused or self.transport.is_closing()):
+            self.transport.resume_reading()
+
+    # the request's head: bounded in bytes and in time
+
+    def on_message_begin(self) -> None:
+        self._head_bytes = 0
+        self._rate.charge(FRAME_COST_BYTES)
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count_head(self, num_bytes: int) -> None:
+        self._head_bytes += num_bytes
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._head_too_large = True
+            raise _HeadTooLarge  # httptools stops parsing; send_400_response answers
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._head_too_large:
+            return super().send_400_response(msg)
+        body = f"request head over {MAX_HEAD_BYTES} bytes\n".encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\n"
+            b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        super().on_headers_complete()
+        if self.cycle is not None and self.cycle.scope is self.scope:
+            self.scope.setdefault("extensions", {})["localserve"] = self
+        if len(self.pipeline) > MAX_PIPELINED:
+            log.warning("%s: over %d pipelined requests; cut", self.client, MAX_PIPELINED)
+            self.transport.abort()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        """No whole request head in HEAD_TIMEOUT_S (idle keep-alive ends sooner, by uvicorn)."""
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+class GuardedWebSocket(WebSocketsSansIOProtocol):
+    """uvicorn's websocket protocol (on `websockets`' Sans-I/O core), bounded."""
+
+    def __init__(self, *args, limits: Limits, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.close_timeout = CLOSE_TIMEOUT_S
+        self._rate = _ReadRate(self, limits.max_read_rate)
+        events_received = self.conn.events_received
+
+        def counted_events():
+            """Each frame costs the loop work (a pong, a decode), however few bytes it has."""
+            events = events_received()
+            if self.handshake_complete and events:
+                self._rate.charge(FRAME_COST_BYTES * len(events))
+            return events
+
+        self.conn.events_received = counted_events
+
+    def connection_made(self, transport) -> None:
+        _fix_buffers(transport)
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # the protocol answers each ping with a pong written at once, with no flow control: a
+        # client that sends pings and reads nothing would grow this buffer without bound
+        if self.transport.get_write_buffer_size() > self.limits.max_write_buffer:
+            log.warning("%s: not reading its pongs; connection cut", self.client)
+            self.transport.abort()
+        elif not self.transport.is_closing():
+            self._rate.charge(len(data))
+
+    def handle_connect(self, event) -> None:
+        super().handle_connect(event)
+        if self.handshake_initiated and not self.close_sent:
+            self.scope["extensions"]["localserve"] = self
+
+    def abort(self) -> None:
+        self.transport.abort()
+
+    @property
+    def is_reading_paused(self) -> bool:
+        """The server holds reading back (the rate, or a message the app has not taken)."""
+        return self._rate.is_paused or self.read_paused
+
+    def resume_if_allowed(self) -> None:
+        if not (self.is_reading_paused or self.transport.is_closing()):
+            self.transport.resume_reading()
+
+    async def receive(self):
+        # uvicorn resumes reading when the app takes the last message: not during a rate pause
+        message = await self.queue.get()
+        if self.read_paused and self.queue.empty():
+            self.read_paused = False
+            self.resume_if_allowed()
+        return message
+
+    def keepalive_timeout(self) -> None:
+        """No pong in time: 1008, unless the server itself is not reading (its pong may wait)."""
+        if self.is_reading_paused:
+            self.pong_timer = None
+            self.pending_ping_payload = None
+            self.schedule_ping()
+            return
+        self.pong_timer = None
+        self.pending_ping_payload = None
+        if self.close_sent or self.transport.is_closing():
+            return
+        log.warning("%s: no pong within %g s; closing (1008)", self.client, self.ping_timeout)
+        self.conn.fail(CLOSE_NOT_READING, f"no pong within {self.ping_timeout:g} s")
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.transport.close()
+        self.loop.call_later(self.close_timeout, self.transport.abort)
+
+    async def send(self, message) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.close" and self.close_timer is not None:
+            # a client that reads nothing never lets a close finish: abort, do not wait
+            self.close_timer.cancel()
+            self.close_timer = self.loop.call_later(self.close_timeout, self.transport.abort)
