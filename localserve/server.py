@@ -105,10 +105,7 @@ class Server:
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         c = self.config
-        limits = ConnectionLimits(
-            max_read_rate=c.max_frame_bytes + FRAME_SLACK_BYTES,
-            max_write_buffer=c.max_outbox_bytes + (64 << 10),
-        )
+        limits = ConnectionLimits(lambda: self.config, FRAME_SLACK_BYTES)
         config = uvicorn.Config(
             self.asgi,
             host=host,
@@ -116,7 +113,8 @@ class Server:
             http=functools.partial(GuardedHTTP, limits=limits),
             ws=functools.partial(GuardedWebSocket, limits=limits),
             ws_max_size=c.max_frame_bytes + FRAME_SLACK_BYTES,
-            ws_ping_interval=c.keepalive_s,  # no pong within keepalive_s closes with 1008
+            # a ping every keepalive_s; no pong within keepalive_s closes with 1008
+            ws_ping_interval=c.keepalive_s,
             ws_ping_timeout=c.keepalive_s,
             ws_per_message_deflate=False,  # a deflated frame can grow ~1000x: no bound holds
             interface="asgi3",

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from localserve.config import ServerConfig
 
 log = logging.getLogger("localserve.transport")
 
@@ -38,11 +41,25 @@ CLOSE_NOT_READING = 1008  # policy violation
 
 
 class Limits:
-    """What a connection may cost: set per server, read by every connection it accepts."""
+    """What a connection may cost, read from the server's current configuration."""
 
-    def __init__(self, max_read_rate: int, max_write_buffer: int) -> None:
-        self.max_read_rate = max_read_rate  # bytes a second, after a burst of two seconds' worth
-        self.max_write_buffer = max_write_buffer  # bytes the transport holds unsent (pongs)
+    def __init__(self, config: Callable[[], ServerConfig], frame_slack_bytes: int) -> None:
+        self._config = config
+        self._slack = frame_slack_bytes
+
+    @property
+    def max_read_rate(self) -> int:
+        """Bytes a second, after a burst of two seconds' worth."""
+        return self._config().max_frame_bytes + self._slack
+
+    @property
+    def max_write_buffer(self) -> int:
+        """Bytes the transport may hold unsent (pongs the client does not read)."""
+        return self._config().max_outbox_bytes + (64 << 10)
+
+    @property
+    def keepalive_s(self) -> float:
+        return self._config().keepalive_s
 
 
 class _ReadRate:
@@ -219,6 +236,10 @@ class GuardedWebSocket(WebSocketsSansIOProtocol):
 
     def abort(self) -> None:
         self.transport.abort()
+
+    def start_keepalive(self) -> None:
+        self.ping_interval = self.ping_timeout = self.limits.keepalive_s
+        super().start_keepalive()
 
     @property
     def is_reading_paused(self) -> bool:

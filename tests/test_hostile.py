@@ -431,19 +431,19 @@ def test_non_ascii_tokens_are_compared_as_bytes(live, connect, bob):
 
 def test_a_failure_while_handling_a_frame_is_an_internal_error(live, connect, bob):
     server = live.server
-    real = server.chat
+    real = server.submit
 
-    async def broken(conn, chat):
+    async def broken(*args):
         raise RuntimeError("boom")
 
     ws = connect()
     ws.hello("ivy")
-    server.chat = broken
+    server.submit = broken
     try:
         ws.chat("x", QUESTION)
         reply = ws.recv()
     finally:
-        server.chat = real
+        server.submit = real
     assert reply["type"] == "error" and reply["code"] == "internal"
     ws.chat("y", QUESTION, max_tokens=2)  # the connection lives on
     assert ws.until_done("y")[-1]["finish_reason"] in ("stop", "length")
@@ -526,13 +526,13 @@ def test_sixteen_user_stop_strings_are_accepted_by_a_transcript_model(connect, b
     assert ws.recv()["code"] == "bad_request"
 
 
-@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "OPTIONS", "PATCH"])
 def test_every_http_method_but_get_is_405(live, method):
     for path, body in (("/healthz", None), ("/metrics", b"x=1"), ("/", b'{"a": 1}')):
         request = urllib.request.Request(live.http + path, data=body, method=method)
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
-        assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET"
+        assert refused.value.code == 405 and "GET" in refused.value.headers["Allow"]
     assert urllib.request.urlopen(live.http + "/healthz", timeout=10).status == 200
 
 
@@ -554,9 +554,9 @@ def test_a_client_that_pings_and_never_reads_is_cut_off(live, bob):
 
 
 def test_a_connection_must_say_hello_or_subscribe_soon(live, monkeypatch, bob):
-    import localserve.server
+    import localserve.connection
 
-    monkeypatch.setattr(localserve.server, "HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(localserve.connection, "HELLO_TIMEOUT_S", 0.5)
     silent, monitor = WS(live.url), WS(live.url)
     monitor.send({"type": "subscribe", "interval_ms": 200})
     with pytest.raises(ConnectionClosed) as closed:

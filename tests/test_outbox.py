@@ -6,8 +6,8 @@ import asyncio
 
 import msgspec
 
-from localserve.protocol import Error, Stats, TokenDelta
 from localserve.outbox import Outbox
+from localserve.protocol import Error, Stats, TokenDelta
 
 
 def drain(outbox: Outbox) -> list[dict]:
