@@ -16,7 +16,8 @@ websockets (no compression), hand-written HTTP/1.1 keep-alive requests on raw st
   SSE           one POST streaming N events of `data: {~150 B json}\\n\\n`, one chunk each.
   memory        server RSS just after start; KiB per idle websocket (64 opened after a warm-up).
 
-Latency cells read "p50 (lowest-highest per-round p50)"; a wide spread means a noisy machine.
+Latency cells read "p50 over all rounds (lowest-highest per-round p50)", SSE "median (range)";
+a wide spread means the machine was noisy.
 Server CPU per op is the server's on-CPU time (/proc/<pid>/task/*/schedstat, ns) over the
 timed ops: what the server itself pays, apart from client and scheduler time in the round trip.
 Run: `.venv/bin/python benchmarks/issue11_stacks.py [--rounds 6]`; JSON goes to
@@ -330,42 +331,43 @@ def summarize(blocks: list[dict], kind: str) -> dict:
     if not blocks:
         return {}
     if kind == "memory":
-        return {"rss_start_kib": statistics.median(b["rss_start_kib"] for b in blocks),
+        return {"rss_start_mib": statistics.median(b["rss_start_kib"] for b in blocks) / 1024,
                 "kib_per_conn": statistics.median(b["kib_per_conn"] for b in blocks)}
     n, cpu = sum(b["n"] for b in blocks), sum(b["cpu_s"] for b in blocks)
     if kind == "sse":
         eps = [b["events_per_s"] for b in blocks]
-        return {"events_per_s": statistics.median(eps), "range": [min(eps), max(eps)],
+        return {"events_per_s": statistics.median(eps), "events_per_s_range": [min(eps), max(eps)],
                 "cpu_ms_per_1000": cpu * 1e6 / n, "chunked": all(b["chunked"] for b in blocks)}
-    lat = [x for b in blocks for x in b["lat_us"]]
-    p50s = [pct(b["lat_us"], 0.5) for b in blocks]
-    return {"p50_us": pct(lat, 0.5), "p99_us": pct(lat, 0.99), "p50_range": [min(p50s), max(p50s)],
-            "server_cpu_us_per_op": cpu * 1e6 / n, "n": n}
+    lat, p50s = [x for b in blocks for x in b["lat_us"]], [pct(b["lat_us"], 0.5) for b in blocks]
+    return {"p50_us": pct(lat, 0.5), "p50_us_range": [min(p50s), max(p50s)],
+            "p99_us": pct(lat, 0.99), "server_cpu_us_per_op": cpu * 1e6 / n, "n": n}
+
+
+ROWS = [  # label, metric, summary key, format; a key with a "_range" sibling shows it too
+    ("ws echo p50 µs (round p50s)", "ws", "p50_us", ".0f"),
+    ("ws echo p99 µs", "ws", "p99_us", ".0f"),
+    ("ws echo server CPU µs/msg", "ws", "server_cpu_us_per_op", ".1f"),
+    ("POST p50 µs (round p50s)", "post", "p50_us", ".0f"),
+    ("POST p99 µs", "post", "p99_us", ".0f"),
+    ("POST server CPU µs/req", "post", "server_cpu_us_per_op", ".1f"),
+    ("SSE events/s (round range)", "sse", "events_per_s", ".0f"),
+    ("SSE server CPU ms / 1000 events", "sse", "cpu_ms_per_1000", ".2f"),
+    ("RSS after start MiB", "memory", "rss_start_mib", ".1f"),
+    ("RSS KiB per idle websocket", "memory", "kib_per_conn", ".1f"),
+]
 
 
 def table(summ: dict) -> str:
-    def cell(k, kind, fmt):
-        return fmt(summ[k][kind]) if summ[k][kind] else "n/a"
+    def cell(d: dict, key: str, f: str) -> str:
+        if not d:
+            return "n/a"
+        lo_hi = d.get(key + "_range")
+        return f"{d[key]:{f}}" + (f" ({lo_hi[0]:{f}}-{lo_hi[1]:{f}})" if lo_hi else "")
 
-    def rng(key, rkey):
-        return lambda d: f"{d[key]:.0f} ({d[rkey][0]:.0f}-{d[rkey][1]:.0f})"
-
-    rows = [
-        ("ws echo p50 µs", "ws", rng("p50_us", "p50_range")),
-        ("ws echo p99 µs", "ws", lambda d: f"{d['p99_us']:.0f}"),
-        ("ws echo server CPU µs/msg", "ws", lambda d: f"{d['server_cpu_us_per_op']:.1f}"),
-        ("POST p50 µs", "post", rng("p50_us", "p50_range")),
-        ("POST p99 µs", "post", lambda d: f"{d['p99_us']:.0f}"),
-        ("POST server CPU µs/req", "post", lambda d: f"{d['server_cpu_us_per_op']:.1f}"),
-        ("SSE events/s", "sse", rng("events_per_s", "range")),
-        ("SSE server CPU ms / 1000 events", "sse", lambda d: f"{d['cpu_ms_per_1000']:.1f}"),
-        ("RSS after start MiB", "memory", lambda d: f"{d['rss_start_kib'] / 1024:.1f}"),
-        ("RSS KiB per idle websocket", "memory", lambda d: f"{d['kib_per_conn']:.1f}"),
-    ]
     out = ["| metric | " + " | ".join(f"{k} {v}" for k, v in NAMES.items()) + " |",
            "|---|" + "---|" * len(NAMES)]
-    out += [f"| {name} | " + " | ".join(cell(k, kind, f) for k in NAMES) + " |"
-            for name, kind, f in rows]
+    out += [f"| {label} | " + " | ".join(cell(summ[k][kind], key, f) for k in NAMES) + " |"
+            for label, kind, key, f in ROWS]
     return "\n".join(out)
 
 
@@ -389,17 +391,17 @@ def main() -> None:
             "seconds": round(time.monotonic() - t0, 1),
             "versions": {m: version(m) for m in
                          ("websockets", "uvicorn", "starlette", "httptools", "aiohttp", "msgspec")},
-            "sizes": {"ws_msg": len(WS_MSG), "ws_reply": len(ws_reply(dec.decode(WS_MSG))),
-                      "post_body": len(POST_BODY), "post_reply": len(chat_reply(dec.decode(
-                          POST_BODY))), "sse_event": len(next(sse_events(
-                              {"model": "gemma-3-1b", "n_events": 1})))}}
+            "bytes": {"ws_msg": len(WS_MSG), "ws_reply": len(ws_reply(dec.decode(WS_MSG))),
+                      "post_body": len(POST_BODY),
+                      "post_reply": len(chat_reply(dec.decode(POST_BODY))),
+                      "sse_event": len(next(sse_events({"model": "gemma-3-1b", "n_events": 1})))}}
     for r in res.values():  # keep raw latencies out of the JSON, summaries are enough
         for b in r["ws"] + r["post"]:
             b["lat_us"] = {"p50": pct(b["lat_us"], 0.5), "p99": pct(b["lat_us"], 0.99)}
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps({"meta": meta, "summary": summ, "rounds": res}, indent=1))
     print(table(summ))
-    print(f"\nsizes {meta['sizes']}; load {load0} -> {meta['loadavg_after']}; "
+    print(f"\nbytes {meta['bytes']}; load {load0} -> {meta['loadavg_after']}; "
           f"{meta['seconds']} s; JSON in {OUT.relative_to(OUT.parent.parent)}")
 
 

@@ -22,6 +22,7 @@ seeded and reproducible.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
 import json
 import math
@@ -263,15 +264,25 @@ async def _ws_chat(client: Client, chat: Chat, kind: str) -> tuple[RequestResult
 
 
 async def send_one_openai(
-    base_url: str, user: str, spec: RequestSpec, ignore_eos: bool, seed: int
-) -> RequestResult:
-    """The same request to an OpenAI-compatible server (llama-server): /v1/completions, SSE.
+    base_url: str, user: str, spec: RequestSpec, ignore_eos: bool, seed: int,
+    endpoint: str = "completions",
+) -> RequestResult:  # fmt: skip
+    """The same request to an OpenAI-compatible server, streamed (SSE).
 
-    The prompt is rendered as the transcript our server uses for the embedded base model, so
-    both servers see the same tokens; like ours, the end-of-turn stop is dropped for ignore_eos.
+    `completions` (any server, llama-server too): the prompt is rendered as the transcript our
+    server uses for the embedded base model, so both servers see the same tokens; like ours,
+    the end-of-turn stop is dropped for ignore_eos. `chat` (localserve's /v1): the messages,
+    rendered by the server exactly as for a websocket chat, under the bench user's name.
     """
-    body = _completion_body([("user", spec.prompt)], spec.max_tokens, 0.7, seed, ignore_eos)
-    result, _ = await asyncio.to_thread(_openai_request, base_url, body, spec.kind)
+    if endpoint == "chat":
+        body = {"messages": [{"role": "user", "content": spec.prompt}], "user": user,
+                "max_tokens": spec.max_tokens, "temperature": 0.7, "seed": seed,
+                "stream": True, "ignore_eos": ignore_eos,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+    else:
+        body = _completion_body([("user", spec.prompt)], spec.max_tokens, 0.7, seed, ignore_eos)
+        body["user"] = user  # localserve's per-user limits (llama-server ignores it)
+    result, _ = await asyncio.to_thread(_openai_request, base_url, body, spec.kind, endpoint)
     return result
 
 
@@ -290,8 +301,10 @@ def _completion_body(
     }  # fmt: skip
 
 
-def _openai_request(base_url: str, body: dict, kind: str) -> tuple[RequestResult, str]:
-    """POST a streaming /v1/completions request; its timings and the reply text.
+def _openai_request(
+    base_url: str, body: dict, kind: str, endpoint: str = "completions"
+) -> tuple[RequestResult, str]:
+    """POST a streaming /v1/completions (or chat/completions) request; timings and text.
 
     Cached prompt tokens: `usage.prompt_tokens_details.cached_tokens` (OpenAI's field, which
     llama-server fills), else llama-server's `timings.cache_n`.
@@ -301,7 +314,8 @@ def _openai_request(base_url: str, body: dict, kind: str) -> tuple[RequestResult
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=600)
     try:
         result.sent = time.perf_counter()
-        conn.request("POST", url.path.rstrip("/") + "/v1/completions", json.dumps(body),
+        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        conn.request("POST", url.path.rstrip("/") + path, json.dumps(body),
                      {"Content-Type": "application/json"})  # fmt: skip
         response = conn.getresponse()
         if response.status != 200:
@@ -317,9 +331,11 @@ def _openai_request(base_url: str, body: dict, kind: str) -> tuple[RequestResult
                 result.error = str(chunk["error"].get("type") or "server_error")
                 return result, "".join(reply)
             choices = chunk.get("choices") or []
-            if choices and choices[0].get("text"):
+            text = choices and (choices[0].get("text") or
+                                (choices[0].get("delta") or {}).get("content"))  # fmt: skip
+            if text:
                 result.token_times.append(time.perf_counter())
-                reply.append(choices[0]["text"])
+                reply.append(text)
             if choices and choices[0].get("finish_reason"):
                 result.finish_reason = choices[0]["finish_reason"]
             usage = chunk.get("usage") or {}
@@ -357,12 +373,14 @@ async def run_load(
     seed: int = 0,
     on_done: Callable[[int, int], None] | None = None,
     openai: bool = False,
+    endpoint: str = "completions",
 ) -> tuple[list[RequestResult], float]:
     """Send every request (open loop at `rate`, or closed loop at `concurrency`).
 
-    `url` is a localserve websocket URL, or with `openai` an OpenAI-compatible base URL.
+    `url` is a localserve websocket URL, or with `openai` an OpenAI-compatible base URL (its
+    `endpoint`: completions or chat).
     """
-    send = send_one_openai if openai else send_one
+    send = functools.partial(send_one_openai, endpoint=endpoint) if openai else send_one
     results: list[RequestResult | None] = [None] * len(specs)
     finished = 0
     start = time.perf_counter()

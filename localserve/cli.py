@@ -99,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         help="bench an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080)",
     )
     lb.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="with --peer: /v1/completions (transcript text, any server) or "
+        "/v1/chat/completions (messages; localserve renders them as for a websocket chat)",
+    )
+    lb.add_argument(
         "--workload",
         default="mixed",
         help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report)",
@@ -355,7 +362,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.peer or args.url, specs, rate=args.request_rate, burstiness=args.burstiness,
             concurrency=args.concurrency, ignore_eos=args.ignore_eos, seed=args.seed,
             on_done=terminal_progress(f"{args.workload} x{args.num_requests}"),
-            openai=bool(args.peer),
+            openai=bool(args.peer), endpoint=args.endpoint,
         )
     )  # fmt: skip
     summary = bench.summarize(results, duration, slo)

@@ -71,7 +71,7 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 class _Common(msgspec.Struct, kw_only=True):
     """Fields both endpoints take; None = not given (some clients send explicit nulls)."""
 
-    model: str
+    model: str | None = None  # None: the server's model (as llama-server does)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -249,8 +249,8 @@ class _Api:
         self._check_model(body.model)
         return body
 
-    def _check_model(self, model: str) -> None:
-        if model != self.server.model_name:
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.server.model_name:
             message = (f"the model {model[:100]!r} does not exist here; this server has "
                        f"{self.server.model_name!r} (GET /v1/models)")  # fmt: skip
             raise ApiError(404, message, "model_not_found", "model")

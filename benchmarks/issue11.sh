@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 11: the cost of the HTTP path. The same client (`localserve bench`) and workload against
+# localserve's websocket protocol, its /v1/chat/completions, its /v1/completions, and
+# llama-server's /v1/completions (same model, context, slots, threads, batch). Rounds alternate
+# the three localserve paths on one server process; llama-server runs after it.
+#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/issue11.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench-results/issue11}
+LS=.venv/bin/localserve
+ROUNDS=${ROUNDS:-2}
+MODEL=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
+mkdir -p "$OUT"
+
+wait_for() {  # wait until an HTTP endpoint answers
+  for _ in $(seq 240); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "timed out waiting for $1" >&2; return 1
+}
+
+one() {  # name round concurrency requests args...
+  local name=$1 round=$2 c=$3 n=$4; shift 4
+  $LS bench "$@" --workload short --num-requests "$n" --concurrency "$c" --ignore-eos \
+    --out "$OUT/$name-c$c-r$round.json" >/dev/null
+}
+
+$LS serve --port 8765 >"$OUT/localserve.log" 2>&1 &
+pid=$!
+wait_for http://127.0.0.1:8765/healthz
+one warmup 0 4 8 --url ws://127.0.0.1:8765
+for round in $(seq "$ROUNDS"); do
+  for c_n in "1 12" "16 64"; do
+    set -- $c_n
+    one ws "$round" "$1" "$2" --url ws://127.0.0.1:8765
+    one v1chat "$round" "$1" "$2" --peer http://127.0.0.1:8765 --endpoint chat
+    one v1completions "$round" "$1" "$2" --peer http://127.0.0.1:8765
+  done
+done
+kill -INT $pid; wait $pid || true
+
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  "$LLAMA_SERVER" -m "$MODEL" -c 8192 -np 16 -kvu -t 2 -tb 2 -b 512 -ub 512 --metrics \
+    --cache-ram 0 --no-jinja --chat-template gemma --no-repack --port 8080 >"$OUT/llama-server.log" 2>&1 &
+  pid=$!
+  wait_for http://127.0.0.1:8080/health
+  one llama-warmup 0 4 8 --peer http://127.0.0.1:8080
+  for round in $(seq "$ROUNDS"); do
+    for c_n in "1 12" "16 64"; do
+      set -- $c_n
+      one llama-server "$round" "$1" "$2" --peer http://127.0.0.1:8080
+    done
+  done
+  kill $pid; wait $pid || true
+fi
+
+.venv/bin/python - "$OUT" <<'PY'
+import glob, json, sys
+rows = {}
+for path in sorted(glob.glob(f"{sys.argv[1]}/*-c*-r*.json")):
+    name = path.rsplit("/", 1)[1].rsplit("-c", 1)[0]
+    if "warmup" in name:
+        continue
+    c = path.rsplit("-c", 1)[1].split("-r")[0]
+    s = json.load(open(path))["summary"]
+    rows.setdefault((name, int(c)), []).append(s)
+print("| path | users | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | failed |")
+print("|---|---:|---:|---:|---:|---:|")
+for (name, c), runs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    tput = " / ".join(f"{s['output_token_throughput']:.1f}" for s in runs)
+    ttft = " and ".join(f"{s['ttft_ms']['p50']:.0f} / {s['ttft_ms']['p99']:.0f}" for s in runs)
+    itl = " and ".join(f"{s['itl_ms']['p50']:.0f} / {s['itl_ms']['p99']:.0f}" for s in runs)
+    print(f"| {name} | {c} | {tput} | {ttft} | {itl} | {sum(s['failed'] for s in runs)} |")
+PY
