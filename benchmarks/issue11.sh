@@ -66,7 +66,7 @@ print("| path | users | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) 
 print("|---|---:|---:|---:|---:|---:|")
 for (name, c), runs in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     tput = " / ".join(f"{s['output_token_throughput']:.1f}" for s in runs)
-    ttft = " and ".join(f"{s['ttft_ms']['p50']:.0f} / {s['ttft_ms']['p99']:.0f}" for s in runs)
-    itl = " and ".join(f"{s['itl_ms']['p50']:.0f} / {s['itl_ms']['p99']:.0f}" for s in runs)
+    ttft = " and ".join(f"{s['ttft_ms']['median']:.0f} / {s['ttft_ms']['p99']:.0f}" for s in runs)
+    itl = " and ".join(f"{s['itl_ms']['median']:.0f} / {s['itl_ms']['p99']:.0f}" for s in runs)
     print(f"| {name} | {c} | {tput} | {ttft} | {itl} | {sum(s['failed'] for s in runs)} |")
 PY

@@ -20,8 +20,8 @@ Latency cells read "p50 over all rounds (lowest-highest per-round p50)", SSE "me
 a wide spread means the machine was noisy.
 Server CPU per op is the server's on-CPU time (/proc/<pid>/task/*/schedstat, ns) over the
 timed ops: what the server itself pays, apart from client and scheduler time in the round trip.
-Run: `.venv/bin/python benchmarks/issue11_stacks.py [--rounds 6]`; JSON goes to
-bench-results/issue11_stacks.json.
+Run: `.venv/bin/python benchmarks/issue11_stacks.py [--rounds 6]` (aiohttp is not a dependency:
+`.venv/bin/pip install aiohttp` first); JSON goes to bench-results/issue11_stacks.json.
 """
 
 from __future__ import annotations

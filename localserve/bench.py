@@ -30,6 +30,7 @@ import random
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from localserve.client import Client, ClientError, ConnectionClosed
@@ -56,6 +57,7 @@ WORKLOADS: dict[str, dict[str, float]] = {
 }
 OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96}
 PASTE_TOKENS = 2500
+MAX_HTTP_THREADS = 256  # HTTP requests in flight at once (one blocking request per thread)
 
 
 @dataclass(frozen=True)
@@ -282,8 +284,20 @@ async def send_one_openai(
     else:
         body = _completion_body([("user", spec.prompt)], spec.max_tokens, 0.7, seed, ignore_eos)
         body["user"] = user  # localserve's per-user limits (llama-server ignores it)
-    result, _ = await asyncio.to_thread(_openai_request, base_url, body, spec.kind, endpoint)
+    result, _ = await _in_http_thread(_openai_request, base_url, body, spec.kind, endpoint)
     return result
+
+
+# One blocking HTTP request per thread. asyncio.to_thread's default pool has min(32, cores + 4)
+# threads, 6 on two cores: a closed loop of 16 users would keep only 6 requests in flight.
+_http_pool: ThreadPoolExecutor | None = None
+
+
+async def _in_http_thread(fn, *args):
+    global _http_pool
+    if _http_pool is None:
+        _http_pool = ThreadPoolExecutor(MAX_HTTP_THREADS, thread_name_prefix="bench-http")
+    return await asyncio.get_running_loop().run_in_executor(_http_pool, fn, *args)
 
 
 def _completion_body(
@@ -600,7 +614,7 @@ async def run_conversations(
             body = _completion_body(messages, max_tokens, 0.0, req_seed, ignore_eos)
             if not reuse:
                 body["cache_prompt"] = False
-            return await asyncio.to_thread(_openai_request, url, body, kind)
+            return await _in_http_thread(_openai_request, url, body, kind)
         assert client is not None
         chat = Chat(id=kind, messages=[Message(r, c) for r, c in messages],
                     max_tokens=max_tokens, temperature=0.0, seed=req_seed,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route
@@ -47,6 +48,8 @@ PREFIX = "/v1"
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="localserve"'}
 
 _encoder = msgspec.json.Encoder()
+_MARK = "\x00"  # stands for a chunk's text in its encoded template
+_MARK_JSON = _encoder.encode(_MARK)
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -240,6 +243,8 @@ class _Api:
         except TimeoutError:
             raise ApiError(408, f"request body not received within {BODY_TIMEOUT_S:g} s",
                            "timeout") from None  # fmt: skip
+        except ClientDisconnect:
+            raise ApiError(400, "the client left before its body arrived", "gone") from None
         try:
             body = msgspec.json.decode(b"".join(chunks), type=kind)
         except msgspec.ValidationError as e:
@@ -509,12 +514,15 @@ class _Reply:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if self.kind == "chat":
             await self._write(send, self._chunk({"role": "assistant", "content": ""}))
+        # every text chunk is the same JSON but for its text: encode that once
+        head, tail = _encoder.encode(self._chunk({"content": _MARK} if self.kind == "chat"
+                                                 else _MARK)).split(_MARK_JSON)  # fmt: skip
+        head, tail = b"data: " + head, tail + b"\n\n"
         done = None
         while done is None and not self.is_closed:
             text, done = await self._next()
             if text:
-                await self._write(send, self._chunk({"content": text} if self.kind == "chat"
-                                                    else text))  # fmt: skip
+                await self._write_bytes(send, head + _encoder.encode(text) + tail)
         if self.is_closed or done is None:
             return
         if done.finish_reason in ("error", "cancelled"):
@@ -534,6 +542,9 @@ class _Reply:
 
     async def _write(self, send, event) -> None:
         data = b"data: [DONE]\n\n" if event is None else b"data: %s\n\n" % _encoder.encode(event)
+        await self._write_bytes(send, data)
+
+    async def _write_bytes(self, send, data: bytes) -> None:
         timeout = self.server.config.write_timeout_s
         try:
             async with asyncio.timeout(timeout):
