@@ -16,6 +16,7 @@ step (also mid-prefill), and its cells are freed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import secrets
@@ -163,7 +164,7 @@ def exception_handlers() -> dict:
         if not request.url.path.startswith(PREFIX):
             return Response(f"{exc.detail}\n", exc.status_code, exc.headers, "text/plain")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = f"{request.method} {request.url.path}: {exc.detail}"
+        message = f"{request.method} {request.url.path[:100]}: {exc.detail}"
         return ApiError(exc.status_code, message, code, headers=exc.headers).response()
 
     async def api_error(request: HttpRequest, exc: ApiError) -> Response:
@@ -207,7 +208,9 @@ class _Api:
         body = await self._body(request, ChatCompletionRequest)
         _refuse_unsupported_chat(body)
         messages = [(_role(m, i), _content(m, i)) for i, m in enumerate(body.messages)]
-        max_tokens = body.max_completion_tokens or body.max_tokens
+        max_tokens = body.max_completion_tokens
+        if max_tokens is None:
+            max_tokens = body.max_tokens
         return await self._submit(request, body, "chat", max_tokens,
                                   lambda: self.server.prompts.chat(messages))  # fmt: skip
 
@@ -433,7 +436,7 @@ class _Reply:
 
     def on_token(self, request: Request, text: str) -> None:
         self.pending.append(text)
-        self.num_pending_bytes += len(text)
+        self.num_pending_bytes += len(_encoder.encode(text))  # as it will be sent
         if self.stream and self.num_pending_bytes > self.server.config.max_outbox_bytes:
             self._give_up(f"not reading: over {self.server.config.max_outbox_bytes} bytes unsent")
         self._ready.set()
@@ -461,6 +464,7 @@ class _Reply:
     # the ASGI response
 
     async def __call__(self, scope, receive, send) -> None:
+        send = functools.partial(self._send_within_timeout, send)
         watcher = asyncio.create_task(self._watch(receive))
         try:
             if self.stream:
@@ -545,10 +549,16 @@ class _Reply:
         await self._write_bytes(send, data)
 
     async def _write_bytes(self, send, data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def _send_within_timeout(self, send, message) -> None:
+        """Every write: a client whose socket takes nothing for write_timeout_s is cut off."""
+        if self.is_closed:
+            return
         timeout = self.server.config.write_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send(message)
         except TimeoutError:
             self._give_up(f"not reading for {timeout:g} s")
 

@@ -95,6 +95,7 @@ class Server:
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
         self._stats_frame: tuple[Snapshot | None, bytes] = (None, b"")
         self._uvicorn: uvicorn.Server | None = None
+        self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._ticker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.http = self._http_app()
@@ -105,7 +106,7 @@ class Server:
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         c = self.config
-        limits = ConnectionLimits(lambda: self.config, FRAME_SLACK_BYTES)
+        self.limits = limits = ConnectionLimits(lambda: self.config, FRAME_SLACK_BYTES)
         config = uvicorn.Config(
             self.asgi,
             host=host,
@@ -124,8 +125,9 @@ class Server:
             access_log=False,
             server_header=False,
             timeout_keep_alive=KEEP_ALIVE_S,
-            # sockets plus requests being answered; websockets are also held to max_connections
-            limit_concurrency=4 * c.max_connections,
+            # sockets are capped per place and in all by transport.Limits, websockets by
+            # max_connections here (uvicorn's own cap would refuse /healthz with the rest)
+            limit_concurrency=None,
             timeout_graceful_shutdown=5,
         )
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
@@ -182,8 +184,6 @@ class Server:
         await self.http(scope, receive, send)
 
     async def _websocket(self, scope, receive, send) -> None:
-        if scope["path"] != "/":
-            return await _deny(send, 404, "websockets connect to /\n")
         if len(self.connections) >= self.config.max_connections:
             return await _deny(send, 503, "too many connections; try again later\n")
         conn = Connection(self, scope, receive, send, next(self.numbers))

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from localserve.auth import address_group
 from localserve.config import ServerConfig
 
 log = logging.getLogger("localserve.transport")
@@ -36,6 +37,9 @@ FRAME_COST_BYTES = 1024  # each frame or request read (pings too) costs at least
 MAX_HEAD_BYTES = 64 << 10  # request line and headers
 HEAD_TIMEOUT_S = 10.0  # a request's head must arrive within this long
 MAX_PIPELINED = 16  # HTTP requests read ahead of the one being answered
+# open sockets, HTTP and websocket: max_connections + this from one place (auth.address_group),
+# twice that in all; a socket beyond is cut at once. Idle ones close within HEAD_TIMEOUT_S.
+SOCKET_SLACK = 32
 CLOSE_TIMEOUT_S = 2.0
 CLOSE_NOT_READING = 1008  # policy violation
 
@@ -46,6 +50,8 @@ class Limits:
     def __init__(self, config: Callable[[], ServerConfig], frame_slack_bytes: int) -> None:
         self._config = config
         self._slack = frame_slack_bytes
+        self.num_sockets = 0  # open sockets, HTTP and websocket
+        self.sockets: dict[str, int] = {}  # by place (auth.address_group)
 
     @property
     def max_read_rate(self) -> int:
@@ -60,6 +66,30 @@ class Limits:
     @property
     def keepalive_s(self) -> float:
         return self._config().keepalive_s
+
+    @property
+    def user_timeout_ms(self) -> int:
+        """Unacknowledged data this old (a client that stopped reading) ends the connection
+        in the kernel, whatever user space still waits for: no socket outlives its client."""
+        return round((self._config().write_timeout_s + CLOSE_TIMEOUT_S) * 1000)
+
+    def open(self, address: str) -> bool:
+        """Count a new socket; False when its place, or the server, has too many."""
+        c = self._config()
+        place = address_group(address)
+        per_place = c.max_connections + SOCKET_SLACK
+        if self.num_sockets >= 2 * per_place or self.sockets.get(place, 0) >= per_place:
+            return False
+        self.num_sockets += 1
+        self.sockets[place] = self.sockets.get(place, 0) + 1
+        return True
+
+    def closed(self, address: str) -> None:
+        place = address_group(address)
+        self.num_sockets -= 1
+        self.sockets[place] -= 1
+        if not self.sockets[place]:
+            del self.sockets[place]
 
 
 class _ReadRate:
@@ -89,11 +119,18 @@ class _ReadRate:
         self.protocol.resume_if_allowed()
 
 
-def _fix_buffers(transport) -> None:
+def _fix_buffers(transport, limits: Limits) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BYTES)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_RECEIVE_BYTES)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, limits.user_timeout_ms)
+
+
+def _address(transport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if peer else "unknown"
 
 
 class _HeadTooLarge(Exception):
@@ -110,15 +147,41 @@ class GuardedHTTP(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_too_large = False
         self._head_timer = None
+        self._running = None  # the request being answered (uvicorn keeps only the newest)
+        self._address: str | None = None
 
     def connection_made(self, transport) -> None:
-        _fix_buffers(transport)
+        self._address = _address(transport)
+        if not self.limits.open(self._address):
+            log.warning("%s: too many sockets from there (or in all); refused", self._address)
+            self._address = None
+            transport.abort()
+            return
+        _fix_buffers(transport, self.limits)
         super().connection_made(transport)
         self._arm_head_timer()
 
     def connection_lost(self, exc) -> None:
+        if self._address is None:  # refused in connection_made
+            return
+        self.limits.closed(self._address)
         self._cancel_head_timer()
         super().connection_lost(exc)
+        # uvicorn tells only the newest request that the client left: tell the one being
+        # answered and every pipelined one too, or they would run on for nobody
+        for cycle in (self._running, *(c for c, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+
+    def _start_asgi_task(self, cycle, app) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def handle_websocket_upgrade(self) -> None:
+        """The socket (and its count) passes to the websocket protocol."""
+        self._cancel_head_timer()
+        super().handle_websocket_upgrade()
 
     def data_received(self, data: bytes) -> None:
         if self._head_too_large:
@@ -176,8 +239,9 @@ class GuardedHTTP(HttpToolsProtocol):
             self.transport.abort()
 
     def on_response_complete(self) -> None:
+        starts_next = bool(self.pipeline)  # uvicorn starts the next pipelined request now
         super().on_response_complete()
-        if not self.transport.is_closing() and not self.pipeline:
+        if not starts_next and not self.transport.is_closing():
             self._arm_head_timer()
 
     def _arm_head_timer(self) -> None:
@@ -216,8 +280,12 @@ class GuardedWebSocket(WebSocketsSansIOProtocol):
         self.conn.events_received = counted_events
 
     def connection_made(self, transport) -> None:
-        _fix_buffers(transport)
+        self._address = _address(transport)  # counted by GuardedHTTP, which upgraded it
         super().connection_made(transport)
+
+    def connection_lost(self, exc) -> None:
+        self.limits.closed(self._address)
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -278,6 +346,8 @@ class GuardedWebSocket(WebSocketsSansIOProtocol):
 
     async def send(self, message) -> None:
         await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            self.handshake_complete = True  # answered (a refusal): not an error to log
         if message["type"] == "websocket.close" and self.close_timer is not None:
             # a client that reads nothing never lets a close finish: abort, do not wait
             self.close_timer.cancel()

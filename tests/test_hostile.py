@@ -611,3 +611,82 @@ def test_a_client_is_read_at_most_so_fast(live, bob):
     client.close()
     # ahead of the reading: the burst (2 x rate) and the kernel's buffers (~100 KB, ~700 frames)
     assert took > (1500 * FRAME_COST_BYTES - 2 * rate - 700 * FRAME_COST_BYTES) / rate / 2, took
+
+
+# --- found by review of the HTTP stack (issue 11) ---------------------------------------------
+
+
+def test_a_socket_that_stops_reading_and_closes_does_not_outlive_it(live, bob):
+    """Stats it never reads, then a close frame: the kernel still holds unsent data for it, so
+    a plain close would wait forever; the socket must go within the user timeout."""
+    with configured(live, write_timeout_s=1.0, keepalive_s=600):
+        baseline = live.server.limits.num_sockets
+        client = RawClient(live.url)
+        client.send({"type": "hello", "user": "zombie"})
+        client.send({"type": "subscribe", "interval_ms": 50})
+        wait_for(lambda: live.server.limits.num_sockets > baseline, 10, "zombie counted")
+        time.sleep(3)  # its buffers fill
+        client.send("", opcode=0x8)  # a close frame, and still nothing read
+        took = wait_for(lambda: live.server.limits.num_sockets <= baseline, 60, "socket gone")
+        client.sock.close()
+    assert took < 30, took
+
+
+def test_pipelined_requests_are_answered_whole_and_cancelled_with_their_connection(
+    live, monkeypatch
+):
+    import localserve.transport
+
+    monkeypatch.setattr(localserve.transport, "HEAD_TIMEOUT_S", 0.5)  # shorter than each reply
+    url = live.http.removeprefix("http://")
+    host, port = url.split(":")
+
+    def request(n: int) -> bytes:
+        messages = [{"role": "user", "content": QUESTION}]
+        fields = {"max_tokens": n, "ignore_eos": True, "user": "piper"}
+        body = json.dumps({"messages": messages} | fields).encode()
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+        return head % len(body) + body
+
+    sock = socket.create_connection((host, int(port)))
+    sock.settimeout(60)
+    sock.sendall(request(40) + request(40))
+    data = b""
+    while data.count(b'"finish_reason":"length"') < 2:
+        chunk = sock.recv(65536)
+        assert chunk, data[-300:]
+        data += chunk
+    sock.close()
+    before = live.snapshot().counters.cancellations
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(request(2000) + request(2000))  # the first runs, the second waits its turn
+    wait_for(lambda: any(s.user == "piper" for s in live.snapshot().seqs), 20, "piper runs")
+    sock.close()
+    wait_for(lambda: live.snapshot().counters.cancellations > before, 10, "cancelled")
+    live.wait_idle()
+
+
+def test_one_place_cannot_take_every_socket(live, bob):
+    with configured(live, max_connections=2):  # one place: max_connections + 32 sockets
+        host, port = live.http.removeprefix("http://").split(":")
+        idle = []
+        for _ in range(2 + 40):
+            idle.append(socket.create_connection((host, int(port))))
+        time.sleep(0.5)
+        refused = sum(map(_was_cut, idle))
+        for sock in idle:
+            sock.close()
+    assert refused >= 8, refused  # bob's websocket holds one of the 34
+    wait_for(lambda: urllib.request.urlopen(live.http + "/healthz", timeout=5).status == 200,
+             15, "healthz answers again")  # fmt: skip
+
+
+def _was_cut(sock: socket.socket) -> bool:
+    """The server closed or reset this socket (an open idle one just times out)."""
+    sock.settimeout(0.2)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
