@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import http.client
 import json
 import math
 import random
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from localserve.client import Client, ClientError, ConnectionClosed
@@ -57,7 +55,6 @@ WORKLOADS: dict[str, dict[str, float]] = {
 }
 OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96}
 PASTE_TOKENS = 2500
-MAX_HTTP_THREADS = 256  # HTTP requests in flight at once (one blocking request per thread)
 
 
 @dataclass(frozen=True)
@@ -284,20 +281,8 @@ async def send_one_openai(
     else:
         body = _completion_body([("user", spec.prompt)], spec.max_tokens, 0.7, seed, ignore_eos)
         body["user"] = user  # localserve's per-user limits (llama-server ignores it)
-    result, _ = await _in_http_thread(_openai_request, base_url, body, spec.kind, endpoint)
+    result, _ = await _openai_request(base_url, body, spec.kind, endpoint)
     return result
-
-
-# One blocking HTTP request per thread. asyncio.to_thread's default pool has min(32, cores + 4)
-# threads, 6 on two cores: a closed loop of 16 users would keep only 6 requests in flight.
-_http_pool: ThreadPoolExecutor | None = None
-
-
-async def _in_http_thread(fn, *args):
-    global _http_pool
-    if _http_pool is None:
-        _http_pool = ThreadPoolExecutor(MAX_HTTP_THREADS, thread_name_prefix="bench-http")
-    return await asyncio.get_running_loop().run_in_executor(_http_pool, fn, *args)
 
 
 def _completion_body(
@@ -315,29 +300,38 @@ def _completion_body(
     }  # fmt: skip
 
 
-def _openai_request(
+async def _openai_request(
     base_url: str, body: dict, kind: str, endpoint: str = "completions"
 ) -> tuple[RequestResult, str]:
     """POST a streaming /v1/completions (or chat/completions) request; timings and text.
 
-    Cached prompt tokens: `usage.prompt_tokens_details.cached_tokens` (OpenAI's field, which
-    llama-server fills), else llama-server's `timings.cache_n`.
+    HTTP/1.1 on an asyncio stream, like the websocket client: one event loop for every user,
+    no thread per request (threads would add GIL waits to the timestamps). Cached prompt
+    tokens: `usage.prompt_tokens_details.cached_tokens` (OpenAI's field, which llama-server
+    fills), else llama-server's `timings.cache_n`.
     """
     result, reply = RequestResult(kind), []
     url = urllib.parse.urlsplit(base_url)
-    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=600)
+    path = url.path.rstrip("/") + ("/v1/chat/completions" if endpoint == "chat"
+                                   else "/v1/completions")  # fmt: skip
+    payload = json.dumps(body).encode()
+    writer = None
     try:
+        reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
         result.sent = time.perf_counter()
-        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-        conn.request("POST", url.path.rstrip("/") + path, json.dumps(body),
-                     {"Content-Type": "application/json"})  # fmt: skip
-        response = conn.getresponse()
-        if response.status != 200:
-            result.error = f"http_{response.status}"
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(payload)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + payload)  # fmt: skip
+        status = int((await reader.readline()).split()[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if status != 200:
+            result.error = f"http_{status}"
             return result, ""
         cached = None
-        for raw in response:
-            line = raw.decode().strip()
+        async for line in _sse_lines(reader, headers.get("transfer-encoding") == "chunked"):
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[5:])
@@ -369,11 +363,32 @@ def _openai_request(
         result.cached_tokens = cached or 0
         result.ok = bool(result.finish_reason)
         result.error = "" if result.ok else "no_finish"
-    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+    except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
         result.error = type(e).__name__
     finally:
-        conn.close()
+        if writer is not None:
+            writer.close()
     return result, "".join(reply)
+
+
+async def _sse_lines(reader: asyncio.StreamReader, chunked: bool):
+    """The body's lines (decoded, stripped), through chunked transfer coding if used."""
+    buffer = b""
+    while True:
+        if chunked:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            data = (await reader.readexactly(size + 2))[:-2]  # the chunk, less its CRLF
+        else:
+            data = await reader.read(65536)
+        if not data:
+            if buffer.strip():
+                yield buffer.decode().strip()
+            return
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line.decode().strip()
 
 
 async def run_load(
@@ -614,7 +629,7 @@ async def run_conversations(
             body = _completion_body(messages, max_tokens, 0.0, req_seed, ignore_eos)
             if not reuse:
                 body["cache_prompt"] = False
-            return await _in_http_thread(_openai_request, url, body, kind)
+            return await _openai_request(url, body, kind)
         assert client is not None
         chat = Chat(id=kind, messages=[Message(r, c) for r, c in messages],
                     max_tokens=max_tokens, temperature=0.0, seed=req_seed,

@@ -1,0 +1,121 @@
+"""The server's nouns on the FakeRunner, in milliseconds: the prompt builder, the admission, the
+websocket connection and the OpenAI API, over real sockets but without a model.
+
+The real-model tests (test_server.py, test_openai.py, test_hostile.py) cover the same paths end
+to end; these pin the logic down fast and deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from conftest import WS
+
+from localserve.auth import Access
+from localserve.config import ModelConfig, ServerConfig
+from localserve.engine import Engine
+from localserve.fake_runner import BOS, FakeRunner
+from localserve.prompt import PromptBuilder, PromptTooLong
+from localserve.protocol import Chat, Message
+from localserve.sequence import sampling_params
+from localserve.server import Server, ServerThread
+
+
+@pytest.fixture(scope="module")
+def fake():
+    runner = FakeRunner(n_ctx=512, n_seq_max=8)
+    engine = Engine(runner).start()
+    model = ModelConfig(chat_format="template")
+    server = Server(engine, runner, model, ServerConfig(shutdown_grace_s=1), Access({}))
+    thread = ServerThread(server)
+    yield thread
+    thread.close()
+    engine.stop()
+
+
+def api(thread, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=thread.http + "/v1", api_key=key, max_retries=0, timeout=10)
+
+
+def test_the_prompt_builder_says_too_long_once_with_both_numbers():
+    runner = FakeRunner(n_ctx=64)
+    builder = PromptBuilder(runner.tokenize, runner.apply_chat_template, 64, "template")
+    try:
+        prompt = asyncio.run(builder.chat([("user", "hello there")]))
+        assert prompt.tokens[0] == BOS and prompt.system_tokens == 0
+        with pytest.raises(PromptTooLong) as e:
+            asyncio.run(builder.chat([("user", "word " * 100)]))
+        assert (e.value.num_tokens, e.value.n_ctx) == (103, 64)  # BOS, <user>, 100, <model>
+        with pytest.raises(PromptTooLong, match="over"):  # probed, not tokenized whole
+            asyncio.run(builder.text("w " * 100_000))
+        with pytest.raises(ValueError, match="role"):
+            asyncio.run(builder.chat([("wizard", "hi")]))
+    finally:
+        builder.shutdown()
+
+
+def test_one_sampling_definition_behind_both_protocols():
+    chat = Chat(id="a", messages=[Message("user", "hi")], temperature=0.1, stop=["x"],
+                frequency_penalty=0.5)  # fmt: skip
+    params = sampling_params(chat)
+    assert (params.temperature, params.stop, params.frequency_penalty) == (0.1, ("x",), 0.5)
+    assert params.has_penalties and not params.is_greedy
+    with pytest.raises(ValueError, match="presence_penalty"):
+        sampling_params(Chat(id="a", messages=[], presence_penalty=3))
+
+
+def test_websocket_chat_on_the_fake(fake):
+    ws = WS(fake.url)
+    assert ws.hello("ann")["type"] == "welcome"
+    ws.chat("q", "hello there", max_tokens=5, ignore_eos=True)
+    frames = ws.until_done("q", 10)
+    assert frames[0]["type"] == "queued" and frames[-1]["usage"]["completion_tokens"] == 5
+    ws.close()
+
+
+def test_openai_chat_and_completions_on_the_fake(fake):
+    c = api(fake)
+    reply = c.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=4, extra_body={"ignore_eos": True})  # fmt: skip
+    assert reply.usage.completion_tokens == 4 and reply.choices[0].finish_reason == "length"
+    chunks = list(c.completions.create(model="fake", prompt="a b c", max_tokens=3, stream=True,
+                                       extra_body={"ignore_eos": True}))  # fmt: skip
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(ch.choices[0].text for ch in chunks).count("w") == 3
+
+
+def test_openai_unsupported_fields_are_named_on_the_fake(fake):
+    c = api(fake)
+    for fields, param in [({"n": 3}, "n"), ({"logit_bias": {"5": 1}}, "logit_bias"),
+                          ({"tool_choice": "auto"}, "tool_choice"),
+                          ({"max_completion_tokens": 0}, "max_tokens")]:  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}],
+                                      **fields)  # fmt: skip
+        assert e.value.param == param, e.value.body
+
+
+def test_a_shutting_down_server_answers_503_in_openai_shape(fake):
+    server = fake.server
+    server.is_shutting_down = True
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            api(fake).chat.completions.create(model="fake", messages=[{"role": "user",
+                                                                      "content": "x"}])  # fmt: skip
+        assert e.value.status_code == 503 and e.value.code == "shutting_down"
+    finally:
+        server.is_shutting_down = False
+
+
+def test_models_and_unknown_paths_on_the_fake(fake):
+    assert [m.id for m in api(fake).models.list().data] == ["fake"]
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=5)
+    error = json.loads(e.value.read())["error"]
+    assert e.value.code == 404 and len(error["message"]) < 200
