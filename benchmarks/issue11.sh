@@ -6,16 +6,10 @@
 #   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/issue11.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/common.sh
 OUT=${OUT:-bench-results/issue11}
-LS=.venv/bin/localserve
 ROUNDS=${ROUNDS:-2}
-MODEL=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
 mkdir -p "$OUT"
-
-wait_for() {  # wait until an HTTP endpoint answers
-  for _ in $(seq 240); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  echo "timed out waiting for $1" >&2; return 1
-}
 
 one() {  # name round concurrency requests args...
   local name=$1 round=$2 c=$3 n=$4; shift 4
@@ -38,8 +32,7 @@ done
 kill -INT $pid; wait $pid || true
 
 if [ -n "${LLAMA_SERVER:-}" ]; then
-  "$LLAMA_SERVER" -m "$MODEL" -c 8192 -np 16 -kvu -t 2 -tb 2 -b 512 -ub 512 --metrics \
-    --cache-ram 0 --no-jinja --chat-template gemma --no-repack --port 8080 >"$OUT/llama-server.log" 2>&1 &
+  llama_server 8080 >"$OUT/llama-server.log" 2>&1 &
   pid=$!
   wait_for http://127.0.0.1:8080/health
   one llama-warmup 0 4 8 --peer http://127.0.0.1:8080

@@ -6,16 +6,11 @@
 # source package (see docs/benchmarks.md for the exact commands).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/common.sh
 OUT=${OUT:-bench-results}
-LS=.venv/bin/localserve
 REQUESTS=${REQUESTS:-8}
-MODEL=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
 mkdir -p "$OUT"
 
-wait_for() {  # wait until an HTTP endpoint answers
-  for _ in $(seq 120); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  echo "timed out waiting for $1" >&2; return 1
-}
 
 # 1. sweeps: in-process servers, one per policy
 $LS sweep --workloads chat,mixed --concurrency 1,2,4,8,16 --num-requests "$REQUESTS" --out-dir "$OUT"
@@ -35,8 +30,7 @@ side_by_side localserve ws://127.0.0.1:8765
 kill -INT $pid; wait $pid || true
 
 if [ -n "${LLAMA_SERVER:-}" ]; then
-  "$LLAMA_SERVER" -m "$MODEL" -c 8192 -np 16 -kvu -t 2 -tb 2 -b 512 -ub 512 --metrics \
-    --cache-ram 0 --no-jinja --chat-template gemma --no-repack --port 8080 >"$OUT/llama-server.log" 2>&1 &
+  llama_server 8080 >"$OUT/llama-server.log" 2>&1 &
   pid=$!
   wait_for http://127.0.0.1:8080/health
   side_by_side llama-server http://127.0.0.1:8080 --peer http://127.0.0.1:8080
