@@ -13,6 +13,8 @@ import msgspec
 from localserve.config import ConfigError, load_config
 from localserve.sequence import SamplingParams
 
+log = logging.getLogger("localserve")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -173,6 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     access.check_bind(host, args.open)  # before the model loads: fail fast
     name = args.model or config.default
     runner = open_runner(config, name)
+    _say_where(runner)
     engine = Engine(runner, config.scheduler).start()
     try:
         server = Server(engine, runner, config.models[name], config.server, access)
@@ -228,6 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = _prefix_cache_option(load_config(args.config), args.no_prefix_cache)
     name = args.model or config.default
     runner = open_runner(config, name)
+    _say_where(runner)
     engine = Engine(runner, config.scheduler).start()
     server = Server(engine, runner, config.models[name], config.server, Access({}))
     thread = ServerThread(server)
@@ -281,6 +285,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     runner = open_runner(config, args.model)
+    _say_where(runner, file=sys.stderr)  # stdout is the generated text
     router = EventRouter()
     engine = Engine(runner, config.scheduler, on_events=router).start()
     try:
@@ -333,7 +338,40 @@ def cmd_models(args: argparse.Namespace) -> int:
         mark = "*" if name == config.default else " "
         path = resolve_model(name, model)
         print(f"{mark} {name:20} {path}  n_ctx={model.n_ctx} max_num_seqs={model.max_num_seqs}")
+    print(_build_line())
+    warning = _gpu_warning()
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def _build_line() -> str:
+    """Which llama.cpp is installed: what it can offload to (without loading a model)."""
+    import llama_cpp
+
+    system = llama_cpp.llama_print_system_info().decode(errors="replace")
+    if not llama_cpp.llama_supports_gpu_offload():
+        return "llama.cpp: CPU build (no GPU offload)"
+    return f"llama.cpp: {'CUDA' if 'CUDA' in system else 'GPU'} build (layers can be offloaded)"
+
+
+def _gpu_warning() -> str | None:
+    import llama_cpp
+
+    from localserve.placement import gpu_without_offload
+
+    return gpu_without_offload(llama_cpp.llama_supports_gpu_offload())
+
+
+def _say_where(runner, file=None) -> None:
+    """Print and log what runs where, and warn when a GPU is idle for want of a CUDA build."""
+    block = f"localserve: {runner.info.model}\n{runner.where()}"
+    print(block, file=file or sys.stdout, flush=True)
+    log.info("%s", block)
+    warning = _gpu_warning()
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+        log.warning("%s", warning)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

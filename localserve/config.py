@@ -21,6 +21,10 @@ MAX_PARALLEL_SEQUENCES = 256  # llama_max_parallel_sequences() in llama.cpp
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
+KvType = Literal["f16", "q8_0", "q4_0"]
+MAX_DEVICES = 16  # llama.cpp's LLAMA_MAX_DEVICES
+
+
 class ConfigError(ValueError):
     """A models.toml entry that cannot be used; the message names the key."""
 
@@ -46,6 +50,20 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     n_threads: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = every core
     n_threads_batch: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # 0 = n_threads
     flash_attn: Literal["auto", "on", "off"] = "auto"
+    # KV cell types: q8_0 halves the cache's memory (about twice the people or context in the
+    # same memory), q4_0 quarters it; a quantized V cache needs flash attention
+    cache_type_k: KvType = "f16"
+    cache_type_v: KvType = "f16"
+    offload_kqv: bool = True  # the KV cache and attention on the GPU with the layers
+    # several GPUs in one box: "layer" spreads layers (and their KV), "row" splits tensors,
+    # "none" keeps everything on main_gpu; tensor_split: each GPU's share, e.g. [3, 1]
+    split_mode: Literal["none", "layer", "row"] = "layer"
+    tensor_split: Annotated[list[Annotated[float, msgspec.Meta(ge=0)]],
+                            msgspec.Meta(max_length=MAX_DEVICES)] = msgspec.field(
+        default_factory=list)  # fmt: skip
+    main_gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_DEVICES)] = 0
+    use_mmap: bool = True  # map the GGUF file instead of reading it into memory
+    use_mlock: bool = False  # lock the model's memory so the OS never swaps it out
 
     def threads(self) -> tuple[int, int]:
         """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""
@@ -166,6 +184,13 @@ def check_model(name: str, model: ModelConfig, source: str) -> None:
             f"max_num_seqs ({model.max_num_seqs}); every running sequence needs one decode "
             "token per step"
         )
+    if model.cache_type_v != "f16" and model.flash_attn == "off":
+        raise ConfigError(
+            f"{source}: {key}.cache_type_v: a {model.cache_type_v} V cache needs flash attention; "
+            'set flash_attn = "auto" or "on", or cache_type_v = "f16"'
+        )
+    if model.tensor_split and not sum(model.tensor_split) > 0:
+        raise ConfigError(f"{source}: {key}.tensor_split: give at least one GPU a share above 0")
     if model.max_num_seqs + model.max_cached_prefixes > MAX_PARALLEL_SEQUENCES:
         raise ConfigError(
             f"{source}: {key}.max_cached_prefixes: max_num_seqs + max_cached_prefixes must be at "

@@ -17,6 +17,7 @@ import llama_cpp
 import numpy as np
 
 from localserve.config import ModelConfig
+from localserve.placement import describe, parse_log
 from localserve.protocol import ModelInfo
 from localserve.runner import DecodeError, KVCacheFull, SamplingError
 from localserve.sampling import Sampler
@@ -27,6 +28,10 @@ log = logging.getLogger("localserve.runner")
 llama_log = logging.getLogger("llama_cpp")
 
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+             "q4_0": llama_cpp.GGML_TYPE_Q4_0}  # fmt: skip
+_SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}  # fmt: skip
 # ggml's log levels (1 debug .. 4 error); its INFO is model-loading chatter, so it goes to DEBUG
 _LOG_LEVELS = {0: logging.DEBUG, 1: 5, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
@@ -37,6 +42,7 @@ class _LogRouter:
     def __init__(self) -> None:
         self._buffer = ""
         self._level = logging.DEBUG
+        self.captured: list[str] | None = None  # lines kept while a model loads (placement)
         self.callback = llama_cpp.llama_log_callback(self._on_log)  # keep a reference
 
     def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
@@ -47,11 +53,31 @@ class _LogRouter:
             line, self._buffer = self._buffer.split("\n", 1)
             if line.strip():
                 llama_log.log(self._level, line)
+                if self.captured is not None:
+                    self.captured.append(line)
 
 
 _router = _LogRouter()
 llama_cpp.llama_log_set(_router.callback, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+
+
+def _model_params(cfg: ModelConfig):
+    """llama.cpp's model parameters, and the tensor_split array they point to (keep it)."""
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = cfg.n_gpu_layers
+    mparams.split_mode = _SPLIT_MODES[cfg.split_mode]
+    mparams.main_gpu = cfg.main_gpu
+    shares = None
+    if cfg.tensor_split:
+        n = llama_cpp.llama_max_devices()
+        shares = (ctypes.c_float * n)(*cfg.tensor_split[:n])
+        mparams.tensor_split = shares
+    mparams.use_mmap, mparams.use_mlock = cfg.use_mmap, cfg.use_mlock
+    # No repacked weight buffers: their AMX kernels die with SIGILL on VMs that report AMX in
+    # cpuid without enabling its tile state (seen on the CI machines).
+    mparams.use_extra_bufts = False
+    return mparams, shares
 
 
 class _Chain:
@@ -65,17 +91,18 @@ class LlamaRunner:
     """Runs batches of decode tokens and prefill chunks on one llama.cpp context."""
 
     def __init__(self, name: str, path: Path, cfg: ModelConfig) -> None:
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = cfg.n_gpu_layers
-        # No repacked weight buffers: their AMX kernels die with SIGILL on VMs that report AMX
-        # in cpuid without enabling its tile state (seen on the CI machines).
-        mparams.use_extra_bufts = False
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self.model:
-            raise ValueError(f"models.{name}.path: llama.cpp could not load {path}")
-        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.ctx = self._new_context(name, cfg)
+        _router.captured = []  # what llama.cpp says while loading: where everything went
+        try:
+            mparams, self._tensor_split = _model_params(cfg)
+            self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+            if not self.model:
+                raise ValueError(f"models.{name}.path: llama.cpp could not load {path}")
+            self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+            self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+            self.ctx = self._new_context(name, cfg)
+            self.placement = parse_log(_router.captured, cfg.flash_attn)
+        finally:
+            _router.captured = None
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)  # padded: read back the real values
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
@@ -114,12 +141,25 @@ class LlamaRunner:
         p.swa_full = True  # keep whole histories in sliding-window layers
         p.n_threads, p.n_threads_batch = n_threads, n_threads_batch
         p.flash_attn_type = _FLASH_ATTN[cfg.flash_attn]
+        p.type_k, p.type_v = _KV_TYPES[cfg.cache_type_k], _KV_TYPES[cfg.cache_type_v]
+        p.offload_kqv = cfg.offload_kqv
         p.no_perf = True
         ctx = llama_cpp.llama_init_from_model(self.model, p)
         if not ctx:
             llama_cpp.llama_model_free(self.model)
+            if cfg.cache_type_v != "f16":
+                raise ValueError(
+                    f"models.{name}.cache_type_v: a {cfg.cache_type_v} V cache needs flash "
+                    "attention, which llama.cpp could not enable for this model on this device; "
+                    'use cache_type_v = "f16"'
+                )
             raise ValueError(f"models.{name}: llama.cpp could not create a context (n_ctx?)")
         return ctx
+
+    def where(self) -> str:
+        """The start-up block: backend and devices, layers, KV cache, flash attention."""
+        i = self.info
+        return describe(self.placement, i.backend, i.n_threads, i.n_layer)
 
     def _chat_template(self, cfg: ModelConfig) -> bytes | None:
         if cfg.chat_template:

@@ -218,6 +218,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     limits: Limits
     version: str
     protocol: int = PROTOCOL_VERSION
+    backend: str = ""  # "CPU", "CUDA", ... ("" from older servers)
 
 
 class Queued(msgspec.Struct, tag="queued"):

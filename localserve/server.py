@@ -255,7 +255,8 @@ class Server:
         c = self.config
         limits = Limits(c.max_frame_bytes, c.max_tokens, c.max_inflight_per_user,
                         c.max_queued_per_user, c.max_queued)  # fmt: skip
-        return Welcome(self.model_name, self.runner.info.n_ctx, limits, __version__)
+        info = self.runner.info
+        return Welcome(self.model_name, info.n_ctx, limits, __version__, backend=info.backend)
 
     # --- snapshots ------------------------------------------------------------------------------
 

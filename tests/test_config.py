@@ -93,13 +93,35 @@ MODEL_FIELD_ERRORS = [
     pytest.param(model_with("n_ctx = 100"), "n_ctx", id="n_ctx-too-small"),
     pytest.param(model_with("max_num_seqs = 300"), "max_num_seqs", id="too-many-seqs"),
     pytest.param(model_with('flash_attn = "yes"'), "flash_attn", id="bad-literal"),
+    pytest.param(model_with('cache_type_k = "q5_1"'), "cache_type_k", id="kv-type"),
+    pytest.param(
+        model_with('cache_type_v = "q4_0"\nflash_attn = "off"'),
+        "cache_type_v",
+        id="quantized-v-without-flash-attention",
+    ),  # fmt: skip
+    pytest.param(model_with('split_mode = "tensor"'), "split_mode", id="split-mode"),
+    pytest.param(model_with("tensor_split = [1, -2]"), "tensor_split", id="negative-share"),
+    pytest.param(model_with("tensor_split = [0, 0]"), "tensor_split", id="all-zero-shares"),
+    pytest.param(model_with("main_gpu = 16"), "main_gpu", id="main-gpu"),  # fmt: skip
+    pytest.param(model_with('use_mmap = "no"'), "use_mmap", id="use-mmap"),
+    pytest.param(model_with("offload_kqv = 1"), "offload_kqv", id="offload-kqv"),
 ]
+
+
+def test_the_gpu_and_kv_keys_are_read():
+    text = model_with('cache_type_k = "q8_0"\ncache_type_v = "q8_0"\nsplit_mode = "row"\n'
+                      "tensor_split = [3, 1]\nmain_gpu = 1\noffload_kqv = false\n"
+                      "use_mmap = false\nuse_mlock = true")  # fmt: skip
+    model = parse_config(text).models["x"]
+    assert (model.cache_type_k, model.cache_type_v, model.split_mode) == ("q8_0", "q8_0", "row")
+    assert (model.tensor_split, model.main_gpu) == ([3.0, 1.0], 1)
+    assert not model.offload_kqv and not model.use_mmap and model.use_mlock
 
 
 @pytest.mark.parametrize(("text", "field"), MODEL_FIELD_ERRORS)
 def test_model_field_error_names_the_field(text, field):
     message = config_error(text)
-    assert f"`{field}`" in message or f".{field}`" in message
+    assert any(f"{field}{end}" in message for end in ("`", ":", "[")), message
     assert "models" in message
 
 

@@ -265,3 +265,32 @@ def test_a_shared_system_prompt_shares_cells_in_llama_cpp(small):
     done = {e.request_id: e for e in events if isinstance(e, Done)}
     assert all(done[f"r{i}"].cached_tokens == 200 for i in range(1, 4))
     assert all(done[f"r{i}"].completion_tokens == 30 for i in range(1, 4))
+
+
+def test_a_q8_0_kv_cache_serves_real_requests_in_half_the_memory():
+    """Quantized KV cells: concurrent requests complete, the cache holds half the bytes, and
+    the accounting returns to zero."""
+    from localserve.llama_runner import LlamaRunner
+
+    def load(kv: str) -> LlamaRunner:
+        cfg = ModelConfig(embedded=True, n_ctx=2048, max_num_seqs=8, max_num_batched_tokens=256,
+                          n_threads=2, cache_type_k=kv, cache_type_v=kv)  # fmt: skip
+        return LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
+
+    f16 = load("f16")
+    f16_mib = f16.placement.kv_total_mib
+    f16.close()
+    q8 = load("q8_0")
+    try:
+        assert q8.placement.kv_types == ("q8_0", "q8_0") and q8.placement.flash_attn
+        assert q8.placement.kv_total_mib < 0.6 * f16_mib
+        assert "q8_0 cells" in q8.where()
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        requests = [(f"q{i}", p, params, f"u{i}") for i, p in enumerate(PROMPTS)]
+        events, engine = run_engine(q8, requests)
+        done = [e for e in events if isinstance(e, Done)]
+        assert len(done) == len(PROMPTS) and all(d.completion_tokens == 24 for d in done)
+        assert all(texts(events).values())
+        assert engine.kv.num_committed == engine.kv.num_cached  # only cached prefixes left
+    finally:
+        q8.close()

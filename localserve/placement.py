@@ -1,0 +1,99 @@
+"""What runs where: the backend, its devices, the layers offloaded, the KV cache, flash attention.
+
+llama.cpp has no API for most of it (how many layers landed on a GPU, how big the KV buffers are
+and on which device, whether `flash_attn = "auto"` turned it on), but it logs each fact once
+while it loads a model and creates a context. `LlamaRunner` hands those log lines here;
+`parse_log` reads them into a `Placement` and `describe` writes the start-up block every command
+prints. `gpu_without_offload` is the check for the usual trap: an NVIDIA GPU in the machine and
+a llama.cpp built without CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+
+_DEVICE = re.compile(r"using device (\S+) \((.*?)\) \(.*?\) - (\d+) MiB free")
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_MODEL_BUFFER = re.compile(r"(\S+) model buffer size = +([\d.]+) MiB")
+_KV_BUFFER = re.compile(r"(\S+) KV buffer size = +([\d.]+) MiB")
+_KV_TYPES = re.compile(r"K \((\w+)\): .*V \((\w+)\)")
+_FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)|(enabling) flash_attn")
+
+FIX_CUDA = "make setup GPU=cuda"
+
+
+@dataclass
+class Placement:
+    devices: list[tuple[str, str, int]] = field(default_factory=list)  # name, description, MiB
+    layers_offloaded: int | None = None  # None: llama.cpp offloaded nothing (no GPU backend)
+    layers_total: int | None = None  # offloadable layers (the output layer included)
+    model_mib: dict[str, float] = field(default_factory=dict)  # by buffer (CPU_Mapped, CUDA0)
+    kv_mib: dict[str, float] = field(default_factory=dict)  # by device buffer (CPU, CUDA0)
+    kv_types: tuple[str, str] = ("f16", "f16")
+    flash_attn: bool | None = None  # None: not said (flash_attn = "on" or "off" as asked)
+
+    @property
+    def kv_total_mib(self) -> float:
+        return sum(self.kv_mib.values())
+
+
+def parse_log(lines: list[str], flash_attn: str = "auto") -> Placement:
+    """The facts in llama.cpp's log lines from one model load and context creation."""
+    p = Placement()
+    for line in lines:
+        if m := _DEVICE.search(line):
+            p.devices.append((m[1], m[2], int(m[3])))
+        elif m := _OFFLOADED.search(line):
+            p.layers_offloaded, p.layers_total = int(m[1]), int(m[2])
+        elif m := _MODEL_BUFFER.search(line):
+            p.model_mib[m[1]] = p.model_mib.get(m[1], 0.0) + float(m[2])
+        elif m := _KV_BUFFER.search(line):
+            p.kv_mib[m[1]] = p.kv_mib.get(m[1], 0.0) + float(m[2])
+        elif m := _KV_TYPES.search(line):
+            p.kv_types = (m[1], m[2])
+        elif m := _FA_AUTO.search(line):
+            p.flash_attn = m[1] == "enabled" or m[2] == "enabling"
+    if p.flash_attn is None and flash_attn != "auto":
+        p.flash_attn = flash_attn == "on"
+    return p
+
+
+def describe(p: Placement, backend: str, n_threads: int, n_layer: int) -> str:
+    """The start-up block: a few lines a person reads once."""
+    if p.devices:
+        gpus = ", ".join(f"{name} ({desc}, {mib:,} MiB free)" for name, desc, mib in p.devices)
+        device = f"{backend} on {gpus}"
+    else:
+        device = f"{backend}, {n_threads} threads"
+    if p.layers_offloaded is None:
+        layers = f"all {n_layer} layers on the CPU"
+    else:
+        layers = f"{p.layers_offloaded}/{p.layers_total} layers offloaded to the GPU"
+    where = ", ".join(f"{dev} {mib:,.0f} MiB" for dev, mib in p.kv_mib.items()) or "?"
+    k, v = p.kv_types
+    cells = k if k == v else f"K {k}, V {v}"
+    fa = {True: "on", False: "off", None: "?"}[p.flash_attn]
+    return "\n".join([
+        f"  device: {device}",
+        f"  layers: {layers}",
+        f"  KV cache: {p.kv_total_mib:,.0f} MiB of {cells} cells ({where})",
+        f"  flash attention: {fa}",
+    ])  # fmt: skip
+
+
+def nvidia_gpu_visible() -> bool:
+    """An NVIDIA driver or tool on this machine (not proof that CUDA works, only a hint)."""
+    return os.path.isdir("/proc/driver/nvidia/gpus") or shutil.which("nvidia-smi") is not None
+
+
+def gpu_without_offload(supports_gpu_offload: bool) -> str | None:
+    """A loud warning when an NVIDIA GPU is here but llama.cpp was built without GPU offload."""
+    if supports_gpu_offload or not nvidia_gpu_visible():
+        return None
+    return (
+        "WARNING: this machine has an NVIDIA GPU, but the installed llama.cpp was built without "
+        f"GPU offload: everything runs on the CPU. Rebuild it with `{FIX_CUDA}`."
+    )
