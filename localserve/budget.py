@@ -13,7 +13,10 @@ predicted step time within the ITL target.
 
 from __future__ import annotations
 
-# Prior (seconds): roughly the CPU figures in LLAMA_NOTES; measurements take over within steps.
+# Prior (seconds): roughly the CPU figures in LLAMA_NOTES. It only prices the very first steps:
+# the decode fit starts nearly uninformed (low confidence) and the first measured mixed step
+# replaces the prefill price outright, so a GPU, where a step costs a few milliseconds, is priced
+# by its own measurements from its first steps on (nothing here assumes CPU timings).
 PRIOR = (0.010, 0.004, 0.002)
 FORGETTING = 0.97
 MAX_TRACE = 1e4
@@ -29,6 +32,7 @@ class StepCostModel:
         self._ab = [prior[0], prior[1]]
         self._p = [[1.0 / confidence, 0.0], [0.0, 1.0 / confidence]]  # RLS covariance
         self._c = prior[2]
+        self._has_prefill_sample = False
         self.num_updates = 0
 
     @property
@@ -52,7 +56,10 @@ class StepCostModel:
         elif num_prefill >= MIN_PREFILL_FOR_FIT:
             residual = step_s - max(0.0, self.predict(num_decode, 0))
             sample = max(residual / num_prefill, 1e-6)
-            self._c += PREFILL_ALPHA * (sample - self._c)
+            if not self._has_prefill_sample:  # the prior was a guess; a measurement is not
+                self._c, self._has_prefill_sample = sample, True
+            else:
+                self._c += PREFILL_ALPHA * (sample - self._c)
         self.num_updates += 1
 
     def _fit_decode(self, num_decode: float, step_s: float) -> None:

@@ -160,3 +160,13 @@ def test_prefill_price_follows_deeper_context():
     for _ in range(30):  # chunks deeper in a long prompt cost twice as much per token
         model.update(2, 64, true_step_s(2, 0) + 2 * C * 64)
     assert model.prefill_token_s == pytest.approx(2 * C, rel=0.05)
+
+
+def test_a_gpu_is_priced_by_its_own_steps_not_the_cpu_prior():
+    """On a GPU a step of 16 decodes and 512 prompt tokens takes a few ms: after one decode-only
+    and one mixed step, the whole batch is prompt budget (the CPU prior no longer counts)."""
+    model = StepCostModel()
+    assert model.prefill_budget(16, 0.120, 32, 512) < 100  # the CPU prior: 16 decodes cost 74 ms
+    model.update(16, 0, 0.003)
+    model.update(16, 496, 0.003 + 496 * 10e-6)
+    assert model.prefill_budget(16, 0.120, 32, 512) == 512
