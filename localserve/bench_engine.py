@@ -219,5 +219,6 @@ def _machine(runner) -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    where = runner.where() if hasattr(runner, "where") else ""
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "runner": msgspec.to_builtins(runner.info)}  # fmt: skip
+            "runner": msgspec.to_builtins(runner.info), "where": where}  # fmt: skip
