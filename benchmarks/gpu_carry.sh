@@ -5,13 +5,14 @@
 #                                to what the CPU and CUDA builds need (~5 MB)
 #   .gpu-carry/meta.gguf         the embedded model's metadata and tensor shapes, no weights (~7 MB)
 #   .gpu-carry/whl/              wheels missing there (msgspec, websockets, uvicorn, starlette,
-#                                httptools) for $PYVER (3.12)
+#                                httptools, diskcache) for $PYVER (3.12)
 #   .gpu-carry/py/llama_cpp/     llama-cpp-python's Python side (its libraries come from the build)
 #   .gpu-carry/run.sh            the command to run there
 # Then, with the device tool: run(command="bash .gpu-carry/run.sh", carry=[".gpu-carry"]).
 #   bash benchmarks/gpu_carry.sh
-# To try it here first: PYVER=3.11 EXTRA="numpy anyio h11 click idna sniffio typing_extensions"
-# (what the H200's image already has), then GPU=cpu bash .gpu-carry/run.sh.
+# To try it here first, also carry what the H200's image already has: PYVER=3.11 EXTRA="numpy
+# anyio h11 click idna sniffio typing_extensions jinja2 markupsafe", then
+# GPU=cpu bash .gpu-carry/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}
@@ -24,7 +25,7 @@ tar xzf "$src"/llama_cpp_python-0.3.36.tar.gz -C "$src"
   tar --exclude='ggml/src/ggml-sycl' --exclude='ggml/src/ggml-vulkan' --exclude='ggml/src/ggml-opencl' \
       --exclude='ggml/src/ggml-metal' --exclude='ggml/src/ggml-hexagon' --exclude='ggml/src/ggml-et' \
       --exclude='ggml/src/ggml-cann' --exclude='ggml/src/ggml-musa' --exclude='ggml/src/ggml-webgpu' \
-      --exclude='*/tests' -cJf - CMakeLists.txt cmake ggml src include common tools vendor gguf-py app \
+      --exclude='*/tests' -cJf - CMakeLists.txt cmake ggml src include common tools vendor gguf-py app scripts \
       LICENSE licenses ) >"$C/llama-src.tar.xz"
 model=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
 .venv/bin/python scripts/random_gguf.py --metadata-only "$model" "$C/meta.gguf" \
@@ -35,7 +36,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manyli
 done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" \
   --implementation cp "${platforms[@]}" -d "$C/whl" \
-  msgspec websockets uvicorn starlette httptools ${EXTRA:-}
+  msgspec websockets uvicorn starlette httptools diskcache ${EXTRA:-}
 site=$(.venv/bin/python -c "import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))")
 mkdir -p "$C/py/llama_cpp"
 ( cd "$site" && tar --exclude=./lib --exclude='__pycache__' -cf - . ) | tar xf - -C "$C/py/llama_cpp"
