@@ -440,8 +440,8 @@ def test_serve_shuts_down_gracefully_on_sigterm(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     try:
-        line = proc.stdout.readline()
-        port = re.search(r"ws://127.0.0.1:(\d+)", line).group(1)
+        lines = iter(proc.stdout.readline, "")  # the start-up block comes first
+        port = next(m[1] for line in lines if (m := re.search(r"ws://127.0.0.1:(\d+)", line)))
         ws = WS(f"ws://127.0.0.1:{port}")
         ws.hello("zoe")
         ws.chat("long", QUESTION, max_tokens=2000, ignore_eos=True, stop=[])
