@@ -322,11 +322,7 @@ async def _openai_request(
         writer.write(f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: "
                      f"application/json\r\nContent-Length: {len(payload)}\r\n"
                      "Connection: close\r\n\r\n".encode() + payload)  # fmt: skip
-        status = int((await reader.readline()).split()[1])
-        headers = {}
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
+        status, headers = await _read_head(reader)
         if status != 200:
             result.error = f"http_{status}"
             return result, ""
@@ -338,26 +334,7 @@ async def _openai_request(
             if "error" in chunk:  # e.g. llama-server's "Context size has been exceeded"
                 result.error = str(chunk["error"].get("type") or "server_error")
                 return result, "".join(reply)
-            choices = chunk.get("choices") or []
-            text = choices and (choices[0].get("text") or
-                                (choices[0].get("delta") or {}).get("content"))  # fmt: skip
-            if text:
-                result.token_times.append(time.perf_counter())
-                reply.append(text)
-            if choices and choices[0].get("finish_reason"):
-                result.finish_reason = choices[0]["finish_reason"]
-            usage = chunk.get("usage") or {}
-            if usage:
-                result.prompt_tokens = usage.get("prompt_tokens", 0)
-                result.output_tokens = usage.get("completion_tokens", 0)
-                details = usage.get("prompt_tokens_details") or {}
-                if details.get("cached_tokens") is not None:
-                    cached = details["cached_tokens"]
-            timings = chunk.get("timings") or {}
-            if cached is None and timings.get("cache_n") is not None:
-                cached = timings["cache_n"]
-            if not result.prompt_tokens and "prompt_n" in timings:
-                result.prompt_tokens = timings["prompt_n"] + timings.get("cache_n", 0)
+            cached = _take_chunk(result, reply, chunk, cached)
         result.done = time.perf_counter()
         result.output_tokens = result.output_tokens or len(result.token_times)
         result.cached_tokens = cached or 0
@@ -369,6 +346,40 @@ async def _openai_request(
         if writer is not None:
             writer.close()
     return result, "".join(reply)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """An HTTP response's status and headers (names in lower case)."""
+    status = int((await reader.readline()).split()[1])
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def _take_chunk(result: RequestResult, reply: list[str], chunk: dict, cached: int | None):
+    """Fold one streamed chunk into the result; returns the cached-token count seen so far."""
+    choices = chunk.get("choices") or []
+    text = choices and (choices[0].get("text") or (choices[0].get("delta") or {}).get("content"))
+    if text:
+        result.token_times.append(time.perf_counter())
+        reply.append(text)
+    if choices and choices[0].get("finish_reason"):
+        result.finish_reason = choices[0]["finish_reason"]
+    usage = chunk.get("usage") or {}
+    if usage:
+        result.prompt_tokens = usage.get("prompt_tokens", 0)
+        result.output_tokens = usage.get("completion_tokens", 0)
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            cached = details["cached_tokens"]
+    timings = chunk.get("timings") or {}
+    if cached is None and timings.get("cache_n") is not None:
+        cached = timings["cache_n"]
+    if not result.prompt_tokens and "prompt_n" in timings:
+        result.prompt_tokens = timings["prompt_n"] + timings.get("cache_n", 0)
+    return cached
 
 
 async def _sse_lines(reader: asyncio.StreamReader, chunked: bool):

@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from localserve.admission import Refusal
 from localserve.auth import check_user_name
-from localserve.connection import client_address
+from localserve.connection import MAX_ERROR_CHARS, client_address
 from localserve.engine import Done
 from localserve.prompt import ROLES
 from localserve.protocol import SAMPLING_FIELDS, SamplingFields
@@ -133,6 +133,10 @@ class ApiError(Exception):
         kind: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
     ) -> None:
+        # like websocket error frames, never more than a little of what the client sent
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS] + "…"
+        param = param[:MAX_ERROR_CHARS] if param else param
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.kind, self.headers = kind, headers or {}
@@ -153,7 +157,6 @@ _REFUSALS = {
     "too_long": (400, "invalid_request_error", "context_length_exceeded"),
     "busy": (429, "rate_limit_error", "rate_limit_exceeded"),
     "shutting_down": (503, "server_error", "shutting_down"),
-    "unauthorized": (401, "invalid_request_error", "invalid_api_key"),
 }
 
 
@@ -253,7 +256,7 @@ class _Api:
         except msgspec.ValidationError as e:
             raise ApiError(400, f"invalid request: {e}", "invalid_value", _param(e)) from None
         except (msgspec.DecodeError, RecursionError) as e:
-            raise ApiError(400, f"invalid JSON body: {e}"[:200], "invalid_json") from None
+            raise ApiError(400, f"invalid JSON body: {e}", "invalid_json") from None
         self._check_model(body.model)
         return body
 

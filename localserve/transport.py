@@ -178,11 +178,6 @@ class GuardedHTTP(HttpToolsProtocol):
         self._running = cycle
         super()._start_asgi_task(cycle, app)
 
-    def handle_websocket_upgrade(self) -> None:
-        """The socket (and its count) passes to the websocket protocol."""
-        self._cancel_head_timer()
-        super().handle_websocket_upgrade()
-
     def data_received(self, data: bytes) -> None:
         if self._head_too_large:
             return
