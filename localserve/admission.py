@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from localserve.engine import Done
+from localserve.events import Done
 
 
 class Sink(Protocol):

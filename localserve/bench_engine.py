@@ -31,101 +31,86 @@ PROMPT = "Tell me a long story about a lighthouse keeper and the sea. "
 REPEATS = 6
 
 
+class _BareBatch:
+    """A llama_batch of its own on the runner's context: the bare loop shares no runner state."""
+
+    def __init__(self, runner) -> None:
+        self.ctx = runner.ctx
+        self.batch = llama_cpp.llama_batch_init(runner.info.n_batch, 0, 1)
+
+    def decode(self, entries: list[tuple[int, int, int]], logits_last: bool) -> None:
+        """entries: (seq id, token, position); every token wants logits unless logits_last."""
+        b = self.batch
+        for i, (seq_id, token, pos) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = token, pos, 1, seq_id
+            b.logits[i] = not logits_last or i == len(entries) - 1
+        b.n_tokens = len(entries)
+        rc = llama_cpp.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self.batch)
+
+
 def bare_decode(runner, n: int, steps: int) -> float:
     """Decode tokens/s of a minimal loop: prefill n short prompts, then `steps` batched decodes."""
     prompt = runner.tokenize(PROMPT)
     tokens = [prompt[-1]] * n
+    bare, n_vocab = _BareBatch(runner), runner.info.n_vocab
     for s in range(n):  # prefill each sequence's prompt (not timed)
-        _fill(runner, [(s, t, p) for p, t in enumerate(prompt)], logits_last=True)
-        _decode(runner)
+        bare.decode([(s, t, p) for p, t in enumerate(prompt)], logits_last=True)
     pos = len(prompt)
     start = time.perf_counter()
     for _ in range(steps):
-        _fill(runner, [(s, tokens[s], pos) for s in range(n)], logits_last=False)
-        _decode(runner)
+        bare.decode([(s, tokens[s], pos) for s in range(n)], logits_last=False)
         for s in range(n):
-            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(runner.ctx, s),
-                                        shape=(runner.n_vocab,))  # fmt: skip
-            tokens[s] = int(row.argmax())
+            logits = llama_cpp.llama_get_logits_ith(runner.ctx, s)
+            tokens[s] = int(np.ctypeslib.as_array(logits, shape=(n_vocab,)).argmax())
         pos += 1
     elapsed = time.perf_counter() - start
+    bare.close()
     for s in range(n):
         runner.free_seq(s)
     return n * steps / elapsed
 
 
-def _fill(runner, entries: list[tuple[int, int, int]], logits_last: bool) -> None:
-    """entries: (seq id, token, position); every token wants logits unless logits_last."""
-    k = len(entries)
-    seq_ids, toks, pos = zip(*entries, strict=True)
-    runner._seq[:k], runner._tok[:k], runner._pos[:k] = seq_ids, toks, pos
-    runner._logits[:k] = 0 if logits_last else 1
-    runner._logits[k - 1] = 1
-    runner._batch.n_tokens = k
-
-
-def _decode(runner) -> None:
-    rc = llama_cpp.llama_decode(runner.ctx, runner._batch)
-    if rc != 0:
-        raise RuntimeError(f"llama_decode returned {rc}")
-
-
-class _Timed:
-    """Wrap a callable, summing the seconds spent in it."""
-
-    def __init__(self, fn) -> None:
-        self.fn, self.total = fn, 0.0
-
-    def __call__(self, *args, **kw):
-        start = time.perf_counter()
-        try:
-            return self.fn(*args, **kw)
-        finally:
-            self.total += time.perf_counter() - start
-
-
 GREEDY = SamplingParams(temperature=0, ignore_eos=True)
-SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1,
-                         ignore_eos=True)  # fmt: skip
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1, ignore_eos=True)
+PHASES = ("schedule", "fill", "decode", "sample", "postprocess", "emit")
 
 
 def engine_decode(runner, config, n: int, steps: int, params=GREEDY) -> dict[str, float]:
-    """Decode tokens/s through the engine, timing only steps where all n sequences decode."""
-    engine = Engine(runner, _no_reuse(config))
+    """Decode tokens/s through the engine, timing only steps where all n sequences decode.
+
+    The breakdown comes from the engine's and the runner's public timings of each step.
+    """
+    engine = Engine(runner, _no_reuse(config), clock=time.perf_counter)
     prompt = runner.tokenize(PROMPT)
     params = msgspec.structs.replace(params, max_tokens=steps + 2)
     for i in range(n):
         engine.add_request(f"r{i}", prompt, params, user=f"u{i}")
-    while engine.scheduler.running == [] or any(s.is_prefilling or s.num_computed == 0
-                                                 for s in engine.scheduler.running):  # fmt: skip
+    while len(engine.scheduler.running) < n or any(
+        s.is_prefilling or s.num_computed == 0 for s in engine.scheduler.running
+    ):
         engine.step()
-    timers = {
-        "schedule": _Timed(engine.scheduler.schedule),
-        "fill": _Timed(runner._fill),
-        "postprocess": _Timed(engine.scheduler.postprocess),
-    }
-    engine.scheduler.schedule, runner._fill = timers["schedule"], timers["fill"]
-    engine.scheduler.postprocess = timers["postprocess"]
-    decode_s = 0.0
+    spent = dict.fromkeys(PHASES, 0.0)
     start = time.perf_counter()
-    try:
-        for _ in range(steps):
-            engine.step()
-            decode_s += runner.last_decode_s
-    finally:
-        del runner._fill  # back to the class method
+    for _ in range(steps):
+        engine.step()
+        for timings in (engine.timings, runner.timings):
+            for phase, seconds in timings._asdict().items():
+                key = phase.removesuffix("_s")
+                if key in spent:
+                    spent[key] += seconds
     elapsed = time.perf_counter() - start
     while engine.scheduler.has_work:
         engine.step()
-    other = elapsed - decode_s - sum(t.total for t in timers.values())
     return {
         "tokens_per_s": n * steps / elapsed,
         "step_ms": elapsed / steps * 1e3,
-        "engine_share": (elapsed - decode_s) / elapsed,
-        "schedule_ms": timers["schedule"].total / steps * 1e3,
-        "fill_ms": timers["fill"].total / steps * 1e3,
-        "sample_and_rest_ms": other / steps * 1e3,
-        "postprocess_ms": timers["postprocess"].total / steps * 1e3,
+        "engine_share": (elapsed - spent["decode"]) / elapsed,
+        **{f"{k}_ms": v / steps * 1e3 for k, v in spent.items() if k != "decode"},
     }
 
 
@@ -133,12 +118,13 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
     """Prompt tokens/s for one long prompt: through the engine and as bare n_batch chunks."""
     words = (PROMPT * 200).split()
     prompt = runner.tokenize(" ".join(words))[:n_tokens]
+    n_batch, bare_batch = runner.info.n_batch, _BareBatch(runner)
     start = time.perf_counter()
-    for lo in range(0, len(prompt), runner.n_batch):
-        chunk = prompt[lo : lo + runner.n_batch]
-        _fill(runner, [(0, t, lo + i) for i, t in enumerate(chunk)], logits_last=True)
-        _decode(runner)
+    for lo in range(0, len(prompt), n_batch):
+        chunk = prompt[lo : lo + n_batch]
+        bare_batch.decode([(0, t, lo + i) for i, t in enumerate(chunk)], logits_last=True)
     bare = len(prompt) / (time.perf_counter() - start)
+    bare_batch.close()
     runner.free_seq(0)
     engine = Engine(runner, _no_reuse(config))
     engine.add_request("p", prompt, SamplingParams(temperature=0, max_tokens=1))
@@ -155,10 +141,9 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
 def run_benchmark(config: Config, model: str | None, concurrency: list[int], steps: int,
                   out: str | None) -> int:  # fmt: skip
     runner = open_runner(config, model)
-    if max(concurrency) > runner.n_outputs_max:
-        raise ValueError(
-            f"concurrency {max(concurrency)} exceeds max_num_seqs {runner.n_outputs_max}"
-        )
+    max_num_seqs = runner.info.max_num_seqs or runner.info.n_seq_max
+    if max(concurrency) > max_num_seqs:
+        raise ValueError(f"concurrency {max(concurrency)} exceeds max_num_seqs {max_num_seqs}")
     try:
         bare_decode(runner, 1, 8)  # warm-up
         rows = []
@@ -207,8 +192,8 @@ def _row_text(row: dict) -> str:
         f"{row['concurrency']:>3} seqs: bare {row['bare_tokens_per_s']:7.1f} tok/s, "
         f"engine {e['tokens_per_s']:7.1f} tok/s ({row['ratio']:.1%}); step {e['step_ms']:.1f} ms, "
         f"outside llama_decode {e['engine_share']:.1%} (schedule {e['schedule_ms']:.2f}, "
-        f"fill {e['fill_ms']:.2f}, sample+rest {e['sample_and_rest_ms']:.2f}, "
-        f"postprocess {e['postprocess_ms']:.2f} ms)"
+        f"fill {e['fill_ms']:.2f}, sample {e['sample_ms']:.2f}, "
+        f"postprocess {e['postprocess_ms']:.2f}, emit {e['emit_ms']:.2f} ms)"
     )
 
 

@@ -18,7 +18,7 @@ import msgspec
 
 from localserve.admission import Refusal
 from localserve.auth import check_user_name
-from localserve.engine import Done
+from localserve.events import Done
 from localserve.outbox import Outbox
 from localserve.protocol import (
     Cancel,

@@ -2,15 +2,19 @@
 
 The engine thread owns the llama.cpp context, the scheduler and the metrics. Other threads talk
 to it only through `add_request`, `cancel` and `snapshot` (commands on one queue) and receive
-events (`Token`, `Done`, `Admitted`, `Preempted`) through the `on_events` callback, one list per
-step, called on the engine thread: an asyncio server passes a function that hands the list to
-its loop with `call_soon_threadsafe` (see `AsyncEvents`). `step()` runs one iteration
-synchronously, for tests and tools that drive the engine without its thread.
+events (localserve.events) through the `on_events` callback, one list per step, called on the
+engine thread. `step()` runs one iteration synchronously, for tests and tools that drive the
+engine without its thread:
+
+    schedule -> run -> postprocess -> emit
+
+The scheduler builds the batch (with the KV cell operations its pool decided), the runner
+applies those and decodes, the scheduler accounts the sampled tokens and finished sequences,
+and emit turns the outcome into events and metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import queue
@@ -18,45 +22,28 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-
-import msgspec
+from typing import NamedTuple
 
 from localserve.config import SchedulerConfig
+from localserve.events import Admitted, Done, Event, EventSink, Preempted, Token
 from localserve.kv import KVPool
 from localserve.metrics import Metrics
-from localserve.protocol import SeqRow, Snapshot, WaitingRow
-from localserve.runner import DecodeError, KVCacheFull, Runner, SamplingError
-from localserve.scheduler import Batch, Sampled, Scheduler
+from localserve.protocol import Snapshot
+from localserve.runner import DecodeError, KVCacheFull, Runner, Sampled
+from localserve.scheduler import Batch, Scheduler
 from localserve.sequence import FinishReason, SamplingParams, Sequence, Status
+from localserve.snapshot import build_snapshot
 
 log = logging.getLogger("localserve.engine")
 
 
-class Token(msgspec.Struct, tag=True):
-    request_id: str
-    text: str  # may be empty: bytes of an unfinished character, or text held back for stops
+class StepTimings(NamedTuple):
+    """Where the last step spent its time, in seconds of the engine's clock (for benchmarks)."""
 
-
-class Done(msgspec.Struct, tag=True):
-    request_id: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    timings: dict[str, float]  # queue_ms, ttft_ms, itl_ms, e2e_ms
-    error: str = ""
-
-
-class Admitted(msgspec.Struct, tag=True):
-    request_id: str
-
-
-class Preempted(msgspec.Struct, tag=True):
-    request_id: str
-
-
-Event = Token | Done | Admitted | Preempted
-EventSink = Callable[[list[Event]], None]
+    schedule_s: float = 0.0
+    run_s: float = 0.0  # the runner: cell operations, fill, decode, sampling
+    postprocess_s: float = 0.0
+    emit_s: float = 0.0
 
 
 class Engine:
@@ -90,6 +77,7 @@ class Engine:
         self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.timings = StepTimings()  # of the last step
 
     # --- thread-safe entry points ----------------------------------------------------------
 
@@ -99,13 +87,15 @@ class Engine:
         prompt_tokens: list[int],
         params: SamplingParams,
         user: str = "",
-        shared_prefix_tokens: int = 0,
-        share_globally: bool = False,
+        system_tokens: int = 0,
+        system_is_global: bool = False,
+        client_id: str | None = None,
     ) -> None:
         """Queue a request; raises ValueError for an empty, too long or duplicate one.
 
-        `shared_prefix_tokens`: the prompt starts with a system prompt of this many tokens that
-        other requests may share (the user's own, or every user's with `share_globally`).
+        `system_tokens`: the prompt starts with a system prompt of this many tokens that other
+        requests may share (the user's own, or every user's with `system_is_global`).
+        `client_id`: the id its client knows it by, for the monitor (default: `request_id`).
         """
         n_ctx = self.runner.info.n_ctx
         if len(prompt_tokens) >= n_ctx:
@@ -113,8 +103,9 @@ class Engine:
                 f"too_long: the prompt has {len(prompt_tokens)} tokens; the context holds {n_ctx}"
             )
         seq = Sequence(request_id, prompt_tokens, params, user, self.clock(), n_ctx)
-        seq.shared_prefix_tokens = min(shared_prefix_tokens, len(prompt_tokens))
-        seq.share_prefix_globally = share_globally
+        seq.system_tokens = min(system_tokens, len(prompt_tokens))
+        seq.system_is_global = system_is_global
+        seq.client_id = request_id if client_id is None else client_id
         with self._ids_lock:
             if request_id in self._ids:
                 raise ValueError(f"duplicate request id {request_id!r}")
@@ -129,7 +120,7 @@ class Engine:
         """A Future of the next snapshot, built on the engine thread between steps."""
         future: Future[Snapshot] = Future()
         if self._thread is None:
-            future.set_result(self.build_snapshot())
+            future.set_result(build_snapshot(self))
         else:
             self._commands.put(("snapshot", future))
         return future
@@ -165,15 +156,20 @@ class Engine:
     # --- one iteration ---------------------------------------------------------------------
 
     def step(self) -> None:
-        """Drain commands, schedule, run the batch, emit events."""
+        """One iteration: drain commands, then schedule -> run -> postprocess -> emit."""
         self._drain()
         start = self.clock()
         batch = self.scheduler.schedule()
-        events = self._on_scheduled(batch)
-        if batch.items:
-            events += self._run(batch, start)
+        scheduled = self.clock()
+        sampled = self._run(batch)
+        ran = self.clock()
+        self.scheduler.postprocess(batch, sampled, ran - start)
+        done = self.clock()
+        events = self._emit(batch, sampled, done - start)
         if events:
             self.on_events(events)
+        emitted = self.clock()
+        self.timings = StepTimings(scheduled - start, ran - scheduled, done - ran, emitted - done)
 
     def _drain(self) -> None:
         while True:
@@ -199,7 +195,7 @@ class Engine:
         elif kind == "snapshot":
             if arg.set_running_or_notify_cancel():  # the asker may have given up (cancelled)
                 try:
-                    arg.set_result(self.build_snapshot())
+                    arg.set_result(build_snapshot(self))
                 except Exception as e:  # the asker must hear of it, not wait forever
                     log.exception("snapshot failed")
                     arg.set_exception(e)
@@ -208,67 +204,44 @@ class Engine:
         elif kind == "stop":
             self._stopping = True
 
-    def _on_scheduled(self, batch: Batch) -> list[Event]:
-        self._clear_freed()
+    def _run(self, batch: Batch) -> list[Sampled]:
+        """The runner's step. When it computes nothing, the scheduler hears why and empties
+        the batch: no cells (preempt to fit) or a failed decode (those sequences end)."""
+        try:
+            return self.runner.run(batch)
+        except KVCacheFull:  # our accounting and llama.cpp disagree: believe llama.cpp
+            victims = self.scheduler.on_cache_full(batch)
+            log.warning("llama_decode found no KV cells: capacity now %d cells, preempted %s",
+                        self.kv.num_cells, victims)  # fmt: skip
+        except (DecodeError, ValueError) as e:
+            log.error("decode failed for %d sequences: %s", len(batch.items), e)
+            self.scheduler.on_failed(batch, str(e))
+        return []
+
+    def _emit(self, batch: Batch, sampled: list[Sampled], step_s: float) -> list[Event]:
+        """The step's outcome as events, in order, with the metrics that count them."""
         events: list[Event] = []
         for seq in batch.admitted:
             if seq.num_preemptions == 0:
-                seq.num_cached_tokens = seq.num_computed  # reused from a cached prefix
                 self.metrics.on_admitted(seq)
             events.append(Admitted(seq.request_id))
         for seq in batch.preempted:
             self.metrics.on_preempted(seq)
             events.append(Preempted(seq.request_id))
         events += [self._finish(seq) for seq in batch.finished]
-        return events
-
-    def _run(self, batch: Batch, start: float) -> list[Event]:
-        try:
-            tokens = self.runner.run(batch)
-        except KVCacheFull:  # our accounting and llama.cpp disagree: believe llama.cpp
-            victims = self.scheduler.on_cache_full(batch)
-            log.warning("llama_decode found no KV cells: capacity now %d cells, preempted %s",
-                        self.kv.num_cells, victims)  # fmt: skip
-            self._clear_freed()
-            for seq in victims:
-                self.metrics.on_preempted(seq)
-            return [Preempted(seq.request_id) for seq in victims]
-        except (DecodeError, ValueError) as e:
-            log.error("decode failed for %d sequences: %s", len(batch.items), e)
-            failed = list({id(i.seq): i.seq for i in batch.items}.values())
-            self.scheduler.fail(failed, str(e))
-            self._clear_freed()
-            return [self._finish(seq) for seq in failed]
-        rows = [item.seq for item in batch.items if item.wants_logits]
-        results = list(zip(rows, tokens, strict=True))
-        failed = [(seq, t) for seq, t in results if isinstance(t, SamplingError)]
-        sampled = [
-            Sampled(seq, t, self.runner.piece(t), self.runner.is_eog(t))
-            for seq, t in results
-            if not isinstance(t, SamplingError)
-        ]
-        step_s = self.clock() - start
-        deltas = self.scheduler.postprocess(batch, sampled, step_s)
-        events = self._fail_sampling(failed)  # those sequences alone; the rest go on
-        self._clear_freed()
-        prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
-        self.metrics.on_step(
-            batch.num_decode_tokens, batch.num_prefill_tokens,
-            self.clock() - start, self.runner.last_decode_s, prefill_s, len(sampled),
-        )  # fmt: skip
-        for s, text in zip(sampled, deltas, strict=True):
-            self.metrics.on_token(s.seq)
-            events.append(Token(s.seq.request_id, text))
+        if batch.items:
+            prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
+            decode_s, num_sampled = self.runner.timings.decode_s, sum(not s.error for s in sampled)
+            self.metrics.on_step(batch.num_decode_tokens, batch.num_prefill_tokens, step_s,
+                                 decode_s, prefill_s, num_sampled)  # fmt: skip
+        for s in sampled:
+            if s.error:
+                log.error("request %s failed: %s", s.seq.request_id, s.error)
+            else:
+                self.metrics.on_token(s.seq)
+                events.append(Token(s.seq.request_id, s.seq.take_text()))
             if s.seq.is_finished:
                 events.append(self._finish(s.seq))
-        return events
-
-    def _fail_sampling(self, failed: list[tuple[Sequence, SamplingError]]) -> list[Event]:
-        events: list[Event] = []
-        for seq, error in failed:
-            log.error("request %s failed: %s", seq.request_id, error)
-            self.scheduler.fail([seq], f"sampling failed for this request: {error}")
-            events.append(self._finish(seq))
         return events
 
     def _finish(self, seq: Sequence) -> Done:
@@ -284,23 +257,10 @@ class Engine:
             seq.finish_reason.value,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens,
+            cached_tokens=seq.cached_tokens,
             timings=timings,
             error=seq.error,
         )
-
-    def _clear_freed(self) -> None:
-        """Apply the pool's cell operations in llama.cpp, in the order they were decided."""
-        refused = []
-        for op in self.kv.take_ops():  # all of them, even after a refusal: ids get reused
-            if op.kind == "free":
-                self.runner.free_seq(op.seq_id)
-            elif op.kind == "copy":
-                self.runner.copy_seq(op.seq_id, op.dst, op.n)
-            elif not self.runner.trim_seq(op.seq_id, op.n):  # a memory without partial removal
-                refused.append(op)
-        if refused:
-            raise RuntimeError(f"llama.cpp could not trim sequences to a prefix: {refused}")
 
     def _fail_all(self, message: str) -> None:
         seqs = list(self._seqs.values())
@@ -309,109 +269,6 @@ class Engine:
         for seq in seqs:
             if seq.status is not Status.FINISHED:
                 self.scheduler.cancel(seq)
-        self._clear_freed()
         events: list[Event] = [self._finish(s) for s in running]
         if events:
             self.on_events(events)
-
-    # --- reading ---------------------------------------------------------------------------
-
-    def build_snapshot(self) -> Snapshot:
-        """Everything the monitor and /metrics show; call on the engine thread."""
-        m, sched, kv, now = self.metrics, self.scheduler, self.kv, self.clock()
-        latency = m.latency()
-        prompt_tps, gen_tps = m.throughput()
-        return Snapshot(
-            uptime_s=now - m.start_time,
-            model=self.runner.info,
-            policy=self.config.policy,
-            max_num_seqs=sched.max_num_seqs,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            itl_target_s=self.config.itl_target_ms / 1e3,
-            running=len(sched.running),
-            waiting=sched.num_waiting,
-            kv_used=kv.num_used,
-            kv_committed=kv.num_committed,
-            kv_total=kv.num_cells,
-            kv_cached=kv.num_cached,
-            cached_prefixes=len(kv.prefixes),
-            free_seq_ids=kv.num_free_seq_ids,
-            window_s=m.window_s,
-            **latency,
-            prompt_tokens_per_s=prompt_tps,
-            generation_tokens_per_s=gen_tps,
-            steps=m.step_stats(sched.last_prefill_budget),
-            counters=msgspec.structs.replace(m.counters, prefix_evictions=kv.num_evictions),
-            seqs=[_seq_row(s, now) for s in sched.running],
-            waiting_seqs=[_waiting_row(i, s, now) for i, s in enumerate(sched.waiting_seqs(), 1)],
-            events=list(m.events),
-            histograms=m.export_histograms(),
-        )
-
-
-def _seq_row(seq: Sequence, now: float) -> SeqRow:
-    ttft = seq.timings_s()[1]
-    first, last = seq.first_token_time, seq.last_token_time
-    n = seq.num_output_tokens
-    return SeqRow(
-        request_id=seq.request_id,
-        user=seq.user,
-        phase="prefill" if seq.is_prefilling or seq.num_computed == 0 else "decode",
-        prompt_tokens=seq.num_prompt_tokens,
-        computed_tokens=seq.num_computed,
-        output_tokens=n,
-        cells=seq.num_cells,
-        cached_tokens=seq.num_cached_tokens,
-        tokens_per_s=(n - 1) / (last - first) if n > 1 and last > first else None,
-        ttft_s=None if math.isnan(ttft) else ttft,
-        last_itl_s=seq.last_itl_s,
-        since_last_token_s=now - last if last is not None else None,
-        num_preemptions=seq.num_preemptions,
-    )
-
-
-def _waiting_row(position: int, seq: Sequence, now: float) -> WaitingRow:
-    since = seq.queued_time if seq.queued_time is not None else now
-    return WaitingRow(
-        position=position,
-        request_id=seq.request_id,
-        user=seq.user,
-        prompt_tokens=seq.num_prompt_tokens,
-        waited_s=seq.queue_s + now - since,
-        is_preempted=seq.num_preemptions > 0,
-    )
-
-
-class AsyncEvents:
-    """Bridge engine events into an asyncio loop: pass as `on_events`, then `await get()`."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue[list[Event]] = asyncio.Queue()
-
-    def __call__(self, events: list[Event]) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, events)
-
-    async def get(self) -> list[Event]:
-        return await self._queue.get()
-
-
-class EventRouter:
-    """Events to one blocking queue per request, for synchronous callers (CLI, benchmarks)."""
-
-    def __init__(self) -> None:
-        self._queues: dict[str, queue.SimpleQueue[Event]] = {}
-        self._lock = threading.Lock()
-
-    def open(self, request_id: str) -> queue.SimpleQueue[Event]:
-        with self._lock:
-            return self._queues.setdefault(request_id, queue.SimpleQueue())
-
-    def __call__(self, events: list[Event]) -> None:
-        for event in events:
-            with self._lock:
-                q = self._queues.get(event.request_id)
-                if isinstance(event, Done):
-                    self._queues.pop(event.request_id, None)
-            if q is not None:
-                q.put(event)

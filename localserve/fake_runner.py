@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localserve.protocol import ModelInfo
-from localserve.runner import KVCacheFull, SamplingError
+from localserve.runner import KVCacheFull, RunTimings, Sampled, apply_cell_ops
 from localserve.scheduler import Batch
 from localserve.sequence import SamplingParams
 
@@ -32,7 +32,9 @@ class FakeClock:
 
 
 @dataclass
-class StepRecord:
+class RunRecord:
+    """What one fake decode ran."""
+
     num_decode: int
     num_prefill: int
     seq_ids: list[int]
@@ -50,8 +52,8 @@ class FakeRunner:
     clock: FakeClock = field(default_factory=FakeClock)
     step_cost: tuple[float, float, float] = (0.010, 0.002, 0.001)  # base, per decode, per prefill
     eog_every: int | None = None  # sample EOG when (last token + position) % eog_every == 0
-    steps: list[StepRecord] = field(default_factory=list)
-    last_decode_s: float = 0.0
+    steps: list[RunRecord] = field(default_factory=list)
+    timings: RunTimings = field(default_factory=RunTimings)
     supports_prefix_reuse: bool = True
     failing_requests: set[str] = field(default_factory=set)  # their sampling fails (a fault)
 
@@ -92,26 +94,23 @@ class FakeRunner:
 
     # --- the step --------------------------------------------------------------------------
 
-    def run(self, batch: Batch) -> list[int | SamplingError]:
+    def run(self, batch: Batch) -> list[Sampled]:
+        apply_cell_ops(self, batch.cell_ops)
+        if not batch.items:
+            return []
         assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
         rows = [item for item in batch.items if item.wants_logits]
         assert len(rows) <= self.max_num_seqs, "llama.cpp would abort: outputs > n_outputs_max"
         if self.num_cells_in_use + batch.num_tokens > self.n_ctx:
             raise KVCacheFull("fake: no free cells")
         for seq, start, k, _ in batch.items:
-            held = self.cells.setdefault(seq.seq_id, {})
-            expected = max(held) + 1 if held else 0
-            if start != expected:
-                raise ValueError(f"seq {seq.seq_id}: batch starts at {start}, cache at {expected}")
-            for pos in range(start, start + k):
-                held[pos] = self._next_cell
-                self.refs[self._next_cell] = 1
-                self._next_cell += 1
+            self._place(seq.seq_id, start, k)
         a, b, c = self.step_cost
-        self.last_decode_s = a + b * batch.num_decode_tokens + c * batch.num_prefill_tokens
-        self.clock.now += self.last_decode_s
+        decode_s = a + b * batch.num_decode_tokens + c * batch.num_prefill_tokens
+        self.timings = RunTimings(decode_s=decode_s)
+        self.clock.now += decode_s
         self.steps.append(
-            StepRecord(
+            RunRecord(
                 batch.num_decode_tokens,
                 batch.num_prefill_tokens,
                 [item.seq.seq_id for item in batch.items],
@@ -121,10 +120,22 @@ class FakeRunner:
         )
         return [self._sample(item) for item in rows]
 
-    def _sample(self, item) -> int | SamplingError:
+    def _place(self, seq_id: int, start: int, k: int) -> None:
+        """New cells for positions [start, start + k), which must continue the sequence."""
+        held = self.cells.setdefault(seq_id, {})
+        expected = max(held) + 1 if held else 0
+        if start != expected:
+            raise ValueError(f"seq {seq_id}: batch starts at {start}, cache at {expected}")
+        for pos in range(start, start + k):
+            held[pos] = self._next_cell
+            self.refs[self._next_cell] = 1
+            self._next_cell += 1
+
+    def _sample(self, item) -> Sampled:
         if item.seq.request_id in self.failing_requests:
-            return SamplingError("fake: the logits are not finite")
-        return self._next_token(item.seq.tokens[-1], item.start + item.num_tokens)
+            return Sampled(item.seq, error="fake: the logits are not finite")
+        token = self._next_token(item.seq.tokens[-1], item.start + item.num_tokens)
+        return Sampled(item.seq, token, self.piece(token), token == EOG)
 
     def _next_token(self, last: int, position: int) -> int:
         if self.eog_every and (last + position) % self.eog_every == 0:

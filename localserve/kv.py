@@ -11,10 +11,11 @@ prefill never runs out; decode growth takes free cells one at a time and may tri
 Prefix caching: a finished sequence's cells stay in the cache as a `CachedPrefix` owned by its
 user, under its sequence id. A new request whose tokens start the same way takes the prefix over
 (its id, cells trimmed to the common part) and prefills only the rest. A system prompt shared by
-many requests becomes a *root*: prefilled once, kept under an id of its own and copied into each
-request that starts with it, so its cells are shared. Cached prefixes are evicted, least recently
-used first, whenever admission or decode growth needs cells or ids: before any live sequence is
-preempted. A root is evicted only when no sequence and no cached prefix shares its cells.
+many requests is cached as a *system prompt* entry: prefilled once, kept under an id of its own
+and copied into each request that starts with it, so its cells are shared. Cached prefixes are
+evicted, least recently used first, whenever admission or decode growth needs cells or ids:
+before any live sequence is preempted. A system prompt entry is evicted only when no sequence
+and no cached prefix shares its cells.
 
 The pool only counts; the cell operations it decides (free, trim, copy) are queued for the
 engine to apply in llama.cpp, in order, before the next batch runs.
@@ -41,21 +42,21 @@ class CellOp(NamedTuple):
 
 @dataclass(eq=False)
 class CachedPrefix:
-    """Cells of tokens[0:len] kept under `seq_id` after their sequence finished (or a root)."""
+    """Cells of tokens[0:len] kept under `seq_id`: a finished sequence's, or a system prompt's."""
 
     seq_id: int
     tokens: list[int]
     owner: str | None  # the user whose requests may reuse it; None = every user
-    is_root: bool = False  # shared by copying (a system prompt), never taken over
-    root: CachedPrefix | None = None  # the root whose cells its first `num_shared` positions are
-    num_shared: int = 0
-    refs: int = 0  # roots: sequences and cached prefixes sharing its cells
+    is_system: bool = False  # shared by copying (a system prompt), never taken over
+    system: CachedPrefix | None = None  # the system prompt its first `num_system` positions share
+    num_system: int = 0
+    refs: int = 0  # system prompts: sequences and cached prefixes sharing its cells
     last_used: int = 0
 
     @property
     def num_own(self) -> int:
-        """Cells that go when it is evicted (shared ones stay with the root)."""
-        return len(self.tokens) - self.num_shared
+        """Cells that go when it is evicted (shared ones stay with the system prompt)."""
+        return len(self.tokens) - self.num_system
 
 
 class Match(NamedTuple):
@@ -128,10 +129,10 @@ class KVPool:
             if not (self.share_all or prefix.owner is None or prefix.owner == seq.user):
                 continue
             n = min(common_prefix(prefix.tokens, seq.tokens), limit)
-            # longest wins; on a tie copy the root: taking over the user's cached conversation
-            # would cut it back to the system prompt, and that conversation may go on later
+            # longest wins; on a tie copy the system prompt: taking over the user's cached
+            # conversation would cut it back to the system prompt, and it may go on later
             if n >= MIN_REUSE_TOKENS and (
-                best is None or (n, prefix.is_root) > (best.num_tokens, best.prefix.is_root)
+                best is None or (n, prefix.is_system) > (best.num_tokens, best.prefix.is_system)
             ):
                 best = Match(prefix, n)
         return best
@@ -139,7 +140,7 @@ class KVPool:
     def try_admit(self, seq: Sequence, match: Match | None, watermark: bool = True) -> bool:
         """Admit if the prompt fits, evicting cached prefixes as needed; False if it cannot.
 
-        A match keeps its prefix (and root) from eviction, cells the request does not share
+        A match keeps its prefix (and system prompt) from eviction, cells the request does not share
         included; if that is what stops it, the request is admitted without reuse instead.
         """
         if self._try_admit(seq, match, watermark):
@@ -150,7 +151,7 @@ class KVPool:
         need_cells = len(seq.tokens) - (match.num_tokens if match else 0)
         need_cells += self.num_watermark_cells if watermark else 0
         freed = self._freed_by_takeover(match)
-        need_id = match is None or match.prefix.is_root
+        need_id = match is None or match.prefix.is_system
         keep = match.prefix if match else None
         cells, ids = self._evictable(keep)
         if need_cells > self.num_free + freed + cells or need_id > len(self._free_ids) + ids:
@@ -167,23 +168,23 @@ class KVPool:
         seq.num_cells = len(seq.tokens)
         if match is None:
             seq.seq_id = self._free_ids.pop()
-            seq.num_computed = seq.num_shared = 0
+            seq.num_computed = seq.num_system = 0
             self.num_committed += seq.num_cells
             return
         prefix, n = match
         self._tick += 1
-        if prefix.is_root:  # share its cells: they gain this sequence's id
+        if prefix.is_system:  # share its cells: they gain this sequence's id
             prefix.last_used = self._tick
             prefix.refs += 1
             seq.seq_id = self._free_ids.pop()
-            seq.root, seq.num_shared = prefix, n
+            seq.system, seq.num_system = prefix, n
             self._ops.append(CellOp("copy", prefix.seq_id, n, seq.seq_id))
         else:  # take it over: its id, its cells up to the common part
             self.prefixes.remove(prefix)
             self._drop(self._freed_by_takeover(match))
             seq.seq_id = prefix.seq_id
-            # n >= MIN_REUSE_TOKENS, so a prefix on a root still shares some of its cells
-            seq.root, seq.num_shared = prefix.root, min(prefix.num_shared, n)
+            # n >= MIN_REUSE_TOKENS, so a prefix on a system prompt still shares some of its cells
+            seq.system, seq.num_system = prefix.system, min(prefix.num_system, n)
             if n < len(prefix.tokens):
                 self._ops.append(CellOp("trim", prefix.seq_id, n))
         seq.num_computed = n
@@ -191,10 +192,10 @@ class KVPool:
 
     def _freed_by_takeover(self, match: Match | None) -> int:
         """Cells freed when a taken-over prefix is trimmed to the common part."""
-        if match is None or match.prefix.is_root:
+        if match is None or match.prefix.is_system:
             return 0
         prefix, n = match
-        return prefix.num_own - (n - min(prefix.num_shared, n))
+        return prefix.num_own - (n - min(prefix.num_system, n))
 
     # --- growth and progress ---------------------------------------------------------------
 
@@ -216,26 +217,26 @@ class KVPool:
         """Record that `num_tokens` more of the sequence's tokens are now in the cache."""
         seq.num_computed += num_tokens
         self.num_used += num_tokens
-        hint = seq.shared_prefix_tokens
+        hint = seq.system_tokens
         if hint and seq.num_computed >= hint:
-            seq.shared_prefix_tokens = 0  # one try: the prompt is in the cache now
-            if seq.root is None and self.prefix_caching:
-                self._make_root(seq, hint)
+            seq.system_tokens = 0  # one try: the prompt is in the cache now
+            if seq.system is None and self.prefix_caching:
+                self._cache_system_prompt(seq, hint)
 
-    def _make_root(self, seq: Sequence, n: int) -> None:
-        """The sequence's first n cells (a system prompt) become a root that others copy."""
+    def _cache_system_prompt(self, seq: Sequence, n: int) -> None:
+        """The sequence's first n cells (a system prompt) become an entry that others copy."""
         if not self._free_ids or n < MIN_REUSE_TOKENS:
             return
-        owner = None if seq.share_prefix_globally else seq.user
+        owner = None if seq.system_is_global else seq.user
         tokens = seq.tokens[:n]
-        for prefix in self.prefixes:  # one root per prompt and audience
-            if prefix.is_root and prefix.owner == owner and prefix.tokens == tokens:
+        for prefix in self.prefixes:  # one entry per prompt and audience
+            if prefix.is_system and prefix.owner == owner and prefix.tokens == tokens:
                 return
         self._tick += 1
-        root = CachedPrefix(self._free_ids.pop(), tokens, owner, True, refs=1, last_used=self._tick)
-        self.prefixes.append(root)
-        self._ops.append(CellOp("copy", seq.seq_id, n, root.seq_id))
-        seq.root, seq.num_shared = root, n  # the cells now count as the root's
+        entry = CachedPrefix(self._free_ids.pop(), tokens, owner, True, 1, last_used=self._tick)
+        self.prefixes.append(entry)
+        self._ops.append(CellOp("copy", seq.seq_id, n, entry.seq_id))
+        seq.system, seq.num_system = entry, n  # the cells now count as the entry's
 
     # --- release ---------------------------------------------------------------------------
 
@@ -244,7 +245,7 @@ class KVPool:
         if seq.seq_id is None:
             return
         self.num_committed -= seq.num_cells - seq.num_computed  # promised, never computed
-        own = seq.num_computed - seq.num_shared
+        own = seq.num_computed - seq.num_system
         if keep and self.prefix_caching and own > 0 and seq.num_computed >= MIN_REUSE_TOKENS:
             self._tick += 1
             self.prefixes.append(
@@ -252,17 +253,17 @@ class KVPool:
                     seq.seq_id,
                     seq.tokens[: seq.num_computed],
                     seq.user,
-                    root=seq.root,
-                    num_shared=seq.num_shared,
+                    system=seq.system,
+                    num_system=seq.num_system,
                     last_used=self._tick,
                 )  # fmt: skip
             )
         else:
             self._drop(own)
-            if seq.root is not None:
-                seq.root.refs -= 1
+            if seq.system is not None:
+                seq.system.refs -= 1
             self._free_id(seq.seq_id)
-        seq.seq_id, seq.root, seq.num_shared, seq.num_cells = None, None, 0, 0
+        seq.seq_id, seq.system, seq.num_system, seq.num_cells = None, None, 0, 0
 
     def evict_all(self) -> int:
         """Drop every cached prefix that can go (llama.cpp found no room); returns how many."""
@@ -274,17 +275,17 @@ class KVPool:
     # --- eviction --------------------------------------------------------------------------
 
     def _evictable(self, keep: CachedPrefix | None) -> tuple[int, int]:
-        """(cells, ids) that evicting every cached prefix but `keep` (and its root) would free."""
+        """(cells, ids) evicting every cached prefix but `keep` (and its system prompt) frees."""
         cells = ids = 0
         held_by_entries: dict[int, int] = {}
         for prefix in self.prefixes:
-            if prefix.root is not None:
-                held_by_entries[id(prefix.root)] = held_by_entries.get(id(prefix.root), 0) + 1
-        pinned = keep.root if keep is not None else None
+            if prefix.system is not None:
+                held_by_entries[id(prefix.system)] = held_by_entries.get(id(prefix.system), 0) + 1
+        pinned = keep.system if keep is not None else None
         for prefix in self.prefixes:
             if prefix is keep or prefix is pinned:
                 continue
-            if prefix.is_root and prefix.refs != held_by_entries.get(id(prefix), 0):
+            if prefix.is_system and prefix.refs != held_by_entries.get(id(prefix), 0):
                 continue  # a live sequence shares its cells
             cells += prefix.num_own
             ids += 1
@@ -298,18 +299,18 @@ class KVPool:
         return True
 
     def _evict_one(self, keep: CachedPrefix | None) -> bool:
-        pinned = keep.root if keep is not None else None
+        pinned = keep.system if keep is not None else None
         candidates = [
             p for p in self.prefixes
-            if p is not keep and p is not pinned and not (p.is_root and p.refs > 0)
+            if p is not keep and p is not pinned and not (p.is_system and p.refs > 0)
         ]  # fmt: skip
         if not candidates:
             return False
         victim = min(candidates, key=lambda p: p.last_used)
         self.prefixes.remove(victim)
         self._drop(victim.num_own)
-        if victim.root is not None:
-            victim.root.refs -= 1
+        if victim.system is not None:
+            victim.system.refs -= 1
         self._free_id(victim.seq_id)
         self.num_evictions += 1
         return True
@@ -328,6 +329,10 @@ class KVPool:
     def shrink(self, num_cells: int) -> None:
         """Lower the capacity (llama.cpp found fewer cells than we counted)."""
         self.num_cells = max(1, min(self.num_cells, num_cells))
+
+    @property
+    def has_ops(self) -> bool:
+        return bool(self._ops)
 
     def take_ops(self) -> list[CellOp]:
         """Cell operations decided since the last call, in order, for the runner to apply."""

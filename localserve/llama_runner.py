@@ -19,7 +19,14 @@ import numpy as np
 from localserve.config import ModelConfig
 from localserve.placement import describe, parse_log
 from localserve.protocol import ModelInfo
-from localserve.runner import DecodeError, KVCacheFull, SamplingError
+from localserve.runner import (
+    DecodeError,
+    KVCacheFull,
+    RunTimings,
+    Sampled,
+    SamplingError,
+    apply_cell_ops,
+)
 from localserve.sampling import Sampler
 from localserve.scheduler import Batch
 from localserve.sequence import MIN_TEMPERATURE, SamplingParams
@@ -123,7 +130,7 @@ class LlamaRunner:
         self._pieces: dict[int, bytes] = {}
         self._positions = np.arange(self.n_ctx, dtype=np.int32)
         self._init_batch()
-        self.last_decode_s = 0.0
+        self.timings = RunTimings()
 
     # --- set-up ----------------------------------------------------------------------------
 
@@ -285,7 +292,7 @@ class LlamaRunner:
         if isinstance(sampler, _Chain):
             llama_cpp.llama_sampler_free(sampler.ptr)
 
-    def _sample(self, row: int, seq) -> int | SamplingError:
+    def _sample(self, row: int, seq) -> Sampled:
         """One sequence's token; a failure is returned for that sequence alone, never raised."""
         try:
             if isinstance(seq.sampler, _Chain):
@@ -294,24 +301,31 @@ class LlamaRunner:
                 ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
                 token = seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
         except Exception as e:  # numpy or ctypes: this sequence's problem only
-            return e if isinstance(e, SamplingError) else SamplingError(f"sampling failed: {e}")
+            why = str(e) if isinstance(e, SamplingError) else f"sampling failed: {e}"
+            return Sampled(seq, error=why)
         if not 0 <= token < self.n_vocab:
-            return SamplingError(f"sampling gave token {token}, outside the vocabulary")
-        return token
+            return Sampled(seq, error=f"sampling gave token {token}, outside the vocabulary")
+        return Sampled(seq, token, self.piece(token), token in self._eog_set)
 
     # --- the step --------------------------------------------------------------------------
 
-    def run(self, batch: Batch) -> list[int | SamplingError]:
-        """Fill the llama_batch, decode, sample the rows that want logits."""
-        rows = self._fill(batch)
+    def run(self, batch: Batch) -> list[Sampled]:
+        """Apply the cell operations, fill the llama_batch, decode, sample the logit rows."""
+        apply_cell_ops(self, batch.cell_ops)
+        if not batch.items:
+            return []
         start = time.perf_counter()
+        rows = self._fill(batch)
+        filled = time.perf_counter()
         rc = llama_cpp.llama_decode(self.ctx, self._batch)  # releases the GIL
-        self.last_decode_s = time.perf_counter() - start
+        decoded = time.perf_counter()
         if rc == 1:
             raise KVCacheFull("llama_decode: no free KV cells for this batch")
         if rc != 0:
             raise DecodeError(f"llama_decode returned {rc}")
-        return [self._sample(row, seq) for row, seq in rows]
+        sampled = [self._sample(row, seq) for row, seq in rows]
+        self.timings = RunTimings(filled - start, decoded - filled, time.perf_counter() - decoded)
+        return sampled
 
     def _fill(self, batch: Batch) -> list[tuple[int, object]]:
         if batch.num_tokens > self.n_batch:  # llama.cpp would abort the process

@@ -122,10 +122,10 @@ class Metrics:
         self.counters.prompt_tokens += seq.num_prompt_tokens
         self._observe(self.queue, "request_queue_time_seconds", seq.queue_s)
         detail = f"{seq.num_prompt_tokens} prompt tokens"
-        if seq.num_cached_tokens:
-            self.counters.cached_tokens += seq.num_cached_tokens
+        if seq.cached_tokens:
+            self.counters.cached_tokens += seq.cached_tokens
             self.counters.prefix_hits += 1
-            detail += f", {seq.num_cached_tokens} reused"
+            detail += f", {seq.cached_tokens} reused"
         self.event("admitted", seq, detail)
 
     def on_token(self, seq: Sequence) -> None:

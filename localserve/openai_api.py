@@ -33,7 +33,7 @@ from starlette.routing import Route
 from localserve.admission import Refusal
 from localserve.auth import check_user_name
 from localserve.connection import MAX_ERROR_CHARS, client_address
-from localserve.engine import Done
+from localserve.events import Done
 from localserve.prompt import ROLES
 from localserve.protocol import SAMPLING_FIELDS, SamplingFields
 

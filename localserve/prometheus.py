@@ -36,7 +36,7 @@ def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> s
     # cache kept full of reusable prefixes does not read as 100%
     metric("kv_cache_usage_perc", "gauge",
            "KV cells live sequences hold, as a fraction of all cells (cached prefixes excluded).",
-           (snap.kv_used - snap.kv_cached) / max(snap.kv_total, 1))  # fmt: skip
+           snap.kv_live_used / max(snap.kv_total, 1))  # fmt: skip
     metric("kv_cache_used_cells", "gauge",
            "KV cells holding computed tokens, cached prefixes included.", snap.kv_used)  # fmt: skip
     metric("kv_cache_cached_cells", "gauge",

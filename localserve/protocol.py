@@ -49,13 +49,16 @@ class Histogram(msgspec.Struct):
 
 
 class SeqRow(msgspec.Struct):
-    request_id: str
+    request_id: str  # the engine's
+    client_id: str  # the id its client gave it
     user: str
     phase: str  # "prefill" or "decode"
     prompt_tokens: int
     computed_tokens: int  # tokens whose KV is in the cache
     output_tokens: int
     cells: int  # cells committed to it
+    own_cells: int  # of those, the ones it does not share with a cached system prompt
+    own_computed: int  # of its computed tokens, the ones in its own cells
     cached_tokens: int  # prompt tokens it reused from a cached prefix at admission
     tokens_per_s: float | None  # None until there is something to measure
     ttft_s: float | None
@@ -67,6 +70,7 @@ class SeqRow(msgspec.Struct):
 class WaitingRow(msgspec.Struct):
     position: int  # 1 = next to be admitted
     request_id: str
+    client_id: str
     user: str
     prompt_tokens: int
     waited_s: float
@@ -124,6 +128,8 @@ class Snapshot(msgspec.Struct):
     kv_committed: int  # used plus cells promised to admitted prompts
     kv_total: int
     kv_cached: int  # of kv_used: cells only cached prefixes hold (evicted first, on demand)
+    kv_live: int  # committed minus cached: what live sequences hold or are promised
+    kv_live_used: int  # used minus cached: computed cells live sequences hold
     cached_prefixes: int  # finished conversations and system prompts kept in the cache
     free_seq_ids: int
     window_s: float

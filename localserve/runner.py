@@ -2,15 +2,20 @@
 
 `localserve.llama_runner.LlamaRunner` implements it over llama.cpp; `localserve.fake_runner`
 has a deterministic fake for logic tests. Every llama_cpp call lives behind this protocol.
+
+A step is one call: `run(batch)` applies the KV cell operations the pool decided (free, trim,
+copy, in order), decodes the batch and returns one `Sampled` per sequence that wanted logits,
+with the token's text piece and whether it ends generation.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from localserve.kv import CellOp
 from localserve.protocol import ModelInfo
 from localserve.scheduler import Batch
-from localserve.sequence import SamplingParams
+from localserve.sequence import SamplingParams, Sequence
 
 
 class KVCacheFull(Exception):
@@ -25,9 +30,27 @@ class DecodeError(Exception):
     """llama_decode failed (aborted, invalid batch or a fatal error); the batch is lost."""
 
 
+class Sampled(NamedTuple):
+    """A sequence's next token, or why none could be drawn (that sequence alone fails)."""
+
+    seq: Sequence
+    token: int = -1
+    piece: bytes = b""  # the token's bytes (may be part of a character)
+    is_eog: bool = False
+    error: str = ""
+
+
+class RunTimings(NamedTuple):
+    """Where the last `run` spent its time, in seconds (a public hook for benchmarks)."""
+
+    fill_s: float = 0.0  # copying the batch into llama.cpp's buffers
+    decode_s: float = 0.0  # inside llama_decode
+    sample_s: float = 0.0  # drawing the tokens
+
+
 class Runner(Protocol):
     info: ModelInfo
-    last_decode_s: float  # time spent inside the model in the last run()
+    timings: RunTimings  # of the last run()
     supports_prefix_reuse: bool  # can a sequence be cut back to a prefix (trim_seq)?
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
@@ -36,16 +59,15 @@ class Runner(Protocol):
 
     def piece(self, token: int) -> bytes: ...
 
-    def is_eog(self, token: int) -> bool: ...
-
     def new_sampler(self, params: SamplingParams) -> Any: ...
 
     def free_sampler(self, sampler: Any) -> None: ...
 
-    def run(self, batch: Batch) -> list[int | SamplingError]:
-        """Decode the batch; return one sampled token per item that wants logits, in order.
+    def run(self, batch: Batch) -> list[Sampled]:
+        """Apply `batch.cell_ops`, decode the batch, sample each item that wants logits.
 
-        A row that could not be sampled gets its `SamplingError` in place of a token.
+        Raises KVCacheFull (nothing computed; the cell operations stay applied), DecodeError or
+        ValueError (the batch is lost) and RuntimeError (a cell operation was refused).
         """
         ...
 
@@ -64,3 +86,21 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def apply_cell_ops(runner: Runner, ops: list[CellOp]) -> None:
+    """Apply the pool's cell operations in the order they were decided.
+
+    All of them, even after a refusal (sequence ids get reused); then a refused trim (a memory
+    without partial removal) raises RuntimeError: the pool and the cache no longer agree.
+    """
+    refused = []
+    for op in ops:
+        if op.kind == "free":
+            runner.free_seq(op.seq_id)
+        elif op.kind == "copy":
+            runner.copy_seq(op.seq_id, op.dst, op.n)
+        elif not runner.trim_seq(op.seq_id, op.n):
+            refused.append(op)
+    if refused:
+        raise RuntimeError(f"llama.cpp could not trim sequences to a prefix: {refused}")

@@ -20,12 +20,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from localserve.budget import StepCostModel
 from localserve.config import SchedulerConfig
-from localserve.kv import KVPool
+from localserve.kv import CellOp, KVPool
 from localserve.sequence import FinishReason, Sequence, Status
+
+if TYPE_CHECKING:
+    from localserve.runner import Sampled
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -37,13 +40,6 @@ class BatchItem(NamedTuple):
     wants_logits: bool  # the chunk ends at the sequence's last token: sample after it
 
 
-class Sampled(NamedTuple):
-    seq: Sequence
-    token: int
-    piece: bytes
-    is_eog: bool
-
-
 @dataclass
 class Batch:
     items: list[BatchItem] = field(default_factory=list)
@@ -51,7 +47,8 @@ class Batch:
     num_prefill_tokens: int = 0
     admitted: list[Sequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    finished: list[Sequence] = field(default_factory=list)  # cancelled before this step
+    finished: list[Sequence] = field(default_factory=list)  # cancelled, refused or failed
+    cell_ops: list[CellOp] = field(default_factory=list)  # for the runner, before it decodes
 
     @property
     def num_tokens(self) -> int:
@@ -105,7 +102,10 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.requeued or self.waiting or self._cancelled)
+        """Anything to run, cancel or apply (cell operations wait for the next batch)."""
+        return bool(
+            self.running or self.requeued or self.waiting or self._cancelled or self.kv.has_ops
+        )
 
     def waiting_seqs(self) -> list[Sequence]:
         """Waiting sequences in the order admission would take them (ignoring caps)."""
@@ -125,23 +125,23 @@ class Scheduler:
         if not batch.preempted:  # cells are short: let running work drain first
             self._admit(batch, now)
         self._schedule_prefill(batch)
+        batch.cell_ops = self.kv.take_ops()  # everything decided since the last batch
         return batch
 
-    def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> list[str]:
-        """Account the step: computed cells, sampled tokens, finished sequences.
-
-        Returns the text delta for each entry of `sampled`, in order.
-        """
+    def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> None:
+        """Account the step: computed cells, sampled tokens, finished and failed sequences."""
         if batch.num_tokens:
             self.cost.update(batch.num_decode_tokens, batch.num_prefill_tokens, step_s)
         for item in batch.items:
             self.kv.computed(item.seq, item.num_tokens)
         now = self.clock()
-        deltas = [s.seq.append_token(s.token, s.piece, s.is_eog, now) for s in sampled]
         for s in sampled:
+            if s.error:  # this sequence alone; the rest go on
+                self.fail([s.seq], f"sampling failed for this request: {s.error}")
+                continue
+            s.seq.append_token(s.token, s.piece, s.is_eog, now)
             if s.seq.is_finished:
                 self._remove_running(s.seq, keep=True)
-        return deltas
 
     def fail(self, seqs: list[Sequence], message: str) -> None:
         """End sequences with an error (an engine fault) and free their cells."""
@@ -154,17 +154,26 @@ class Scheduler:
     def on_cache_full(self, batch: Batch) -> list[Sequence]:
         """llama.cpp found no cells for `batch`: believe it, shrink the pool, preempt to fit.
 
-        Returns the preempted sequences (newest first); nothing in the batch was computed.
-        Cached prefixes go first: if there were any, the step is simply tried again.
+        Nothing in the batch was computed: it is emptied, and the preempted sequences (newest
+        first) join `batch.preempted`. Cached prefixes go first: if there were any, nobody is
+        preempted and the next step simply tries again.
         """
-        if self.kv.evict_all():
-            return []
-        self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
         victims = []
-        while self.running and self.kv.num_committed > self.kv.num_cells:
-            victims.append(self.running[-1])
-            self._preempt(victims[-1], self.clock())
+        if not self.kv.evict_all():
+            self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
+            while self.running and self.kv.num_committed > self.kv.num_cells:
+                victims.append(self.running[-1])
+                self._preempt(victims[-1], self.clock())
+        batch.preempted += victims
+        _empty(batch)
         return victims
+
+    def on_failed(self, batch: Batch, message: str) -> None:
+        """Decoding `batch` failed: its sequences end with the error (into `batch.finished`)."""
+        failed = list({id(item.seq): item.seq for item in batch.items}.values())
+        self.fail(failed, message)
+        batch.finished += failed
+        _empty(batch)
 
     # --- phases ----------------------------------------------------------------------------
 
@@ -209,6 +218,8 @@ class Scheduler:
                     continue
                 return
             self._take(seq)
+            if seq.num_preemptions == 0:
+                seq.cached_tokens = seq.num_computed  # reused from a cached prefix
             seq.status = Status.RUNNING
             seq.mark_scheduled(now)
             self.running.append(seq)
@@ -288,3 +299,9 @@ class Scheduler:
         self._remove_running(seq)
         seq.mark_preempted(now)
         self.requeued.appendleft(seq)
+
+
+def _empty(batch: Batch) -> None:
+    """Nothing of the batch was computed."""
+    batch.items = []
+    batch.num_decode_tokens = batch.num_prefill_tokens = 0

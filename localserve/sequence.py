@@ -165,13 +165,38 @@ class Sequence:
     """One request in the engine. Owned by the engine thread once added."""
 
     __slots__ = (
-        "request_id", "user", "params", "tokens", "num_prompt_tokens", "max_total_tokens",
-        "status", "finish_reason", "seq_id", "num_computed", "num_cells", "sampler",
-        "stream", "error", "is_cancelled", "num_preemptions", "arrival_time", "queued_time",
-        "first_scheduled_time", "first_token_time", "last_token_time", "finished_time",
-        "queue_s", "last_itl_s", "num_cached_tokens", "root", "num_shared",
-        "shared_prefix_tokens", "share_prefix_globally",
-    )  # fmt: skip
+        "request_id",
+        "client_id",
+        "user",
+        "params",
+        "tokens",
+        "num_prompt_tokens",
+        "max_total_tokens",
+        "status",
+        "finish_reason",
+        "seq_id",
+        "num_computed",
+        "num_cells",
+        "sampler",
+        "stream",
+        "unsent",
+        "error",
+        "is_cancelled",
+        "num_preemptions",
+        "arrival_time",
+        "queued_time",
+        "first_scheduled_time",
+        "first_token_time",
+        "last_token_time",
+        "finished_time",
+        "queue_s",
+        "last_itl_s",
+        "cached_tokens",
+        "system",
+        "num_system",
+        "system_tokens",
+        "system_is_global",
+    )
 
     def __init__(
         self,
@@ -185,6 +210,7 @@ class Sequence:
         if not prompt_tokens:
             raise ValueError("prompt: empty prompt (no tokens)")
         self.request_id = request_id
+        self.client_id = request_id  # the id its client gave it (the server sets it)
         self.user = user
         self.params = params
         self.tokens = list(prompt_tokens)  # prompt, then generated tokens
@@ -197,16 +223,18 @@ class Sequence:
         self.seq_id: int | None = None  # llama.cpp sequence id while it holds cells
         self.num_computed = 0  # tokens whose KV is in the cache
         self.num_cells = 0  # cells committed to it (>= num_computed)
-        # prefix caching (see localserve.kv): tokens reused from a cached prefix at admission;
-        # the root whose cells its first `num_shared` positions are; and the length of a
-        # system prompt at the start of its tokens that other requests may share
-        self.num_cached_tokens = 0
-        self.root = None
-        self.num_shared = 0
-        self.shared_prefix_tokens = 0
-        self.share_prefix_globally = False  # the configured system prompt: every user's
+        # prefix caching (see localserve.kv): prompt tokens reused from a cached prefix at
+        # admission; the cached system prompt whose cells its first `num_system` positions are;
+        # and the length of a system prompt at the start of its tokens that other requests may
+        # share (every user's with `system_is_global`: the configured one)
+        self.cached_tokens = 0
+        self.system = None
+        self.num_system = 0
+        self.system_tokens = 0
+        self.system_is_global = False
         self.sampler = None  # runner-owned sampling state
         self.stream = TextStream(params.all_stops)
+        self.unsent = ""  # text released by the stream, not yet taken by an event
         self.num_preemptions = 0
         # timestamps (monotonic seconds); None until they happen
         self.arrival_time = arrival_time
@@ -253,27 +281,32 @@ class Sequence:
         self.queued_time = now
         self.num_preemptions += 1
 
-    def append_token(self, token: int, piece: bytes, is_eog: bool, now: float) -> str:
-        """Accept a sampled token; return the text to stream (possibly empty)."""
+    def append_token(self, token: int, piece: bytes, is_eog: bool, now: float) -> None:
+        """Accept a sampled token; the text it releases waits in `unsent`."""
         if self.first_token_time is None:
             self.first_token_time = now
         else:
             self.last_itl_s = now - self.last_token_time
         self.last_token_time = now
-        if is_eog and not self.params.ignore_eos:
-            self.tokens.append(token)  # counted in usage, never streamed
-            self.finish(FinishReason.STOP, now)
-            return self.stream.flush()
         self.tokens.append(token)
+        if is_eog and not self.params.ignore_eos:  # counted in usage, never streamed
+            self.finish(FinishReason.STOP, now)
+            self.unsent += self.stream.flush()
+            return
         delta, hit_stop = self.stream.push(piece)
+        self.unsent += delta
         if hit_stop:
             self.finish(FinishReason.STOP, now)
         elif self.num_output_tokens >= self.params.max_tokens or (
             len(self.tokens) >= self.max_total_tokens
         ):
             self.finish(FinishReason.LENGTH, now)
-            delta += self.stream.flush()
-        return delta
+            self.unsent += self.stream.flush()
+
+    def take_text(self) -> str:
+        """The text released since the last call (may be empty)."""
+        text, self.unsent = self.unsent, ""
+        return text
 
     def finish(self, reason: FinishReason, now: float, error: str = "") -> None:
         self.status = Status.FINISHED

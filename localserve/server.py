@@ -34,7 +34,8 @@ from localserve.admission import Refusal, Request, Sink
 from localserve.auth import Access, AuthThrottle, address_group
 from localserve.config import ModelConfig, ServerConfig
 from localserve.connection import CLOSE_GOING_AWAY, Connection, client_address
-from localserve.engine import Admitted, Done, Engine, Event, Preempted, Token
+from localserve.engine import Engine
+from localserve.events import Admitted, Done, Event, Preempted, Token
 from localserve.prompt import Prompt, PromptBuilder, PromptTooLong
 from localserve.protocol import Limits, Notice, SamplingFields, Snapshot, Stats, Welcome
 from localserve.runner import Runner
@@ -317,10 +318,14 @@ class Server:
                     raise Refusal("shutting_down", "the server is shutting down")
                 return None
             self.engine.add_request(
-                engine_id, built.tokens, params, user=user,
-                shared_prefix_tokens=built.system_tokens,
-                share_globally=built.is_default_system,
-            )  # fmt: skip
+                engine_id,
+                built.tokens,
+                params,
+                user=user,
+                system_tokens=built.system_tokens,
+                system_is_global=built.is_default_system,
+                client_id=client_id,
+            )
         except PromptTooLong as e:
             self._close(request)
             self.engine.reject()

@@ -9,9 +9,11 @@ import msgspec
 import pytest
 
 from localserve.config import SchedulerConfig
-from localserve.engine import Done, Engine, Event, Token
+from localserve.engine import Engine
+from localserve.events import Done, Event, Token
 from localserve.fake_runner import FakeRunner
 from localserve.sequence import SamplingParams
+from localserve.snapshot import build_snapshot
 
 
 class Harness:
@@ -216,5 +218,5 @@ def fake_snapshots():
         if step == 20:  # ana's next turn starts with her first: its cells are reused
             engine.add_request("6:followup", [2] * 30 + [5] * 40, params(40), "ana")
         engine.step()
-        snapshots.append(engine.build_snapshot())
+        snapshots.append(build_snapshot(engine))
     return snapshots

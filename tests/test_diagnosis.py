@@ -87,6 +87,9 @@ def seq(
         num_preemptions=0,
     )
     fields.update(kw)
+    fields.setdefault("client_id", fields["request_id"])
+    fields.setdefault("own_cells", fields["cells"])
+    fields.setdefault("own_computed", fields["computed_tokens"])
     return SeqRow(**fields)
 
 
@@ -96,6 +99,7 @@ def waiter(
     return WaitingRow(
         position=i,
         request_id=f"w{i}",
+        client_id=f"w{i}",
         user=user or f"waiter{i}",
         prompt_tokens=prompt,
         waited_s=waited,
@@ -156,6 +160,9 @@ def snap(
         histograms={},
     )
     fields.update(kw)
+    # what the engine derives, unless a test sets it
+    fields.setdefault("kv_live", max(0, fields["kv_committed"] - fields["kv_cached"]))
+    fields.setdefault("kv_live_used", max(0, fields["kv_used"] - fields["kv_cached"]))
     return Snapshot(**fields)
 
 

@@ -1,12 +1,11 @@
-"""The engine thread: thread-safe entry points, events to asyncio and to blocking callers."""
+"""The engine thread: thread-safe entry points, events to blocking callers, faults."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from localserve.engine import AsyncEvents, Done, Engine, EventRouter, Token
+from localserve.engine import Engine
+from localserve.events import Done, EventRouter, Token
 from localserve.fake_runner import FakeRunner
 from localserve.sequence import SamplingParams
 
@@ -37,24 +36,6 @@ def test_duplicate_request_id_is_refused_while_in_flight():
     engine.add_request("x", [2, 3], GREEDY)
     with pytest.raises(ValueError, match="duplicate"):
         engine.add_request("x", [2, 3], GREEDY)
-
-
-def test_events_reach_an_asyncio_loop_without_blocking_it():
-    async def main():
-        events = AsyncEvents(asyncio.get_running_loop())
-        engine = Engine(FakeRunner(), on_events=events).start()
-        try:
-            engine.add_request("r", [2, 40, 41], GREEDY)
-            seen = []
-            while not any(isinstance(e, Done) for e in seen):
-                seen += await asyncio.wait_for(events.get(), 5)
-            return seen
-        finally:
-            engine.stop()
-
-    seen = asyncio.run(main())
-    assert [type(e).__name__ for e in seen][0] == "Admitted"
-    assert seen[-1].finish_reason == "length"
 
 
 def test_snapshot_describes_running_and_waiting_sequences():

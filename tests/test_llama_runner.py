@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from localserve.config import ModelConfig, SchedulerConfig
-from localserve.engine import Done, Engine, Preempted, Token
+from localserve.engine import Engine
+from localserve.events import Done, Preempted, Token
 from localserve.kv import KVPool
 from localserve.models import ensure_embedded
 from localserve.prompt import PREAMBLE
+from localserve.runner import apply_cell_ops
 from localserve.scheduler import Batch, BatchItem
 from localserve.sequence import SamplingParams, Sequence
 
@@ -71,7 +73,9 @@ def test_eight_concurrent_sequences_finish_and_free_their_cells(runner):
     ]
 
     def check_gauges(engine):
-        # the scheduler's accounting equals llama.cpp's view, sequence by sequence
+        # the scheduler's accounting equals llama.cpp's view, sequence by sequence, once the
+        # cell operations that would travel with the next batch are applied
+        apply_cell_ops(runner, engine.kv.take_ops())
         for seq in engine.scheduler.running:
             assert runner.seq_num_cells(seq.seq_id) == seq.num_computed
         assert all_cells(runner) == engine.kv.num_used
@@ -251,14 +255,14 @@ def test_a_shared_system_prompt_shares_cells_in_llama_cpp(small):
     engine.add_request("first", system + small.tokenize(PROMPTS[0], False), params, "u0", 200,
                        True)  # fmt: skip
     drain(engine)
-    assert [len(p.tokens) for p in engine.kv.prefixes if p.is_root] == [200]
+    assert [len(p.tokens) for p in engine.kv.prefixes if p.is_system] == [200]
     for i in range(1, 4):
         tokens = system + small.tokenize(PROMPTS[i] + " " + "more " * 50, False)
         engine.add_request(f"r{i}", tokens, params, f"u{i}", 200, True)
     engine.step()
     assert len(engine.scheduler.running) == 3  # 3 x ~290 cells: fits only because 200 are shared
     for seq in engine.scheduler.running:  # each sequence sees its whole prefix in llama.cpp
-        assert seq.num_shared == 200 and small.seq_num_cells(seq.seq_id) == seq.num_computed
+        assert seq.num_system == 200 and small.seq_num_cells(seq.seq_id) == seq.num_computed
     drain(engine)
     assert not any(isinstance(e, Preempted) for e in events)
     assert engine.kv.num_cells == small.n_ctx  # llama.cpp never reported the cache full

@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 
 from localserve.config import SchedulerConfig
-from localserve.engine import Preempted
+from localserve.events import Preempted
 from localserve.kv import MIN_REUSE_TOKENS, KVPool, common_prefix
+from localserve.runner import apply_cell_ops
 from localserve.sequence import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -28,10 +29,15 @@ def add(h, rid, tokens, user="u", max_tokens=8, system=0, everyone=False):
 
 
 def run_checked(h, max_steps: int = 10_000) -> None:
-    """Run to the end, checking after every step that the pool and the cache agree."""
+    """Run to the end, checking after every step that the pool and the cache agree.
+
+    The cell operations decided after a step's decode travel with the next batch; applying
+    them here, early, changes nothing (nothing else touches the cache in between).
+    """
     for _ in range(max_steps):
         h.step()
         kv, runner = h.kv, h.runner
+        apply_cell_ops(runner, kv.take_ops())
         assert kv.num_used == runner.num_cells_in_use
         assert kv.num_used <= kv.num_committed <= kv.num_cells
         for seq in h.engine.scheduler.running:
@@ -42,10 +48,10 @@ def run_checked(h, max_steps: int = 10_000) -> None:
         ids = [s.seq_id for s in running] + [p.seq_id for p in prefixes]
         assert len(set(ids)) == len(ids) and not set(ids) & set(kv._free_ids)
         assert not any(cells for i, cells in runner.cells.items() if i not in ids)
-        for root in (p for p in prefixes if p.is_root):  # a root knows who shares its cells
-            sharing = [x for x in (*running, *prefixes) if x.root is root]
+        for root in (p for p in prefixes if p.is_system):  # a root knows who shares its cells
+            sharing = [x for x in (*running, *prefixes) if x.system is root]
             assert root.refs == len(sharing)
-        own = sum(s.num_computed - s.num_shared for s in running) + sum(p.num_own for p in prefixes)
+        own = sum(s.num_computed - s.num_system for s in running) + sum(p.num_own for p in prefixes)
         assert own == kv.num_used  # each cell counted once
         if not h.engine.scheduler.has_work:
             return
@@ -152,19 +158,19 @@ def test_shared_system_prompt_is_prefilled_once_and_its_cells_shared(make_harnes
     system = words(300, 9)
     add(h, "first", system + words(20, 10), user="u0", system=300, everyone=True)
     run_checked(h)
-    roots = [p for p in h.kv.prefixes if p.is_root]
+    roots = [p for p in h.kv.prefixes if p.is_system]
     assert len(roots) == 1 and roots[0].owner is None and len(roots[0].tokens) == 300
     for i in range(1, 5):
         add(h, f"r{i}", system + words(20, 10 + i), user=f"u{i}", system=300, everyone=True)
     h.step()  # all four admitted: each copies the root
     running = h.engine.scheduler.running
-    assert len(running) == 4 and all(s.num_shared == 300 for s in running)
+    assert len(running) == 4 and all(s.num_system == 300 for s in running)
     assert h.kv.num_used == h.runner.num_cells_in_use
     run_checked(h)
     for i in range(1, 5):
         assert h.done(f"r{i}").cached_tokens == 300
         assert prefill_tokens(h, f"r{i}") == 20
-    assert sum(p.is_root for p in h.kv.prefixes) == 1
+    assert sum(p.is_system for p in h.kv.prefixes) == 1
 
 
 def test_a_users_own_system_prompt_is_shared_only_with_that_user(make_harness):
@@ -178,7 +184,7 @@ def test_a_users_own_system_prompt_is_shared_only_with_that_user(make_harness):
     add(h, "a2", system + words(30, 14), user="alice", system=100)
     run_checked(h)
     assert h.done("a2").cached_tokens == 100
-    owners = sorted(p.owner for p in h.kv.prefixes if p.is_root)
+    owners = sorted(p.owner for p in h.kv.prefixes if p.is_system)
     assert owners == ["alice", "bob"]
 
 
@@ -217,7 +223,7 @@ def test_a_root_shared_by_a_live_sequence_is_never_evicted():
 
     pool = KVPool(1000, 4, prefix_caching=True)
     seq = Sequence("s", words(100, 70) + words(20, 71), GREEDY, "u")
-    seq.shared_prefix_tokens = 100
+    seq.system_tokens = 100
     assert pool.try_admit(seq, pool.match(seq))
     pool.computed(seq, 120)  # the system prompt is computed: it becomes a root
     assert [op.kind for op in pool.take_ops()] == ["copy"]

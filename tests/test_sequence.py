@@ -29,10 +29,15 @@ def make_seq(prompt_len: int = 3, arrival: float = 0.0, max_total: int = 1 << 30
 
 def feed(seq: Sequence, *pieces: str, start: float = 1.0, step: float = 1.0) -> str:
     """Append one non-EOG token per piece at start, start+step, ...; return the streamed text."""
-    out = ""
     for i, piece in enumerate(pieces):
-        out += seq.append_token(100 + i, piece.encode(), False, start + i * step)
-    return out
+        seq.append_token(100 + i, piece.encode(), False, start + i * step)
+    return seq.take_text()
+
+
+def eog(seq: Sequence, piece: bytes, at: float) -> str:
+    """Append an end-of-generation token; return the text it releases."""
+    seq.append_token(EOG, piece, True, at)
+    return seq.take_text()
 
 
 # --- TextStream ------------------------------------------------------------------------------
@@ -208,7 +213,7 @@ def test_tokens_stream_their_text():
 def test_eog_finishes_with_stop_and_is_counted_but_not_streamed():
     seq = make_seq()
     feed(seq, "Hi")
-    assert seq.append_token(EOG, b"<end_of_turn>", True, 5.0) == ""
+    assert eog(seq, b"<end_of_turn>", 5.0) == ""
     assert seq.finish_reason is FinishReason.STOP
     assert seq.status is Status.FINISHED
     assert seq.finished_time == 5.0
@@ -220,12 +225,12 @@ def test_eog_finishes_with_stop_and_is_counted_but_not_streamed():
 def test_eog_flushes_text_held_back_for_a_stop_string():
     seq = make_seq(stop=("END",))
     assert feed(seq, "so EN") == "so "
-    assert seq.append_token(EOG, b"", True, 5.0) == "EN"
+    assert eog(seq, b"", 5.0) == "EN"
 
 
 def test_ignore_eos_keeps_generating_past_eog():
     seq = make_seq(ignore_eos=True)
-    assert seq.append_token(EOG, b"<eos>", True, 1.0) == "<eos>"
+    assert eog(seq, b"<eos>", 1.0) == "<eos>"
     assert not seq.is_finished
     assert seq.num_output_tokens == 1
 
