@@ -1,12 +1,16 @@
-"""`localserve` command line: demo, serve, chat, monitor, generate, models, bench-engine."""
+"""`localserve` command line: serve, generate, models, bench, sweep and bench-engine here; other
+packages add theirs (the `tui` package: demo, monitor and chat) through the entry-point group
+`localserve.commands`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib.metadata
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -14,6 +18,11 @@ from localserve.config import ConfigError, load_config
 from localserve.sequence import SamplingParams
 
 log = logging.getLogger("localserve")
+
+COMMANDS_GROUP = "localserve.commands"  # name = "module:add", add(subparsers) adds `name`
+NO_PREFIX_CACHE_HELP = "keep no finished conversations' KV: every turn prefills its whole prompt"
+
+AddCommand = Callable[[argparse._SubParsersAction], None]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,156 +46,39 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-NO_PREFIX_CACHE_HELP = "keep no finished conversations' KV: every turn prefills its whole prompt"
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(commands: Iterable[AddCommand] | None = None) -> argparse.ArgumentParser:
+    """The whole command line: the commands installed packages add (or `commands`), then ours."""
     p = argparse.ArgumentParser(prog="localserve", description=__doc__)
     p.add_argument("--config", help="models.toml (default: $LOCALSERVE_MODELS or ./models.toml)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
     sub = p.add_subparsers(title="commands")
-
-    d = sub.add_parser("demo", help="server + monitor + four people sharing one model")
-    d.add_argument("--model", help="a name from models.toml (default: its `default`)")
-    d.add_argument("--seed", type=int, default=0, help="varies the scenario's prompts and pauses")
-    d.add_argument("--pace", type=float, default=1.0, help="scales the scenario's pauses")
-    d.add_argument("--screenshot", metavar="SVG", help="run headless; save the screen to SVG")
-    d.add_argument("--after", type=float, default=40.0, help="seconds before the screenshot")
-    d.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
-    d.set_defaults(run=cmd_demo)
-
-    mo = sub.add_parser("monitor", help="the live monitor of a running server")
-    mo.add_argument("url", nargs="?", default="ws://127.0.0.1:8765")
-    mo.add_argument("--monitor-token", help="the server's monitor token, if it has one")
-    mo.add_argument("--name", help="say hello as this user (servers that require tokens)")
-    mo.add_argument("--token", help="that user's token")
-    mo.set_defaults(run=cmd_monitor)
-
-    s = sub.add_parser("serve", help="the websocket chat server (and /healthz, /metrics)")
-    s.add_argument("--model", help="a name from models.toml (default: its `default`)")
-    s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
-    s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")
-    s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
-    s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
-    s.add_argument("--monitor-token", help="require this token for stats subscriptions")
-    s.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
-    s.set_defaults(run=cmd_serve)
-
-    c = sub.add_parser("chat", help="chat with a running server in this terminal")
-    c.add_argument("--url", default="ws://127.0.0.1:8765", help="the server's websocket URL")
-    c.add_argument("--name", help="your user name (default: $USER)")
-    c.add_argument("--token", help="your token, when the server requires one")
-    c.add_argument("--max-tokens", type=int, default=256)
-    c.add_argument("--temperature", type=float, default=0.7)
-    c.set_defaults(run=cmd_chat)
-
-    g = sub.add_parser("generate", help="generate text from one prompt, with timings")
-    g.add_argument("prompt")
-    g.add_argument("--model", help="a name from models.toml (default: its `default`)")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    g.set_defaults(run=cmd_generate)
-
-    m = sub.add_parser("models", help="list configured models; assemble the embedded one")
-    m.set_defaults(run=cmd_models)
-
-    lb = sub.add_parser("bench", help="load generator against a running server (client-side)")
-    lb.add_argument("--url", default="ws://127.0.0.1:8765")
-    lb.add_argument(
-        "--peer",
-        metavar="URL",
-        help="bench an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080)",
-    )
-    lb.add_argument(
-        "--endpoint",
-        choices=["completions", "chat"],
-        default="completions",
-        help="with --peer: /v1/completions (transcript text, any server) or "
-        "/v1/chat/completions (messages; localserve renders them as for a websocket chat)",
-    )
-    lb.add_argument(
-        "--workload",
-        default="mixed",
-        help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report)",
-    )
-    lb.add_argument("--num-requests", type=int, default=50)
-    lb.add_argument("--request-rate", type=float, default=float("inf"),
-                    help="requests/s, open loop (default inf: all at once)")  # fmt: skip
-    lb.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
-    lb.add_argument(
-        "--concurrency",
-        type=int,
-        help="closed loop: this many in flight instead (conversation: conversations at a time)",
-    )
-    lb.add_argument("--ignore-eos", action="store_true", help="fixed output lengths")
-    lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
-    lb.add_argument("--seed", type=int, default=0)
-    lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
-    cv = lb.add_argument_group("--workload conversation")
-    cv.add_argument("--conversations", type=int, default=4, help="conversations to play")
-    cv.add_argument("--turns", type=int, default=5, help="user turns per conversation")
-    cv.add_argument("--turn-tokens", type=int, default=350,
-                    help="document tokens per user turn (350: turn 5 has ~2,000)")  # fmt: skip
-    cv.add_argument("--max-tokens", type=int, default=64, help="reply cap per turn (greedy)")
-    cv.add_argument("--cold", action="store_true",
-                    help="then replay each last turn without reuse (another user; peer: "
-                         "cache_prompt false) for a with/without ratio in one run")  # fmt: skip
-    lb.add_argument(
-        "--origin",
-        action="store_true",
-        help="instead: the origin scenario (streams + a 3,000-token paste + a question)",
-    )
-    lb.set_defaults(run=cmd_bench)
-
-    sw = sub.add_parser("sweep", help="concurrency x workload x policy sweep, table and chart")
-    sw.add_argument("--model")
-    sw.add_argument("--policies", default="continuous,static")
-    sw.add_argument("--workloads", default="chat,mixed")
-    sw.add_argument("--concurrency", default="1,2,4,8,16")
-    sw.add_argument("--num-requests", type=int, default=16, help="per point (at least 2x c)")
-    sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--out-dir", default="bench-results")
-    sw.set_defaults(run=cmd_sweep)
-
-    b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
-    b.add_argument("--model")
-    b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
-    b.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
-    b.add_argument("--out", help="write the results as JSON here")
-    b.set_defaults(run=cmd_bench_engine)
+    added = installed_commands() if commands is None else list(commands)
+    if not added:
+        p.epilog = "demo, monitor and chat are missing: reinstall (`make setup`) to add them"
+    for add in (*added, *BUILTIN_COMMANDS):
+        add(sub)
     return p
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from localserve.auth import Access, load_users
-    from localserve.engine import Engine
-    from localserve.models import open_runner
-    from localserve.server import Server, run
-
-    config = _prefix_cache_option(load_config(args.config), args.no_prefix_cache)
-    host = args.host or config.server.host
-    port = config.server.port if args.port is None else args.port
-    access = Access(load_users(args.users), args.monitor_token)
-    access.check_bind(host, args.open)  # before the model loads: fail fast
-    name = args.model or config.default
-    runner = open_runner(config, name)
-    _say_where(runner)
-    engine = Engine(runner, config.scheduler).start()
-    try:
-        server = Server(engine, runner, config.models[name], config.server, access)
-        asyncio.run(run(server, host, port))
-        return 0
-    finally:
-        engine.stop()
-        runner.close()
+def installed_commands() -> list[AddCommand]:
+    """The commands other installed packages register under the entry-point group."""
+    found = []
+    for entry in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        try:
+            found.append(entry.load())
+        except Exception as e:  # a broken add-on must not take `serve` down with it
+            print(f"localserve: command {entry.name!r} unavailable: {e}", file=sys.stderr)
+    return found
 
 
-def _prefix_cache_option(config, no_prefix_cache: bool):
+# --- helpers for the commands, ours and the add-ons' -------------------------------------------
+
+
+def add_model_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="a name from models.toml (default: its `default`)")
+
+
+def prefix_cache_option(config, no_prefix_cache: bool):
     """The config, with prefix caching turned off if asked."""
     if not no_prefix_cache:
         return config
@@ -194,77 +86,7 @@ def _prefix_cache_option(config, no_prefix_cache: bool):
     return msgspec.structs.replace(config, scheduler=scheduler)
 
 
-def cmd_chat(args: argparse.Namespace) -> int:
-    import asyncio
-    import getpass
-
-    from tui.chat import ChatClient
-
-    name = args.name or getpass.getuser()
-    client = ChatClient(args.url, name, args.token, args.max_tokens, args.temperature)
-    return asyncio.run(client.run())
-
-
-def cmd_monitor(args: argparse.Namespace) -> int:
-    from tui.app import MonitorApp
-    from tui.source import WebSocketSource
-
-    _log_to_file("monitor")
-    source = WebSocketSource(args.url, args.monitor_token, args.name, args.token)
-    MonitorApp(source, args.url).run()
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Serve the model in-process, play the four-person scenario, show the monitor."""
-    import asyncio
-
-    from localserve.auth import Access
-    from localserve.engine import Engine
-    from localserve.models import open_runner
-    from localserve.scenario import play
-    from localserve.server import Server, ServerThread
-    from tui.app import MonitorApp
-    from tui.source import WebSocketSource
-
-    log_path = _log_to_file("demo")
-    config = _prefix_cache_option(load_config(args.config), args.no_prefix_cache)
-    name = args.model or config.default
-    runner = open_runner(config, name)
-    _say_where(runner)
-    engine = Engine(runner, config.scheduler).start()
-    server = Server(engine, runner, config.models[name], config.server, Access({}))
-    thread = ServerThread(server)
-    stop = asyncio.Event()
-    scenario = asyncio.run_coroutine_threadsafe(
-        play(thread.url, stop, seed=args.seed, pace=args.pace), thread.loop
-    )
-    app = MonitorApp(WebSocketSource(thread.url), thread.url)
-    try:
-        if args.screenshot:
-            asyncio.run(_screenshot(app, args.screenshot, args.after))
-        else:
-            app.run()
-    finally:
-        thread.loop.call_soon_threadsafe(stop.set)
-        with contextlib.suppress(Exception):
-            scenario.result(timeout=10)
-        server.config = msgspec.structs.replace(server.config, shutdown_grace_s=0)
-        thread.close()
-        engine.stop()
-        runner.close()
-    print(f"localserve demo: stopped (log: {log_path})")
-    return 0
-
-
-async def _screenshot(app, path: str, after_s: float) -> None:
-    """The monitor, headless at 120x36, after the scenario has played for a while."""
-    async with app.run_test(size=(120, 36)) as pilot:
-        await pilot.pause(after_s)
-        app.save_screenshot(path)
-
-
-def _log_to_file(name: str) -> str:
+def log_to_file(name: str) -> str:
     """A full-screen app owns the terminal: logs go to a file instead."""
     from localserve.models import cache_dir
 
@@ -279,13 +101,80 @@ def _log_to_file(name: str) -> str:
     return str(path)
 
 
+def say_where(runner, file=None) -> None:
+    """Print and log what runs where, and warn when a GPU is idle for want of a CUDA build."""
+    block = f"localserve: {runner.info.model}\n{runner.where()}"
+    print(block, file=file or sys.stdout, flush=True)
+    log.info("%s", block)
+    warning = _gpu_warning()
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+        log.warning("%s", warning)
+
+
+def _gpu_warning() -> str | None:
+    import llama_cpp
+
+    from localserve.placement import gpu_without_offload
+
+    return gpu_without_offload(llama_cpp.llama_supports_gpu_offload())
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+def _add_serve(sub) -> None:
+    s = sub.add_parser("serve", help="the websocket chat server (and /healthz, /metrics)")
+    add_model_argument(s)
+    s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
+    s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")
+    s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
+    s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
+    s.add_argument("--monitor-token", help="require this token for stats subscriptions")
+    s.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
+    s.set_defaults(run=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from localserve.auth import Access, load_users
+    from localserve.server import run
+    from localserve.serving import serving
+
+    config = prefix_cache_option(load_config(args.config), args.no_prefix_cache)
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    access = Access(load_users(args.users), args.monitor_token)
+    access.check_bind(host, args.open)  # before the model loads: fail fast
+    with serving(config, args.model, access=access) as served:
+        say_where(served.runner)
+        asyncio.run(run(served.server, host, port))
+    return 0
+
+
+# --- generate ------------------------------------------------------------------------------------
+
+
+def _add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="generate text from one prompt, with timings")
+    g.add_argument("prompt")
+    add_model_argument(g)
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.set_defaults(run=cmd_generate)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from localserve.engine import Done, Engine, EventRouter, Token
     from localserve.models import open_runner
 
     config = load_config(args.config)
     runner = open_runner(config, args.model)
-    _say_where(runner, file=sys.stderr)  # stdout is the generated text
+    say_where(runner, file=sys.stderr)  # stdout is the generated text
     router = EventRouter()
     engine = Engine(runner, config.scheduler, on_events=router).start()
     try:
@@ -318,16 +207,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _print_timings(info, done, elapsed: float) -> None:
+    """The timing line under the text; a timing the request never reached shows as –."""
     t = done.timings
-    n = done.completion_tokens
-    rate = 1e3 / t["itl_ms"] if t.get("itl_ms") else float("nan")
+    ttft, itl = t.get("ttft_ms"), t.get("itl_ms")
+    rate = f"{1e3 / itl:.1f}" if itl else "–"
     print(
         f"\n\n[{info.model} on {info.backend}, {info.n_threads} threads] "
-        f"finish={done.finish_reason} prompt={done.prompt_tokens} tokens, generated={n} tokens\n"
-        f"TTFT {t['ttft_ms']:.0f} ms, ITL {t['itl_ms'] or float('nan'):.1f} ms "
-        f"({rate:.1f} tokens/s), total {elapsed:.2f} s",
+        f"finish={done.finish_reason} prompt={done.prompt_tokens} tokens, "
+        f"generated={done.completion_tokens} tokens\n"
+        f"TTFT {_ms(ttft, 0)}, ITL {_ms(itl or None, 1)} ({rate} tokens/s), "
+        f"total {elapsed:.2f} s",
         file=sys.stderr,
     )
+
+
+def _ms(value: float | None, digits: int) -> str:
+    return "– ms" if value is None else f"{value:.{digits}f} ms"
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def _add_models(sub) -> None:
+    m = sub.add_parser("models", help="list configured models; assemble the embedded one")
+    m.set_defaults(run=cmd_models)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -355,23 +258,71 @@ def _build_line() -> str:
     return f"llama.cpp: {'CUDA' if 'CUDA' in system else 'GPU'} build (layers can be offloaded)"
 
 
-def _gpu_warning() -> str | None:
-    import llama_cpp
-
-    from localserve.placement import gpu_without_offload
-
-    return gpu_without_offload(llama_cpp.llama_supports_gpu_offload())
+# --- bench ---------------------------------------------------------------------------------------
 
 
-def _say_where(runner, file=None) -> None:
-    """Print and log what runs where, and warn when a GPU is idle for want of a CUDA build."""
-    block = f"localserve: {runner.info.model}\n{runner.where()}"
-    print(block, file=file or sys.stdout, flush=True)
-    log.info("%s", block)
-    warning = _gpu_warning()
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-        log.warning("%s", warning)
+def _add_bench(sub) -> None:
+    lb = sub.add_parser("bench", help="load generator against a running server (client-side)")
+    lb.add_argument("--url", default="ws://127.0.0.1:8765")
+    lb.add_argument(
+        "--peer",
+        metavar="URL",
+        help="bench an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080)",
+    )
+    lb.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="with --peer: /v1/completions (transcript text, any server) or "
+        "/v1/chat/completions (messages; localserve renders them as for a websocket chat)",
+    )
+    lb.add_argument(
+        "--workload",
+        default="mixed",
+        help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report)",
+    )
+    lb.add_argument("--num-requests", type=int, default=50)
+    lb.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="requests/s, open loop (default inf: all at once)",
+    )
+    lb.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
+    lb.add_argument(
+        "--concurrency",
+        type=int,
+        help="closed loop: this many in flight instead (conversation: conversations at a time)",
+    )
+    lb.add_argument("--ignore-eos", action="store_true", help="fixed output lengths")
+    lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
+    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
+    _add_conversation_options(lb.add_argument_group("--workload conversation"))
+    lb.add_argument(
+        "--origin",
+        action="store_true",
+        help="instead: the origin scenario (streams + a 3,000-token paste + a question)",
+    )
+    lb.set_defaults(run=cmd_bench)
+
+
+def _add_conversation_options(cv) -> None:
+    cv.add_argument("--conversations", type=int, default=4, help="conversations to play")
+    cv.add_argument("--turns", type=int, default=5, help="user turns per conversation")
+    cv.add_argument(
+        "--turn-tokens",
+        type=int,
+        default=350,
+        help="document tokens per user turn (350: turn 5 has ~2,000)",
+    )
+    cv.add_argument("--max-tokens", type=int, default=64, help="reply cap per turn (greedy)")
+    cv.add_argument(
+        "--cold",
+        action="store_true",
+        help="then replay each last turn without reuse (another user; peer: "
+        "cache_prompt false) for a with/without ratio in one run",
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -453,6 +404,21 @@ def _bench_conversations(args: argparse.Namespace) -> int:
     return 0 if summary["completed"] == len(results) else 1
 
 
+# --- sweep ---------------------------------------------------------------------------------------
+
+
+def _add_sweep(sub) -> None:
+    sw = sub.add_parser("sweep", help="concurrency x workload x policy sweep, table and chart")
+    add_model_argument(sw)
+    sw.add_argument("--policies", default="continuous,static")
+    sw.add_argument("--workloads", default="chat,mixed")
+    sw.add_argument("--concurrency", default="1,2,4,8,16")
+    sw.add_argument("--num-requests", type=int, default=16, help="per point (at least 2x c)")
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--out-dir", default="bench-results")
+    sw.set_defaults(run=cmd_sweep)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from localserve.models import open_runner
     from localserve.sweep import run_sweep, write_results
@@ -473,11 +439,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- bench-engine --------------------------------------------------------------------------------
+
+
+def _add_bench_engine(sub) -> None:
+    b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
+    add_model_argument(b)
+    b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
+    b.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
+    b.add_argument("--out", help="write the results as JSON here")
+    b.set_defaults(run=cmd_bench_engine)
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from localserve.bench_engine import run_benchmark
 
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return run_benchmark(load_config(args.config), args.model, concurrency, args.tokens, args.out)
+
+
+BUILTIN_COMMANDS: tuple[AddCommand, ...] = (
+    _add_serve,
+    _add_generate,
+    _add_models,
+    _add_bench,
+    _add_sweep,
+    _add_bench_engine,
+)
 
 
 if __name__ == "__main__":

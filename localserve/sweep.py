@@ -17,11 +17,9 @@ from pathlib import Path
 import msgspec
 
 from localserve import bench
-from localserve.auth import Access
 from localserve.config import Config
-from localserve.engine import Engine
 from localserve.models import terminal_progress
-from localserve.server import Server, ServerThread
+from localserve.serving import serving
 
 COLORS = {"continuous": "#1f77b4", "static": "#d62728", "llama-server": "#2ca02c"}
 DASHES = ["", "6 3", "2 2", "8 2 2 2"]
@@ -41,16 +39,12 @@ def run_sweep(
     points = []
     for policy in policies:
         scheduler = msgspec.structs.replace(config.scheduler, policy=policy)
-        engine = Engine(runner, scheduler).start()
-        server = Server(engine, runner, config.models[model_name], config.server, Access({}))
-        thread = ServerThread(server)
-        try:
+        policy_config = msgspec.structs.replace(config, scheduler=scheduler)
+        with serving(policy_config, model_name, runner=runner, thread=True) as served:
+            url = served.thread.url
             for workload in workloads:
                 for c in concurrencies:
-                    points.append(_point(thread.url, policy, workload, c, requests_per_point, seed))
-        finally:
-            thread.close()
-            engine.stop()
+                    points.append(_point(url, policy, workload, c, requests_per_point, seed))
     return points
 
 

@@ -74,21 +74,10 @@ def make_harness():
 class LiveServer:
     """localserve's Server on its own event loop thread, with the real model."""
 
-    def __init__(self) -> None:
-        from localserve.auth import Access
-        from localserve.config import ModelConfig, ServerConfig
-        from localserve.llama_runner import LlamaRunner
-        from localserve.models import ensure_embedded
-        from localserve.server import Server, ServerThread
-
-        self.model = ModelConfig(embedded=True, chat_format="transcript", chat_template="gemma",
-                                 n_ctx=4096, max_num_seqs=8, max_num_batched_tokens=256,
-                                 n_threads=2)  # fmt: skip
-        self.runner = LlamaRunner("gemma-3-270m", ensure_embedded(), self.model)
-        self.engine = Engine(self.runner, SchedulerConfig()).start()
-        self.config = ServerConfig(max_frame_bytes=64 * 1024, shutdown_grace_s=2)
-        self.server = Server(self.engine, self.runner, self.model, self.config, Access({}))
-        self.thread = ServerThread(self.server)
+    def __init__(self, served) -> None:
+        self.runner, self.engine, self.server = served.runner, served.engine, served.server
+        self.model, self.config = self.server.model, self.server.config
+        self.thread = served.thread
         self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
 
     def snapshot(self):
@@ -110,11 +99,6 @@ class LiveServer:
                 )
             time.sleep(0.05)
 
-    def close(self) -> None:
-        self.thread.close()
-        self.engine.stop()
-        self.runner.close()
-
 
 @contextlib.contextmanager
 def configured(live, access=None, **limits):
@@ -132,11 +116,33 @@ def configured(live, access=None, **limits):
         server.config, server.access, server.throttle = old
 
 
+def live_config():
+    """The embedded model, small batches, 2 threads: quick on a laptop's CPU."""
+    from localserve.config import Config, ModelConfig, ServerConfig
+
+    model = ModelConfig(
+        embedded=True,
+        chat_format="transcript",
+        chat_template="gemma",
+        n_ctx=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        n_threads=2,
+    )
+    return Config(
+        default="gemma-3-270m",
+        models={"gemma-3-270m": model},
+        scheduler=SchedulerConfig(),
+        server=ServerConfig(max_frame_bytes=64 * 1024, shutdown_grace_s=2),
+    )
+
+
 @pytest.fixture(scope="session")
 def live():
-    server = LiveServer()
-    yield server
-    server.close()
+    from localserve.serving import serving
+
+    with serving(live_config(), thread=True) as served:
+        yield LiveServer(served)
 
 
 class WS:

@@ -461,14 +461,13 @@ def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):
 
 
 def test_no_prefix_cache_turns_prefix_caching_off():
-    from localserve.cli import _parser, _prefix_cache_option
+    from localserve.cli import _parser, prefix_cache_option
     from localserve.config import Config
 
     config = Config()
     assert config.scheduler.prefix_caching
-    off = _prefix_cache_option(config, True)
+    off = prefix_cache_option(config, True)
     assert off.scheduler.prefix_caching is False and config.scheduler.prefix_caching
-    assert _prefix_cache_option(config, False) is config
+    assert prefix_cache_option(config, False) is config
     assert _parser().parse_args(["serve", "--no-prefix-cache"]).no_prefix_cache
-    assert _parser().parse_args(["demo", "--no-prefix-cache"]).no_prefix_cache
     assert not _parser().parse_args(["serve"]).no_prefix_cache

@@ -1,0 +1,182 @@
+"""The command line: every subcommand parses, tui's commands arrive through the entry point,
+localserve never imports tui, `serving()` builds and tears down in order; no model needed."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import tomllib
+import urllib.request
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from localserve import cli
+from localserve.engine import Done
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUP = "localserve.commands"
+COMMANDS = {
+    "demo",
+    "monitor",
+    "chat",
+    "serve",
+    "generate",
+    "models",
+    "bench",
+    "sweep",
+    "bench-engine",
+}
+
+
+def declared() -> dict[str, str]:
+    """The commands pyproject.toml declares for other packages: name -> "module:function"."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["entry-points"][GROUP]
+
+
+def parser():
+    """The whole parser, with the declared commands whether or not this checkout is installed."""
+    adds = [EntryPoint(name, value, GROUP).load() for name, value in declared().items()]
+    return cli._parser(adds)
+
+
+def subcommands(p) -> dict:
+    return next(a for a in p._actions if a.dest == "==SUPPRESS==" and a.choices).choices
+
+
+def test_the_tui_commands_are_declared_as_entry_points():
+    assert declared() == {
+        "demo": "tui.cli:add_demo",
+        "monitor": "tui.cli:add_monitor",
+        "chat": "tui.cli:add_chat",
+    }
+    assert set(subcommands(parser())) == COMMANDS
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_subcommand_has_a_help_that_parses(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args([command, "--help"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: localserve {command}")
+
+
+def test_no_prefix_cache_on_serve_and_demo():
+    p = parser()
+    assert p.parse_args(["serve", "--no-prefix-cache"]).no_prefix_cache
+    assert p.parse_args(["demo", "--no-prefix-cache"]).no_prefix_cache
+    assert not p.parse_args(["demo"]).no_prefix_cache
+
+
+@pytest.mark.parametrize("command", ["chat", "monitor"])
+def test_chat_and_monitor_take_the_url_the_same_ways(command, capsys):
+    from tui.cli import DEFAULT_URL, server_url
+
+    url = "ws://10.0.0.2:9000"
+    for argv, expected in [([], DEFAULT_URL), ([url], url), (["--url", url], url)]:
+        assert server_url(parser().parse_args([command, *argv])) == expected
+    with pytest.raises(SystemExit):  # one or the other
+        parser().parse_args([command, url, "--url", url])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def done(**timings) -> Done:
+    return Done("cli", "length", 5, 3, 0, timings)
+
+
+class Info:
+    model, backend, n_threads = "m", "cpu", 2
+
+
+def test_the_timing_line_says_what_it_measured(capsys):
+    cli._print_timings(Info, done(ttft_ms=12.4, itl_ms=4.0, e2e_ms=20.0), 0.5)
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line == "TTFT 12 ms, ITL 4.0 ms (250.0 tokens/s), total 0.50 s"
+
+
+def test_the_timing_line_survives_a_missing_ttft(capsys):
+    cli._print_timings(Info, done(queue_ms=None, ttft_ms=None, itl_ms=None, e2e_ms=None), 0.1)
+    err = capsys.readouterr().err
+    assert "finish=length prompt=5 tokens, generated=3 tokens" in err
+    assert err.splitlines()[-1] == "TTFT – ms, ITL – ms (– tokens/s), total 0.10 s"
+    cli._print_timings(Info, done(), 0.1)  # no timings at all
+    assert "TTFT – ms" in capsys.readouterr().err
+
+
+def test_localserve_never_imports_tui():
+    for path in (ROOT / "localserve").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n == "tui" or n.startswith("tui.") for n in names), path
+
+
+def test_python_m_localserve_finds_the_tui_commands_through_the_entry_point(tmp_path):
+    """An install's metadata, made from pyproject.toml, on the path before the real one."""
+    dist = tmp_path / "meta" / "localserve-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: localserve\nVersion: 0.1.0\n")
+    lines = [f"[{GROUP}]"] + [f"{name} = {value}" for name, value in declared().items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    env = os.environ | {"PYTHONPATH": f"{tmp_path / 'meta'}:{ROOT}"}
+
+    def localserve(*argv: str) -> str:
+        command = [sys.executable, "-m", "localserve", *argv]
+        ran = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout
+
+    listed = localserve("--help").split("{")[1].split("}")[0].split(",")
+    assert set(listed) == COMMANDS
+    assert "--url URL" in localserve("monitor", "--help")
+    assert "--url URL" in localserve("chat", "--help")
+
+
+def test_serving_builds_and_tears_down_in_order(monkeypatch):
+    """Server thread closed, then engine stopped, then runner closed; a lent runner stays open."""
+    import localserve.models
+    import localserve.serving as serving_module
+    from localserve.config import Config, ModelConfig, ServerConfig
+    from localserve.fake_runner import FakeRunner
+
+    order = []
+
+    class Runner(FakeRunner):
+        def close(self) -> None:
+            order.append("runner")
+            super().close()
+
+    class Engine(serving_module.Engine):
+        def stop(self, timeout: float = 10.0) -> None:
+            order.append("engine")
+            super().stop(timeout)
+
+    class Thread(serving_module.ServerThread):
+        def close(self) -> None:
+            order.append("thread")
+            super().close()
+
+    monkeypatch.setattr(localserve.models, "open_runner", lambda config, name: Runner())
+    monkeypatch.setattr(serving_module, "Engine", Engine)
+    monkeypatch.setattr(serving_module, "ServerThread", Thread)
+    model = ModelConfig(chat_format="template")
+    config = Config(default="fake", models={"fake": model}, server=ServerConfig(shutdown_grace_s=1))
+    with serving_module.serving(config, thread=True) as served:
+        assert served.name == "fake" and served.server.runner is served.runner
+        with urllib.request.urlopen(served.thread.http + "/healthz", timeout=10) as response:
+            assert response.status == 200
+    assert order == ["thread", "engine", "runner"]
+
+    order.clear()
+    lent = Runner()
+    with serving_module.serving(config, "fake", runner=lent) as served:
+        assert served.runner is lent and served.thread is None
+    assert order == ["engine"]
