@@ -4,6 +4,7 @@ arrival processes, stand-in servers, one smoke run against the real one)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import statistics
 
@@ -17,7 +18,7 @@ from localserve.bench.report import (
     summarize_conversations,
 )
 from localserve.bench.runs import ConversationResult, run_conversations, run_load, single
-from localserve.bench.targets import OpenAITarget, RequestResult, WebSocketTarget
+from localserve.bench.targets import OpenAITarget, RequestResult, WebSocketTarget, target
 from localserve.bench.workloads import (
     FIRST_PART,
     NEXT_PART,
@@ -195,6 +196,22 @@ def test_peer_mode_reads_an_openai_sse_stream():
     assert len(r.token_times) == 3 and r.ttft is not None and r.e2e >= r.ttft
 
 
+def test_the_url_names_the_target_and_the_endpoint_shapes_the_body():
+    assert isinstance(target("ws://127.0.0.1:8765"), WebSocketTarget)
+    chat_peer = target("http://127.0.0.1:8080", openai=True, endpoint="chat")
+    assert isinstance(chat_peer, OpenAITarget) and chat_peer.path == "/v1/chat/completions"
+    assert target("http://127.0.0.1:8080", openai=True).path == "/v1/completions"
+    with pytest.raises(ValueError, match="--endpoint"):
+        OpenAITarget("http://127.0.0.1:8080", "embeddings")
+    request = single(RequestSpec("short", "Hi?", 4), ignore_eos=False, seed=1)
+    body = chat_peer.body(request)
+    assert body["messages"] == [{"role": "user", "content": "Hi?"}] and "prompt" not in body
+    assert body["temperature"] == 0.7 and body["stream_options"] == {"include_usage": True}
+    completion = OpenAITarget("http://x").body(dataclasses.replace(request, reuse=False))
+    assert completion["prompt"].endswith("User: Hi?\nAssistant:") and completion["stop"]
+    assert completion["cache_prompt"] is False and "messages" not in completion
+
+
 def sweep_point(policy, workload, c, tps, ttft_p99, itl_p99):
     dist = lambda p99: {"mean": p99 / 2, "median": p99 / 2, "p90": p99, "p99": p99}  # noqa: E731
     return {"policy": policy, "workload": workload, "concurrency": c, "completed": 4,
@@ -356,7 +373,7 @@ def test_peer_conversations_resend_the_growing_history(usage_details):
             run_conversations(OpenAITarget(fake.url), convs, max_tokens=16, cold=True)
         )
     warmup, *turns = fake.bodies
-    assert warmup["max_tokens"] == 8
+    assert warmup["max_tokens"] == 8 and warmup["user"] == "warmup"
     assert len(turns) == 2 * (3 + 1)  # three turns and a cold replay per conversation
     for conv, out in zip(convs, results, strict=True):
         assert out.replies == [" reply 1", " reply 2", " reply 3"]
@@ -369,7 +386,7 @@ def test_peer_conversations_resend_the_growing_history(usage_details):
             assert body["temperature"] == 0.0 and body["max_tokens"] == 16 and body["stream"]
             assert body["prompt"].count("User:") == k and body["prompt"].endswith("Assistant:")
             assert body["prompt"].count("Assistant: reply") == k - 1
-            assert "cache_prompt" not in body
+            assert "cache_prompt" not in body and "user" not in body  # the server's default
         assert mine[3]["prompt"] == mine[2]["prompt"] and mine[3]["cache_prompt"] is False
 
 
@@ -426,6 +443,22 @@ def test_localserve_conversations_over_the_websocket_protocol():
         assert [m["content"] for m in last[::2]] == list(conv.user_messages)
         cold = next(c for u, c in chats if u == f"{out.user}-cold")
         assert cold["messages"] == last
+
+
+def test_bench_cli_runs_the_load_against_a_peer(tmp_path, capsys):
+    import json
+
+    from localserve.cli import main
+
+    out = tmp_path / "load.json"
+    with FakeOpenAI() as fake:
+        args = ["bench", "--peer", fake.url, "--workload", "short", "--num-requests", "3"]
+        rc = main([*args, "--concurrency", "2", "--ignore-eos", "--out", str(out)])
+    assert rc == 0 and "completed 3, failed 0" in capsys.readouterr().out
+    assert sorted(b["user"] for b in fake.bodies) == ["bench-0", "bench-1", "bench-2"]
+    assert all(b["ignore_eos"] and b["stop"] == [] for b in fake.bodies)
+    record = json.loads(out.read_text())
+    assert record["summary"]["output_tokens"] == 6 and len(record["requests"]) == 3
 
 
 def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):
