@@ -1,22 +1,40 @@
 """A small asyncio client for the protocol: connect, say hello, send frames, read frames.
 
-Used by the terminal chat client, the monitor and the load generator; anyone else can follow
-docs/protocol.md instead.
+`chat` sends one chat and yields the frames about it until it is over: the one loop behind the
+terminal chat client, the demo's people and the load generator. The monitor uses `Client` too;
+anyone else can follow docs/protocol.md instead.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from localserve.protocol import ClientFrame, Error, Hello, ServerFrame, Welcome
+from localserve.protocol import (
+    Cancel,
+    Chat,
+    ClientFrame,
+    Error,
+    Finished,
+    Hello,
+    Notice,
+    Queued,
+    ServerFrame,
+    TokenDelta,
+    Welcome,
+)
 
 _decoder = msgspec.json.Decoder(ServerFrame)
 _encoder = msgspec.json.Encoder()
 
 
-__all__ = ["Client", "ClientError", "ConnectionClosed"]
+__all__ = ["ChatFrame", "Client", "ClientError", "ConnectionClosed", "chat"]
+
+ChatFrame = Queued | TokenDelta | Finished | Error | Notice
 
 
 class ClientError(Exception):
@@ -65,3 +83,43 @@ class Client:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+async def chat(client: Client, request: Chat) -> AsyncIterator[ChatFrame]:
+    """Send `request` and yield the frames about it, ending after its `done` or its error.
+
+    Yields the chat's `queued` (once, and again after a preemption), `token` and `done` frames,
+    the error frames that carry its id or none (an error without an id answers a chat whose id
+    the server could not read), and every `notice`; frames about other requests and `stats`
+    frames are skipped. It ends after `done`, or after an error that ends the request: any code
+    but `internal`, whose `done` follows. One chat at a time per client: this reads the
+    connection. Stopped before the end (`aclose`, or its task cancelled), it cancels the
+    request on the server, best effort. A closed connection raises `ConnectionClosed`.
+    """
+    settled = False  # the server is done with the request: nothing to cancel
+    await client.send(request)
+    try:
+        while True:
+            frame = await client.recv()
+            if isinstance(frame, Notice):
+                yield frame
+                continue
+            if not _about(frame, request.id):
+                continue
+            settled = settled or isinstance(frame, Finished | Error)
+            yield frame
+            if isinstance(frame, Finished):
+                return
+            if isinstance(frame, Error) and frame.code != "internal":
+                return
+    finally:
+        if not settled:
+            with contextlib.suppress(ConnectionClosed, OSError):
+                await client.send(Cancel(request.id))
+
+
+def _about(frame: ServerFrame, rid: str) -> bool:
+    """Whether a frame concerns the request `rid` (an error without an id concerns it too)."""
+    if isinstance(frame, Error):
+        return frame.id in (rid, None)
+    return isinstance(frame, Queued | TokenDelta | Finished) and frame.id == rid

@@ -27,7 +27,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from localserve.client import Client, ConnectionClosed
+from localserve.client import Client, ConnectionClosed, chat
 from localserve.protocol import Chat, Error, Finished, Message, Notice, TokenDelta
 
 log = logging.getLogger("localserve.scenario")
@@ -210,27 +210,33 @@ class Person:
         self.count += 1
         rid = f"{self.name}-{self.count}"
         messages = (self.history if ask.continues else []) + [Message("user", ask.prompt)]
+        request = Chat(
+            id=rid,
+            messages=messages,
+            max_tokens=ask.max_tokens,
+            temperature=TEMPERATURE,
+            seed=ask.seed,
+            ignore_eos=ask.ignore_eos,
+        )
         reply: list[str] = []
-        await self.client.send(Chat(id=rid, messages=messages, max_tokens=ask.max_tokens,
-                                    temperature=TEMPERATURE, seed=ask.seed,
-                                    ignore_eos=ask.ignore_eos))  # fmt: skip
+        failed = False
         self.result.sent += 1
-        while True:
-            frame = await self.client.recv()
-            if isinstance(frame, TokenDelta) and frame.id == rid:
-                reply.append(frame.text)
-            elif isinstance(frame, Finished) and frame.id == rid:
-                self._done(frame)
-                self.history = [*messages, Message("assistant", "".join(reply))]
-                return
-            if isinstance(frame, Error):
-                log.warning("%s: %s: %s", self.name, frame.code, frame.message)
-                if frame.id == rid:
-                    self.result.errors[frame.code] += 1
-                    await asyncio.sleep(BACKOFF_S * self.pace)
-                    return
-            elif isinstance(frame, Notice):
-                log.info("%s: notice %s: %s", self.name, frame.code, frame.message)
+        async with contextlib.aclosing(chat(self.client, request)) as frames:
+            async for frame in frames:
+                if isinstance(frame, TokenDelta):
+                    reply.append(frame.text)
+                elif isinstance(frame, Finished):
+                    self._done(frame)
+                    self.history = [*messages, Message("assistant", "".join(reply))]
+                elif isinstance(frame, Error):
+                    log.warning("%s: %s: %s", self.name, frame.code, frame.message)
+                    if failed := frame.id == rid:  # `internal` too: not waiting for its done
+                        self.result.errors[frame.code] += 1
+                        break
+                elif isinstance(frame, Notice):
+                    log.info("%s: notice %s: %s", self.name, frame.code, frame.message)
+        if failed:
+            await asyncio.sleep(BACKOFF_S * self.pace)
 
     def _done(self, done: Finished) -> None:
         r, usage = self.result, done.usage

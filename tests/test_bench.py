@@ -1,23 +1,35 @@
-"""The load generator: statistics on synthetic timings, arrival processes, one smoke run."""
+"""The load generator: workloads, targets, runs and reports (statistics on synthetic timings,
+arrival processes, stand-in servers, one smoke run against the real one)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import statistics
 
 import numpy as np
 import pytest
 
-from localserve.bench import (
+from localserve.bench.report import (
     SLO,
-    RequestResult,
-    arrival_times,
-    build_requests,
-    percentile,
-    run_load,
+    format_conversations,
     summarize,
+    summarize_conversations,
 )
+from localserve.bench.runs import ConversationResult, run_conversations, run_load, single
+from localserve.bench.targets import OpenAITarget, RequestResult, WebSocketTarget, target
+from localserve.bench.workloads import (
+    FIRST_PART,
+    NEXT_PART,
+    RequestSpec,
+    arrival_times,
+    build_conversations,
+    build_requests,
+    estimate_prompt_tokens,
+    turn_messages,
+)
+from localserve.stats import percentile
 
 
 def result(sent: float, gaps: list[float], ttft: float, ok: bool = True, tokens=None):
@@ -29,16 +41,6 @@ def result(sent: float, gaps: list[float], ttft: float, ok: bool = True, tokens=
     return RequestResult("short", ok=ok, error="" if ok else "busy", prompt_tokens=10,
                          output_tokens=n if ok else 0, sent=sent,
                          token_times=times if ok else [], done=times[-1])  # fmt: skip
-
-
-@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
-def test_percentile_matches_numpy(q):
-    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.3]
-    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
-
-
-def test_percentile_of_nothing_is_none():
-    assert percentile([], 50) is None
 
 
 def test_request_timings_follow_vllm_definitions():
@@ -129,7 +131,11 @@ def test_smoke_run_against_a_real_server(live):
     seen = []
     results, duration = asyncio.run(
         run_load(
-            live.url, specs, concurrency=2, ignore_eos=True, on_done=lambda d, t: seen.append(d)
+            WebSocketTarget(live.url),
+            specs,
+            concurrency=2,
+            ignore_eos=True,
+            on_done=lambda d, t: seen.append(d),
         )
     )
     s = summarize(results, duration, SLO.parse("ttft=60000"))
@@ -157,8 +163,6 @@ def test_peer_mode_reads_an_openai_sse_stream():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from localserve.bench import RequestSpec, send_one_openai
-
     seen = {}
 
     class Handler(BaseHTTPRequestHandler):
@@ -181,7 +185,7 @@ def test_peer_mode_reads_an_openai_sse_stream():
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         spec = RequestSpec("short", "What is the capital of France?", 3)
-        r = asyncio.run(send_one_openai(url, "u", spec, ignore_eos=True, seed=5))
+        r = asyncio.run(OpenAITarget(url).send("u", single(spec, ignore_eos=True, seed=5)))
     finally:
         server.shutdown()
     assert seen["path"] == "/v1/completions"
@@ -190,6 +194,22 @@ def test_peer_mode_reads_an_openai_sse_stream():
     assert body["stream"] and body["ignore_eos"] and body["stop"] == [] and body["seed"] == 5
     assert r.ok and r.finish_reason == "length" and (r.prompt_tokens, r.output_tokens) == (12, 3)
     assert len(r.token_times) == 3 and r.ttft is not None and r.e2e >= r.ttft
+
+
+def test_the_url_names_the_target_and_the_endpoint_shapes_the_body():
+    assert isinstance(target("ws://127.0.0.1:8765"), WebSocketTarget)
+    chat_peer = target("http://127.0.0.1:8080", openai=True, endpoint="chat")
+    assert isinstance(chat_peer, OpenAITarget) and chat_peer.path == "/v1/chat/completions"
+    assert target("http://127.0.0.1:8080", openai=True).path == "/v1/completions"
+    with pytest.raises(ValueError, match="--endpoint"):
+        OpenAITarget("http://127.0.0.1:8080", "embeddings")
+    request = single(RequestSpec("short", "Hi?", 4), ignore_eos=False, seed=1)
+    body = chat_peer.body(request)
+    assert body["messages"] == [{"role": "user", "content": "Hi?"}] and "prompt" not in body
+    assert body["temperature"] == 0.7 and body["stream_options"] == {"include_usage": True}
+    completion = OpenAITarget("http://x").body(dataclasses.replace(request, reuse=False))
+    assert completion["prompt"].endswith("User: Hi?\nAssistant:") and completion["stop"]
+    assert completion["cache_prompt"] is False and "messages" not in completion
 
 
 def sweep_point(policy, workload, c, tps, ttft_p99, itl_p99):
@@ -221,8 +241,6 @@ def test_sweep_writes_json_markdown_and_an_svg_chart(tmp_path):
 
 
 def test_conversations_are_reproducible_and_read_the_text_part_by_part():
-    from localserve.bench import FIRST_PART, NEXT_PART, build_conversations
-
     a, b = build_conversations(3, 5, seed=7), build_conversations(3, 5, seed=7)
     assert a == b and a != build_conversations(3, 5, seed=8)
     for conv in a:
@@ -236,7 +254,6 @@ def test_conversations_are_reproducible_and_read_the_text_part_by_part():
 
 
 def test_history_grows_to_about_2000_tokens_by_turn_5_and_each_prompt_extends_the_last():
-    from localserve.bench import build_conversations, estimate_prompt_tokens, turn_messages
     from localserve.prompt import render_transcript
 
     reply = " ".join(["word"] * 40)  # a ~50-token reply
@@ -264,8 +281,6 @@ def turn(ttft: float, prompt: int, cached: int, ok: bool = True, kind: str = "tu
 
 
 def test_report_aggregates_per_turn_with_the_cold_replay_and_the_ratio():
-    from localserve.bench import ConversationResult, format_conversations, summarize_conversations
-
     a = ConversationResult(0, "conv-0", [turn(1.0, 400, 0), turn(0.2, 800, 390)], ["x", "y"],
                            cold=turn(2.0, 800, 0, kind="cold"))  # fmt: skip
     b = ConversationResult(1, "conv-1", [turn(1.2, 410, 0), turn(0.4, 820, 400)], ["x", "y"],
@@ -352,15 +367,13 @@ class FakeOpenAI:
 
 @pytest.mark.parametrize("usage_details", [True, False])
 def test_peer_conversations_resend_the_growing_history(usage_details):
-    from localserve.bench import build_conversations, run_conversations
-
     convs = build_conversations(2, 3, seed=2)
     with FakeOpenAI(usage_details) as fake:
         results, _ = asyncio.run(
-            run_conversations(fake.url, convs, max_tokens=16, cold=True, openai=True)
+            run_conversations(OpenAITarget(fake.url), convs, max_tokens=16, cold=True)
         )
     warmup, *turns = fake.bodies
-    assert warmup["max_tokens"] == 8
+    assert warmup["max_tokens"] == 8 and warmup["user"] == "warmup"
     assert len(turns) == 2 * (3 + 1)  # three turns and a cold replay per conversation
     for conv, out in zip(convs, results, strict=True):
         assert out.replies == [" reply 1", " reply 2", " reply 3"]
@@ -373,7 +386,7 @@ def test_peer_conversations_resend_the_growing_history(usage_details):
             assert body["temperature"] == 0.0 and body["max_tokens"] == 16 and body["stream"]
             assert body["prompt"].count("User:") == k and body["prompt"].endswith("Assistant:")
             assert body["prompt"].count("Assistant: reply") == k - 1
-            assert "cache_prompt" not in body
+            assert "cache_prompt" not in body and "user" not in body  # the server's default
         assert mine[3]["prompt"] == mine[2]["prompt"] and mine[3]["cache_prompt"] is False
 
 
@@ -382,8 +395,6 @@ def test_localserve_conversations_over_the_websocket_protocol():
     import json
 
     from websockets.asyncio.server import serve
-
-    from localserve.bench import build_conversations, run_conversations
 
     chats: list[tuple[str, dict]] = []
 
@@ -412,9 +423,8 @@ def test_localserve_conversations_over_the_websocket_protocol():
         async with serve(handler, "127.0.0.1", 0) as server:
             port = server.sockets[0].getsockname()[1]
             convs = build_conversations(2, 3, seed=4)
-            return convs, await run_conversations(
-                f"ws://127.0.0.1:{port}", convs, cold=True, concurrency=2
-            )
+            ws = WebSocketTarget(f"ws://127.0.0.1:{port}")
+            return convs, await run_conversations(ws, convs, cold=True, concurrency=2)
 
     convs, (results, duration) = asyncio.run(main())
     assert duration > 0
@@ -433,6 +443,22 @@ def test_localserve_conversations_over_the_websocket_protocol():
         assert [m["content"] for m in last[::2]] == list(conv.user_messages)
         cold = next(c for u, c in chats if u == f"{out.user}-cold")
         assert cold["messages"] == last
+
+
+def test_bench_cli_runs_the_load_against_a_peer(tmp_path, capsys):
+    import json
+
+    from localserve.cli import main
+
+    out = tmp_path / "load.json"
+    with FakeOpenAI() as fake:
+        args = ["bench", "--peer", fake.url, "--workload", "short", "--num-requests", "3"]
+        rc = main([*args, "--concurrency", "2", "--ignore-eos", "--out", str(out)])
+    assert rc == 0 and "completed 3, failed 0" in capsys.readouterr().out
+    assert sorted(b["user"] for b in fake.bodies) == ["bench-0", "bench-1", "bench-2"]
+    assert all(b["ignore_eos"] and b["stop"] == [] for b in fake.bodies)
+    record = json.loads(out.read_text())
+    assert record["summary"]["output_tokens"] == 6 and len(record["requests"]) == 3
 
 
 def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):

@@ -14,7 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
 
-from localserve.client import Client, ClientError, ConnectionClosed
+from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
 
 HELP = "/new starts over, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
@@ -95,13 +95,16 @@ class ChatClient:
         self._num += 1
         rid = self._current = f"turn-{self._num}"
         self.history.append(Message("user", text))
-        chat = Chat(id=rid, messages=list(self.history), max_tokens=self.max_tokens,
-                    temperature=self.temperature)  # fmt: skip
+        request = Chat(
+            id=rid,
+            messages=list(self.history),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+        )
         reply: list[str] = []
         self._print("model> ", end="")
         try:
-            await self.client.send(chat)
-            finished = await self._stream(rid, reply)
+            finished = await self._stream(request, reply)
         except (ConnectionClosed, ConnectionError) as e:
             self._print(f"\n[connection lost: {e}]")
             return False
@@ -115,20 +118,20 @@ class ChatClient:
             self._print("\n" + _summary(finished))
         return True
 
-    async def _stream(self, rid: str, reply: list[str]) -> Finished | None:
-        while True:
-            frame = await self.client.recv()
-            if isinstance(frame, TokenDelta) and frame.id == rid:
-                reply.append(frame.text)
-                self._print(frame.text, end="")
-            elif isinstance(frame, Finished) and frame.id == rid:
-                return frame
-            elif isinstance(frame, Error) and frame.id in (rid, None):
-                self._print(f"\n[error {frame.code}: {frame.message}]")
-                if frame.code != "internal":  # internal errors are followed by `done`
-                    return None
-            elif isinstance(frame, Notice):
-                self._print(f"\n[server: {frame.message}]")
+    async def _stream(self, request: Chat, reply: list[str]) -> Finished | None:
+        """Print the reply as it arrives; its done frame, or None if it was refused."""
+        async with contextlib.aclosing(chat(self.client, request)) as frames:
+            async for frame in frames:
+                if isinstance(frame, TokenDelta):
+                    reply.append(frame.text)
+                    self._print(frame.text, end="")
+                elif isinstance(frame, Finished):
+                    return frame
+                elif isinstance(frame, Error):  # the last frame, unless `internal` (then done)
+                    self._print(f"\n[error {frame.code}: {frame.message}]")
+                elif isinstance(frame, Notice):
+                    self._print(f"\n[server: {frame.message}]")
+        return None
 
     def _print(self, text: str, end: str = "\n") -> None:
         self.out.write(text + end)

@@ -1,0 +1,161 @@
+"""What the load generator sends, and when: request mixes, conversations, arrival times.
+
+Workloads are built from text that ships with the project (`localserve/data/pages.md` and the
+scenario's prompt lists), seeded and reproducible. A single-request workload is a weighted mix
+of kinds (short questions, long explanations, pastes of a few pages). The `conversation`
+workload is multi-turn: each conversation reads the document part by part, every turn resending
+the whole history (the server's replies included) plus a new part and a question, so the last
+turn's prompt is ~2,000 tokens of which all but the new part could come from a prefix cache.
+
+Arrivals are open-loop at a request rate (Poisson, or gamma with a burstiness factor: < 1 is
+burstier, 1 is Poisson); the closed loop (a fixed concurrency) needs no times.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from localserve.prompt import render_transcript
+from localserve.scenario import (
+    LONG_EXPLANATIONS,
+    MEDIUM_QUESTIONS,
+    SHORT_QUESTIONS,
+    SUMMARY_REQUESTS,
+    TOKENS_PER_WORD,
+    pages,
+    pages_slice,
+)
+
+# kind -> (output tokens, prompt builder); a mix is a weighted choice of kinds
+KINDS = ("short", "long", "paste")
+WORKLOADS: dict[str, dict[str, float]] = {
+    "short": {"short": 1.0},
+    "long": {"long": 1.0},
+    "paste": {"paste": 1.0},
+    "mixed": {"short": 0.5, "long": 0.3, "paste": 0.2},
+    "chat": {"short": 0.7, "long": 0.3},
+}
+OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96}
+PASTE_TOKENS = 2500
+
+TURN_TOKENS = 350  # document tokens per user turn: turn 5's prompt is ~2,000 tokens
+REPLY_TOKENS = 64
+FIRST_PART = "Here is the first part of a document I am reading:"
+NEXT_PART = "Here is the next part:"
+TEXT_QUESTIONS = [
+    "What is this part about? Answer in two sentences.",
+    "Which detail in this part stands out most, and why?",
+    "How does this part connect to what came before?",
+    "Summarise this part for someone in a hurry.",
+    "What is the main point of this part?",
+    "What question would you ask the author about this part?",
+]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One single-turn request of a workload: one user message."""
+
+    kind: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One conversation's user messages, in order (the replies come from the server)."""
+
+    user_messages: tuple[str, ...]
+
+
+# --- single requests -----------------------------------------------------------------------------
+
+
+def build_requests(workload: str, n: int, seed: int = 0) -> list[RequestSpec]:
+    """n requests of a named workload, reproducible for a seed."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"--workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
+    rng = random.Random(seed)
+    kinds, weights = zip(*WORKLOADS[workload].items(), strict=True)
+    return [_spec(rng.choices(kinds, weights)[0], rng) for _ in range(n)]
+
+
+def _spec(kind: str, rng: random.Random) -> RequestSpec:
+    if kind == "short":
+        prompt = rng.choice(SHORT_QUESTIONS)
+    elif kind == "long":
+        prompt = rng.choice(LONG_EXPLANATIONS)
+    else:
+        text = pages_slice(rng, round(PASTE_TOKENS / TOKENS_PER_WORD))
+        prompt = f"{text}\n\n{rng.choice(SUMMARY_REQUESTS)}"
+    if kind == "short" and rng.random() < 0.3:
+        prompt = rng.choice(MEDIUM_QUESTIONS)
+    return RequestSpec(kind, prompt, OUTPUT_TOKENS[kind])
+
+
+def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Start offsets (s) of n requests: gamma inter-arrivals with mean 1/rate (inf = all at 0)."""
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError("--request-rate and --burstiness must be positive")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return out
+
+
+# --- conversations -------------------------------------------------------------------------------
+
+
+def _document_words() -> list[tuple[str, bool]]:
+    """pages.md as (word, ends a paragraph) pairs."""
+    return [(w, i == len(p.split()) - 1) for p in pages() for i, w in enumerate(p.split())]
+
+
+def build_conversations(
+    n: int, turns: int, turn_tokens: int = TURN_TOKENS, seed: int = 0
+) -> list[Conversation]:
+    """n conversations reading pages.md part by part, reproducible for a seed.
+
+    Each user turn is a new part of ~turn_tokens tokens (consecutive words of the text, from a
+    random paragraph start, wrapping around at its end) and a question about it.
+    """
+    if n < 1 or turns < 1 or turn_tokens < 1:
+        raise ValueError("--conversations, --turns and --turn-tokens must be at least 1")
+    rng = random.Random(seed)
+    words = _document_words()
+    starts = [0] + [i + 1 for i, (_, end) in enumerate(words[:-1]) if end]
+    per_turn = max(1, round(turn_tokens / TOKENS_PER_WORD))
+    out = []
+    for _ in range(n):
+        at = rng.choice(starts)
+        messages = []
+        for turn in range(turns):
+            part = [words[(at + j) % len(words)] for j in range(per_turn)]
+            at = (at + per_turn) % len(words)
+            text = "".join(w + ("\n\n" if end else " ") for w, end in part).strip()
+            intro = FIRST_PART if turn == 0 else NEXT_PART
+            messages.append(f"{intro}\n\n{text}\n\n{rng.choice(TEXT_QUESTIONS)}")
+        out.append(Conversation(tuple(messages)))
+    return out
+
+
+def turn_messages(conv: Conversation, replies: Sequence[str], turn: int) -> list[tuple[str, str]]:
+    """The messages of turn `turn` (1-based): the history so far, then the new user message."""
+    if len(replies) < turn - 1:
+        raise ValueError(f"turn {turn} needs {turn - 1} replies, got {len(replies)}")
+    messages = []
+    for k in range(turn - 1):
+        messages += [("user", conv.user_messages[k]), ("assistant", replies[k])]
+    return [*messages, ("user", conv.user_messages[turn - 1])]
+
+
+def estimate_prompt_tokens(messages: Sequence[tuple[str, str]]) -> int:
+    """Rough prompt size of the rendered transcript (words x TOKENS_PER_WORD)."""
+    return round(len(render_transcript(messages).split()) * TOKENS_PER_WORD)
