@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from localserve.auth import Access
 from localserve.config import load_config
-from localserve.engine import Done, Engine, Token
+from localserve.engine import Engine
+from localserve.events import Done, Token
 from localserve.models import open_runner
 from localserve import server as S, transport as T, connection as C
 

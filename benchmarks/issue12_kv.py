@@ -61,19 +61,18 @@ def greedy(runner: LlamaRunner, prompt: str, n: int) -> list[int]:
     import llama_cpp
     import numpy as np
 
-    from localserve.bench_engine import _decode, _fill
+    from localserve.bench_engine import BareBatch
 
     tokens = runner.tokenize(prompt)
-    _fill(runner, [(0, t, p) for p, t in enumerate(tokens)], logits_last=True)
-    _decode(runner)
+    bare = BareBatch(runner)
+    bare.decode([(0, t, p) for p, t in enumerate(tokens)], logits_last=True)
     out, pos = [], len(tokens)
     for _ in range(n):
-        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(runner.ctx, -1),
-                                    shape=(runner.n_vocab,))  # fmt: skip
-        out.append(int(row.argmax()))
-        _fill(runner, [(0, out[-1], pos)], logits_last=True)
-        _decode(runner)
+        logits = llama_cpp.llama_get_logits_ith(runner.ctx, -1)
+        out.append(int(np.ctypeslib.as_array(logits, shape=(runner.info.n_vocab,)).argmax()))
+        bare.decode([(0, out[-1], pos)], logits_last=True)
         pos += 1
+    bare.close()
     runner.free_seq(0)
     return out
 

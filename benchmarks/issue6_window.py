@@ -16,7 +16,8 @@ import statistics
 import msgspec
 
 from localserve.config import load_config
-from localserve.engine import Done, Engine
+from localserve.engine import Engine
+from localserve.events import Done
 from localserve.models import open_runner
 from localserve.scenario import pages
 from localserve.sequence import SamplingParams

@@ -31,7 +31,7 @@ PROMPT = "Tell me a long story about a lighthouse keeper and the sea. "
 REPEATS = 6
 
 
-class _BareBatch:
+class BareBatch:
     """A llama_batch of its own on the runner's context: the bare loop shares no runner state."""
 
     def __init__(self, runner) -> None:
@@ -57,7 +57,7 @@ def bare_decode(runner, n: int, steps: int) -> float:
     """Decode tokens/s of a minimal loop: prefill n short prompts, then `steps` batched decodes."""
     prompt = runner.tokenize(PROMPT)
     tokens = [prompt[-1]] * n
-    bare, n_vocab = _BareBatch(runner), runner.info.n_vocab
+    bare, n_vocab = BareBatch(runner), runner.info.n_vocab
     for s in range(n):  # prefill each sequence's prompt (not timed)
         bare.decode([(s, t, p) for p, t in enumerate(prompt)], logits_last=True)
     pos = len(prompt)
@@ -118,7 +118,7 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
     """Prompt tokens/s for one long prompt: through the engine and as bare n_batch chunks."""
     words = (PROMPT * 200).split()
     prompt = runner.tokenize(" ".join(words))[:n_tokens]
-    n_batch, bare_batch = runner.info.n_batch, _BareBatch(runner)
+    n_batch, bare_batch = runner.info.n_batch, BareBatch(runner)
     start = time.perf_counter()
     for lo in range(0, len(prompt), n_batch):
         chunk = prompt[lo : lo + n_batch]

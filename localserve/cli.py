@@ -169,7 +169,8 @@ def _add_generate(sub) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from localserve.engine import Done, Engine, EventRouter, Token
+    from localserve.engine import Engine
+    from localserve.events import Done, EventRouter, Token
     from localserve.models import open_runner
 
     config = load_config(args.config)
@@ -331,12 +332,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
     from localserve import bench
+    from localserve.bench import runs
     from localserve.models import terminal_progress
 
+    target = bench.target(args.peer or args.url, bool(args.peer), args.endpoint)
     if args.origin:
-        figures = asyncio.run(
-            bench.origin_scenario(args.peer or args.url, bool(args.peer), args.seed)
-        )
+        figures = asyncio.run(runs.origin_scenario(target, args.seed))
         print(json.dumps(figures, indent=1))
         if args.out:
             with open(args.out, "w") as f:
@@ -346,14 +347,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _bench_conversations(args)
     slo = bench.SLO.parse(args.slo) if args.slo else None
     specs = bench.build_requests(args.workload, args.num_requests, args.seed)
-    results, duration = asyncio.run(
-        bench.run_load(
-            args.peer or args.url, specs, rate=args.request_rate, burstiness=args.burstiness,
-            concurrency=args.concurrency, ignore_eos=args.ignore_eos, seed=args.seed,
-            on_done=terminal_progress(f"{args.workload} x{args.num_requests}"),
-            openai=bool(args.peer), endpoint=args.endpoint,
-        )
-    )  # fmt: skip
+    progress = terminal_progress(f"{args.workload} x{args.num_requests}")
+    load = runs.run_load(
+        target,
+        specs,
+        rate=args.request_rate,
+        burstiness=args.burstiness,
+        concurrency=args.concurrency,
+        ignore_eos=args.ignore_eos,
+        seed=args.seed,
+        on_done=progress,
+    )
+    results, duration = asyncio.run(load)
     summary = bench.summarize(results, duration, slo)
     print(bench.format_summary(summary))
     if args.out:
@@ -370,20 +375,24 @@ def _bench_conversations(args: argparse.Namespace) -> int:
     import json
 
     from localserve import bench
+    from localserve.bench import runs
     from localserve.models import terminal_progress
 
     conversations = bench.build_conversations(
         args.conversations, args.turns, args.turn_tokens, args.seed
     )
-    results, duration = asyncio.run(
-        bench.run_conversations(
-            args.peer or args.url, conversations, max_tokens=args.max_tokens,
-            concurrency=args.concurrency or 1, ignore_eos=args.ignore_eos, seed=args.seed,
-            cold=args.cold, openai=bool(args.peer),
-            on_done=terminal_progress(f"{args.conversations} conversations x{args.turns}",
-                                      unit=" turns"),
-        )
-    )  # fmt: skip
+    label = f"{args.conversations} conversations x{args.turns}"
+    talks = runs.run_conversations(
+        bench.target(args.peer or args.url, bool(args.peer)),
+        conversations,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency or 1,
+        ignore_eos=args.ignore_eos,
+        seed=args.seed,
+        cold=args.cold,
+        on_done=terminal_progress(label, unit=" turns"),
+    )
+    results, duration = asyncio.run(talks)
     summary = bench.summarize_conversations(results, duration)
     print(bench.format_conversations(summary))
     if args.out:

@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from localserve import bench
+from localserve.bench import runs
 from localserve.config import Config
 from localserve.models import terminal_progress
 from localserve.serving import serving
@@ -51,11 +52,15 @@ def run_sweep(
 def _point(url: str, policy: str, workload: str, c: int, n: int, seed: int) -> dict:
     specs = bench.build_requests(workload, max(n, 2 * c), seed)
     label = f"{policy:<10} {workload:<6} c={c:<2}"
-    results, duration = asyncio.run(
-        bench.run_load(
-            url, specs, concurrency=c, ignore_eos=True, seed=seed, on_done=terminal_progress(label)
-        )  # fmt: skip
+    load = runs.run_load(
+        bench.target(url),
+        specs,
+        concurrency=c,
+        ignore_eos=True,
+        seed=seed,
+        on_done=terminal_progress(label),
     )
+    results, duration = asyncio.run(load)
     summary = bench.summarize(results, duration)
     return {"policy": policy, "workload": workload, "concurrency": c, **summary}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from localserve import cli
-from localserve.engine import Done
+from localserve.events import Done
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "localserve.commands"

@@ -7,14 +7,11 @@
 - `runs`: the load, the conversations and the origin scenario, run against a target;
 - `report`: the figures (vLLM's `bench serve` definitions) and their readable form.
 
-The names below are the package's public ones. `run_load`, `run_conversations` and
-`origin_scenario` here take a URL and an `openai` flag, as the command line gives them, and run
-the functions of `runs` on the target those name.
+The names below are the package's public ones; `target(url, openai, endpoint)` names the target
+a command line's URL and flags mean, and `runs` runs against it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from localserve.bench import runs
 from localserve.bench.report import (
@@ -66,36 +63,10 @@ __all__ = [
     "estimate_prompt_tokens",
     "format_conversations",
     "format_summary",
-    "origin_scenario",
     "percentile",
-    "run_conversations",
-    "run_load",
+    "runs",
     "summarize",
     "summarize_conversations",
     "target",
     "turn_messages",
 ]
-
-
-async def run_load(
-    url: str,
-    specs: Sequence[RequestSpec],
-    *,
-    openai: bool = False,
-    endpoint: str = "completions",
-    **options,
-) -> tuple[list[RequestResult], float]:
-    """`runs.run_load` against the server at `url` (an OpenAI endpoint with `openai`)."""
-    return await runs.run_load(target(url, openai, endpoint), specs, **options)
-
-
-async def run_conversations(
-    url: str, conversations: Sequence[Conversation], *, openai: bool = False, **options
-) -> tuple[list[ConversationResult], float]:
-    """`runs.run_conversations` against the server at `url` (/v1/completions with `openai`)."""
-    return await runs.run_conversations(target(url, openai), conversations, **options)
-
-
-async def origin_scenario(url: str, openai: bool = False, seed: int = 0) -> dict:
-    """`runs.origin_scenario` against the server at `url` (/v1/completions with `openai`)."""
-    return await runs.origin_scenario(target(url, openai), seed)
