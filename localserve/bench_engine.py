@@ -138,8 +138,9 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
     }
 
 
-def run_benchmark(config: Config, model: str | None, concurrency: list[int], steps: int,
-                  out: str | None) -> int:  # fmt: skip
+def run_benchmark(
+    config: Config, model: str | None, concurrency: list[int], steps: int, out: str | None
+) -> int:
     runner = open_runner(config, model)
     max_num_seqs = runner.info.max_num_seqs or runner.info.n_seq_max
     if max(concurrency) > max_num_seqs:
@@ -156,8 +157,11 @@ def run_benchmark(config: Config, model: str | None, concurrency: list[int], ste
                 if not i % 2:
                     eng.append(engine_decode(runner, config, n, steps))
             best = max(eng, key=lambda r: r["tokens_per_s"])
-            row = {"concurrency": n, "bare_tokens_per_s": statistics.median(bare),
-                   "engine": {k: statistics.median(r[k] for r in eng) for k in best}}  # fmt: skip
+            row = {
+                "concurrency": n,
+                "bare_tokens_per_s": statistics.median(bare),
+                "engine": {k: statistics.median(r[k] for r in eng) for k in best},
+            }
             # pairs ran back to back: the median of their ratios cancels most machine drift
             ratios = [e["tokens_per_s"] / b for e, b in zip(eng, bare, strict=True)]
             row["ratio"] = statistics.median(ratios)
@@ -165,14 +169,24 @@ def run_benchmark(config: Config, model: str | None, concurrency: list[int], ste
             print(_row_text(row), flush=True)
         n = max(concurrency)
         sampled = engine_decode(runner, config, n, steps, SAMPLED)
-        print(f"{n:>3} seqs sampled (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05): "
-              f"{sampled['tokens_per_s']:.1f} tok/s, step {sampled['step_ms']:.1f} ms, "
-              f"outside llama_decode {sampled['engine_share']:.1%}")  # fmt: skip
+        print(
+            f"{n:>3} seqs sampled (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05): "
+            f"{sampled['tokens_per_s']:.1f} tok/s, step {sampled['step_ms']:.1f} ms, "
+            f"outside llama_decode {sampled['engine_share']:.1%}"
+        )
         prefill = prefill_rates(runner, config)
-        print(f"prefill: bare {prefill['bare_tokens_per_s']:.0f} tokens/s, "
-              f"engine {prefill['engine_tokens_per_s']:.0f} tokens/s")  # fmt: skip
-        result = {"machine": _machine(runner), "steps": steps, "repeats": REPEATS,
-                  "decode": rows, "sampled": sampled, "prefill": prefill}  # fmt: skip
+        print(
+            f"prefill: bare {prefill['bare_tokens_per_s']:.0f} tokens/s, "
+            f"engine {prefill['engine_tokens_per_s']:.0f} tokens/s"
+        )
+        result = {
+            "machine": _machine(runner),
+            "steps": steps,
+            "repeats": REPEATS,
+            "decode": rows,
+            "sampled": sampled,
+            "prefill": prefill,
+        }
         if out:
             with open(out, "w") as f:
                 json.dump(result, f, indent=2)
@@ -205,5 +219,10 @@ def _machine(runner) -> dict:
     except (OSError, StopIteration):
         pass
     where = runner.where() if hasattr(runner, "where") else ""
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "runner": msgspec.to_builtins(runner.info), "where": where}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "runner": msgspec.to_builtins(runner.info),
+        "where": where,
+    }

@@ -362,8 +362,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     summary = bench.summarize(results, duration, slo)
     print(bench.format_summary(summary))
     if args.out:
-        record = {"args": vars(args) | {"run": None}, "summary": summary,
-                  "requests": [dataclasses.asdict(r) for r in results]}  # fmt: skip
+        record = {
+            "args": vars(args) | {"run": None},
+            "summary": summary,
+            "requests": [dataclasses.asdict(r) for r in results],
+        }
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1, default=str)
     return 0 if summary["completed"] else 1
@@ -402,12 +405,17 @@ def _bench_conversations(args: argparse.Namespace) -> int:
             "url": args.peer or args.url,
             "summary": summary,
             "conversations": [
-                {"index": c.index, "user": c.user, "user_messages": list(conv.user_messages),
-                 "replies": c.replies, "turns": [dataclasses.asdict(r) for r in c.turns],
-                 "cold": dataclasses.asdict(c.cold) if c.cold else None}
+                {
+                    "index": c.index,
+                    "user": c.user,
+                    "user_messages": list(conv.user_messages),
+                    "replies": c.replies,
+                    "turns": [dataclasses.asdict(r) for r in c.turns],
+                    "cold": dataclasses.asdict(c.cold) if c.cold else None,
+                }
                 for c, conv in zip(results, conversations, strict=True)
             ],
-        }  # fmt: skip
+        }
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1, default=str)
     return 0 if summary["completed"] == len(results) else 1
@@ -437,9 +445,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     runner = open_runner(config, name)
     try:
         points = run_sweep(
-            config, runner, name, args.policies.split(","), args.workloads.split(","),
-            [int(c) for c in args.concurrency.split(",")], args.num_requests, args.seed,
-        )  # fmt: skip
+            config,
+            runner,
+            name,
+            args.policies.split(","),
+            args.workloads.split(","),
+            [int(c) for c in args.concurrency.split(",")],
+            args.num_requests,
+            args.seed,
+        )
     finally:
         runner.close()
     out = write_results(points, args.out_dir)

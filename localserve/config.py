@@ -58,9 +58,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # several GPUs in one box: "layer" spreads layers (and their KV), "row" splits tensors,
     # "none" keeps everything on main_gpu; tensor_split: each GPU's share, e.g. [3, 1]
     split_mode: Literal["none", "layer", "row"] = "layer"
-    tensor_split: Annotated[list[Annotated[float, msgspec.Meta(ge=0)]],
-                            msgspec.Meta(max_length=MAX_DEVICES)] = msgspec.field(
-        default_factory=list)  # fmt: skip
+    tensor_split: Annotated[
+        list[Annotated[float, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=MAX_DEVICES)
+    ] = msgspec.field(default_factory=list)
     main_gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_DEVICES)] = 0
     use_mmap: bool = True  # map the GGUF file instead of reading it into memory
     use_mlock: bool = False  # lock the model's memory so the OS never swaps it out

@@ -158,8 +158,15 @@ class Connection:
             return
         self.is_closing = True
         level = logging.INFO if code == CLOSE_GOING_AWAY else logging.WARNING
-        log.log(level, "connection %d (%s, %s): closing, %d: %s",
-                self.num, self.user, self.address, code, reason)  # fmt: skip
+        log.log(
+            level,
+            "connection %d (%s, %s): closing, %d: %s",
+            self.num,
+            self.user,
+            self.address,
+            code,
+            reason,
+        )
         if not flush:
             self.is_closed = True
             self.server.drop(self)  # their cells are freed at the next step
@@ -244,8 +251,9 @@ class Connection:
         allowed = access.allows_user(hello.user, hello.token)
         # unknown names share one key: inventing names must not push real users' entries out
         credential = f"user {hello.user}" if hello.user in access.users else "unknown user"
-        refused = self.server.authenticate(self.address, credential, allowed,
-                                           "unknown user or wrong token")  # fmt: skip
+        refused = self.server.authenticate(
+            self.address, credential, allowed, "unknown user or wrong token"
+        )
         if refused:
             return self.error("unauthorized", refused.message)
         self.user = hello.user
@@ -253,8 +261,9 @@ class Connection:
 
     def _subscribe(self, sub: Subscribe) -> None:
         allowed = self.server.access.allows_monitor(sub.token)
-        refused = self.server.authenticate(self.address, "monitor", allowed,
-                                           "stats need the server's monitor token")  # fmt: skip
+        refused = self.server.authenticate(
+            self.address, "monitor", allowed, "stats need the server's monitor token"
+        )
         if refused:  # an existing subscription goes on
             return self.error("unauthorized", refused.message)
         if self._stats_task:
@@ -282,9 +291,13 @@ class Connection:
         messages = [(m.role, m.content) for m in chat.messages]
         try:
             request = await self.server.submit(
-                self, self.user, chat.id, f"{self.num}:{chat.id}", chat,
+                self,
+                self.user,
+                chat.id,
+                f"{self.num}:{chat.id}",
+                chat,
                 lambda: self.server.prompts.chat(messages),
-            )  # fmt: skip
+            )
         except Refusal as e:
             return self.error(e.code, e.message, chat.id)
         if request is not None:

@@ -211,8 +211,11 @@ class Engine:
             return self.runner.run(batch)
         except KVCacheFull:  # our accounting and llama.cpp disagree: believe llama.cpp
             victims = self.scheduler.on_cache_full(batch)
-            log.warning("llama_decode found no KV cells: capacity now %d cells, preempted %s",
-                        self.kv.num_cells, victims)  # fmt: skip
+            log.warning(
+                "llama_decode found no KV cells: capacity now %d cells, preempted %s",
+                self.kv.num_cells,
+                victims,
+            )
         except (DecodeError, ValueError) as e:
             log.error("decode failed for %d sequences: %s", len(batch.items), e)
             self.scheduler.on_failed(batch, str(e))
@@ -232,8 +235,14 @@ class Engine:
         if batch.items:
             prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
             decode_s, num_sampled = self.runner.timings.decode_s, sum(not s.error for s in sampled)
-            self.metrics.on_step(batch.num_decode_tokens, batch.num_prefill_tokens, step_s,
-                                 decode_s, prefill_s, num_sampled)  # fmt: skip
+            self.metrics.on_step(
+                batch.num_decode_tokens,
+                batch.num_prefill_tokens,
+                step_s,
+                decode_s,
+                prefill_s,
+                num_sampled,
+            )
         for s in sampled:
             if s.error:
                 log.error("request %s failed: %s", s.seq.request_id, s.error)

@@ -64,10 +64,18 @@ class FakeRunner:
         self._next_cell = 0
         self.num_samplers = 0
         self.info = ModelInfo(
-            model="fake", backend="CPU", n_ctx=self.n_ctx, n_seq_max=self.n_seq_max,
-            n_batch=self.n_batch, n_vocab=self.n_vocab, n_layer=1, n_gpu_layers=0,
-            n_threads=1, chat_template="fake", max_num_seqs=self.max_num_seqs,
-        )  # fmt: skip
+            model="fake",
+            backend="CPU",
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch,
+            n_vocab=self.n_vocab,
+            n_layer=1,
+            n_gpu_layers=0,
+            n_threads=1,
+            chat_template="fake",
+            max_num_seqs=self.max_num_seqs,
+        )
 
     # --- text ------------------------------------------------------------------------------
 

@@ -256,7 +256,7 @@ class KVPool:
                     system=seq.system,
                     num_system=seq.num_system,
                     last_used=self._tick,
-                )  # fmt: skip
+                )
             )
         else:
             self._drop(own)
@@ -301,9 +301,10 @@ class KVPool:
     def _evict_one(self, keep: CachedPrefix | None) -> bool:
         pinned = keep.system if keep is not None else None
         candidates = [
-            p for p in self.prefixes
+            p
+            for p in self.prefixes
             if p is not keep and p is not pinned and not (p.is_system and p.refs > 0)
-        ]  # fmt: skip
+        ]
         if not candidates:
             return False
         victim = min(candidates, key=lambda p: p.last_used)

@@ -35,10 +35,16 @@ log = logging.getLogger("localserve.runner")
 llama_log = logging.getLogger("llama_cpp")
 
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
-_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-             "q4_0": llama_cpp.GGML_TYPE_Q4_0}  # fmt: skip
-_SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
-                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}  # fmt: skip
+_KV_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+}
+_SPLIT_MODES = {
+    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
+}
 # ggml's log levels (1 debug .. 4 error); its INFO is model-loading chatter, so it goes to DEBUG
 _LOG_LEVELS = {0: logging.DEBUG, 1: 5, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 
@@ -273,9 +279,12 @@ class LlamaRunner:
                 biases[i].token, biases[i].bias = t, float("-inf")
             add(chain, llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases))
         penalties = llama_cpp.llama_sampler_init_penalties(
-            self.n_vocab, params.repeat_last_n, params.repeat_penalty,
-            params.frequency_penalty, params.presence_penalty,
-        )  # fmt: skip
+            self.n_vocab,
+            params.repeat_last_n,
+            params.repeat_penalty,
+            params.frequency_penalty,
+            params.presence_penalty,
+        )
         add(chain, penalties)
         if params.temperature < MIN_TEMPERATURE:
             add(chain, llama_cpp.llama_sampler_init_greedy())

@@ -19,14 +19,17 @@ from typing import NamedTuple
 
 from localserve.protocol import Counters, EventRow, Histogram, Percentiles, StepStats
 from localserve.sequence import FinishReason, Sequence
+from localserve.stats import percentile
 
 # vLLM's bucket boundaries (seconds)
+# fmt: off
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+# fmt: on
 
 
 class StepRecord(NamedTuple):
@@ -57,15 +60,12 @@ class Window:
 
 
 def percentiles(values: Iterable[float]) -> Percentiles:
-    """p50/p90/p99 (nearest rank) and mean; None for an empty window."""
+    """p50/p90/p99 (numpy's linear interpolation, as the load generator's) and mean."""
     xs = sorted(values)
     if not xs:
         return Percentiles(None, None, None, None, 0)
-
-    def rank(q: float) -> float:
-        return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
-
-    return Percentiles(rank(0.5), rank(0.9), rank(0.99), sum(xs) / len(xs), len(xs))
+    p50, p90, p99 = (percentile(xs, q) for q in (50, 90, 99))
+    return Percentiles(p50, p90, p99, sum(xs) / len(xs), len(xs))
 
 
 class CumulativeHistogram:
@@ -170,8 +170,9 @@ class Metrics:
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
         sampled = num_decode if num_sampled is None else num_sampled
-        record = StepRecord(self.clock(), num_decode, num_prefill, sampled, step_s, decode_s,
-                            prefill_s)  # fmt: skip
+        record = StepRecord(
+            self.clock(), num_decode, num_prefill, sampled, step_s, decode_s, prefill_s
+        )
         self.steps.append(record)
 
     def _observe(self, window: Window, name: str, value: float) -> None:

@@ -142,8 +142,14 @@ class ApiError(Exception):
         self.kind, self.headers = kind, headers or {}
 
     def response(self) -> Response:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}  # fmt: skip
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
         return Response(_encoder.encode(body), self.status, self.headers, "application/json")
 
 
@@ -195,8 +201,12 @@ class _Api:
         self.created = int(time.time())
 
     def _model_card(self) -> dict:
-        return {"id": self.server.model_name, "object": "model", "created": self.created,
-                "owned_by": "localserve"}  # fmt: skip
+        return {
+            "id": self.server.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "localserve",
+        }
 
     async def models(self, request: HttpRequest) -> Response:
         self._identify(request, None)
@@ -214,8 +224,9 @@ class _Api:
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
-        return await self._submit(request, body, "chat", max_tokens,
-                                  lambda: self.server.prompts.chat(messages))  # fmt: skip
+        return await self._submit(
+            request, body, "chat", max_tokens, lambda: self.server.prompts.chat(messages)
+        )
 
     async def completions(self, request: HttpRequest) -> Response:
         body = await self._body(request, CompletionRequest)
@@ -223,11 +234,13 @@ class _Api:
         prompt = body.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
-                raise ApiError(400, "prompt: a string, or a list holding one string",
-                               "invalid_value", "prompt")  # fmt: skip
+                raise ApiError(
+                    400, "prompt: a string, or a list holding one string", "invalid_value", "prompt"
+                )
             prompt = prompt[0]
-        return await self._submit(request, body, "text", body.max_tokens,
-                                  lambda: self.server.prompts.text(prompt))  # fmt: skip
+        return await self._submit(
+            request, body, "text", body.max_tokens, lambda: self.server.prompts.text(prompt)
+        )
 
     # --- the common path ----------------------------------------------------------------------
 
@@ -243,12 +256,12 @@ class _Api:
                 async for chunk in request.stream():
                     size += len(chunk)
                     if size > limit:
-                        raise ApiError(413, f"request body over {limit} bytes",
-                                       "request_too_large")  # fmt: skip
+                        raise ApiError(413, f"request body over {limit} bytes", "request_too_large")
                     chunks.append(chunk)
         except TimeoutError:
-            raise ApiError(408, f"request body not received within {BODY_TIMEOUT_S:g} s",
-                           "timeout") from None  # fmt: skip
+            raise ApiError(
+                408, f"request body not received within {BODY_TIMEOUT_S:g} s", "timeout"
+            ) from None
         except ClientDisconnect:
             raise ApiError(400, "the client left before its body arrived", "gone") from None
         try:
@@ -262,8 +275,10 @@ class _Api:
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.server.model_name:
-            message = (f"the model {model[:100]!r} does not exist here; this server has "
-                       f"{self.server.model_name!r} (GET /v1/models)")  # fmt: skip
+            message = (
+                f"the model {model[:100]!r} does not exist here; this server has "
+                f"{self.server.model_name!r} (GET /v1/models)"
+            )
             raise ApiError(404, message, "model_not_found", "model")
 
     def _identify(self, request: HttpRequest, named: str | None) -> str:
@@ -271,21 +286,30 @@ class _Api:
         server = self.server
         if server.access.requires_tokens:
             user = server.access.user_for_token(bearer_token(request))
-            refused = server.authenticate(client_address(request.scope), "api key",
-                                          user is not None, "invalid API key")  # fmt: skip
+            refused = server.authenticate(
+                client_address(request.scope), "api key", user is not None, "invalid API key"
+            )
             if refused is not None and refused.retry_after_s:
                 wait = {"Retry-After": str(math.ceil(refused.retry_after_s))}
-                raise ApiError(429, refused.message, "rate_limit_exceeded",
-                               kind="rate_limit_error", headers=wait)  # fmt: skip
+                raise ApiError(
+                    429,
+                    refused.message,
+                    "rate_limit_exceeded",
+                    kind="rate_limit_error",
+                    headers=wait,
+                )
             if refused is not None:
-                message = ("invalid API key: give a user's token as the API key "
-                           "(Authorization: Bearer <token>)")  # fmt: skip
+                message = (
+                    "invalid API key: give a user's token as the API key "
+                    "(Authorization: Bearer <token>)"
+                )
                 raise ApiError(401, message, "invalid_api_key", headers=_CHALLENGE)
             return user
         name = DEFAULT_USER if named is None else named
         if not check_user_name(name):
-            raise ApiError(400, "user: 1-64 printable characters, no outer spaces",
-                           "invalid_value", "user")  # fmt: skip
+            raise ApiError(
+                400, "user: 1-64 printable characters, no outer spaces", "invalid_value", "user"
+            )
         return name
 
     async def _submit(self, request, body: _Common, kind: str, max_tokens, prompt) -> Response:
@@ -297,8 +321,9 @@ class _Api:
         client_id = f"{prefix}-{num}{secrets.token_hex(4)}"
         reply = _Reply(server, request.scope, body, kind, client_id, user)
         try:
-            request_ = await server.submit(reply, user, client_id, f"{num}:{client_id}",
-                                           fields, prompt)  # fmt: skip
+            request_ = await server.submit(
+                reply, user, client_id, f"{num}:{client_id}", fields, prompt
+            )
         except Refusal as e:
             status, error_type, code = _REFUSALS.get(e.code, (500, "server_error", e.code))
             headers = {"Retry-After": str(int(e.retry_after_s) or 1)} if status == 429 else None
@@ -364,9 +389,13 @@ def _role(message: ChatMessage, i: int) -> str:
         raise unsupported(f"messages[{i}]", "a tool message")
     role = "system" if message.role == "developer" else message.role
     if role not in ROLES:
-        raise ApiError(400, f"messages[{i}].role: {message.role[:40]!r} is not one of "
-                       f"{', '.join(ROLES)} (or developer)", "invalid_value",
-                       f"messages[{i}].role")  # fmt: skip
+        raise ApiError(
+            400,
+            f"messages[{i}].role: {message.role[:40]!r} is not one of "
+            f"{', '.join(ROLES)} (or developer)",
+            "invalid_value",
+            f"messages[{i}].role",
+        )
     return role
 
 
@@ -417,8 +446,9 @@ class _Reply:
     nothing for write_timeout_s, is cut off and its request cancelled.
     """
 
-    def __init__(self, server: Server, scope, body: _Common, kind: str, client_id: str,
-                 user: str) -> None:  # fmt: skip
+    def __init__(
+        self, server: Server, scope, body: _Common, kind: str, client_id: str, user: str
+    ) -> None:
         self.server = server
         self.scope = scope
         self.kind = kind  # "chat" or "text"
@@ -506,24 +536,36 @@ class _Reply:
             return await error.response()(self.scope, _no_receive, send)
         text = "".join(parts)
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": done.finish_reason}  # fmt: skip
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": done.finish_reason,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": done.finish_reason}  # fmt: skip
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": done.finish_reason,
+            }
         body = self._envelope([choice], whole=True)
         body["usage"] = _usage(done)
         await _json(body)(self.scope, _no_receive, send)
 
     async def _send_stream(self, send) -> None:
-        headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                   (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]  # fmt: skip
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if self.kind == "chat":
             await self._write(send, self._chunk({"role": "assistant", "content": ""}))
         # every text chunk is the same JSON but for its text: encode that once
-        head, tail = _encoder.encode(self._chunk({"content": _MARK} if self.kind == "chat"
-                                                 else _MARK)).split(_MARK_JSON)  # fmt: skip
+        head, tail = _encoder.encode(
+            self._chunk({"content": _MARK} if self.kind == "chat" else _MARK)
+        ).split(_MARK_JSON)
         head, tail = b"data: " + head, tail + b"\n\n"
         done = None
         while done is None and not self.is_closed:
@@ -534,8 +576,14 @@ class _Reply:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = self._failure(done)
-            payload = {"error": {"message": error.message, "type": error.kind,
-                                 "code": error.code, "param": None}}  # fmt: skip
+            payload = {
+                "error": {
+                    "message": error.message,
+                    "type": error.kind,
+                    "code": error.code,
+                    "param": None,
+                }
+            }
             await self._write(send, payload)
         else:
             empty = {} if self.kind == "chat" else ""
@@ -576,25 +624,45 @@ class _Reply:
         return chunk
 
     def _envelope(self, choices: list, whole: bool) -> dict:
-        obj = ("chat.completion" if whole else "chat.completion.chunk") if self.kind == "chat" \
-            else "text_completion"  # fmt: skip
-        return {"id": self.client_id, "object": obj, "created": self.created,
-                "model": self.model, "system_fingerprint": None, "choices": choices}  # fmt: skip
+        obj = (
+            ("chat.completion" if whole else "chat.completion.chunk")
+            if self.kind == "chat"
+            else "text_completion"
+        )
+        return {
+            "id": self.client_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
 
     def _failure(self, done: Done) -> ApiError:
         if done.finish_reason == "cancelled":
             if self.server.is_shutting_down:
-                return ApiError(503, "the server shut down before the reply was done",
-                                "shutting_down", kind="server_error")  # fmt: skip
+                return ApiError(
+                    503,
+                    "the server shut down before the reply was done",
+                    "shutting_down",
+                    kind="server_error",
+                )
             return ApiError(500, "the request was cancelled", "cancelled", kind="server_error")
-        return ApiError(500, f"the engine failed this request: {done.error or 'error'}"[:300],
-                        "internal_error", kind="server_error")  # fmt: skip
+        return ApiError(
+            500,
+            f"the engine failed this request: {done.error or 'error'}"[:300],
+            "internal_error",
+            kind="server_error",
+        )
 
 
 def _usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}  # fmt: skip
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
 
 
 async def _no_receive():

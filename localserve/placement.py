@@ -76,12 +76,14 @@ def describe(p: Placement, backend: str, n_threads: int, n_layer: int) -> str:
     k, v = p.kv_types
     cells = k if k == v else f"K {k}, V {v}"
     fa = {True: "on", False: "off", None: "?"}[p.flash_attn]
-    return "\n".join([
-        f"  device: {device}",
-        f"  layers: {layers}",
-        f"  KV cache: {p.kv_total_mib:,.0f} MiB of {cells} cells ({where})",
-        f"  flash attention: {fa}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"  device: {device}",
+            f"  layers: {layers}",
+            f"  KV cache: {p.kv_total_mib:,.0f} MiB of {cells} cells ({where})",
+            f"  flash attention: {fa}",
+        ]
+    )
 
 
 def nvidia_gpu_visible() -> bool:

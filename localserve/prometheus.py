@@ -6,7 +6,10 @@ Names carry the `localserve:` prefix as vLLM's carry `vllm:`; the only label is 
 
 from __future__ import annotations
 
-from localserve.protocol import Snapshot
+from collections.abc import Callable
+from typing import NamedTuple
+
+from localserve.protocol import Counters, Snapshot
 
 PREFIX = "localserve:"
 
@@ -19,56 +22,73 @@ HISTOGRAMS = {
 }
 
 
+# name, type, help, value: what each metric reads from a snapshot and the server's auth counts.
+# vLLM counts cached blocks nobody uses as free: usage is what live sequences hold, so a cache
+# kept full of reusable prefixes does not read as 100%.
+METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], float]]] = [
+    ("num_requests_running", "gauge", "Sequences in the running batch.",
+     lambda s, c, a: s.running),
+    ("num_requests_waiting", "gauge", "Requests waiting for admission.",
+     lambda s, c, a: s.waiting),
+    ("kv_cache_usage_perc", "gauge",
+     "KV cells live sequences hold, as a fraction of all cells (cached prefixes excluded).",
+     lambda s, c, a: s.kv_live_used / max(s.kv_total, 1)),
+    ("kv_cache_used_cells", "gauge", "KV cells holding computed tokens, cached prefixes included.",
+     lambda s, c, a: s.kv_used),
+    ("kv_cache_cached_cells", "gauge", "KV cells only cached prefixes hold (evicted on demand).",
+     lambda s, c, a: s.kv_cached),
+    ("kv_cache_committed_cells", "gauge", "KV cells used or promised to admitted prompts.",
+     lambda s, c, a: s.kv_committed),
+    ("kv_cache_total_cells", "gauge", "KV cells in the unified cache.",
+     lambda s, c, a: s.kv_total),
+    ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+     lambda s, c, a: c.prompt_tokens),
+    ("generation_tokens_total", "counter", "Generated tokens.",
+     lambda s, c, a: c.generation_tokens),
+    ("prefill_tokens_total", "counter", "Prompt tokens computed, recompute included.",
+     lambda s, c, a: c.prefill_tokens),
+    ("prefix_cache_entries", "gauge", "Cached prefixes kept for reuse.",
+     lambda s, c, a: s.cached_prefixes),
+    ("prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from a cache.",
+     lambda s, c, a: c.cached_tokens),
+    ("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.",
+     lambda s, c, a: c.prefix_hits),
+    ("prefix_cache_evictions_total", "counter", "Cached prefixes evicted to make room.",
+     lambda s, c, a: c.prefix_evictions),
+    ("num_preemptions_total", "counter", "Sequences preempted for KV cells.",
+     lambda s, c, a: c.preemptions),
+    ("request_success_total", "counter", "Requests finished with stop or length.",
+     lambda s, c, a: c.finished - c.cancellations - c.errors),
+    ("request_cancelled_total", "counter", "Requests cancelled.",
+     lambda s, c, a: c.cancellations),
+    ("request_rejected_total", "counter", "Requests turned away (busy, too long, ...).",
+     lambda s, c, a: c.rejections),
+    ("request_errors_total", "counter", "Requests failed by the engine.",
+     lambda s, c, a: c.errors),
+    ("engine_steps_total", "counter", "Engine iterations.",
+     lambda s, c, a: c.steps),
+    ("auth_failures_total", "counter", "Failed authentications (hello, subscribe, /metrics).",
+     lambda s, c, a: a.failures),
+    ("auth_throttled_total", "counter",
+     "Authentications refused whatever the token: too many failures from the address.",
+     lambda s, c, a: a.throttled),
+]  # fmt: skip
+
+
+class AuthCounts(NamedTuple):
+    failures: int = 0
+    throttled: int = 0
+
+
 def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> str:
     """The whole exposition, ending with a newline (the auth counts are the server's)."""
     label = f'model_name="{_escape(snap.model.model)}"'
+    auth = AuthCounts(auth_failures, auth_throttled)
     out: list[str] = []
-
-    def metric(name: str, kind: str, help_text: str, value: float) -> None:
+    for name, kind, help_text, value in METRICS:
         out.append(f"# HELP {PREFIX}{name} {help_text}")
         out.append(f"# TYPE {PREFIX}{name} {kind}")
-        out.append(f"{PREFIX}{name}{{{label}}} {_number(value)}")
-
-    c = snap.counters
-    metric("num_requests_running", "gauge", "Sequences in the running batch.", snap.running)
-    metric("num_requests_waiting", "gauge", "Requests waiting for admission.", snap.waiting)
-    # vLLM counts cached blocks nobody uses as free: usage is what live sequences hold, so a
-    # cache kept full of reusable prefixes does not read as 100%
-    metric("kv_cache_usage_perc", "gauge",
-           "KV cells live sequences hold, as a fraction of all cells (cached prefixes excluded).",
-           snap.kv_live_used / max(snap.kv_total, 1))  # fmt: skip
-    metric("kv_cache_used_cells", "gauge",
-           "KV cells holding computed tokens, cached prefixes included.", snap.kv_used)  # fmt: skip
-    metric("kv_cache_cached_cells", "gauge",
-           "KV cells only cached prefixes hold (evicted on demand).", snap.kv_cached)  # fmt: skip
-    metric("kv_cache_committed_cells", "gauge", "KV cells used or promised to admitted prompts.",
-           snap.kv_committed)  # fmt: skip
-    metric("kv_cache_total_cells", "gauge", "KV cells in the unified cache.", snap.kv_total)
-    metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", c.prompt_tokens)
-    metric("generation_tokens_total", "counter", "Generated tokens.", c.generation_tokens)
-    metric("prefill_tokens_total", "counter", "Prompt tokens computed, recompute included.",
-           c.prefill_tokens)  # fmt: skip
-    metric("prefix_cache_entries", "gauge", "Cached prefixes kept for reuse.",
-           snap.cached_prefixes)  # fmt: skip
-    metric("prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from a cache.",
-           c.cached_tokens)  # fmt: skip
-    metric("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.",
-           c.prefix_hits)  # fmt: skip
-    metric("prefix_cache_evictions_total", "counter", "Cached prefixes evicted to make room.",
-           c.prefix_evictions)  # fmt: skip
-    metric("num_preemptions_total", "counter", "Sequences preempted for KV cells.", c.preemptions)
-    metric("request_success_total", "counter", "Requests finished with stop or length.",
-           c.finished - c.cancellations - c.errors)  # fmt: skip
-    metric("request_cancelled_total", "counter", "Requests cancelled.", c.cancellations)
-    metric("request_rejected_total", "counter", "Requests turned away (busy, too long, ...).",
-           c.rejections)  # fmt: skip
-    metric("request_errors_total", "counter", "Requests failed by the engine.", c.errors)
-    metric("engine_steps_total", "counter", "Engine iterations.", c.steps)
-    metric("auth_failures_total", "counter",
-           "Failed authentications (hello, subscribe, /metrics).", auth_failures)  # fmt: skip
-    metric("auth_throttled_total", "counter",
-           "Authentications refused whatever the token: too many failures from the address.",
-           auth_throttled)  # fmt: skip
+        out.append(f"{PREFIX}{name}{{{label}}} {_number(value(snap, snap.counters, auth))}")
     for name, help_text in HISTOGRAMS.items():
         out += _histogram(name, help_text, label, snap.histograms[name])
     return "\n".join(out) + "\n"

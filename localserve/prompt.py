@@ -98,8 +98,10 @@ def _system_chars(messages, text: str, apply_template) -> int:
 
 @functools.lru_cache(maxsize=64)  # the same system prompt comes with every chat
 def _template_head(system: tuple[str, ...], apply_template) -> str:
-    chats = ([*({"role": "system", "content": c} for c in system), {"role": "user", "content": x}]
-             for x in ("a", "b"))  # fmt: skip
+    chats = (
+        [*({"role": "system", "content": c} for c in system), {"role": "user", "content": x}]
+        for x in ("a", "b")
+    )
     return os.path.commonprefix([apply_template(chat) for chat in chats])
 
 

@@ -245,9 +245,15 @@ class Person:
         r.prompt_tokens[self.name] = max(r.prompt_tokens.get(self.name, 0), usage.prompt_tokens)
         r.cached_tokens[self.name] = max(r.cached_tokens.get(self.name, 0), usage.cached_tokens)
         ttft = done.timings.ttft_ms and round(done.timings.ttft_ms)
-        log.info("%s: %s, %d prompt (%d reused) + %d generated tokens, TTFT %s ms", self.name,
-                 done.finish_reason, usage.prompt_tokens, usage.cached_tokens,
-                 usage.completion_tokens, ttft)  # fmt: skip
+        log.info(
+            "%s: %s, %d prompt (%d reused) + %d generated tokens, TTFT %s ms",
+            self.name,
+            done.finish_reason,
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            ttft,
+        )
 
 
 async def play(

@@ -76,7 +76,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
                 MIN_REPEAT_PENALTY <= self.repeat_penalty <= 10,
                 "repeat_penalty",
                 f"must be in [{MIN_REPEAT_PENALTY}, 10]",
-            ),  # fmt: skip
+            ),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
             (0 <= self.repeat_last_n <= 4096, "repeat_last_n", "must be in [0, 4096]"),
@@ -85,7 +85,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
                 stops_ok,
                 "stop",
                 f"at most {MAX_STOP_STRINGS} strings of 1-{MAX_STOP_CHARS} characters",
-            ),  # fmt: skip
+            ),
         ]
         for ok, key, problem in checks:
             if not ok:

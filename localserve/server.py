@@ -87,9 +87,13 @@ class Server:
         self.connections: set[Connection] = set()
         self.counts = _Counts()
         self.throttle = AuthThrottle(config.max_auth_failures_per_minute)
-        self.prompts = PromptBuilder(runner.tokenize, runner.apply_chat_template,
-                                     runner.info.n_ctx, model.chat_format,
-                                     model.system_prompt)  # fmt: skip
+        self.prompts = PromptBuilder(
+            runner.tokenize,
+            runner.apply_chat_template,
+            runner.info.n_ctx,
+            model.chat_format,
+            model.system_prompt,
+        )
         self.is_shutting_down = False
         self.port = 0
         self.numbers = itertools.count(1)  # connections and HTTP requests
@@ -211,16 +215,24 @@ class Server:
 
     async def _healthz(self, request: HttpRequest) -> Response:
         snap = await self.snapshot()
-        body = {"ok": not self.is_shutting_down, "model": snap.model.model,
-                "backend": snap.model.backend, "running": snap.running,
-                "waiting": snap.waiting}  # fmt: skip
+        body = {
+            "ok": not self.is_shutting_down,
+            "model": snap.model.model,
+            "backend": snap.model.backend,
+            "running": snap.running,
+            "waiting": snap.waiting,
+        }
         return JSONResponse(body, 503 if self.is_shutting_down else 200)
 
     async def _metrics(self, request: HttpRequest) -> Response:
         """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
         allowed = self.access.allows_monitor(openai_api.bearer_token(request))
-        refused = self.authenticate(client_address(request.scope), "monitor", allowed,
-                                    "/metrics needs the monitor token (Bearer)")  # fmt: skip
+        refused = self.authenticate(
+            client_address(request.scope),
+            "monitor",
+            allowed,
+            "/metrics needs the monitor token (Bearer)",
+        )
         if refused is not None:
             if refused.retry_after_s:
                 wait = {"Retry-After": str(math.ceil(refused.retry_after_s))}
@@ -254,8 +266,13 @@ class Server:
 
     def welcome(self) -> Welcome:
         c = self.config
-        limits = Limits(c.max_frame_bytes, c.max_tokens, c.max_inflight_per_user,
-                        c.max_queued_per_user, c.max_queued)  # fmt: skip
+        limits = Limits(
+            c.max_frame_bytes,
+            c.max_tokens,
+            c.max_inflight_per_user,
+            c.max_queued_per_user,
+            c.max_queued,
+        )
         info = self.runner.info
         return Welcome(self.model_name, info.n_ctx, limits, __version__, backend=info.backend)
 
@@ -415,8 +432,13 @@ class Server:
 async def _deny(send, status: int, text: str) -> None:
     """Refuse a websocket upgrade with a plain HTTP answer."""
     body = text.encode()
-    await send({"type": "websocket.http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})  # fmt: skip
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+        }
+    )
     await send({"type": "websocket.http.response.body", "body": body})
 
 
@@ -435,8 +457,11 @@ async def run(server: Server, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"localserve: serving {server.model_name} on ws://{host}:{server.port} "
-          f"and http://{host}:{server.port}/v1 (Ctrl-C stops)", flush=True)  # fmt: skip
+    print(
+        f"localserve: serving {server.model_name} on ws://{host}:{server.port} "
+        f"and http://{host}:{server.port}/v1 (Ctrl-C stops)",
+        flush=True,
+    )
     await stop.wait()
     print("localserve: shutting down", flush=True)
     await server.shutdown()
@@ -448,8 +473,9 @@ class ServerThread:
     def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0) -> None:
         self.server = server
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="localserve-server",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="localserve-server", daemon=True
+        )
         self._thread.start()
         self.call(server.start(host, port))
         self.url = f"ws://{host}:{server.port}"

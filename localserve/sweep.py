@@ -66,8 +66,10 @@ def _point(url: str, policy: str, workload: str, c: int, n: int, seed: int) -> d
 
 
 def markdown_table(points: Sequence[dict]) -> str:
-    head = ("| policy | workload | concurrency | req/s | output tok/s | TTFT p50 / p99 (ms) "
-            "| ITL p50 / p99 (ms) | failed |")  # fmt: skip
+    head = (
+        "| policy | workload | concurrency | req/s | output tok/s | TTFT p50 / p99 (ms) "
+        "| ITL p50 / p99 (ms) | failed |"
+    )
     lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         ttft, itl = p["ttft_ms"], p["itl_ms"]
@@ -101,16 +103,29 @@ def svg_chart(points: Sequence[dict], title: str = "throughput vs latency") -> s
         y_lo, y_hi = _log_range(values)
         out += _axes(x0, pad, panel_w, height - 2 * pad, x_max, y_lo, y_hi, label)
         for policy, workload in series:
-            line = sorted((p for p in points if (p["policy"], p["workload"]) == (policy, workload)
-                           and p[key]["p99"]), key=lambda p: p["concurrency"])  # fmt: skip
-            coords = [(x0 + p["output_token_throughput"] / x_max * panel_w,
-                       _y(p[key]["p99"], y_lo, y_hi, pad, height - 2 * pad), p["concurrency"])
-                      for p in line]  # fmt: skip
+            line = sorted(
+                (
+                    p
+                    for p in points
+                    if (p["policy"], p["workload"]) == (policy, workload) and p[key]["p99"]
+                ),
+                key=lambda p: p["concurrency"],
+            )
+            coords = [
+                (
+                    x0 + p["output_token_throughput"] / x_max * panel_w,
+                    _y(p[key]["p99"], y_lo, y_hi, pad, height - 2 * pad),
+                    p["concurrency"],
+                )
+                for p in line
+            ]
             color = COLORS.get(policy, "#555")
             dash = DASHES[workloads.index(workload) % len(DASHES)]
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in coords)
-            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
-                       f'stroke-width="2" stroke-dasharray="{dash}"/>')  # fmt: skip
+            out.append(
+                f'<polyline points="{path}" fill="none" stroke="{color}" '
+                f'stroke-width="2" stroke-dasharray="{dash}"/>'
+            )
             for x, y, c in coords:
                 out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
                 out.append(f'<text x="{x + 4:.1f}" y="{y - 4:.1f}" font-size="9">{c}</text>')
@@ -118,8 +133,10 @@ def svg_chart(points: Sequence[dict], title: str = "throughput vs latency") -> s
     for i, (policy, workload) in enumerate(series):
         x = pad + i * 170
         color, dash = COLORS.get(policy, "#555"), DASHES[workloads.index(workload) % len(DASHES)]
-        out.append(f'<line x1="{x}" y1="{legend_y}" x2="{x + 24}" y2="{legend_y}" '
-                   f'stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')  # fmt: skip
+        out.append(
+            f'<line x1="{x}" y1="{legend_y}" x2="{x + 24}" y2="{legend_y}" '
+            f'stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>'
+        )
         out.append(f'<text x="{x + 30}" y="{legend_y + 4}">{policy}, {workload}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -138,11 +155,13 @@ def _y(value: float, lo: float, hi: float, top: float, h: float) -> float:
 
 
 def _axes(x0, y0, w, h, x_max, y_lo, y_hi, label) -> list[str]:
-    parts = [f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#888"/>',
-             f'<text x="{x0 + w / 2}" y="{y0 + h + 32}" text-anchor="middle">'
-             "output tokens/s (labels: concurrency)</text>",
-             f'<text x="{x0 - 45}" y="{y0 + h / 2}" transform="rotate(-90 {x0 - 45} {y0 + h / 2})" '
-             f'text-anchor="middle">{label}</text>']  # fmt: skip
+    parts = [
+        f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#888"/>',
+        f'<text x="{x0 + w / 2}" y="{y0 + h + 32}" text-anchor="middle">'
+        "output tokens/s (labels: concurrency)</text>",
+        f'<text x="{x0 - 45}" y="{y0 + h / 2}" transform="rotate(-90 {x0 - 45} {y0 + h / 2})" '
+        f'text-anchor="middle">{label}</text>',
+    ]
     decade = y_lo
     while decade <= y_hi * 1.0001:
         y = _y(decade, y_lo, y_hi, y0, h)

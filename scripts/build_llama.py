@@ -35,8 +35,11 @@ def detect() -> str:
     toolchain = shutil.which("nvcc") or os.environ.get("CUDA_HOME")
     driver = Path("/proc/driver/nvidia/gpus").is_dir() or shutil.which("nvidia-smi")
     if toolchain and not driver:
-        print("build_llama: nvcc found but no NVIDIA driver: building for the CPU "
-              "(GPU=cuda forces a CUDA build)", flush=True)  # fmt: skip
+        print(
+            "build_llama: nvcc found but no NVIDIA driver: building for the CPU "
+            "(GPU=cuda forces a CUDA build)",
+            flush=True,
+        )
     return "cuda" if toolchain and driver else "cpu"
 
 
@@ -66,9 +69,11 @@ def build(python: str, backend: str, out: Path, use_pip_cache: bool) -> Path | N
 
 def installed_backend(python: str) -> str | None:
     """The backend of the llama-cpp-python in that environment (None: not installed)."""
-    code = ("import importlib.util, pathlib; s = importlib.util.find_spec('llama_cpp'); "
-            "print('' if s is None else ' '.join(p.name for p in "
-            "(pathlib.Path(s.origin).parent / 'lib').glob('*')))")  # fmt: skip
+    code = (
+        "import importlib.util, pathlib; s = importlib.util.find_spec('llama_cpp'); "
+        "print('' if s is None else ' '.join(p.name for p in "
+        "(pathlib.Path(s.origin).parent / 'lib').glob('*')))"
+    )
     names = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split()
     return None if not names else "cuda" if has_cuda(names) else "cpu"
 
@@ -90,8 +95,20 @@ def main() -> int:
         print(f"build_llama: the {backend} build has the wrong libraries", file=sys.stderr)
         return 1
     if installed_backend(args.python) != backend:
-        subprocess.run([args.python, "-m", "pip", "install", "--force-reinstall", "--no-deps",
-                        "--progress-bar", "off", str(wheel)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                args.python,
+                "-m",
+                "pip",
+                "install",
+                "--force-reinstall",
+                "--no-deps",
+                "--progress-bar",
+                "off",
+                str(wheel),
+            ],
+            check=True,
+        )
     print(f"build_llama: llama-cpp-python for {backend}: {wheel}")
     return 0
 

@@ -72,8 +72,10 @@ def main() -> int:
     writer.write_tensors_to_file()
     writer.close()
     total = sum(int(np.prod(s)) for _, s in shapes)
-    print(f"random_gguf: {args.out}: {len(shapes)} tensors, {total / 1e6:.0f}M weights"
-          + (" (shapes only)" if args.metadata_only else ""))  # fmt: skip
+    print(
+        f"random_gguf: {args.out}: {len(shapes)} tensors, {total / 1e6:.0f}M weights"
+        + (" (shapes only)" if args.metadata_only else "")
+    )
     return 0
 
 

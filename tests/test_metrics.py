@@ -14,6 +14,7 @@ from localserve.metrics import (
     percentiles,
 )
 from localserve.sequence import FinishReason, SamplingParams, Sequence
+from localserve.stats import percentile
 
 
 class FakeClock:
@@ -67,9 +68,10 @@ def test_percentiles_of_nothing_are_none_with_count_zero():
     assert (p.p50, p.p90, p.p99, p.mean) == (None, None, None, None)
 
 
-def test_percentiles_use_nearest_rank():
+def test_percentiles_interpolate_like_numpy_and_the_load_generator():
     p = percentiles(reversed(range(1, 101)))  # order does not matter
-    assert (p.p50, p.p90, p.p99) == (50, 90, 99)
+    assert (p.p50, p.p90, p.p99) == pytest.approx((50.5, 90.1, 99.01))
+    assert p.p90 == percentile(range(1, 101), 90)
     assert p.mean == 50.5
     assert p.count == 100
 
@@ -79,9 +81,9 @@ def test_percentiles_of_one_value_are_that_value():
     assert (p.p50, p.p90, p.p99, p.mean, p.count) == (0.3, 0.3, 0.3, 0.3, 1)
 
 
-def test_percentiles_of_ten_values_p99_is_the_largest():
+def test_percentiles_of_ten_values_stay_within_them():
     p = percentiles(range(1, 11))
-    assert (p.p50, p.p90, p.p99) == (5, 9, 10)
+    assert (p.p50, p.p90, p.p99) == pytest.approx((5.5, 9.1, 9.91))
 
 
 # --- Window ----------------------------------------------------------------------------------
