@@ -19,8 +19,8 @@ from localserve.config import load_config
 from localserve.engine import Engine
 from localserve.events import Done
 from localserve.models import open_runner
+from localserve.sampling_params import SamplingParams
 from localserve.scenario import pages
-from localserve.sequence import SamplingParams
 
 REPEATS = 3
 

@@ -25,7 +25,7 @@ import numpy as np
 from localserve.config import Config
 from localserve.engine import Engine
 from localserve.models import open_runner
-from localserve.sequence import SamplingParams
+from localserve.sampling_params import SamplingParams
 
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. "
 REPEATS = 6

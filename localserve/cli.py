@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from localserve.config import ConfigError, load_config
-from localserve.sequence import SamplingParams
+from localserve.sampling_params import SamplingParams
 
 log = logging.getLogger("localserve")
 

@@ -30,8 +30,9 @@ from localserve.kv import KVPool
 from localserve.metrics import Metrics
 from localserve.protocol import Snapshot
 from localserve.runner import DecodeError, KVCacheFull, Runner, Sampled
+from localserve.sampling_params import SamplingParams
 from localserve.scheduler import Batch, Scheduler
-from localserve.sequence import FinishReason, SamplingParams, Sequence, Status
+from localserve.sequence import FinishReason, Sequence, Status
 from localserve.snapshot import build_snapshot
 
 log = logging.getLogger("localserve.engine")

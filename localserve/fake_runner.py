@@ -15,8 +15,8 @@ from typing import Any
 
 from localserve.protocol import ModelInfo
 from localserve.runner import KVCacheFull, RunTimings, Sampled, apply_cell_ops
+from localserve.sampling_params import SamplingParams
 from localserve.scheduler import Batch
-from localserve.sequence import SamplingParams
 
 EOG = 1
 BOS = 2

@@ -233,7 +233,8 @@ class KVPool:
             if prefix.is_system and prefix.owner == owner and prefix.tokens == tokens:
                 return
         self._tick += 1
-        entry = CachedPrefix(self._free_ids.pop(), tokens, owner, True, 1, last_used=self._tick)
+        seq_id = self._free_ids.pop()
+        entry = CachedPrefix(seq_id, tokens, owner, is_system=True, refs=1, last_used=self._tick)
         self.prefixes.append(entry)
         self._ops.append(CellOp("copy", seq.seq_id, n, entry.seq_id))
         seq.system, seq.num_system = entry, n  # the cells now count as the entry's

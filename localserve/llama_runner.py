@@ -24,12 +24,11 @@ from localserve.runner import (
     KVCacheFull,
     RunTimings,
     Sampled,
-    SamplingError,
     apply_cell_ops,
 )
-from localserve.sampling import Sampler
+from localserve.sampling import Sampler, SamplingError
+from localserve.sampling_params import MIN_TEMPERATURE, SamplingParams
 from localserve.scheduler import Batch
-from localserve.sequence import MIN_TEMPERATURE, SamplingParams
 
 log = logging.getLogger("localserve.runner")
 llama_log = logging.getLogger("llama_cpp")

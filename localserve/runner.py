@@ -14,16 +14,13 @@ from typing import Any, NamedTuple, Protocol
 
 from localserve.kv import CellOp
 from localserve.protocol import ModelInfo
+from localserve.sampling_params import SamplingParams
 from localserve.scheduler import Batch
-from localserve.sequence import SamplingParams, Sequence
+from localserve.sequence import Sequence
 
 
 class KVCacheFull(Exception):
     """llama_decode returned 1: no free KV slot for the batch; nothing was computed."""
-
-
-class SamplingError(ValueError):
-    """No valid token could be drawn for one sequence; that sequence fails, no other."""
 
 
 class DecodeError(Exception):

@@ -19,8 +19,11 @@ import math
 
 import numpy as np
 
-from localserve.runner import SamplingError
-from localserve.sequence import MIN_TEMPERATURE, SamplingParams
+from localserve.sampling_params import MIN_TEMPERATURE, SamplingParams
+
+
+class SamplingError(ValueError):
+    """No valid token could be drawn for one sequence; that sequence fails, no other."""
 
 
 class Sampler:

@@ -39,7 +39,7 @@ from localserve.events import Admitted, Done, Event, Preempted, Token
 from localserve.prompt import Prompt, PromptBuilder, PromptTooLong
 from localserve.protocol import Limits, Notice, SamplingFields, Snapshot, Stats, Welcome
 from localserve.runner import Runner
-from localserve.sequence import sampling_params
+from localserve.sampling_params import sampling_params
 from localserve.transport import GuardedHTTP, GuardedWebSocket
 from localserve.transport import Limits as ConnectionLimits
 

@@ -14,4 +14,3 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     pos = (len(xs) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-

@@ -12,7 +12,7 @@ from localserve.config import SchedulerConfig
 from localserve.engine import Engine
 from localserve.events import Done, Event, Token
 from localserve.fake_runner import FakeRunner
-from localserve.sequence import SamplingParams
+from localserve.sampling_params import SamplingParams
 from localserve.snapshot import build_snapshot
 
 
@@ -202,7 +202,7 @@ def connect(live):
 @pytest.fixture
 def fake_snapshots():
     """Deterministic snapshots of four people sharing a (fake) model, one per engine step."""
-    from localserve.sequence import SamplingParams
+    from localserve.sampling_params import SamplingParams
 
     runner = FakeRunner(n_ctx=8192, n_seq_max=16, max_num_seqs=8, n_batch=512)
     engine = Engine(runner, clock=runner.clock)

@@ -7,7 +7,7 @@ import pytest
 from localserve.engine import Engine
 from localserve.events import Done, EventRouter, Token
 from localserve.fake_runner import FakeRunner
-from localserve.sequence import SamplingParams
+from localserve.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5)
 

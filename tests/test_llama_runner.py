@@ -11,8 +11,9 @@ from localserve.kv import KVPool
 from localserve.models import ensure_embedded
 from localserve.prompt import PREAMBLE
 from localserve.runner import apply_cell_ops
+from localserve.sampling_params import SamplingParams
 from localserve.scheduler import Batch, BatchItem
-from localserve.sequence import SamplingParams, Sequence
+from localserve.sequence import Sequence
 
 pytestmark = pytest.mark.model
 

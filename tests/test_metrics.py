@@ -13,7 +13,8 @@ from localserve.metrics import (
     Window,
     percentiles,
 )
-from localserve.sequence import FinishReason, SamplingParams, Sequence
+from localserve.sampling_params import SamplingParams
+from localserve.sequence import FinishReason, Sequence
 from localserve.stats import percentile
 
 

@@ -13,7 +13,7 @@ from localserve.config import SchedulerConfig
 from localserve.events import Preempted
 from localserve.kv import MIN_REUSE_TOKENS, KVPool, common_prefix
 from localserve.runner import apply_cell_ops
-from localserve.sequence import SamplingParams
+from localserve.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 

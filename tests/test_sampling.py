@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localserve.runner import SamplingError
-from localserve.sampling import Sampler
-from localserve.sequence import MAX_CANDIDATES, MIN_TEMPERATURE, SamplingParams
+from localserve.sampling import Sampler, SamplingError
+from localserve.sampling_params import MAX_CANDIDATES, MIN_TEMPERATURE, SamplingParams
 
 
 def logits(n: int = 1000, seed: int = 0) -> np.ndarray:

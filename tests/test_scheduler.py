@@ -233,8 +233,9 @@ def test_cache_full_in_llama_shrinks_the_pool_and_everyone_completes(make_harnes
 
 def test_prompt_that_can_never_fit_is_refused_not_retried_forever():
     from localserve.kv import KVPool
+    from localserve.sampling_params import SamplingParams
     from localserve.scheduler import Scheduler
-    from localserve.sequence import SamplingParams, Sequence
+    from localserve.sequence import Sequence
 
     sched = Scheduler(SchedulerConfig(), KVPool(100, 2), max_num_seqs=2, max_num_batched_tokens=64)
     seq = Sequence("huge", [2] * 150, SamplingParams(temperature=0))

@@ -7,7 +7,9 @@ import math
 import msgspec
 import pytest
 
-from localserve.sequence import FinishReason, SamplingParams, Sequence, Status, TextStream
+from localserve.sampling_params import SamplingParams
+from localserve.sequence import FinishReason, Sequence, Status
+from localserve.text_stream import TextStream
 
 EOG = 1  # any token id: the runner tells end-of-generation through `is_eog`
 

@@ -20,7 +20,7 @@ from localserve.engine import Engine
 from localserve.fake_runner import BOS, FakeRunner
 from localserve.prompt import PromptBuilder, PromptTooLong
 from localserve.protocol import Chat, Message
-from localserve.sequence import sampling_params
+from localserve.sampling_params import sampling_params
 from localserve.server import Server, ServerThread
 
 
