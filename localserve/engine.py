@@ -29,9 +29,9 @@ from localserve.events import Admitted, Done, Event, EventSink, Preempted, Token
 from localserve.kv import KVPool
 from localserve.metrics import Metrics
 from localserve.protocol import Snapshot
-from localserve.runner import DecodeError, KVCacheFull, Runner, Sampled
+from localserve.runner import DecodeError, KVCacheFull, Runner
 from localserve.sampling_params import SamplingParams
-from localserve.scheduler import Batch, Scheduler
+from localserve.scheduler import Batch, Sampled, Scheduler
 from localserve.sequence import FinishReason, Sequence, Status
 from localserve.snapshot import build_snapshot
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localserve.protocol import ModelInfo
-from localserve.runner import KVCacheFull, RunTimings, Sampled, apply_cell_ops
+from localserve.runner import KVCacheFull, RunTimings, apply_cell_ops
 from localserve.sampling_params import SamplingParams
-from localserve.scheduler import Batch
+from localserve.scheduler import Batch, Sampled
 
 EOG = 1
 BOS = 2

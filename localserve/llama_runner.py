@@ -23,12 +23,11 @@ from localserve.runner import (
     DecodeError,
     KVCacheFull,
     RunTimings,
-    Sampled,
     apply_cell_ops,
 )
 from localserve.sampling import Sampler, SamplingError
 from localserve.sampling_params import MIN_TEMPERATURE, SamplingParams
-from localserve.scheduler import Batch
+from localserve.scheduler import Batch, Sampled
 
 log = logging.getLogger("localserve.runner")
 llama_log = logging.getLogger("llama_cpp")

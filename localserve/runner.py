@@ -15,8 +15,7 @@ from typing import Any, NamedTuple, Protocol
 from localserve.kv import CellOp
 from localserve.protocol import ModelInfo
 from localserve.sampling_params import SamplingParams
-from localserve.scheduler import Batch
-from localserve.sequence import Sequence
+from localserve.scheduler import Batch, Sampled
 
 
 class KVCacheFull(Exception):
@@ -25,16 +24,6 @@ class KVCacheFull(Exception):
 
 class DecodeError(Exception):
     """llama_decode failed (aborted, invalid batch or a fatal error); the batch is lost."""
-
-
-class Sampled(NamedTuple):
-    """A sequence's next token, or why none could be drawn (that sequence alone fails)."""
-
-    seq: Sequence
-    token: int = -1
-    piece: bytes = b""  # the token's bytes (may be part of a character)
-    is_eog: bool = False
-    error: str = ""
 
 
 class RunTimings(NamedTuple):

@@ -20,15 +20,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from localserve.budget import StepCostModel
 from localserve.config import SchedulerConfig
 from localserve.kv import CellOp, KVPool
 from localserve.sequence import FinishReason, Sequence, Status
-
-if TYPE_CHECKING:
-    from localserve.runner import Sampled
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -38,6 +35,16 @@ class BatchItem(NamedTuple):
     start: int  # position of the chunk's first token (== seq.num_computed)
     num_tokens: int
     wants_logits: bool  # the chunk ends at the sequence's last token: sample after it
+
+
+class Sampled(NamedTuple):
+    """A sequence's next token, or why none could be drawn (that sequence alone fails)."""
+
+    seq: Sequence
+    token: int = -1
+    piece: bytes = b""  # the token's bytes (may be part of a character)
+    is_eog: bool = False
+    error: str = ""
 
 
 @dataclass
