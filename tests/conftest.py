@@ -90,7 +90,7 @@ class LiveServer:
         deadline = time.monotonic() + timeout
         while True:
             snap = self.snapshot()
-            live_cells = snap.kv_committed - snap.kv_cached
+            live_cells = snap.kv_live
             if snap.running == 0 and snap.waiting == 0 and live_cells == 0:
                 return snap
             if time.monotonic() > deadline:

@@ -8,6 +8,7 @@ import sys
 
 import msgspec
 import pytest
+from helpers import async_wait_until
 from textual.widgets import Static
 
 from tui.app import HelpScreen, MonitorApp
@@ -25,7 +26,11 @@ def header_text(app: MonitorApp) -> str:
 
 
 async def settle(pilot) -> None:
-    await pilot.pause(0.2)
+    """Wait until the app has taken every item fed to it (it handles each as it takes it), then
+    for the messages that caused to be processed."""
+    queue = pilot.app.source.queue
+    await async_wait_until(queue.empty, 30, "the app took every item", pause=pilot.pause)
+    await pilot.pause()
 
 
 def test_widgets_follow_the_stats(fake_snapshots):
@@ -137,7 +142,7 @@ def test_snapshot(snap_compare, fake_snapshots, size):
 
     async def run_before(pilot) -> None:
         feed(app, Connected("ws://127.0.0.1:8765"), *fake_snapshots)
-        await pilot.pause(0.3)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
@@ -160,10 +165,9 @@ def test_monitor_sees_a_running_sequence_on_a_real_server(live):
             ws.hello("watcher")
             ws.chat("seen", "Tell me a story.", max_tokens=400, ignore_eos=True)
             table = app.query_one(RunningTable)
-            for _ in range(200):
-                await pilot.pause(0.05)
-                if table.row_count:
-                    break
+            await async_wait_until(
+                lambda: table.row_count, 30, "a row", pause=lambda: pilot.pause(0.02)
+            )
             assert table.row_count == 1
             assert "watcher" in str(table.get_row_at(0)[0])
             assert "● live" in header_text(app)

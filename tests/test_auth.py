@@ -1,8 +1,12 @@
-"""Tokens compared as bytes, and the per-address throttle on failed authentication."""
+"""Tokens compared as bytes, the per-address throttle on failed authentication, where users
+come from (a users file, else $LOCALSERVE_USERS) and the bind-address rule."""
 
 from __future__ import annotations
 
-from localserve.auth import Access, AuthThrottle
+import pytest
+
+from localserve.auth import Access, AuthThrottle, load_users
+from localserve.config import ConfigError
 
 
 class Clock:
@@ -44,3 +48,75 @@ def test_the_throttle_remembers_a_bounded_number_of_addresses():
     assert len(throttle._failures) == 100
     assert throttle.retry_after("10.0.3.231") > 0  # the most recent ones are kept
     assert throttle.retry_after("10.0.0.0") == 0
+
+
+# --- users: the file, else $LOCALSERVE_USERS ---------------------------------------------------
+
+
+def test_users_come_from_the_file_before_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSERVE_USERS", "eve:eve-token-1")
+    path = tmp_path / "users.toml"
+    path.write_text('[users]\nalice = "alice-token"\n"zoë" = "grüße-für-zoë"\n', encoding="utf-8")
+    assert load_users(str(path)) == {"alice": "alice-token", "zoë": "grüße-für-zoë"}
+    assert load_users() == {"eve": "eve-token-1"}
+
+
+def test_users_from_the_environment_are_trimmed_pairs(monkeypatch):
+    monkeypatch.setenv("LOCALSERVE_USERS", " alice:token:with:colons , bob:bob-token-2,")
+    assert load_users() == {"alice": "token:with:colons", "bob": "bob-token-2"}
+    monkeypatch.setenv("LOCALSERVE_USERS", "")
+    assert load_users() == {}
+    monkeypatch.delenv("LOCALSERVE_USERS")
+    assert load_users(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("alice", "name:token pairs"),
+        ("alice:short", "at least 8 characters"),
+        (":no-name-token", "printable characters"),
+        ("a" * 65 + ":long-enough", "printable characters"),
+    ],
+)
+def test_bad_users_in_the_environment_are_refused(monkeypatch, value, problem):
+    monkeypatch.setenv("LOCALSERVE_USERS", value)
+    with pytest.raises(ConfigError, match="LOCALSERVE_USERS") as e:
+        load_users()
+    assert problem in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (None, "no such users file"),
+        ("[users\n", "not valid TOML"),
+        ("users = 3\n", "expected a table"),
+        ("[users]\nalice = 12345678\n", "expected a table"),
+        ('[users]\nalice = "short"\n', "at least 8 characters"),
+        ('[users]\n"bad\\tname" = "long-enough"\n', "printable characters"),
+    ],
+)
+def test_bad_users_files_are_refused_with_the_path(tmp_path, text, problem):
+    path = tmp_path / "users.toml"
+    if text is not None:
+        path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=problem) as e:
+        load_users(str(path))
+    assert str(path) in str(e.value)
+
+
+# --- the bind rule --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "localhost"])
+def test_loopback_binds_need_no_tokens(host):
+    Access({}).check_bind(host, is_open=False)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "example.org"])
+def test_a_network_bind_needs_tokens_or_open(host):
+    with pytest.raises(ConfigError, match=f"refusing to listen on {host}"):
+        Access({}).check_bind(host, is_open=False)
+    Access({}).check_bind(host, is_open=True)  # open on purpose
+    Access({"alice": "alice-token"}).check_bind(host, is_open=False)

@@ -78,6 +78,45 @@ def test_a_failing_decode_fails_only_that_batch_and_the_engine_goes_on():
     assert engine.kv.num_used == 0 and runner.cells == {}
 
 
+def test_an_unexpected_fault_in_a_step_fails_every_running_request_and_the_engine_goes_on():
+    """Not a decode error the step handles: the engine thread itself catches it."""
+
+    class Broken(FakeRunner):
+        faults = 1
+
+        def run(self, batch):
+            if self.faults:
+                self.faults -= 1
+                raise RuntimeError("a bug in the step")
+            return super().run(batch)
+
+    router = EventRouter()
+    engine = Engine(Broken(), on_events=router)
+    queues = {rid: router.open(rid) for rid in ("a", "b", "c")}
+    for rid in queues:  # queued before the thread starts: one step admits all three
+        engine.add_request(rid, [2, 40, 41], GREEDY, user=rid)
+    engine.start()
+    try:
+        for q in queues.values():
+            events = [q.get(timeout=10)]
+            while not isinstance(events[-1], Done):
+                events.append(q.get(timeout=10))
+            done = events[-1]
+            assert done.finish_reason == "error" and "internal error" in done.error
+            assert not any(isinstance(e, Token) for e in events)
+        after = router.open("after")
+        engine.add_request("after", [2, 40, 41], GREEDY)  # the engine still serves
+        events = [after.get(timeout=10)]
+        while not isinstance(events[-1], Done):
+            events.append(after.get(timeout=10))
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 5
+        engine.add_request("a", [2, 40, 41], GREEDY)  # the failed ids are free again
+        snap = engine.snapshot().result(timeout=10)
+        assert snap.counters.errors == 3
+    finally:
+        engine.stop()
+
+
 def test_a_sampling_failure_fails_only_its_own_sequence(make_harness):
     h = make_harness()
     h.runner.failing_requests.add("bad")

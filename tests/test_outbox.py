@@ -40,3 +40,44 @@ def test_only_the_newest_stats_frame_waits(fake_snapshots):
     assert len(outbox) == 1 and outbox.num_bytes == newest
     assert drain(outbox)[0]["snapshot"]["uptime_s"] == fake_snapshots[4].uptime_s
     assert outbox.num_bytes == 0
+
+
+def test_token_text_is_coalesced_per_request_until_the_reader_takes_it():
+    outbox = Outbox()
+    outbox.put_text("a", "one ")
+    outbox.put_text("b", "uno ")
+    outbox.put(Error("busy", "later", "c"))
+    outbox.put_text("a", "two ")  # a's frame still waits: the text joins it, ahead of the error
+    outbox.put_text("b", "dos ")
+    assert len(outbox) == 3
+    first = asyncio.run(outbox.get())
+    assert msgspec.json.decode(first) == {"type": "token", "id": "a", "text": "one two "}
+    outbox.put_text("a", "three ")  # a's frame was taken: a new one queues behind the rest
+    assert [(f["type"], f.get("id"), f.get("text")) for f in drain(outbox)] == [
+        ("token", "b", "uno dos "),
+        ("error", "c", None),
+        ("token", "a", "three "),
+    ]
+    assert outbox.num_bytes == 0
+
+
+def test_many_tokens_for_a_reader_that_never_reads_stay_one_frame_per_request():
+    outbox = Outbox()
+    for i in range(10_000):
+        outbox.put_text(f"r{i % 3}", f"w{i} ")
+    assert len(outbox) == 3
+    sizes = [len(f) for f in [asyncio.run(outbox.get()) for _ in range(3)]]
+    assert outbox.num_bytes == 0 and outbox.is_empty
+    assert sum(sizes) > 10_000 * 3  # all of the text, in three frames
+
+
+def test_a_reader_waits_for_the_next_frame():
+    async def main():
+        outbox = Outbox()
+        reader = asyncio.create_task(outbox.get())
+        await asyncio.sleep(0)
+        assert not reader.done()
+        outbox.put_text("r", "hi")
+        return msgspec.json.decode(await asyncio.wait_for(reader, 5))
+
+    assert asyncio.run(main()) == {"type": "token", "id": "r", "text": "hi"}

@@ -11,7 +11,7 @@ import random
 
 from localserve.config import SchedulerConfig
 from localserve.events import Preempted
-from localserve.kv import MIN_REUSE_TOKENS, KVPool, common_prefix
+from localserve.kv import MIN_REUSE_TOKENS
 from localserve.runner import apply_cell_ops
 from localserve.sampling_params import SamplingParams
 
@@ -65,15 +65,6 @@ def prefill_tokens(h, rid: str) -> int:
         n for s in steps for r, n in zip(s.request_ids, s.num_tokens, strict=True) if r == rid
     )
     return fed - (h.done(rid).completion_tokens - 1)
-
-
-def test_common_prefix():
-    assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
-    assert common_prefix([1, 2], [1, 2, 3]) == 2
-    assert common_prefix([], [1]) == 0
-    a = list(range(1000))
-    for cut in (0, 1, 499, 999):
-        assert common_prefix(a, a[:cut] + [-1] + a[cut + 1 :]) == cut
 
 
 def test_next_turn_prefills_only_its_new_tokens(make_harness):
@@ -216,24 +207,6 @@ def test_eviction_is_least_recently_used_first(make_harness):
     run_checked(h)
     left = {p.owner for p in h.kv.prefixes}
     assert "b" not in left and "a" in left
-
-
-def test_a_root_shared_by_a_live_sequence_is_never_evicted():
-    from localserve.sequence import Sequence
-
-    pool = KVPool(1000, 4, prefix_caching=True)
-    seq = Sequence("s", words(100, 70) + words(20, 71), GREEDY, "u")
-    seq.system_tokens = 100
-    assert pool.try_admit(seq, pool.match(seq))
-    pool.computed(seq, 120)  # the system prompt is computed: it becomes a root
-    assert [op.kind for op in pool.take_ops()] == ["copy"]
-    assert pool.num_used == 120 and pool.num_cached == 0
-    assert pool.evict_all() == 0  # the root's cells are live: seq shares them
-    pool.release(seq, keep=True)  # its own 20 cells stay as a prefix on top of the root
-    assert pool.num_used == 120 and pool.num_cached == 120 and len(pool.prefixes) == 2
-    assert pool.evict_all() == 2  # the child first, then the root it no longer shares
-    assert pool.num_used == pool.num_committed == 0 and pool.num_free_seq_ids == 4
-    assert sorted(op.kind for op in pool.take_ops()) == ["free", "free"]
 
 
 def test_sequence_ids_of_cached_prefixes_are_given_up_for_admission(make_harness):

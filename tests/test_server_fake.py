@@ -13,27 +13,19 @@ import json
 import openai
 import pytest
 from conftest import WS
+from helpers import FakeServer
 
-from localserve.auth import Access
-from localserve.config import ModelConfig, ServerConfig
-from localserve.engine import Engine
 from localserve.fake_runner import BOS, FakeRunner
 from localserve.prompt import PromptBuilder, PromptTooLong
 from localserve.protocol import Chat, Message
 from localserve.sampling_params import sampling_params
-from localserve.server import Server, ServerThread
 
 
 @pytest.fixture(scope="module")
 def fake():
-    runner = FakeRunner(n_ctx=512, n_seq_max=8)
-    engine = Engine(runner).start()
-    model = ModelConfig(chat_format="template")
-    server = Server(engine, runner, model, ServerConfig(shutdown_grace_s=1), Access({}))
-    thread = ServerThread(server)
-    yield thread
-    thread.close()
-    engine.stop()
+    server = FakeServer(step_s=0, n_ctx=512)
+    yield server.thread
+    server.close()
 
 
 def api(thread, key: str = "none") -> openai.OpenAI:

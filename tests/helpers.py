@@ -1,0 +1,236 @@
+"""Test helpers: waiting on a condition (never a fixed sleep), a server on the FakeRunner, and
+the raw and streaming websocket clients the hostile-client tests share.
+
+`FakeServer` has the `live` fixture's interface (server, config, call, url, http, snapshot,
+wait_idle), so `conftest.configured` and `conftest.WS` work on it unchanged; its runner sleeps a
+little each step, so replies take real time (a request can be cancelled or refused while the
+previous one still runs) without a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from localserve.fake_runner import FakeRunner
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "", interval: float = 0.01):
+    """Poll until `predicate()` is truthy and return its value; fail after `timeout` seconds.
+
+    The timeout is only a safety net: a passing test never waits for it.
+    """
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what or predicate}")
+        time.sleep(interval)
+    return value
+
+
+async def async_wait_until(predicate, timeout: float = 30.0, what: str = "", pause=None):
+    """The same on an event loop: `pause` (e.g. a Textual pilot's `pause`) is awaited between
+    checks, else the loop is yielded to for 10 ms."""
+    async with asyncio.timeout(timeout):
+        while not (value := predicate()):
+            await (pause() if pause is not None else asyncio.sleep(0.01))
+    assert value, what
+    return value
+
+
+# --- a server on the FakeRunner -------------------------------------------------------------
+
+
+@dataclass
+class PacedRunner(FakeRunner):
+    """The fake runner, but each step takes `step_s` of real time (as a model's would)."""
+
+    step_s: float = 0.002
+
+    def run(self, batch):
+        if batch.items:
+            time.sleep(self.step_s)
+        return super().run(batch)
+
+
+class FakeServer:
+    """localserve's Server on its own event-loop thread over the paced fake runner, assembled by
+    `serving()` as the real one is."""
+
+    def __init__(
+        self,
+        step_s: float = 0.002,
+        n_ctx: int = 4096,
+        n_seq_max: int = 8,
+        chat_format: str = "template",
+        **config,
+    ) -> None:
+        from localserve.config import Config, ModelConfig, ServerConfig
+        from localserve.serving import serving
+
+        self.runner = PacedRunner(n_ctx=n_ctx, n_seq_max=n_seq_max, step_s=step_s)
+        self.config = ServerConfig(
+            **({"max_frame_bytes": 64 * 1024, "shutdown_grace_s": 1} | config)
+        )
+        self.model = ModelConfig(chat_format=chat_format)
+        whole = Config(default="fake", models={"fake": self.model}, server=self.config)
+        self._serving = serving(whole, runner=self.runner, thread=True)
+        served = self._serving.__enter__()
+        self.engine, self.server, self.thread = served.engine, served.server, served.thread
+        self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
+
+    def snapshot(self):
+        return self.call(self.server.snapshot())
+
+    def wait_idle(self, timeout: float = 30.0):
+        """Wait until nothing runs or waits and only cached prefixes hold cells; return it."""
+
+        def idle():
+            snap = self.snapshot()
+            return snap if snap.running == snap.waiting == snap.kv_live == 0 else None
+
+        return wait_until(idle, timeout, "the server is idle", interval=0.02)
+
+    def connections_of(self, prefix: str) -> list:
+        """The server's connections whose user name starts with `prefix` (read on its loop)."""
+        return connections_of(self, prefix)
+
+    def close(self) -> None:
+        self._serving.__exit__(None, None, None)
+        self.runner.close()
+
+
+def connections_of(server, prefix: str) -> list:
+    """A live or fake server's connections whose user starts with `prefix` (on its loop)."""
+
+    async def find():
+        return [c for c in server.server.connections if (c.user or "").startswith(prefix)]
+
+    return server.call(find())
+
+
+# --- clients -----------------------------------------------------------------------------------
+
+
+class Streamer:
+    """bob: one complete reply after another until stopped; every reply must be whole."""
+
+    def __init__(self, server, tokens: int = 24) -> None:
+        from conftest import WS
+
+        self.tokens = tokens
+        self.replies: list[dict] = []  # each reply's done frame
+        self.problems: list[dict] = []
+        self._stop = threading.Event()
+        self._first_token = threading.Event()
+        self._ws = WS(server.url)
+        assert self._ws.hello("bob")["type"] == "welcome"
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._first_token.wait(60), "bob never got a token"
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            rid = f"bob{n}"
+            self._ws.chat(rid, "Tell me about the sea.", max_tokens=self.tokens, ignore_eos=True)
+            text = []
+            for frame in self._ws.until_done(rid, timeout=180):
+                if frame["type"] == "token":
+                    text.append(frame["text"])
+                    self._first_token.set()
+                elif frame["type"] not in ("queued", "done"):
+                    self.problems.append(frame)
+            done = frame
+            if done["finish_reason"] != "length" or not "".join(text):
+                self.problems.append(done)
+            self.replies.append(done)
+
+    def finish(self) -> list[dict]:
+        """Stop after the reply in flight; check that every reply was whole."""
+        self._stop.set()
+        self._thread.join(240)
+        self._ws.close()
+        assert not self._thread.is_alive(), "bob's reply never ended"
+        assert not self.problems, self.problems
+        assert self.replies and all(
+            d["usage"]["completion_tokens"] == self.tokens for d in self.replies
+        )
+        return self.replies
+
+
+class RawClient:
+    """A websocket client on a bare socket: it sends, and reads only when told to.
+
+    Its receive buffer is small, so a server writing to it finds the socket full quickly,
+    as it would with any client that stops reading.
+    """
+
+    def __init__(
+        self, url: str, rcvbuf: int = 4096, source: str | None = None, sndbuf: int | None = None
+    ) -> None:
+        host, port = url.removeprefix("ws://").rstrip("/").split(":")
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if sndbuf:  # what it can push ahead of the server's reading
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        if source:
+            self.sock.bind((source, 0))
+        self.sock.settimeout(30)
+        self.sock.connect((host, int(port)))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def send(self, frame: dict | str, opcode: int = 0x1) -> bool:
+        """One masked frame (a zero mask: valid, and no copying); False once refused."""
+        data = (frame if isinstance(frame, str) else json.dumps(frame)).encode()
+        n, first = len(data), 0x80 | opcode
+        if n < 126:
+            head = struct.pack("!BB", first, 0x80 | n)
+        elif n < 1 << 16:
+            head = struct.pack("!BBH", first, 0x80 | 126, n)
+        else:
+            head = struct.pack("!BBQ", first, 0x80 | 127, n)
+        try:
+            self.sock.sendall(head + b"\0\0\0\0" + data)
+            return True
+        except OSError:  # reset, or the server stopped reading and closed
+            return False
+
+    def recv(self) -> dict:
+        """The next frame from the server (unmasked, unfragmented text: all it sends)."""
+        first, second = self._exactly(2)
+        n = second & 0x7F
+        if n == 126:
+            (n,) = struct.unpack("!H", self._exactly(2))
+        elif n == 127:
+            (n,) = struct.unpack("!Q", self._exactly(8))
+        assert first & 0x0F == 0x1, first
+        return json.loads(self._exactly(n))
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            assert chunk, "connection closed"
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
