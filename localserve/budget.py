@@ -13,7 +13,7 @@ predicted step time within the ITL target.
 
 from __future__ import annotations
 
-# Prior (seconds): roughly the CPU figures in LLAMA_NOTES. It only prices the very first steps:
+# Prior (seconds): roughly this CPU's figures (docs/benchmarks.md). It only prices the first steps:
 # the decode fit starts nearly uninformed (low confidence) and the first measured mixed step
 # replaces the prefill price outright, so a GPU, where a step costs a few milliseconds, is priced
 # by its own measurements from its first steps on (nothing here assumes CPU timings).

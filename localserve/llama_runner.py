@@ -1,7 +1,7 @@
 """The llama.cpp runner: one context with a unified KV cache, raw llama_batch filling, sampling.
 
-Only the low-level API of llama-cpp-python 0.3.36 (see LLAMA_NOTES): the helper classes assume
-one sequence. Two conditions abort the process inside llama.cpp (more than n_batch tokens in one
+Only the low-level API of llama-cpp-python 0.3.36 (the high-level helper classes assume
+one sequence). Two conditions abort the process inside llama.cpp (more than n_batch tokens in one
 decode, more logit rows than n_outputs_max); `run` checks both before every decode and raises
 ValueError instead.
 """

@@ -38,9 +38,16 @@ def result(sent: float, gaps: list[float], ttft: float, ok: bool = True, tokens=
     for gap in gaps:
         times.append(times[-1] + gap)
     n = tokens if tokens is not None else len(times)
-    return RequestResult("short", ok=ok, error="" if ok else "busy", prompt_tokens=10,
-                         output_tokens=n if ok else 0, sent=sent,
-                         token_times=times if ok else [], done=times[-1])  # fmt: skip
+    return RequestResult(
+        "short",
+        ok=ok,
+        error="" if ok else "busy",
+        prompt_tokens=10,
+        output_tokens=n if ok else 0,
+        sent=sent,
+        token_times=times if ok else [],
+        done=times[-1],
+    )
 
 
 def test_request_timings_follow_vllm_definitions():
@@ -58,8 +65,11 @@ def test_coalesced_frames_make_tpot_differ_from_itl():
 
 
 def test_summary_counts_throughput_and_percentiles():
-    results = [result(0.0, [0.1] * 9, 0.2), result(0.0, [0.1] * 4, 0.4),
-               result(0.0, [], 0.1, ok=False)]  # fmt: skip
+    results = [
+        result(0.0, [0.1] * 9, 0.2),
+        result(0.0, [0.1] * 4, 0.4),
+        result(0.0, [], 0.1, ok=False),
+    ]
     s = summarize(results, duration_s=2.0)
     assert s["completed"] == 2 and s["failed"] == 1 and s["errors"] == {"busy": 1}
     assert s["request_throughput"] == pytest.approx(1.0)
@@ -77,8 +87,12 @@ def test_goodput_counts_requests_meeting_every_slo():
     slow_tokens = result(0.0, [0.5] * 4, 0.2)
     failed = result(0.0, [], 0.1, ok=False)
     slo = SLO.parse("ttft=1000,tpot=100")
-    assert [slo.met(r) for r in (fast, slow_start, slow_tokens, failed)] == [True, False, False,
-                                                                            False]  # fmt: skip
+    assert [slo.met(r) for r in (fast, slow_start, slow_tokens, failed)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
     s = summarize([fast, slow_start, slow_tokens, failed], duration_s=4.0, slo=slo)
     assert s["good_requests"] == 1 and s["goodput"] == pytest.approx(0.25)
 
@@ -214,10 +228,19 @@ def test_the_url_names_the_target_and_the_endpoint_shapes_the_body():
 
 def sweep_point(policy, workload, c, tps, ttft_p99, itl_p99):
     dist = lambda p99: {"mean": p99 / 2, "median": p99 / 2, "p90": p99, "p99": p99}  # noqa: E731
-    return {"policy": policy, "workload": workload, "concurrency": c, "completed": 4,
-            "failed": 0, "request_throughput": c / 4, "output_token_throughput": tps,
-            "ttft_ms": dist(ttft_p99), "itl_ms": dist(itl_p99), "tpot_ms": dist(itl_p99),
-            "e2e_ms": dist(ttft_p99 * 3)}  # fmt: skip
+    return {
+        "policy": policy,
+        "workload": workload,
+        "concurrency": c,
+        "completed": 4,
+        "failed": 0,
+        "request_throughput": c / 4,
+        "output_token_throughput": tps,
+        "ttft_ms": dist(ttft_p99),
+        "itl_ms": dist(itl_p99),
+        "tpot_ms": dist(itl_p99),
+        "e2e_ms": dist(ttft_p99 * 3),
+    }
 
 
 def test_sweep_writes_json_markdown_and_an_svg_chart(tmp_path):
@@ -226,8 +249,11 @@ def test_sweep_writes_json_markdown_and_an_svg_chart(tmp_path):
 
     from localserve.sweep import write_results
 
-    points = [sweep_point(pol, "chat", c, tps * c, 100 * c, 20 + c)
-              for pol, tps in (("continuous", 40), ("static", 25)) for c in (1, 2, 4)]  # fmt: skip
+    points = [
+        sweep_point(pol, "chat", c, tps * c, 100 * c, 20 + c)
+        for pol, tps in (("continuous", 40), ("static", 25))
+        for c in (1, 2, 4)
+    ]
     out = write_results(points, tmp_path)
     assert json.loads((out / "sweep.json").read_text()) == points
     table = (out / "sweep.md").read_text().splitlines()
@@ -281,10 +307,20 @@ def turn(ttft: float, prompt: int, cached: int, ok: bool = True, kind: str = "tu
 
 
 def test_report_aggregates_per_turn_with_the_cold_replay_and_the_ratio():
-    a = ConversationResult(0, "conv-0", [turn(1.0, 400, 0), turn(0.2, 800, 390)], ["x", "y"],
-                           cold=turn(2.0, 800, 0, kind="cold"))  # fmt: skip
-    b = ConversationResult(1, "conv-1", [turn(1.2, 410, 0), turn(0.4, 820, 400)], ["x", "y"],
-                           cold=turn(3.0, 820, 0, kind="cold"))  # fmt: skip
+    a = ConversationResult(
+        0,
+        "conv-0",
+        [turn(1.0, 400, 0), turn(0.2, 800, 390)],
+        ["x", "y"],
+        cold=turn(2.0, 800, 0, kind="cold"),
+    )
+    b = ConversationResult(
+        1,
+        "conv-1",
+        [turn(1.2, 410, 0), turn(0.4, 820, 400)],
+        ["x", "y"],
+        cold=turn(3.0, 820, 0, kind="cold"),
+    )
     c = ConversationResult(2, "conv-2", [turn(1.1, 420, 0, ok=False)], [""])
     s = summarize_conversations([a, b, c], duration_s=9.0)
     assert s["conversations"] == 3 and s["completed"] == 2
@@ -341,8 +377,9 @@ class FakeOpenAI:
                 usage = {"prompt_tokens": 100 * k, "completion_tokens": 2}
                 if usage_details:
                     usage["prompt_tokens_details"] = {"cached_tokens": cached}
-                chunks = [{"choices": [{"text": t, "finish_reason": None}]}
-                          for t in (" reply", f" {k}")]  # fmt: skip
+                chunks = [
+                    {"choices": [{"text": t, "finish_reason": None}]} for t in (" reply", f" {k}")
+                ]
                 timings = {"cache_n": cached, "prompt_n": 100 * k - cached}
                 final = {"text": "", "finish_reason": "stop"}
                 chunks.append({"choices": [final], "usage": usage, "timings": timings})
@@ -378,7 +415,10 @@ def test_peer_conversations_resend_the_growing_history(usage_details):
     for conv, out in zip(convs, results, strict=True):
         assert out.replies == [" reply 1", " reply 2", " reply 3"]
         assert [(r.ok, r.prompt_tokens, r.cached_tokens) for r in out.turns] == [
-            (True, 100, 0), (True, 200, 100), (True, 300, 200)]  # fmt: skip
+            (True, 100, 0),
+            (True, 200, 100),
+            (True, 300, 200),
+        ]
         assert (out.cold.ok, out.cold.prompt_tokens, out.cold.cached_tokens) == (True, 300, 0)
         mine = [b for b in turns if conv.user_messages[0].strip() in b["prompt"]]
         assert len(mine) == 4
@@ -401,10 +441,25 @@ def test_localserve_conversations_over_the_websocket_protocol():
     async def handler(ws):
         hello = json.loads(await ws.recv())
         user = hello["user"]
-        limits = {"max_frame_bytes": 1 << 20, "max_tokens": 4096, "max_inflight_per_user": 8,
-                  "max_queued_per_user": 16, "max_queued": 64}  # fmt: skip
-        await ws.send(json.dumps({"type": "welcome", "model": "fake", "n_ctx": 8192,
-                                  "limits": limits, "version": "0", "protocol": 1}))  # fmt: skip
+        limits = {
+            "max_frame_bytes": 1 << 20,
+            "max_tokens": 4096,
+            "max_inflight_per_user": 8,
+            "max_queued_per_user": 16,
+            "max_queued": 64,
+        }
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "welcome",
+                    "model": "fake",
+                    "n_ctx": 8192,
+                    "limits": limits,
+                    "version": "0",
+                    "protocol": 1,
+                }
+            )
+        )
         async for raw in ws:
             chat = json.loads(raw)
             chats.append((user, chat))
@@ -416,8 +471,17 @@ def test_localserve_conversations_over_the_websocket_protocol():
                 await ws.send(json.dumps({"type": "token", "id": rid, "text": text}))
             usage = {"prompt_tokens": 100 * k, "completion_tokens": 2, "cached_tokens": cached}
             timings = {"queue_ms": 0.1, "ttft_ms": 1.0, "itl_ms": 1.0, "e2e_ms": 2.0}
-            await ws.send(json.dumps({"type": "done", "id": rid, "finish_reason": "stop",
-                                      "usage": usage, "timings": timings}))  # fmt: skip
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "done",
+                        "id": rid,
+                        "finish_reason": "stop",
+                        "usage": usage,
+                        "timings": timings,
+                    }
+                )
+            )
 
     async def main():
         async with serve(handler, "127.0.0.1", 0) as server:
@@ -432,7 +496,10 @@ def test_localserve_conversations_over_the_websocket_protocol():
     assert users == ["conv-0", "conv-0-cold", "conv-1", "conv-1-cold", "warmup"]
     for conv, out in zip(convs, results, strict=True):
         assert [(r.ok, r.prompt_tokens, r.cached_tokens) for r in out.turns] == [
-            (True, 100, 0), (True, 200, 100), (True, 300, 200)]  # fmt: skip
+            (True, 100, 0),
+            (True, 200, 100),
+            (True, 300, 200),
+        ]
         assert out.cold.ok and out.cold.cached_tokens == 0 and out.cold.ttft is not None
         mine = [c for u, c in chats if u == out.user]
         assert [c["id"] for c in mine] == ["turn-1", "turn-2", "turn-3"]
@@ -468,9 +535,26 @@ def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):
 
     out = tmp_path / "conv.json"
     with FakeOpenAI() as fake:
-        rc = main(["bench", "--peer", fake.url, "--workload", "conversation",
-                   "--conversations", "2", "--turns", "3", "--max-tokens", "8", "--cold",
-                   "--seed", "3", "--out", str(out)])  # fmt: skip
+        rc = main(
+            [
+                "bench",
+                "--peer",
+                fake.url,
+                "--workload",
+                "conversation",
+                "--conversations",
+                "2",
+                "--turns",
+                "3",
+                "--max-tokens",
+                "8",
+                "--cold",
+                "--seed",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
     assert rc == 0
     assert "turn 3 TTFT median" in capsys.readouterr().out
     record = json.loads(out.read_text())

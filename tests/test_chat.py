@@ -19,8 +19,9 @@ async def script(*lines: str):
 
 def make_client(live, user: str, *lines: str, **kw) -> tuple[ChatClient, io.StringIO]:
     out = io.StringIO()
-    client = ChatClient(live.url, user, max_tokens=24, temperature=0, lines=script(*lines),
-                        out=out, **kw)  # fmt: skip
+    client = ChatClient(
+        live.url, user, max_tokens=24, temperature=0, lines=script(*lines), out=out, **kw
+    )
     return client, out
 
 

@@ -98,20 +98,22 @@ MODEL_FIELD_ERRORS = [
         model_with('cache_type_v = "q4_0"\nflash_attn = "off"'),
         "cache_type_v",
         id="quantized-v-without-flash-attention",
-    ),  # fmt: skip
+    ),
     pytest.param(model_with('split_mode = "tensor"'), "split_mode", id="split-mode"),
     pytest.param(model_with("tensor_split = [1, -2]"), "tensor_split", id="negative-share"),
     pytest.param(model_with("tensor_split = [0, 0]"), "tensor_split", id="all-zero-shares"),
-    pytest.param(model_with("main_gpu = 16"), "main_gpu", id="main-gpu"),  # fmt: skip
+    pytest.param(model_with("main_gpu = 16"), "main_gpu", id="main-gpu"),
     pytest.param(model_with('use_mmap = "no"'), "use_mmap", id="use-mmap"),
     pytest.param(model_with("offload_kqv = 1"), "offload_kqv", id="offload-kqv"),
 ]
 
 
 def test_the_gpu_and_kv_keys_are_read():
-    text = model_with('cache_type_k = "q8_0"\ncache_type_v = "q8_0"\nsplit_mode = "row"\n'
-                      "tensor_split = [3, 1]\nmain_gpu = 1\noffload_kqv = false\n"
-                      "use_mmap = false\nuse_mlock = true")  # fmt: skip
+    text = model_with(
+        'cache_type_k = "q8_0"\ncache_type_v = "q8_0"\nsplit_mode = "row"\n'
+        "tensor_split = [3, 1]\nmain_gpu = 1\noffload_kqv = false\n"
+        "use_mmap = false\nuse_mlock = true"
+    )
     model = parse_config(text).models["x"]
     assert (model.cache_type_k, model.cache_type_v, model.split_mode) == ("q8_0", "q8_0", "row")
     assert (model.tensor_split, model.main_gpu) == ([3.0, 1.0], 1)

@@ -155,8 +155,12 @@ def test_several_requests_in_flight_on_one_connection(connect):
 def test_bad_frames_get_errors_and_the_connection_keeps_working(fake, connect):
     ws = connect()
     ws.chat("early", QUESTION)
-    assert ws.recv() == {"type": "error", "code": "unauthorized", "message": "say hello first",
-                         "id": "early"}  # fmt: skip
+    assert ws.recv() == {
+        "type": "error",
+        "code": "unauthorized",
+        "message": "say hello first",
+        "id": "early",
+    }
     ws.hello("hank")
     cases = [
         ("{not json", "bad_request"),
@@ -166,11 +170,11 @@ def test_bad_frames_get_errors_and_the_connection_keeps_working(fake, connect):
             '{"type": "chat", "id": "x", "messages": [{"role": "user", "content": "hi"}], '
             '"temperature": -1}',
             "bad_request",
-        ),  # fmt: skip
+        ),
         (
             '{"type": "chat", "id": "y", "messages": [{"role": "wizard", "content": "hi"}]}',
             "bad_request",
-        ),  # fmt: skip
+        ),
         ("x" * (fake.config.max_frame_bytes + 1), "bad_request"),  # oversized frame
         (b"\x00\x01", "bad_request"),  # binary
     ]
@@ -186,8 +190,9 @@ def test_bad_frames_get_errors_and_the_connection_keeps_working(fake, connect):
     ws.chat("dup", QUESTION, max_tokens=30, ignore_eos=True)
     ws.chat("dup", QUESTION, max_tokens=30)
     frames = ws.until_done("dup")
-    assert any(f["type"] == "error" and f["id"] == "dup" and "already" in f["message"]
-               for f in frames)  # fmt: skip
+    assert any(
+        f["type"] == "error" and f["id"] == "dup" and "already" in f["message"] for f in frames
+    )
     assert sum(f["type"] == "done" for f in frames) == 1  # the first one was untouched
     assert frames[-1]["finish_reason"] in ("length", "stop")
     ws.chat("after", QUESTION, max_tokens=4)  # the same connection still chats
@@ -221,7 +226,7 @@ def test_validation_error_names_the_field(connect):
                 "user": st.integers() | st.text(),
                 "messages": st.lists(st.dictionaries(st.text(), st.text())),
                 "interval_ms": st.text(),
-            },  # fmt: skip
+            },
         ).map(json.dumps),
     )
 )
@@ -367,8 +372,7 @@ def test_healthz_is_json(fake):
     with urllib.request.urlopen(fake.http + "/healthz", timeout=10) as response:
         assert response.headers["Content-Type"] == "application/json"
         body = json.load(response)
-    assert body == {"ok": True, "model": "fake", "backend": "CPU", "running": 0,
-                    "waiting": 0}  # fmt: skip
+    assert body == {"ok": True, "model": "fake", "backend": "CPU", "running": 0, "waiting": 0}
 
 
 def test_metrics_parse_as_prometheus_text(fake, connect):
@@ -381,8 +385,12 @@ def test_metrics_parse_as_prometheus_text(fake, connect):
     with urllib.request.urlopen(fake.http + "/metrics", timeout=10) as response:
         text = response.read().decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
-                 "request_queue_time_seconds", "e2e_request_latency_seconds"):  # fmt: skip
+    for name in (
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "request_queue_time_seconds",
+        "e2e_request_latency_seconds",
+    ):
         family = families[f"localserve:{name}"]
         assert family.type == "histogram"
         count = next(s.value for s in family.samples if s.name.endswith("_count"))
@@ -540,8 +548,9 @@ def test_failed_authentication_is_throttled_per_address_and_user(fake, connect, 
 
 
 def test_guessing_from_other_loopback_addresses_counts_as_one_place(fake, bob):
-    with configured(fake, access=Access({"kate": "correct-horse"}),
-                    max_auth_failures_per_minute=3) as server:  # fmt: skip
+    with configured(
+        fake, access=Access({"kate": "correct-horse"}), max_auth_failures_per_minute=3
+    ) as server:
 
         def hello(source: str, token: str) -> dict:
             client = RawClient(fake.url, source=source)
@@ -618,8 +627,16 @@ def test_long_system_prompts_do_not_fill_the_token_cache(fake, connect, bob):
     ws.hello("sys")
     for i in range(2):  # each system prompt is over the cached size (yet only ~560 tokens)
         system = f"{i}" + " " * 17_000
-        ws.send({"type": "chat", "id": f"s{i}", "max_tokens": 1,
-                 "messages": [{"role": "system", "content": system},
-                              {"role": "user", "content": "hi"}]})  # fmt: skip
+        ws.send(
+            {
+                "type": "chat",
+                "id": f"s{i}",
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": "hi"},
+                ],
+            }
+        )
         ws.until_done(f"s{i}")
     assert cache.cache_info().currsize == before

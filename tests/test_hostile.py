@@ -64,16 +64,46 @@ def test_a_denormal_temperature_is_greedy_and_fails_nobody(live, connect, bob):
 def _chat_json(rid: str, fields: dict[str, str]) -> str:
     """A chat frame with sampling fields written as raw JSON (1e400, 5e-324 ... as typed)."""
     extra = "".join(f', "{k}": {v}' for k, v in fields.items())
-    return (f'{{"type": "chat", "id": "{rid}", "max_tokens": 3, "messages": '
-            f'[{{"role": "user", "content": "Hi"}}]{extra}}}')  # fmt: skip
+    return (
+        f'{{"type": "chat", "id": "{rid}", "max_tokens": 3, "messages": '
+        f'[{{"role": "user", "content": "Hi"}}]{extra}}}'
+    )
 
 
 # as typed in JSON: in-range and boundary values, denormals, infinities (1e400), negatives,
 # huge integers; most are allowed, so that most combinations reach the engine
-TEMPERATURES = ["0", "-0.0", "5e-324", "1e-320", "1e-45", "1e-38", "1e-6", "9.99e-6", "1e-5",
-                "0.5", "1", "2", "100", "1e400", "-1", "100.5"]  # fmt: skip
-PROBABILITIES = ["5e-324", "1e-320", "1e-45", "1e-38", "1e-6", "0.05", "0.5", "0.95", "1", "0",
-                 "1.0000001", "-5e-324"]  # fmt: skip
+TEMPERATURES = [
+    "0",
+    "-0.0",
+    "5e-324",
+    "1e-320",
+    "1e-45",
+    "1e-38",
+    "1e-6",
+    "9.99e-6",
+    "1e-5",
+    "0.5",
+    "1",
+    "2",
+    "100",
+    "1e400",
+    "-1",
+    "100.5",
+]
+PROBABILITIES = [
+    "5e-324",
+    "1e-320",
+    "1e-45",
+    "1e-38",
+    "1e-6",
+    "0.05",
+    "0.5",
+    "0.95",
+    "1",
+    "0",
+    "1.0000001",
+    "-5e-324",
+]
 PENALTIES = ["0.01", "0.5", "1", "1.1", "2", "10", "0.00999", "5e-324", "1e400"]
 TOP_KS = ["0", "1", "2", "40", "262144", "2147483647", "2147483648", "1" + "0" * 40, "-1", "1.5"]
 SEEDS = ["0", "1", "4294967295", "4294967296", "-1", "18446744073709551616"]
@@ -159,8 +189,11 @@ def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(l
     had enough: it must close them, and its memory must stay bounded.
     """
     config, n_conns = live.config, 4
-    per_conn = ((MAX_QUEUED_FRAMES + 1) * (config.max_frame_bytes + FRAME_SLACK_BYTES)
-                + config.max_outbox_bytes + (64 << 10))  # fmt: skip
+    per_conn = (
+        (MAX_QUEUED_FRAMES + 1) * (config.max_frame_bytes + FRAME_SLACK_BYTES)
+        + config.max_outbox_bytes
+        + (64 << 10)
+    )
     big = json.dumps({"type": "chat", "id": "x", "k" * 60_000: 1})
     small = json.dumps({"type": "cancel", "id": "n" * 128})
     before = rss_bytes()
@@ -201,8 +234,15 @@ def test_a_non_reading_chatter_is_dropped_and_its_cells_freed(live, bob):
         client.send({"type": "hello", "user": "sponge"})
         messages = [{"role": "user", "content": "Write a long story."}]
         for i in range(8):
-            client.send({"type": "chat", "id": f"c{i}", "max_tokens": 1500, "ignore_eos": True,
-                         "messages": messages})  # fmt: skip
+            client.send(
+                {
+                    "type": "chat",
+                    "id": f"c{i}",
+                    "max_tokens": 1500,
+                    "ignore_eos": True,
+                    "messages": messages,
+                }
+            )
         wait_until(lambda: connections_of(live, "sponge"), 10, "sponge connected")
         # within the ping timeout and the close timeout; eight replies of 1,500 tokens: minutes
         bound = 2 * 1.0 + CLOSE_TIMEOUT_S + 2

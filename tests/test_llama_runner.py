@@ -33,8 +33,14 @@ PROMPTS = [
 def runner():
     from localserve.llama_runner import LlamaRunner
 
-    cfg = ModelConfig(embedded=True, chat_template="gemma", n_ctx=2048, max_num_seqs=8,
-                      max_num_batched_tokens=256, n_threads=2)  # fmt: skip
+    cfg = ModelConfig(
+        embedded=True,
+        chat_template="gemma",
+        n_ctx=2048,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        n_threads=2,
+    )
     r = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
     yield r
     r.close()
@@ -107,8 +113,9 @@ def test_the_same_schedule_twice_gives_the_same_greedy_text(runner):
 
 @pytest.mark.parametrize("repeat_penalty", [1.0, 1.1])  # numpy sampler, llama.cpp chain
 def test_seeded_sampling_is_reproducible(runner, repeat_penalty):
-    params = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=7, max_tokens=20,
-                            repeat_penalty=repeat_penalty)  # fmt: skip
+    params = SamplingParams(
+        temperature=0.9, top_k=40, top_p=0.95, seed=7, max_tokens=20, repeat_penalty=repeat_penalty
+    )
     requests = [("s", PROMPTS[1], params, "u")]
     first = texts(run_engine(runner, requests)[0])
     assert first == texts(run_engine(runner, requests)[0])
@@ -131,8 +138,9 @@ def test_decode_out_of_cells_preempts_without_losing_work():
     # the scheduler believes in 4x more cells than llama.cpp has, so llama_decode returns 1
     from localserve.llama_runner import LlamaRunner
 
-    cfg = ModelConfig(embedded=True, n_ctx=512, max_num_seqs=4, max_num_batched_tokens=256,
-                      n_threads=2)  # fmt: skip
+    cfg = ModelConfig(
+        embedded=True, n_ctx=512, max_num_seqs=4, max_num_batched_tokens=256, n_threads=2
+    )
     small = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
     try:
         events = []
@@ -211,8 +219,14 @@ def small():
     """512 cells, four running sequences, eight ids for cached prefixes."""
     from localserve.llama_runner import LlamaRunner
 
-    cfg = ModelConfig(embedded=True, n_ctx=512, max_num_seqs=4, max_cached_prefixes=8,
-                      max_num_batched_tokens=256, n_threads=2)  # fmt: skip
+    cfg = ModelConfig(
+        embedded=True,
+        n_ctx=512,
+        max_num_seqs=4,
+        max_cached_prefixes=8,
+        max_num_batched_tokens=256,
+        n_threads=2,
+    )
     r = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
     yield r
     r.close()
@@ -253,8 +267,7 @@ def test_a_shared_system_prompt_shares_cells_in_llama_cpp(small):
     system = small.tokenize(" ".join(["rule"] * 199))
     assert len(system) == 200
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    engine.add_request("first", system + small.tokenize(PROMPTS[0], False), params, "u0", 200,
-                       True)  # fmt: skip
+    engine.add_request("first", system + small.tokenize(PROMPTS[0], False), params, "u0", 200, True)
     drain(engine)
     assert [len(p.tokens) for p in engine.kv.prefixes if p.is_system] == [200]
     for i in range(1, 4):
@@ -278,8 +291,15 @@ def test_a_q8_0_kv_cache_serves_real_requests_in_half_the_memory():
     from localserve.llama_runner import LlamaRunner
 
     def load(kv: str) -> LlamaRunner:
-        cfg = ModelConfig(embedded=True, n_ctx=2048, max_num_seqs=8, max_num_batched_tokens=256,
-                          n_threads=2, cache_type_k=kv, cache_type_v=kv)  # fmt: skip
+        cfg = ModelConfig(
+            embedded=True,
+            n_ctx=2048,
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            n_threads=2,
+            cache_type_k=kv,
+            cache_type_v=kv,
+        )
         return LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
 
     f16 = load("f16")

@@ -70,9 +70,13 @@ def test_models_lists_the_configured_model(live):
 
 def test_chat_streams_a_role_delta_content_and_a_finish_reason(live):
     stream = client(live).chat.completions.create(
-        model=MODEL, messages=ask(), max_tokens=12, temperature=0, stream=True,
+        model=MODEL,
+        messages=ask(),
+        max_tokens=12,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" for c in chunks)
@@ -103,8 +107,10 @@ def test_chat_whole_reply_matches_the_websocket_reply(live, connect):
 
 
 def test_text_parts_and_developer_messages_are_accepted(live):
-    messages = [{"role": "developer", "content": "Answer briefly."},
-                {"role": "user", "content": [{"type": "text", "text": QUESTION}]}]  # fmt: skip
+    messages = [
+        {"role": "developer", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "text", "text": QUESTION}]},
+    ]
     reply = client(live).chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
     assert reply.choices[0].message.content
 
@@ -115,17 +121,26 @@ def test_completions_stream_and_whole(live):
     whole = c.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
     assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
     assert whole.usage.completion_tokens == 8
-    chunks = list(c.completions.create(model=MODEL, prompt=[prompt], max_tokens=8,
-                                       temperature=0, stream=True))  # fmt: skip
+    chunks = list(
+        c.completions.create(model=MODEL, prompt=[prompt], max_tokens=8, temperature=0, stream=True)
+    )
     assert "".join(ch.choices[0].text for ch in chunks) == whole.choices[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_raw_sse_framing(live):
-    status, headers, payload = post(live, "/v1/chat/completions", {
-        "model": MODEL, "messages": ask(), "max_tokens": 6, "stream": True,
-        "stream_options": {"include_usage": True}, "ignore_eos": True,
-    })  # fmt: skip
+    status, headers, payload = post(
+        live,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": ask(),
+            "max_tokens": 6,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        },
+    )
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     events = sse_events(payload)
     assert events[-1] == "[DONE]"
@@ -139,10 +154,17 @@ def test_raw_sse_framing(live):
 
 def test_a_stop_string_and_sampling_fields_are_honoured(live):
     reply = client(live).chat.completions.create(
-        model=MODEL, messages=ask("Count: 1, 2, 3, 4, 5, 6"), max_tokens=30, stop=",",
-        temperature=0.7, top_p=0.9, seed=7, frequency_penalty=0.5, presence_penalty=0.5,
+        model=MODEL,
+        messages=ask("Count: 1, 2, 3, 4, 5, 6"),
+        max_tokens=30,
+        stop=",",
+        temperature=0.7,
+        top_p=0.9,
+        seed=7,
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
         extra_body={"top_k": 20, "min_p": 0.1, "repeat_penalty": 1.1},
-    )  # fmt: skip
+    )
     assert "," not in reply.choices[0].message.content
     assert reply.choices[0].finish_reason == "stop"
 
@@ -160,11 +182,14 @@ def test_errors_have_openai_shape_and_exception_types(live):
         "logprobs": {"logprobs": True},
         "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
         "response_format": {"response_format": {"type": "json_object"}},
-        "messages[0].content[0]": {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        "messages[0].content[0]": {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+            ]
+        },
         "temperature": {"temperature": -1},
         "messages[0].role": {"messages": [{"role": "wizard", "content": "hi"}]},
-    }  # fmt: skip
+    }
     for param, fields in refused.items():
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(**({"model": MODEL, "messages": ask()} | fields))
@@ -191,10 +216,13 @@ def test_a_token_server_needs_a_users_key_and_names_the_user_by_it(live):
             client(live, "wrong-key").chat.completions.create(model=MODEL, messages=ask())
         assert e.value.code == "invalid_api_key"
         stream = client(live, "battery-staple").chat.completions.create(
-            model=MODEL, messages=ask(), max_tokens=200, stream=True,
+            model=MODEL,
+            messages=ask(),
+            max_tokens=200,
+            stream=True,
             user="kate",  # ignored: the key names the user
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         next(iter(stream))
         users = users_in_flight(live)
         stream.close()
@@ -215,16 +243,24 @@ def test_failed_keys_are_throttled(live):
 def test_over_the_per_user_cap_is_429_with_retry_after(live):
     with configured(live, max_inflight_per_user=1):
         stream = client(live).chat.completions.create(
-            model=MODEL, messages=ask(), max_tokens=300, stream=True, user="capped",
+            model=MODEL,
+            messages=ask(),
+            max_tokens=300,
+            stream=True,
+            user="capped",
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         next(iter(stream))
         with pytest.raises(openai.RateLimitError) as e:
             client(live).chat.completions.create(model=MODEL, messages=ask(), user="capped")
         assert e.value.response.headers["Retry-After"]
-        assert client(live).chat.completions.create(  # someone else is not held back
-            model=MODEL, messages=ask(), max_tokens=2, user="free"
-        ).choices  # fmt: skip
+        assert (
+            client(live)
+            .chat.completions.create(  # someone else is not held back
+                model=MODEL, messages=ask(), max_tokens=2, user="free"
+            )
+            .choices
+        )
         stream.close()
     live.wait_idle()
 
@@ -245,9 +281,13 @@ def test_an_oversized_body_is_413_and_bad_json_400(live):
 def test_closing_a_stream_mid_reply_cancels_it_and_frees_the_cells(live):
     before = live.snapshot().counters.cancellations
     stream = client(live).chat.completions.create(
-        model=MODEL, messages=ask(), max_tokens=1500, stream=True, user="quitter",
+        model=MODEL,
+        messages=ask(),
+        max_tokens=1500,
+        stream=True,
+        user="quitter",
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     for i, _ in enumerate(stream):
         if i == 5:
             break
@@ -262,8 +302,9 @@ def test_closing_a_stream_mid_reply_cancels_it_and_frees_the_cells(live):
 def test_a_dropped_connection_cancels_even_mid_prefill(live):
     """A non-streaming request whose client leaves during a long prefill is cancelled."""
     before = live.snapshot().counters.cancellations
-    body = json.dumps({"model": MODEL, "messages": ask("tell me more " * 900),
-                       "max_tokens": 50, "user": "leaver"}).encode()  # fmt: skip
+    body = json.dumps(
+        {"model": MODEL, "messages": ask("tell me more " * 900), "max_tokens": 50, "user": "leaver"}
+    ).encode()
     url = urllib.parse.urlsplit(live.http)
     sock = socket.create_connection((url.hostname, url.port))
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
@@ -284,14 +325,23 @@ def test_a_dropped_connection_cancels_even_mid_prefill(live):
 def test_a_stream_nobody_reads_is_cut_off_and_cancelled(live):
     with configured(live, write_timeout_s=1.0):
         before = live.snapshot().counters.cancellations
-        body = json.dumps({"model": MODEL, "messages": ask("Write a long story."),
-                           "max_tokens": 4000, "stream": True, "ignore_eos": True,
-                           "user": "sleeper"}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "messages": ask("Write a long story."),
+                "max_tokens": 4000,
+                "stream": True,
+                "ignore_eos": True,
+                "user": "sleeper",
+            }
+        ).encode()
         url = urllib.parse.urlsplit(live.http)
         sock = socket.create_connection((url.hostname, url.port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                     b"%d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            b"%d\r\n\r\n%s" % (len(body), body)
+        )
         deadline = time.monotonic() + 120
         while live.snapshot().counters.cancellations == before:
             assert time.monotonic() < deadline, "the reader that never reads was not cut off"
@@ -309,10 +359,14 @@ def test_sixteen_http_streams_and_four_websocket_users_all_complete(live):
     def http_user(i: int) -> None:
         try:
             stream = client(live).chat.completions.create(
-                model=MODEL, messages=ask(f"Question {i}: what is {i} plus {i}?"), max_tokens=24,
-                stream=True, user=f"h{i % 4}", extra_body={"ignore_eos": True},
+                model=MODEL,
+                messages=ask(f"Question {i}: what is {i} plus {i}?"),
+                max_tokens=24,
+                stream=True,
+                user=f"h{i % 4}",
+                extra_body={"ignore_eos": True},
                 stream_options={"include_usage": True},
-            )  # fmt: skip
+            )
             chunks = list(stream)
             results[f"h{i}"] = chunks[-1].usage.completion_tokens
         except Exception as e:  # noqa: BLE001 - reported below
@@ -345,23 +399,29 @@ def test_the_fifth_turn_reuses_the_conversation_and_others_do_not(live):
     cached = []
     for turn in range(5):
         messages.append({"role": "user", "content": f"Tell me fact number {turn} about cats."})
-        reply = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
-                                          temperature=0, user="turner")  # fmt: skip
+        reply = c.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0, user="turner"
+        )
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         cached.append((reply.usage.prompt_tokens_details.cached_tokens, reply.usage.prompt_tokens))
     assert all(hit > 0 for hit, _ in cached[1:]), cached
     hit, total = cached[-1]
     assert total - hit < 40, cached  # only the new turn (and the reply's tail) is prefilled
-    other = c.chat.completions.create(model=MODEL, messages=messages[:-1], max_tokens=4,
-                                      temperature=0, user="snoop")  # fmt: skip
+    other = c.chat.completions.create(
+        model=MODEL, messages=messages[:-1], max_tokens=4, temperature=0, user="snoop"
+    )
     assert other.usage.prompt_tokens_details.cached_tokens < hit / 2  # turner's stay turner's
 
 
 def test_an_open_server_names_the_user_by_the_user_field(live):
     stream = client(live).chat.completions.create(
-        model=MODEL, messages=ask(), max_tokens=300, stream=True, user="named",
+        model=MODEL,
+        messages=ask(),
+        max_tokens=300,
+        stream=True,
+        user="named",
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     next(iter(stream))
     anonymous = client(live).chat.completions.create(
         model=MODEL, messages=ask(), max_tokens=300, stream=True, extra_body={"ignore_eos": True}
@@ -378,21 +438,49 @@ def test_an_open_server_names_the_user_by_the_user_field(live):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
-)  # fmt: skip
-FIELDS = ["model", "messages", "max_tokens", "temperature", "top_p", "stop", "n", "stream",
-          "seed", "user", "logprobs", "tools", "response_format", "stream_options", "top_k",
-          "frequency_penalty", "prompt", "max_completion_tokens"]  # fmt: skip
+)
+FIELDS = [
+    "model",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "n",
+    "stream",
+    "seed",
+    "user",
+    "logprobs",
+    "tools",
+    "response_format",
+    "stream_options",
+    "top_k",
+    "frequency_penalty",
+    "prompt",
+    "max_completion_tokens",
+]
 bodies = st.fixed_dictionaries(
-    {"model": st.just(MODEL) | json_values,
-     "messages": st.just(ask()) | st.lists(st.fixed_dictionaries(
-         {"role": st.sampled_from(["user", "system", "x"]) | json_values,
-          "content": st.text(max_size=30) | json_values}), max_size=3) | json_values,
-     "max_tokens": st.integers(-2, 4)},  # replies stay short
+    {
+        "model": st.just(MODEL) | json_values,
+        "messages": st.just(ask())
+        | st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "system", "x"]) | json_values,
+                    "content": st.text(max_size=30) | json_values,
+                }
+            ),
+            max_size=3,
+        )
+        | json_values,
+        "max_tokens": st.integers(-2, 4),
+    },  # replies stay short
     optional={k: json_values for k in FIELDS if k not in ("model", "messages", "max_tokens")},
-)  # fmt: skip
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -405,5 +493,6 @@ def test_fuzzed_bodies_never_crash_the_server(live, body, path):
         assert set(error) == {"message", "type", "code", "param"}
     elif headers["Content-Type"].startswith("text/event-stream"):
         assert sse_events(payload)[-1] == "[DONE]"
-    assert post(live, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})[0] \
-        == 200  # fmt: skip
+    assert (
+        post(live, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})[0] == 200
+    )

@@ -240,8 +240,9 @@ def test_cancelled_and_preempted_work_accounts_correctly_under_churn(make_harnes
         user = f"u{rng.randrange(4)}"
         base = history.get(user, system) if rng.random() < 0.7 else system
         tokens = base + words(rng.randrange(5, 200), 200 + i)
-        add(h, f"r{i}", tokens, user=user, max_tokens=rng.randrange(2, 40), system=64,
-            everyone=True)  # fmt: skip
+        add(
+            h, f"r{i}", tokens, user=user, max_tokens=rng.randrange(2, 40), system=64, everyone=True
+        )
         history[user] = tokens
         for _ in range(rng.randrange(0, 6)):
             h.step()
@@ -283,15 +284,23 @@ def test_conversations_that_share_random_prefixes_in_a_tiny_cache_always_drain(m
     """Many short schedules in 128 cells: prompts reuse random parts of the previous one."""
     for seed in range(150):
         rng = random.Random(seed)
-        h = make_harness(SchedulerConfig(kv_watermark=0.0), n_ctx=128, n_seq_max=6,
-                         max_num_seqs=2, n_batch=64)  # fmt: skip
+        h = make_harness(
+            SchedulerConfig(kv_watermark=0.0), n_ctx=128, n_seq_max=6, max_num_seqs=2, n_batch=64
+        )
         previous: list[int] = []
         for i in range(6):
             base = previous[: rng.randint(0, len(previous))]
             tokens = (base + words(rng.randint(1, 128), seed * 10 + i))[:127]
             system = rng.choice([0, 0, 20, 40]) if len(tokens) > 40 else 0
-            add(h, f"r{i}", tokens, user=rng.choice("ab"), max_tokens=rng.randint(1, 5),
-                system=system, everyone=rng.random() < 0.5)  # fmt: skip
+            add(
+                h,
+                f"r{i}",
+                tokens,
+                user=rng.choice("ab"),
+                max_tokens=rng.randint(1, 5),
+                system=system,
+                everyone=rng.random() < 0.5,
+            )
             run_checked(h, max_steps=3000)
             previous = tokens
         h.assert_drained()

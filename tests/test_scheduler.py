@@ -112,8 +112,9 @@ def test_out_of_cells_preempts_newest_and_everyone_completes(make_harness):
     for i in range(4):
         h.add(f"r{i}", 100, max_tokens=60, user=f"u{i}")
     h.run()
-    order = [(type(e).__name__, e.request_id) for e in h.events
-             if isinstance(e, Admitted | Preempted)]  # fmt: skip
+    order = [
+        (type(e).__name__, e.request_id) for e in h.events if isinstance(e, Admitted | Preempted)
+    ]
     assert order[:4] == [("Admitted", f"r{i}") for i in range(4)]  # r3 is the newest
     assert order[4] == ("Preempted", "r3")  # the newest loses its cells, not an older one
     assert [rid for kind, rid in order if kind == "Preempted"] == ["r3"]

@@ -153,8 +153,14 @@ def test_invalid_sampling_param_raises_value_error_naming_the_field(field, value
 
 def test_sampling_params_boundary_values_are_accepted():
     SamplingParams(max_tokens=1, temperature=0, top_p=1.0, seed=(1 << 32) - 1, stop=("x",) * 16)
-    SamplingParams(temperature=5e-324, top_p=5e-324, min_p=5e-324, top_k=(1 << 31) - 1,
-                   repeat_penalty=0.01, stop=("x" * 256,))  # fmt: skip
+    SamplingParams(
+        temperature=5e-324,
+        top_p=5e-324,
+        min_p=5e-324,
+        top_k=(1 << 31) - 1,
+        repeat_penalty=0.01,
+        stop=("x" * 256,),
+    )
 
 
 def test_the_chat_formats_stop_strings_do_not_count_against_the_users_sixteen():

@@ -128,8 +128,11 @@ def test_serve_shuts_down_gracefully_on_sigterm(tmp_path):
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "localserve", "--config", str(config), "serve", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         lines = iter(proc.stdout.readline, "")  # the start-up block comes first
         port = next(m[1] for line in lines if (m := re.search(r"ws://127.0.0.1:(\d+)", line)))
@@ -160,8 +163,7 @@ TURNS = [
 
 
 def converse(ws, rid: str, messages: list[dict]) -> tuple[str, dict]:
-    ws.send({"type": "chat", "id": rid, "messages": messages, "max_tokens": 24,
-             "temperature": 0})  # fmt: skip
+    ws.send({"type": "chat", "id": rid, "messages": messages, "max_tokens": 24, "temperature": 0})
     frames = ws.until_done(rid)
     return "".join(f["text"] for f in tokens_of(frames, rid)), frames[-1]["usage"]
 

@@ -50,8 +50,9 @@ def test_the_prompt_builder_says_too_long_once_with_both_numbers():
 
 
 def test_one_sampling_definition_behind_both_protocols():
-    chat = Chat(id="a", messages=[Message("user", "hi")], temperature=0.1, stop=["x"],
-                frequency_penalty=0.5)  # fmt: skip
+    chat = Chat(
+        id="a", messages=[Message("user", "hi")], temperature=0.1, stop=["x"], frequency_penalty=0.5
+    )
     params = sampling_params(chat)
     assert (params.temperature, params.stop, params.frequency_penalty) == (0.1, ("x",), 0.5)
     assert params.has_penalties and not params.is_greedy
@@ -70,23 +71,34 @@ def test_websocket_chat_on_the_fake(fake):
 
 def test_openai_chat_and_completions_on_the_fake(fake):
     c = api(fake)
-    reply = c.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=4, extra_body={"ignore_eos": True})  # fmt: skip
+    reply = c.chat.completions.create(
+        model="fake",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+    )
     assert reply.usage.completion_tokens == 4 and reply.choices[0].finish_reason == "length"
-    chunks = list(c.completions.create(model="fake", prompt="a b c", max_tokens=3, stream=True,
-                                       extra_body={"ignore_eos": True}))  # fmt: skip
+    chunks = list(
+        c.completions.create(
+            model="fake", prompt="a b c", max_tokens=3, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert chunks[-1].choices[0].finish_reason == "length"
     assert "".join(ch.choices[0].text for ch in chunks).count("w") == 3
 
 
 def test_openai_unsupported_fields_are_named_on_the_fake(fake):
     c = api(fake)
-    for fields, param in [({"n": 3}, "n"), ({"logit_bias": {"5": 1}}, "logit_bias"),
-                          ({"tool_choice": "auto"}, "tool_choice"),
-                          ({"max_completion_tokens": 0}, "max_tokens")]:  # fmt: skip
+    for fields, param in [
+        ({"n": 3}, "n"),
+        ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"max_completion_tokens": 0}, "max_tokens"),
+    ]:
         with pytest.raises(openai.BadRequestError) as e:
-            c.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}],
-                                      **fields)  # fmt: skip
+            c.chat.completions.create(
+                model="fake", messages=[{"role": "user", "content": "x"}], **fields
+            )
         assert e.value.param == param, e.value.body
 
 
@@ -95,8 +107,9 @@ def test_a_shutting_down_server_answers_503_in_openai_shape(fake):
     server.is_shutting_down = True
     try:
         with pytest.raises(openai.InternalServerError) as e:
-            api(fake).chat.completions.create(model="fake", messages=[{"role": "user",
-                                                                      "content": "x"}])  # fmt: skip
+            api(fake).chat.completions.create(
+                model="fake", messages=[{"role": "user", "content": "x"}]
+            )
         assert e.value.status_code == 503 and e.value.code == "shutting_down"
     finally:
         server.is_shutting_down = False

@@ -83,8 +83,11 @@ def test_one_place_cannot_take_every_socket(fake, bob):
         wait_until(enough_cut, 10, "the sockets over the cap cut")
         for sock in idle:
             sock.close()
-    wait_until(lambda: urllib.request.urlopen(fake.http + "/healthz", timeout=5).status == 200,
-             15, "healthz answers again")  # fmt: skip
+    wait_until(
+        lambda: urllib.request.urlopen(fake.http + "/healthz", timeout=5).status == 200,
+        15,
+        "healthz answers again",
+    )
 
 
 def _was_cut(sock: socket.socket) -> bool:
