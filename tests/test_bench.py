@@ -430,58 +430,50 @@ def test_peer_conversations_resend_the_growing_history(usage_details):
         assert mine[3]["prompt"] == mine[2]["prompt"] and mine[3]["cache_prompt"] is False
 
 
-def test_localserve_conversations_over_the_websocket_protocol():
-    """The websocket path against a stand-in server speaking the protocol's frames."""
+STAND_IN_LIMITS = {
+    "max_frame_bytes": 1 << 20,
+    "max_tokens": 4096,
+    "max_inflight_per_user": 8,
+    "max_queued_per_user": 16,
+    "max_queued": 64,
+}
+STAND_IN_WELCOME = {"model": "fake", "n_ctx": 8192, "limits": STAND_IN_LIMITS, "version": "0"}
+
+
+def stand_in_server(chats: list[tuple[str, dict]]):
+    """A websocket handler speaking the protocol's frames: each chat gets " reply k", where k
+    counts its user turns, and a usage that reports all but the last turn as cached (none for
+    the `-cold` users)."""
     import json
 
-    from websockets.asyncio.server import serve
-
-    chats: list[tuple[str, dict]] = []
+    def frame(kind: str, **fields) -> str:
+        return json.dumps({"type": kind, **fields})
 
     async def handler(ws):
-        hello = json.loads(await ws.recv())
-        user = hello["user"]
-        limits = {
-            "max_frame_bytes": 1 << 20,
-            "max_tokens": 4096,
-            "max_inflight_per_user": 8,
-            "max_queued_per_user": 16,
-            "max_queued": 64,
-        }
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "welcome",
-                    "model": "fake",
-                    "n_ctx": 8192,
-                    "limits": limits,
-                    "version": "0",
-                    "protocol": 1,
-                }
-            )
-        )
+        user = json.loads(await ws.recv())["user"]
+        await ws.send(frame("welcome", protocol=1, **STAND_IN_WELCOME))
         async for raw in ws:
             chat = json.loads(raw)
             chats.append((user, chat))
             k = sum(m["role"] == "user" for m in chat["messages"])
             cached = 0 if user.endswith("-cold") else 100 * (k - 1)
             rid = chat["id"]
-            await ws.send(json.dumps({"type": "queued", "id": rid, "position": 1}))
+            await ws.send(frame("queued", id=rid, position=1))
             for text in (" reply", f" {k}"):
-                await ws.send(json.dumps({"type": "token", "id": rid, "text": text}))
+                await ws.send(frame("token", id=rid, text=text))
             usage = {"prompt_tokens": 100 * k, "completion_tokens": 2, "cached_tokens": cached}
             timings = {"queue_ms": 0.1, "ttft_ms": 1.0, "itl_ms": 1.0, "e2e_ms": 2.0}
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "done",
-                        "id": rid,
-                        "finish_reason": "stop",
-                        "usage": usage,
-                        "timings": timings,
-                    }
-                )
-            )
+            await ws.send(frame("done", id=rid, finish_reason="stop", usage=usage, timings=timings))
+
+    return handler
+
+
+def test_localserve_conversations_over_the_websocket_protocol():
+    """The websocket path against a stand-in server speaking the protocol's frames."""
+    from websockets.asyncio.server import serve
+
+    chats: list[tuple[str, dict]] = []
+    handler = stand_in_server(chats)
 
     async def main():
         async with serve(handler, "127.0.0.1", 0) as server:
