@@ -112,8 +112,9 @@ class Metrics:
 
     # --- recording -------------------------------------------------------------------------
 
-    def event(self, kind: str, seq: Sequence, detail: str = "") -> None:
-        t = self.clock() - self.start_time
+    def event(self, kind: str, seq: Sequence, detail: str = "", at: float | None = None) -> None:
+        """Log what happened to a sequence, at `at` (the engine's clock; default now)."""
+        t = (self.clock() if at is None else at) - self.start_time
         self.events.append(EventRow(t, kind, seq.request_id, seq.user, detail))
 
     def on_admitted(self, seq: Sequence) -> None:
@@ -126,7 +127,7 @@ class Metrics:
             self.counters.cached_tokens += seq.cached_tokens
             self.counters.prefix_hits += 1
             detail += f", {seq.cached_tokens} reused"
-        self.event("admitted", seq, detail)
+        self.event("admitted", seq, detail, at=seq.first_scheduled_time)
 
     def on_token(self, seq: Sequence) -> None:
         self.counters.generation_tokens += 1
@@ -137,7 +138,8 @@ class Metrics:
 
     def on_preempted(self, seq: Sequence) -> None:
         self.counters.preemptions += 1
-        self.event("preempted", seq, f"{seq.num_computed} cells freed, will recompute")
+        detail = f"{seq.num_computed} cells freed, will recompute"
+        self.event("preempted", seq, detail, at=seq.queued_time)
 
     def on_finished(self, seq: Sequence) -> None:
         self.counters.finished += 1
