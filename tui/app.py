@@ -50,7 +50,7 @@ tokens; queue = time before admission.
 [b]step[/b]: what one engine step carries on average — decode tokens (green)
 and prefill tokens (yellow), e.g. "14+96 tok" — and how long it takes.
 [b]Diagnosis[/b]: the top line reads the numbers the way an operator would
-(thresholds in tui/diagnosis.py): capacity bound, slot bound, prefill
+(docs/diagnosis.md): capacity bound, slot bound, prefill
 bound, ITL rising, idle, healthy.
 """
 
@@ -162,8 +162,13 @@ class MonitorApp(App):
                 continue
             self._last_event_t = e.t
             request = e.request_id.split(":", 1)[-1]
-            log.write(Text.assemble(f"{e.t:6.1f}s ", (e.user, user_color(e.user)),
-                                    f" {e.kind} {request}: {e.detail}"))  # fmt: skip
+            log.write(
+                Text.assemble(
+                    f"{e.t:6.1f}s ",
+                    (e.user, user_color(e.user)),
+                    f" {e.kind} {request}: {e.detail}",
+                )
+            )
 
     def on_resize(self) -> None:
         self.screen.set_class(self.size.height >= 40, "tall")
