@@ -85,6 +85,48 @@ def test_kv_bar_shows_cached_prefixes_and_fits(fake_snapshots, width):
     asyncio.run(run())
 
 
+def test_kv_bar_draws_a_shared_system_prompt_once(fake_snapshots):
+    """Rows sharing a cached system prompt draw only their own cells; the prompt's cells come
+    once after them, in the neutral colour, and the bar still adds up to the live cells."""
+    last = fake_snapshots[-1]
+    system = 1000
+    rows = [
+        msgspec.structs.replace(r, own_cells=r.cells, own_computed=r.computed_tokens)
+        for r in last.seqs
+    ]
+    rows[0] = msgspec.structs.replace(
+        rows[0], cells=system + 100, computed_tokens=system + 80, own_cells=100, own_computed=80
+    )
+    rows[1] = msgspec.structs.replace(
+        rows[1], cells=system + 50, computed_tokens=system + 50, own_cells=50, own_computed=50
+    )
+    own = sum(r.own_cells for r in rows)
+    shared = msgspec.structs.replace(
+        last,
+        seqs=rows,
+        kv_total=8000,
+        kv_used=own + system,
+        kv_committed=own + system,
+        kv_cached=0,
+        kv_live=own + system,
+        kv_live_used=own + system,
+    )
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(102, 30)) as pilot:
+            feed(app, Connected("ws://test"), shared)
+            await settle(pilot)
+            bar, legend = str(app.query_one(KVBar).render()).split("\n")
+            width = 100  # the bar's columns: the widget's width less a margin each side
+            drawn = round((own + system) / 8000 * width)
+            assert bar.count("▓") == drawn - round(own / 8000 * width) > 0
+            assert len(bar.rstrip("·")) - 1 == drawn
+            assert f"{own + system:,} committed (▒) · {system:,} shared (▓)" in legend
+
+    asyncio.run(run())
+
+
 def test_pause_holds_the_screen_and_resume_catches_up(fake_snapshots):
     async def run():
         app = MonitorApp(QueueSource(), "ws://test")

@@ -1,4 +1,4 @@
-"""The monitor's plain-words diagnosis (tui/diagnosis.py) on synthetic snapshots."""
+"""The monitor's plain-words diagnosis (tui/diagnosis/) on synthetic snapshots."""
 
 from __future__ import annotations
 
@@ -648,6 +648,29 @@ floats = st.one_of(
 counts = st.integers(min_value=0, max_value=10**9)
 
 
+def step_fields(draw: st.DrawFn) -> dict[str, Any]:
+    return dict(
+        step_s=draw(floats),
+        decode_tokens=draw(floats),
+        prefill_tokens=draw(floats),
+        prefill_time_share=draw(floats),
+        engine_share=draw(floats),
+        prefill_budget=draw(st.integers(0, 4096)),
+    )
+
+
+def counter_fields(draw: st.DrawFn) -> dict[str, Any]:
+    return dict(
+        preemptions=draw(counts),
+        rejections=draw(counts),
+        steps=draw(st.integers(0, 5)),
+        prompt_tokens=draw(counts),
+        cached_tokens=draw(counts),
+        prefix_hits=draw(counts),
+        prefix_evictions=draw(counts),
+    )
+
+
 @st.composite
 def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
     n_run = draw(st.integers(0, 20))
@@ -696,23 +719,8 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
         queue=window(),
         prompt_tokens_per_s=draw(st.floats(0, 1e6)),
         generation_tokens_per_s=draw(st.floats(0, 1e6)),
-        steps=dict(
-            step_s=draw(floats),
-            decode_tokens=draw(floats),
-            prefill_tokens=draw(floats),
-            prefill_time_share=draw(floats),
-            engine_share=draw(floats),
-            prefill_budget=draw(st.integers(0, 4096)),
-        ),
-        counters=dict(
-            preemptions=draw(counts),
-            rejections=draw(counts),
-            steps=draw(st.integers(0, 5)),
-            prompt_tokens=draw(counts),
-            cached_tokens=draw(counts),
-            prefix_hits=draw(counts),
-            prefix_evictions=draw(counts),
-        ),
+        steps=step_fields(draw),
+        counters=counter_fields(draw),
         events=[],
     )
 

@@ -39,9 +39,11 @@ HELP = """\
 
 [b]q[/b] quit   [b]p[/b] pause / resume   [b]?[/b] this help (any key closes it)
 
-[b]KV cells[/b]: █ a sequence's tokens, ▒ promised to a prompt still being
-prefilled, ░ cached prefixes (finished turns, system prompts) kept for
-reuse and evicted when cells are needed, · free. Colours are users.
+[b]KV cells[/b]: each sequence in its user's colour: █ its tokens, ▒
+promised to its prompt still being prefilled; then ▓ system prompts
+that running sequences share (held once), ░ cached prefixes (finished
+turns, system prompts) kept for reuse and evicted when cells are
+needed, · free.
 "reused … in N hits": prompt tokens taken from cached prefixes instead
 of computed; the running table's last column has them per request.
 [b]Latency[/b]: p50 p90 p99 over the last minute; sparklines show p90 over
@@ -49,9 +51,9 @@ the last minutes. TTFT = arrival → first token; ITL = gap between
 tokens; queue = time before admission.
 [b]step[/b]: what one engine step carries on average — decode tokens (green)
 and prefill tokens (yellow), e.g. "14+96 tok" — and how long it takes.
-[b]Diagnosis[/b]: the top line reads the numbers the way an operator would
-(thresholds in tui/diagnosis.py): capacity bound, slot bound, prefill
-bound, ITL rising, idle, healthy.
+[b]Diagnosis[/b]: the top line reads the numbers the way an operator would:
+capacity bound, slot bound, prefill bound, ITL rising, idle, healthy
+(the reasoning and its thresholds: docs/diagnosis.md).
 """
 
 
@@ -161,9 +163,14 @@ class MonitorApp(App):
             if e.t <= self._last_event_t:
                 continue
             self._last_event_t = e.t
-            request = e.request_id.split(":", 1)[-1]
-            log.write(Text.assemble(f"{e.t:6.1f}s ", (e.user, user_color(e.user)),
-                                    f" {e.kind} {request}: {e.detail}"))  # fmt: skip
+            request = e.request_id.split(":", 1)[-1]  # events carry the engine's id only
+            log.write(
+                Text.assemble(
+                    f"{e.t:6.1f}s ",
+                    (e.user, user_color(e.user)),
+                    f" {e.kind} {request}: {e.detail}",
+                )
+            )
 
     def on_resize(self) -> None:
         self.screen.set_class(self.size.height >= 40, "tall")

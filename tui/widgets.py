@@ -11,10 +11,18 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Sparkline, Static
 
 from localserve.protocol import Percentiles, Snapshot
-from tui.diagnosis import duration as ms
+from tui.format import duration, pct, plural, rate
 
-USER_COLORS = ["dodger_blue1", "orange1", "medium_purple1", "spring_green2", "hot_pink2",
-               "gold1", "turquoise2", "salmon1"]  # fmt: skip
+USER_COLORS = [
+    "dodger_blue1",
+    "orange1",
+    "medium_purple1",
+    "spring_green2",
+    "hot_pink2",
+    "gold1",
+    "turquoise2",
+    "salmon1",
+]
 
 
 _assigned: dict[str, str] = {}
@@ -37,27 +45,51 @@ def user_color(user: str) -> str:
     return _assigned[user]
 
 
-def rate(value: float | None) -> str:
-    return "—" if value is None else f"{value:.0f}"
-
-
 class HeaderBar(Static):
     """Model, backend, slots, cells, policy and budget; connection state."""
 
+    _state: tuple[Snapshot | None, bool, str] = (None, False, "")
+
     def show(self, snap: Snapshot | None, connected: bool, status: str) -> None:
-        text = Text()
-        text.append("● live " if connected else f"● {status} ",
-                    style="bold green" if connected else "bold red")  # fmt: skip
-        if snap is not None:
-            m = snap.model
-            where = (
-                m.backend if m.backend == "CPU" else f"{m.backend} {m.n_gpu_layers}/{m.n_layer}L"
-            )
-            text.append(f"{m.model}", style="bold")
-            text.append(f" · {where} · {snap.max_num_seqs} slots · {snap.kv_total} cells · "
-                        f"{snap.policy} ≤{snap.max_num_batched_tokens} tok/step · "
-                        f"ITL ≤{ms(snap.itl_target_s)}")  # fmt: skip
-        self.update(text)
+        self._state = (snap, connected, status)
+        self.refresh()
+
+    def render(self) -> Text:
+        """Drawn at the widget's current width (also after a resize)."""
+        return header_text(*self._state, width=self.size.width)
+
+
+SEPARATOR = " · "
+
+
+def header_text(snap: Snapshot | None, connected: bool, status: str, width: int) -> Text:
+    """The connection state, then as many facts about the server as fit in `width` columns (a
+    fact that does not fit is left out, never wrapped), each behind its own separator."""
+    text = Text()
+    if connected:
+        text.append("● live", style="bold green")
+    else:
+        text.append(f"● {status}", style="bold red")
+    if snap is None:
+        return text
+    m = snap.model
+    where = m.backend if m.backend == "CPU" else f"{m.backend} {m.n_gpu_layers}/{m.n_layer}L"
+    facts = [
+        (m.model, "bold"),
+        (where, ""),
+        (f"{snap.max_num_seqs} slots", ""),
+        (f"{snap.kv_total} cells", ""),
+        (f"{snap.policy} ≤{snap.max_num_batched_tokens} tok/step", ""),
+        (f"ITL ≤{duration(snap.itl_target_s)}", ""),
+    ]
+    text.append(" ")
+    for i, (fact, style) in enumerate(facts):
+        sep = SEPARATOR if i else ""
+        if i and text.cell_len + len(sep) + len(fact) > width:
+            continue
+        text.append(sep, style="grey50")
+        text.append(fact, style=style)
+    return text
 
 
 class DiagnosisLine(Static):
@@ -69,7 +101,8 @@ class DiagnosisLine(Static):
 
 
 class KVBar(Static):
-    """Live, cached, committed and free cells; each sequence's share coloured by its user."""
+    """Each sequence's own cells coloured by its user, then the system prompts they share, the
+    cached prefixes and the free cells."""
 
     _snap: Snapshot | None = None
 
@@ -82,22 +115,24 @@ class KVBar(Static):
         snap = self._snap
         if snap is None:
             return Text(" KV cells: waiting for stats", style="grey50")
-        width = max(self.size.width - 2, 10)
-        total = max(snap.kv_total, 1)
-        cached = min(max(snap.kv_cached, 0), snap.kv_used)
-        live_committed = max(snap.kv_committed - cached, 0)
-        # Sequences sharing a prefix (a common system prompt) each count its cells, the cache
-        # holds them once: shrink the shares so the bar adds up to the distinct cells.
-        claimed = sum(max(r.cells, r.computed_tokens) for r in snap.seqs)
-        scale = min(1.0, live_committed / claimed) if claimed else 1.0
-        bar = _CellBar(total, width)
+        bar = _CellBar(max(snap.kv_total, 1), max(self.size.width - 2, 10))
         for row in snap.seqs:
             color = user_color(row.user)
-            bar.add(row.computed_tokens * scale, "█", color)
-            bar.add(max(row.cells - row.computed_tokens, 0) * scale, "▒", color)
-        bar.add(cached, "░", "grey62")
-        bar.add(total, "·", "grey35")  # the rest
+            bar.add(row.own_computed, "█", color)
+            bar.add(max(row.own_cells - row.own_computed, 0), "▒", color)
+        bar.add(shared_cells(snap), "▓", SHARED_COLOR)
+        bar.add(min(max(snap.kv_cached, 0), snap.kv_used), "░", "grey62")
+        bar.add(snap.kv_total, "·", "grey35")  # the rest
         return Text.assemble(bar.text, "\n", kv_legend(snap, self.size.width - 1))
+
+
+SHARED_COLOR = "grey70"  # cells of a system prompt several sequences share: nobody's own
+
+
+def shared_cells(snap: Snapshot) -> int:
+    """Live cells no sequence holds alone: the cached system prompts running sequences share
+    (each row's own cells leave them out; the cache holds them once)."""
+    return max(snap.kv_live - sum(max(r.own_cells, 0) for r in snap.seqs), 0)
 
 
 class _CellBar:
@@ -122,25 +157,23 @@ def kv_legend(snap: Snapshot, width: int) -> Text:
     """The numbers behind the bar, as many parts as fit in `width` columns (most useful first)."""
     c = snap.counters
     cached = min(max(snap.kv_cached, 0), snap.kv_used)
-    parts = [f"KV {snap.kv_used - cached:,} used (█)"]
+    parts = [f"KV {snap.kv_live_used:,} used (█)"]
     if cached or snap.cached_prefixes:
-        parts.append(f"{cached:,} cached (░) in {_n(snap.cached_prefixes, 'prefix', 'es')}")
-    parts.append(f"{snap.kv_committed - cached:,} committed (▒)")
+        parts.append(f"{cached:,} cached (░) in {plural(snap.cached_prefixes, 'prefix', 'es')}")
+    parts.append(f"{snap.kv_live:,} committed (▒)")
+    if shared := shared_cells(snap):
+        parts.append(f"{shared:,} shared (▓)")  # system prompts, counted once
     parts.append(f"{max(snap.kv_total - snap.kv_committed, 0):,} free")
     if c.prefix_hits or c.cached_tokens:
-        parts.append(f"reused {c.cached_tokens:,} tokens in {_n(c.prefix_hits, 'hit')}")
+        parts.append(f"reused {c.cached_tokens:,} tokens in {plural(c.prefix_hits, 'hit')}")
     # slots as in the header (max_num_seqs): free sequence ids also count spares for caching
-    parts.append(_n(max(snap.max_num_seqs - snap.running, 0), "free slot"))
+    parts.append(plural(max(snap.max_num_seqs - snap.running, 0), "free slot"))
     line = ""
     for part in parts:  # a part that does not fit is left out; shorter ones after it may fit
         candidate = f"{line} · {part}" if line else f" {part}"
         if len(candidate) <= width or not line:
             line = candidate
     return Text(line)
-
-
-def _n(count: int, noun: str, plural: str = "s") -> str:
-    return f"{count:,} {noun}" + ("" if count == 1 else plural)
 
 
 class LatencyPanel(Vertical):
@@ -157,7 +190,7 @@ class LatencyPanel(Vertical):
     def show(self, snap: Snapshot, history: Sequence[Snapshot]) -> None:
         for key, name in self.NAMES.items():
             p: Percentiles = getattr(snap, key)
-            label = f"{name:<5} {ms(p.p50):>7}{ms(p.p90):>8}{ms(p.p99):>8}"
+            label = f"{name:<5} {duration(p.p50):>7}{duration(p.p90):>8}{duration(p.p99):>8}"
             self.query_one(f"#{key}-label", Label).update(label)
             values = [getattr(s, key).p90 or 0.0 for s in history]
             self.query_one(f"#{key}-spark", Sparkline).data = values or [0.0]
@@ -201,7 +234,7 @@ def batch_text(snap: Snapshot) -> Text:
     text.append("█" * d, style="green")
     text.append("█" * p, style="yellow")
     text.append("·" * (width - d - p), style="grey35")
-    text.append(f" {decode:.0f}+{prefill:.0f} tok, {ms(st.step_s)}")
+    text.append(f" {decode:.0f}+{prefill:.0f} tok, {duration(st.step_s)}")
     return text
 
 
@@ -210,8 +243,18 @@ class RunningTable(DataTable):
 
     # cached (prompt tokens reused from a cached prefix) comes last: at 80 columns the timings
     # matter more and the legend above already counts the reuse
-    COLUMNS = ("user", "request", "phase", "prompt", "gen", "tok/s", "TTFT", "ITL", "idle",
-               "cached")  # fmt: skip
+    COLUMNS = (
+        "user",
+        "request",
+        "phase",
+        "prompt",
+        "gen",
+        "tok/s",
+        "TTFT",
+        "ITL",
+        "idle",
+        "cached",
+    )
 
     def on_mount(self) -> None:
         self.add_columns(*self.COLUMNS)
@@ -221,29 +264,43 @@ class RunningTable(DataTable):
         self.clear()
         for r in snap.seqs:
             if r.phase == "prefill":
-                phase = f"prefill {r.computed_tokens / max(r.prompt_tokens, 1):.0%}"
+                phase = "prefill " + pct(r.computed_tokens / max(r.prompt_tokens, 1))
             else:
                 phase = "decode" + (f" ({r.num_preemptions}×↺)" if r.num_preemptions else "")
             self.add_row(
-                Text(r.user, style=user_color(r.user)), r.request_id.split(":", 1)[-1], phase,
-                str(r.prompt_tokens), str(r.output_tokens), rate(r.tokens_per_s),
-                ms(r.ttft_s), ms(r.last_itl_s), ms(r.since_last_token_s), str(r.cached_tokens),
-            )  # fmt: skip
+                Text(r.user, style=user_color(r.user)),
+                r.client_id,
+                phase,
+                str(r.prompt_tokens),
+                str(r.output_tokens),
+                rate(r.tokens_per_s),
+                duration(r.ttft_s),
+                duration(r.last_itl_s),
+                duration(r.since_last_token_s),
+                str(r.cached_tokens),
+            )
 
 
 class WaitingTable(DataTable):
-    """The queue, in admission order."""
+    """The queue, in admission order (the first row is admitted next)."""
+
+    # the numbers first, the request id last: on a narrow screen only the id is cut short
+    COLUMNS = ("user", "waited", "prompt", "request")
 
     def on_mount(self) -> None:
-        self.add_columns("#", "user", "request", "prompt", "waited")
+        self.add_columns(*self.COLUMNS)
         self.cursor_type = "none"
 
     def show(self, snap: Snapshot) -> None:
         self.clear()
         for w in snap.waiting_seqs:
-            request = w.request_id.split(":", 1)[-1] + (" (preempted)" if w.is_preempted else "")
-            self.add_row(str(w.position), Text(w.user, style=user_color(w.user)), request,
-                         str(w.prompt_tokens), ms(w.waited_s))  # fmt: skip
+            request = w.client_id + (" (preempted)" if w.is_preempted else "")
+            self.add_row(
+                Text(w.user, style=user_color(w.user)),
+                duration(w.waited_s),
+                str(w.prompt_tokens),
+                request,
+            )
 
 
 def counters_text(snap: Snapshot) -> str:
@@ -251,6 +308,6 @@ def counters_text(snap: Snapshot) -> str:
     return (
         f"finished {c.finished} · preempted {c.preemptions} · rejected {c.rejections} · "
         f"cancelled {c.cancellations} · errors {c.errors} · reused {c.cached_tokens} tok in "
-        f"{_n(c.prefix_hits, 'hit')} · evicted {_n(c.prefix_evictions, 'prefix', 'es')} · "
+        f"{plural(c.prefix_hits, 'hit')} · evicted {plural(c.prefix_evictions, 'prefix', 'es')} · "
         f"running {snap.running} · waiting {snap.waiting}"
     )

@@ -1,0 +1,188 @@
+"""What the history measures: the newest snapshot and its trends, counters and shares, computed
+once into a `Signals` that the rules only read. How each is measured: docs/diagnosis.md."""
+
+from __future__ import annotations
+
+import math
+
+from localserve.protocol import Percentiles, Snapshot
+from tui.diagnosis.thresholds import (
+    COUNTER_WINDOW_S,
+    ITL_RISE_MIN_S,
+    KV_FULL_SHARE,
+    QUEUE_DOMINANT_SHARE,
+    QUEUE_WAIT_HIGH_S,
+    RISING_RATIO,
+    TREND_LOOKBACK_S,
+    TREND_MIN_SPAN_S,
+    TTFT_HIGH_S,
+    TTFT_RISE_MIN_S,
+)
+
+
+class Signals:
+    """The newest snapshot (`now`) plus what the history says about it. Built once per
+    diagnosis from the history since the last restart; nothing changes it afterwards."""
+
+    def __init__(self, seg: list[Snapshot]) -> None:
+        self.seg = seg
+        self.now = seg[-1]
+        self.ref = _reference(seg)
+        self.trend_s = self.now.uptime_s - self.ref.uptime_s if self.ref is not None else 0.0
+        self._load(self.now)
+        self._kv(self.now)
+        self._latency(self.now)
+        self._counters(seg)
+        self._steps(self.now)
+
+    def _load(self, s: Snapshot) -> None:
+        """Running and waiting now, and how long the queue has waited."""
+        self.running, self.waiting = max(0, s.running), max(0, s.waiting)
+        phases = [row.phase for row in s.seqs]
+        self.prefilling = phases.count("prefill")
+        self.decoding = len(phases) - self.prefilling if phases else self.running
+        self.active = self.running > 0 or self.waiting > 0
+        self.head = s.waiting_seqs[0] if s.waiting_seqs else None
+        waits = [_num(w.waited_s) for w in s.waiting_seqs]
+        self.max_wait = max((w for w in waits if w is not None), default=0.0)
+        # how long "waiting, nothing running" has lasted; with one look the oldest wait is the
+        # only clock
+        self.stall_s = _stall_s(self.seg) if len(self.seg) >= 2 else self.max_wait
+
+    def _kv(self, s: Snapshot) -> None:
+        """KV cells: cached prefixes are evicted before any live sequence is touched, so they
+        count as free here (the snapshot's kv_live and kv_live_used leave them out)."""
+        self.kv_total = s.kv_total
+        self.kv_cached = max(0, s.kv_cached)
+        self.kv_live = max(0, s.kv_live)
+        self.kv_live_used = max(0, s.kv_live_used)
+        self.kv_share = self.kv_live / s.kv_total if s.kv_total > 0 else None
+        self.kv_free = max(0, s.kv_total - self.kv_live)
+        self.kv_full = self.kv_share is not None and self.kv_share >= KV_FULL_SHARE
+        self.free_ids = max(0, s.free_seq_ids) + max(0, s.cached_prefixes)
+        # the next waiting prompt needs more cells than are free
+        need = self.head.prompt_tokens if self.head is not None else 0
+        self.head_too_big = self.head is not None and s.kv_total > 0 and need > self.kv_free
+
+    def _latency(self, s: Snapshot) -> None:
+        """The latency windows, their trends, and whether TTFT is a problem of the queue."""
+        ref = self.ref
+        self.ttft_p50 = _num(s.ttft.p50)
+        self.ttft_then = _num(ref.ttft.p50) if ref is not None else None
+        self.ttft_rising = _rising(self.ttft_p50, self.ttft_then, TTFT_RISE_MIN_S)
+        self.ttft_p90, self.ttft_mean = _num(s.ttft.p90), _num(s.ttft.mean)
+        self.queue_p50, self.queue_mean = _num(s.queue.p50), _num(s.queue.mean)
+        self.itl_p50, self.itl_p90 = _num(s.itl.p50), _num(s.itl.p90)
+        self.itl_then = _num(ref.itl.p50) if ref is not None else None
+        self.itl_rising = _rising(self.itl_p50, self.itl_then, ITL_RISE_MIN_S)
+        target = _num(s.itl_target_s)
+        self.target = target if target is not None and target > 0 else None
+
+        self.queue_share = _share(s.queue, s.ttft)
+        self.waiting_long = self.waiting > 0 and self.max_wait >= QUEUE_WAIT_HIGH_S
+        self.queue_dominates = (
+            self.queue_share is not None and self.queue_share >= QUEUE_DOMINANT_SHARE
+        ) or (self.waiting_long and (self.ttft_p50 is None or self.max_wait >= self.ttft_p50))
+        self.ttft_problem = self.active and (
+            self.ttft_rising
+            or (self.ttft_p50 is not None and self.ttft_p50 >= TTFT_HIGH_S)
+            or self.waiting_long
+        )
+
+    def _counters(self, seg: list[Snapshot]) -> None:
+        """How much each counter grew over about the last minute, and over how long."""
+        self.preemptions, self.preempt_span = _counter_delta(seg, "preemptions")
+        self.rejections, self.reject_span = _counter_delta(seg, "rejections")
+        self.prefix_hits, self.prefix_span = _counter_delta(seg, "prefix_hits")
+        self.reused_tokens = _counter_delta(seg, "cached_tokens")[0]
+        self.prompt_tokens = _counter_delta(seg, "prompt_tokens")[0]
+        self.prefix_evictions = _counter_delta(seg, "prefix_evictions")[0]
+
+    def _steps(self, s: Snapshot) -> None:
+        """Per-step averages: how long a step takes and what shares prefill and Python take."""
+        st = s.steps
+        self.step_s = _num(st.step_s)
+        self.prefill_share = _unit(st.prefill_time_share)
+        self.engine_share = _unit(st.engine_share)
+        self.decode_step_s = (
+            self.step_s * (1 - (self.prefill_share or 0.0)) if self.step_s is not None else None
+        )
+
+
+# --- history -----------------------------------------------------------------------------------
+
+
+def segment(history: list[Snapshot]) -> list[Snapshot]:
+    """The tail of the history since the last restart (uptime only grows within a run)."""
+    start = len(history) - 1
+    while start > 0 and history[start - 1].uptime_s <= history[start].uptime_s:
+        start -= 1
+    return history[start:]
+
+
+def _at_or_before(seg: list[Snapshot], t: float) -> Snapshot | None:
+    for s in reversed(seg):
+        if s.uptime_s <= t:
+            return s
+    return None
+
+
+def _reference(seg: list[Snapshot]) -> Snapshot | None:
+    """The snapshot to compare with for trends, or None when the history is too short."""
+    now = seg[-1].uptime_s
+    ref = _at_or_before(seg[:-1], now - TREND_LOOKBACK_S)
+    if ref is None and now - seg[0].uptime_s >= TREND_MIN_SPAN_S:
+        ref = seg[0]
+    return ref
+
+
+def _counter_delta(seg: list[Snapshot], name: str) -> tuple[int, float]:
+    """How much a counter grew over about the last minute, and over how many seconds."""
+    now = seg[-1]
+    base = _at_or_before(seg[:-1], now.uptime_s - COUNTER_WINDOW_S)
+    if base is None and now.uptime_s <= COUNTER_WINDOW_S:
+        return max(0, getattr(now.counters, name)), max(0.0, now.uptime_s)  # since start
+    if base is None:
+        base = seg[0]
+    delta = getattr(now.counters, name) - getattr(base.counters, name)
+    return max(0, delta), now.uptime_s - base.uptime_s
+
+
+def _stall_s(seg: list[Snapshot]) -> float:
+    """How long the newest run of 'waiting, nothing running' snapshots has lasted."""
+    first = seg[-1]
+    for s in reversed(seg):
+        if not (s.waiting > 0 and s.running == 0):
+            break
+        first = s
+    return seg[-1].uptime_s - first.uptime_s
+
+
+# --- numbers -----------------------------------------------------------------------------------
+
+
+def _num(x: float | None) -> float | None:
+    """A finite number or None."""
+    if x is None or not isinstance(x, int | float) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _unit(x: float | None) -> float | None:
+    x = _num(x)
+    return None if x is None else min(1.0, max(0.0, x))
+
+
+def _share(part: Percentiles, whole: Percentiles) -> float | None:
+    """part / whole by means, falling back to p50s; None when either is missing or zero."""
+    for a, b in ((part.mean, whole.mean), (part.p50, whole.p50)):
+        a, b = _num(a), _num(b)
+        if a is not None and b is not None and b > 0:
+            return max(0.0, a / b)
+    return None
+
+
+def _rising(now: float | None, then: float | None, min_delta: float) -> bool:
+    if now is None or then is None:
+        return False
+    return now >= RISING_RATIO * then and now - then >= min_delta

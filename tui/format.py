@@ -1,0 +1,64 @@
+"""How the monitor and the diagnosis write numbers: durations, shares, counts, one-line text.
+
+Every formatter answers "—" for a missing value (None, NaN, infinity) instead of raising.
+Imports only the standard library, so the diagnosis stays free of Textual.
+"""
+
+from __future__ import annotations
+
+import math
+
+MISSING = "—"
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and isinstance(x, int | float) and math.isfinite(x)
+
+
+def duration(s: float | None) -> str:
+    """Seconds as a short human duration: 85 ms, 1.2 s, 45 s, 3 min, 4 h."""
+    if s is None or not math.isfinite(s):
+        return MISSING
+    if s < 1.0:
+        return f"{s * 1000:.0f} ms"
+    if s < 10.0:
+        return f"{s:.1f} s"
+    if s < 120.0:
+        return f"{s:.0f} s"
+    if s < 7200.0:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.0f} h"
+
+
+def pct(x: float | None) -> str:
+    """A share as a whole percentage: 0.234 -> 23%."""
+    return f"{x * 100:.0f}%" if _finite(x) else MISSING
+
+
+def number(x: float | None) -> str:
+    """A whole number with thousands separators: 1234.6 -> 1,235."""
+    return f"{x:,.0f}" if _finite(x) else MISSING
+
+
+def rate(x: float | None) -> str:
+    """A per-second rate for a narrow column: 1234.6 -> 1235 (no separators)."""
+    return f"{x:.0f}" if _finite(x) else MISSING
+
+
+def plural(count: int, noun: str, suffix: str = "s") -> str:
+    """A count and its noun: 1 hit, 3 hits, 2 prefixes (suffix "es")."""
+    return f"{count:,} {noun}" + ("" if count == 1 else suffix)
+
+
+def span(seconds: float, window_s: float) -> str:
+    """When a counter grew: over a whole counter window of a minute (give or take 5 s) "in the
+    last minute", over a shorter history "in the last 12 s", within a second "just now"."""
+    if seconds >= window_s - 5:
+        return "in the last minute"
+    return f"in the last {seconds:.0f} s" if seconds >= 1 else "just now"
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` on one line, cut to at most `limit` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
