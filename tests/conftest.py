@@ -210,19 +210,23 @@ def fake_snapshots():
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=n)
 
-    engine.add_request("1:question", [2] * 30, params(24), "ana")
-    engine.add_request("2:explain", [2] * 60, params(400), "ben")
+    engine.add_request("1:question", [2] * 30, params(24), "ana", client_id="question")
+    engine.add_request("2:explain", [2] * 60, params(400), "ben", client_id="explain")
     snapshots = []
     for step in range(30):
         if step == 5:
-            engine.add_request("3:paste", [2] * 3000, params(100), "cleo")
+            engine.add_request("3:paste", [2] * 3000, params(100), "cleo", client_id="paste")
         if step == 8:
-            engine.add_request("4:late", [2] * 40, params(12), "dev")
+            engine.add_request("4:late", [2] * 40, params(12), "dev", client_id="late")
         if step == 9:
             for k in range(8):
-                engine.add_request(f"5:batch{k}", [2] * 20, params(50), "eve")
+                engine.add_request(
+                    f"5:batch{k}", [2] * 20, params(50), "eve", client_id=f"batch{k}"
+                )
         if step == 20:  # ana's next turn starts with her first: its cells are reused
-            engine.add_request("6:followup", [2] * 30 + [5] * 40, params(40), "ana")
+            engine.add_request(
+                "6:followup", [2] * 30 + [5] * 40, params(40), "ana", client_id="followup"
+            )
         engine.step()
         snapshots.append(build_snapshot(engine))
     return snapshots
