@@ -64,15 +64,14 @@ def greedy(runner: LlamaRunner, prompt: str, n: int) -> list[int]:
     from localserve.bench_engine import BareBatch
 
     tokens = runner.tokenize(prompt)
-    bare = BareBatch(runner)
-    bare.decode([(0, t, p) for p, t in enumerate(tokens)], logits_last=True)
     out, pos = [], len(tokens)
-    for _ in range(n):
-        logits = llama_cpp.llama_get_logits_ith(runner.ctx, -1)
-        out.append(int(np.ctypeslib.as_array(logits, shape=(runner.info.n_vocab,)).argmax()))
-        bare.decode([(0, out[-1], pos)], logits_last=True)
-        pos += 1
-    bare.close()
+    with BareBatch(runner) as bare:
+        bare.decode([(0, t, p) for p, t in enumerate(tokens)], logits_last=True)
+        for _ in range(n):
+            logits = llama_cpp.llama_get_logits_ith(runner.ctx, -1)
+            out.append(int(np.ctypeslib.as_array(logits, shape=(runner.info.n_vocab,)).argmax()))
+            bare.decode([(0, out[-1], pos)], logits_last=True)
+            pos += 1
     runner.free_seq(0)
     return out
 

@@ -32,24 +32,39 @@ REPEATS = 6
 
 
 class BareBatch:
-    """A llama_batch of its own on the runner's context: the bare loop shares no runner state."""
+    """A llama_batch of its own on the runner's context: the bare loop shares no runner state.
+
+    Tokens, positions and logit flags are written through numpy views, as the runner does.
+    """
 
     def __init__(self, runner) -> None:
-        self.ctx = runner.ctx
-        self.batch = llama_cpp.llama_batch_init(runner.info.n_batch, 0, 1)
+        self.ctx, n = runner.ctx, runner.info.n_batch
+        self.batch = b = llama_cpp.llama_batch_init(n, 0, 1)
+        self.token = np.ctypeslib.as_array(b.token, shape=(n,))
+        self.pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self.logits = np.ctypeslib.as_array(b.logits, shape=(n,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        self.seq_ids = [-1] * n  # what each row's seq_id holds, to write only changes
 
     def decode(self, entries: list[tuple[int, int, int]], logits_last: bool) -> None:
         """entries: (seq id, token, position); every token wants logits unless logits_last."""
-        b = self.batch
-        for i, (seq_id, token, pos) in enumerate(entries):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = token, pos, 1, seq_id
-            b.logits[i] = not logits_last or i == len(entries) - 1
-        b.n_tokens = len(entries)
-        rc = llama_cpp.llama_decode(self.ctx, b)
+        k = len(entries)
+        seq_ids, tokens, positions = zip(*entries, strict=True)
+        self.token[:k], self.pos[:k] = tokens, positions
+        self.logits[:k] = 0 if logits_last else 1
+        self.logits[k - 1] = 1
+        for i, seq_id in enumerate(seq_ids):
+            if self.seq_ids[i] != seq_id:
+                self.batch.seq_id[i][0] = self.seq_ids[i] = seq_id
+        self.batch.n_tokens = k
+        rc = llama_cpp.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
-    def close(self) -> None:
+    def __enter__(self) -> BareBatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
         llama_cpp.llama_batch_free(self.batch)
 
 
@@ -57,19 +72,19 @@ def bare_decode(runner, n: int, steps: int) -> float:
     """Decode tokens/s of a minimal loop: prefill n short prompts, then `steps` batched decodes."""
     prompt = runner.tokenize(PROMPT)
     tokens = [prompt[-1]] * n
-    bare, n_vocab = BareBatch(runner), runner.info.n_vocab
-    for s in range(n):  # prefill each sequence's prompt (not timed)
-        bare.decode([(s, t, p) for p, t in enumerate(prompt)], logits_last=True)
-    pos = len(prompt)
-    start = time.perf_counter()
-    for _ in range(steps):
-        bare.decode([(s, tokens[s], pos) for s in range(n)], logits_last=False)
-        for s in range(n):
-            logits = llama_cpp.llama_get_logits_ith(runner.ctx, s)
-            tokens[s] = int(np.ctypeslib.as_array(logits, shape=(n_vocab,)).argmax())
-        pos += 1
-    elapsed = time.perf_counter() - start
-    bare.close()
+    n_vocab = runner.info.n_vocab
+    with BareBatch(runner) as bare:
+        for s in range(n):  # prefill each sequence's prompt (not timed)
+            bare.decode([(s, t, p) for p, t in enumerate(prompt)], logits_last=True)
+        pos = len(prompt)
+        start = time.perf_counter()
+        for _ in range(steps):
+            bare.decode([(s, tokens[s], pos) for s in range(n)], logits_last=False)
+            for s in range(n):
+                logits = llama_cpp.llama_get_logits_ith(runner.ctx, s)
+                tokens[s] = int(np.ctypeslib.as_array(logits, shape=(n_vocab,)).argmax())
+            pos += 1
+        elapsed = time.perf_counter() - start
     for s in range(n):
         runner.free_seq(s)
     return n * steps / elapsed
@@ -118,13 +133,13 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
     """Prompt tokens/s for one long prompt: through the engine and as bare n_batch chunks."""
     words = (PROMPT * 200).split()
     prompt = runner.tokenize(" ".join(words))[:n_tokens]
-    n_batch, bare_batch = runner.info.n_batch, BareBatch(runner)
-    start = time.perf_counter()
-    for lo in range(0, len(prompt), n_batch):
-        chunk = prompt[lo : lo + n_batch]
-        bare_batch.decode([(0, t, lo + i) for i, t in enumerate(chunk)], logits_last=True)
-    bare = len(prompt) / (time.perf_counter() - start)
-    bare_batch.close()
+    n_batch = runner.info.n_batch
+    with BareBatch(runner) as bare:
+        start = time.perf_counter()
+        for lo in range(0, len(prompt), n_batch):
+            chunk = prompt[lo : lo + n_batch]
+            bare.decode([(0, t, lo + i) for i, t in enumerate(chunk)], logits_last=True)
+        bare_rate = len(prompt) / (time.perf_counter() - start)
     runner.free_seq(0)
     engine = Engine(runner, _no_reuse(config))
     engine.add_request("p", prompt, SamplingParams(temperature=0, max_tokens=1))
@@ -133,7 +148,7 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
     while engine.scheduler.has_work:
         engine.step()
     return {
-        "bare_tokens_per_s": bare,
+        "bare_tokens_per_s": bare_rate,
         "engine_tokens_per_s": len(prompt) / (time.perf_counter() - start),
     }
 

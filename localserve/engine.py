@@ -226,7 +226,7 @@ class Engine:
         """The step's outcome as events, in order, with the metrics that count them."""
         events: list[Event] = []
         for seq in batch.admitted:
-            if seq.num_preemptions == 0:
+            if seq in batch.first_admitted:
                 self.metrics.on_admitted(seq)
             events.append(Admitted(seq.request_id))
         for seq in batch.preempted:
@@ -273,12 +273,14 @@ class Engine:
         )
 
     def _fail_all(self, message: str) -> None:
+        """A step raised: running sequences fail, waiting ones are cancelled at the next step,
+        and those that finished in the broken step (Done not yet sent) get their Done now."""
         seqs = list(self._seqs.values())
         running = [s for s in seqs if s.status is Status.RUNNING]
         self.scheduler.fail(running, message)
         for seq in seqs:
             if seq.status is not Status.FINISHED:
                 self.scheduler.cancel(seq)
-        events: list[Event] = [self._finish(s) for s in running]
+        events: list[Event] = [self._finish(s) for s in seqs if s.status is Status.FINISHED]
         if events:
             self.on_events(events)

@@ -17,8 +17,9 @@ evicted, least recently used first, whenever admission or decode growth needs ce
 before any live sequence is preempted. A system prompt entry is evicted only when no sequence
 and no cached prefix shares its cells.
 
-The pool only counts; the cell operations it decides (free, trim, copy) are queued for the
-engine to apply in llama.cpp, in order, before the next batch runs.
+The pool only counts; the cell operations it decides (free, trim, copy) are queued, and the
+next batch carries them to the runner, which applies them in llama.cpp, in order, before it
+decodes.
 """
 
 from __future__ import annotations

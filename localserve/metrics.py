@@ -138,7 +138,7 @@ class Metrics:
 
     def on_preempted(self, seq: Sequence) -> None:
         self.counters.preemptions += 1
-        detail = f"{seq.num_computed} cells freed, will recompute"
+        detail = f"cells freed, will recompute {len(seq.tokens)} tokens"
         self.event("preempted", seq, detail, at=seq.queued_time)
 
     def on_finished(self, seq: Sequence) -> None:
@@ -154,7 +154,8 @@ class Metrics:
         if not math.isnan(tpot_s):
             self._observe(self.tpot, "request_time_per_output_token_seconds", tpot_s)
         detail = f"{reason.value}, {seq.num_output_tokens} tokens"
-        self.event("finished", seq, detail + (f": {seq.error}" if seq.error else ""))
+        detail += f": {seq.error}" if seq.error else ""
+        self.event("finished", seq, detail, at=seq.finished_time)
 
     def on_rejected(self) -> None:
         self.counters.rejections += 1

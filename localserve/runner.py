@@ -50,7 +50,8 @@ class Runner(Protocol):
     def free_sampler(self, sampler: Any) -> None: ...
 
     def run(self, batch: Batch) -> list[Sampled]:
-        """Apply `batch.cell_ops`, decode the batch, sample each item that wants logits.
+        """Apply `batch.cell_ops` (first, whatever happens next: the pool already counts them
+        done), decode the batch, sample each item that wants logits.
 
         Raises KVCacheFull (nothing computed; the cell operations stay applied), DecodeError or
         ValueError (the batch is lost) and RuntimeError (a cell operation was refused).

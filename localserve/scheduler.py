@@ -53,6 +53,7 @@ class Batch:
     num_decode_tokens: int = 0
     num_prefill_tokens: int = 0
     admitted: list[Sequence] = field(default_factory=list)
+    first_admitted: list[Sequence] = field(default_factory=list)  # of those, never preempted
     preempted: list[Sequence] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)  # cancelled, refused or failed
     cell_ops: list[CellOp] = field(default_factory=list)  # for the runner, before it decodes
@@ -227,6 +228,7 @@ class Scheduler:
             self._take(seq)
             if seq.num_preemptions == 0:
                 seq.cached_tokens = seq.num_computed  # reused from a cached prefix
+                batch.first_admitted.append(seq)
             seq.status = Status.RUNNING
             seq.mark_scheduled(now)
             self.running.append(seq)

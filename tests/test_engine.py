@@ -162,3 +162,47 @@ def test_a_request_whose_sampler_cannot_be_made_fails_alone(make_harness):
     assert h.done("bad").finish_reason == "error" and "no such sampler" in h.done("bad").error
     assert h.done("good").finish_reason == "length"
     h.assert_drained()
+
+
+def test_a_request_preempted_in_the_step_that_admitted_it_is_counted_once(make_harness):
+    from localserve.kv import KVPool
+    from localserve.snapshot import build_snapshot
+
+    h = make_harness(n_ctx=512, n_seq_max=4)  # llama.cpp has 512 cells...
+    h.engine.kv = h.engine.scheduler.kv = KVPool(2048, 4)  # ...the scheduler believes in 2048
+    h.add("a", 480, max_tokens=20, user="u0")
+    h.step()  # a's prompt: 480 of the 512 cells
+    h.add("b", 100, max_tokens=20, user="u1")
+    h.step()  # b is admitted, the batch does not fit: b, the newest, is preempted at once
+    snap = build_snapshot(h.engine)
+    assert [(e.kind, e.request_id) for e in snap.events][-2:] == [
+        ("admitted", "b"),
+        ("preempted", "b"),
+    ]
+    h.run()
+    snap = build_snapshot(h.engine)
+    assert snap.counters.requests == 2 and snap.counters.prompt_tokens == 580
+    assert snap.counters.preemptions >= 1 and snap.counters.finished == 2
+    assert h.done("a").completion_tokens == h.done("b").completion_tokens == 20
+
+
+def test_a_fault_sends_done_to_requests_that_finished_in_the_broken_step():
+    class FailsAfterACancel(FakeRunner):
+        def run(self, batch):
+            if batch.finished:  # the cancelled request left in this step, then the step breaks
+                raise RuntimeError("fake: broken after the scheduler finished someone")
+            return super().run(batch)
+
+    router = EventRouter()
+    engine = Engine(FailsAfterACancel(), on_events=router).start()
+    try:
+        events = router.open("x")
+        engine.add_request("x", [2, 50, 60], SamplingParams(temperature=0, max_tokens=10_000))
+        while not isinstance(events.get(timeout=5), Token):
+            pass
+        engine.cancel("x")
+        while not isinstance(done := events.get(timeout=5), Done):
+            pass
+        assert done.finish_reason == "cancelled"
+    finally:
+        engine.stop()
