@@ -68,6 +68,16 @@ def make_harness():
     return make
 
 
+@pytest.fixture(scope="module")
+def fake():
+    """localserve's server on the paced FakeRunner (tests/helpers.py), one per test module."""
+    from helpers import FakeServer
+
+    server = FakeServer()
+    yield server
+    server.close()
+
+
 # --- a real server on loopback, port 0, with the real default model -------------------------
 
 

@@ -29,13 +29,6 @@ from localserve.transport import CLOSE_NOT_READING
 QUESTION = "What is the capital of France?"
 
 
-@pytest.fixture(scope="module")
-def fake():
-    server = FakeServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture
 def connect(fake):
     opened: list[WS] = []

@@ -12,16 +12,9 @@ import urllib.request
 
 import pytest
 from conftest import configured
-from helpers import FakeServer, Streamer, wait_until
+from helpers import Streamer, wait_until
 
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def fake():
-    server = FakeServer()
-    yield server
-    server.close()
 
 
 @pytest.fixture
