@@ -77,105 +77,116 @@ def sse_events(req: dict):
 
 
 def serve(kind: str, port: int) -> None:
+    """One candidate stack on one core: A websockets, B uvicorn + Starlette, C aiohttp."""
     if len(os.sched_getaffinity(0)) > 1:
         os.sched_setaffinity(0, {0})
+    {"A": serve_websockets, "B": serve_uvicorn, "C": serve_aiohttp}[kind](port)
 
-    def ready() -> None:
-        print("ready", flush=True)
 
-    if kind == "A":
-        from websockets.asyncio.server import serve as ws_serve
+def _ready() -> None:
+    print("ready", flush=True)
 
-        async def handler(ws):
-            async for m in ws:
-                await ws.send(ws_reply(dec.decode(m)))
 
-        async def main_a():
-            async with ws_serve(handler, HOST, port, compression=None, max_size=None) as srv:
-                ready()
-                await srv.serve_forever()
+def serve_websockets(port: int) -> None:
+    """A: the websockets library alone."""
+    from websockets.asyncio.server import serve as ws_serve
 
-        asyncio.run(main_a())
-    elif kind == "B":
-        import uvicorn
-        from starlette.applications import Starlette
-        from starlette.responses import Response
-        from starlette.routing import Route
+    async def handler(ws):
+        async for m in ws:
+            await ws.send(ws_reply(dec.decode(m)))
 
-        async def chat(request):
-            body = chat_reply(dec.decode(await request.body()))
-            return Response(body, media_type="application/json")
+    async def main_a():
+        async with ws_serve(handler, HOST, port, compression=None, max_size=None) as srv:
+            _ready()
+            await srv.serve_forever()
 
-        async def stream(request):
-            req = dec.decode(await request.body())
+    asyncio.run(main_a())
 
-            async def asgi(scope, receive, send):
-                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-                for ev in sse_events(req):
-                    await send({"type": "http.response.body", "body": ev, "more_body": True})
-                await send({"type": "http.response.body", "body": b""})
 
-            return asgi
+def serve_uvicorn(port: int) -> None:
+    """B: uvicorn (httptools, websockets-sansio) with Starlette routes."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
 
-        app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                                Route("/v1/stream", stream, methods=["POST"])])
+    async def chat(request):
+        body = chat_reply(dec.decode(await request.body()))
+        return Response(body, media_type="application/json")
 
-        async def root(scope, receive, send):
-            if scope["type"] != "websocket":
-                return await app(scope, receive, send)
-            await receive()  # websocket.connect
-            await send({"type": "websocket.accept"})
-            while (m := await receive())["type"] == "websocket.receive":
-                await send({"type": "websocket.send", "text": ws_reply(dec.decode(m["text"]))})
+    async def stream(request):
+        req = dec.decode(await request.body())
 
-        server = uvicorn.Server(uvicorn.Config(
-            root, host=HOST, port=port, http="httptools", ws="websockets-sansio",
-            interface="asgi3", lifespan="off", log_config=None, access_log=False,
-            proxy_headers=False))
-
-        async def main_b():
-            task = asyncio.create_task(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.01)
-            ready()
-            await task
-
-        asyncio.run(main_b())
-    else:
-        from aiohttp import WSMsgType, web
-
-        async def chat(request):
-            body = chat_reply(dec.decode(await request.read()))
-            return web.Response(body=body, content_type="application/json")
-
-        async def stream(request):
-            req = dec.decode(await request.read())
-            resp = web.StreamResponse(headers={k.decode(): v.decode() for k, v in SSE_HEADERS})
-            await resp.prepare(request)
+        async def asgi(scope, receive, send):
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             for ev in sse_events(req):
-                await resp.write(ev)
-            await resp.write_eof()
-            return resp
+                await send({"type": "http.response.body", "body": ev, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
 
-        async def ws_handler(request):
-            ws = web.WebSocketResponse(compress=False)
-            await ws.prepare(request)
-            async for m in ws:
-                if m.type == WSMsgType.TEXT:
-                    await ws.send_str(ws_reply(dec.decode(m.data)))
-            return ws
+        return asgi
 
-        async def main_c():
-            app = web.Application()
-            app.add_routes([web.post("/v1/chat/completions", chat),
-                            web.post("/v1/stream", stream), web.get("/ws", ws_handler)])
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, HOST, port).start()
-            ready()
-            await asyncio.Event().wait()
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/stream", stream, methods=["POST"])])
 
-        asyncio.run(main_c())
+    async def root(scope, receive, send):
+        if scope["type"] != "websocket":
+            return await app(scope, receive, send)
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        while (m := await receive())["type"] == "websocket.receive":
+            await send({"type": "websocket.send", "text": ws_reply(dec.decode(m["text"]))})
+
+    server = uvicorn.Server(uvicorn.Config(
+        root, host=HOST, port=port, http="httptools", ws="websockets-sansio",
+        interface="asgi3", lifespan="off", log_config=None, access_log=False,
+        proxy_headers=False))
+
+    async def main_b():
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        _ready()
+        await task
+
+    asyncio.run(main_b())
+
+
+def serve_aiohttp(port: int) -> None:
+    """C: aiohttp for HTTP, SSE and websockets."""
+    from aiohttp import WSMsgType, web
+
+    async def chat(request):
+        body = chat_reply(dec.decode(await request.read()))
+        return web.Response(body=body, content_type="application/json")
+
+    async def stream(request):
+        req = dec.decode(await request.read())
+        resp = web.StreamResponse(headers={k.decode(): v.decode() for k, v in SSE_HEADERS})
+        await resp.prepare(request)
+        for ev in sse_events(req):
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp
+
+    async def ws_handler(request):
+        ws = web.WebSocketResponse(compress=False)
+        await ws.prepare(request)
+        async for m in ws:
+            if m.type == WSMsgType.TEXT:
+                await ws.send_str(ws_reply(dec.decode(m.data)))
+        return ws
+
+    async def main_c():
+        app = web.Application()
+        app.add_routes([web.post("/v1/chat/completions", chat),
+                        web.post("/v1/stream", stream), web.get("/ws", ws_handler)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, HOST, port).start()
+        _ready()
+        await asyncio.Event().wait()
+
+    asyncio.run(main_c())
 
 
 # ----------------------------------------------------------------------------- client

@@ -224,11 +224,9 @@ class Engine:
 
     def _emit(self, batch: Batch, sampled: list[Sampled], step_s: float) -> list[Event]:
         """The step's outcome as events, in order, with the metrics that count them."""
-        events: list[Event] = []
-        for seq in batch.admitted:
-            if seq in batch.first_admitted:
-                self.metrics.on_admitted(seq)
-            events.append(Admitted(seq.request_id))
+        for seq in batch.first_admitted:
+            self.metrics.on_admitted(seq)
+        events: list[Event] = [Admitted(seq.request_id) for seq in batch.admitted]
         for seq in batch.preempted:
             self.metrics.on_preempted(seq)
             events.append(Preempted(seq.request_id))

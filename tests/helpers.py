@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -81,8 +82,8 @@ class FakeServer:
         )
         self.model = ModelConfig(chat_format=chat_format)
         whole = Config(default="fake", models={"fake": self.model}, server=self.config)
-        self._serving = serving(whole, runner=self.runner, thread=True)
-        served = self._serving.__enter__()
+        self._stack = contextlib.ExitStack()
+        served = self._stack.enter_context(serving(whole, runner=self.runner, thread=True))
         self.engine, self.server, self.thread = served.engine, served.server, served.thread
         self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
 
@@ -103,7 +104,7 @@ class FakeServer:
         return connections_of(self, prefix)
 
     def close(self) -> None:
-        self._serving.__exit__(None, None, None)
+        self._stack.close()
         self.runner.close()
 
 
