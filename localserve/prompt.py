@@ -6,9 +6,10 @@
   transcript it answers ("User: What is the capital of France? / Assistant: The capital of
   France is Paris."). Generation stops where the model starts the user's next turn.
 
-`PromptBuilder` renders and tokenizes off the event loop, in a small pool of low-priority
-threads, says once (`PromptTooLong`) when a prompt does not fit the context, and finds the
-system prompt's tokens that requests may share.
+`PromptBuilder` renders and tokenizes off the event loop (on the engine thread between steps
+while a small allowance lasts, else in a small pool of low-priority threads), says once
+(`PromptTooLong`) when a prompt does not fit the context, and finds the system prompt's tokens
+that requests may share.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 from localserve.kv import common_prefix
@@ -110,6 +112,14 @@ def _template_head(system: tuple[str, ...], apply_template) -> str:
 PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed before tokenizing
 TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
 TOKENIZER_NICENESS = 19  # ... at the lowest priority: llama.cpp's threads come first
+# ... except while an allowance of characters lasts (refilled each second, at most one second's
+# worth saved): those are rendered and tokenized on the engine thread between steps, where no
+# llama.cpp thread is waiting for a core. At nice 19 a 3,000-token paste waited about a second
+# for its 12 ms of tokenizing while two llama.cpp threads kept both cores busy (docs/benchmarks.md);
+# the allowance bounds what a flood of prompts can take from the steps (~3% of the engine's time).
+BETWEEN_STEPS_CHARS_PER_S = 32 << 10
+
+BetweenSteps = Callable[..., Future]  # (fn, *args) -> a Future of fn(*args), on the engine thread
 
 
 class PromptTooLong(ValueError):
@@ -129,7 +139,7 @@ class Prompt(NamedTuple):
 
 
 class PromptBuilder:
-    """Render and tokenize in a pool of low-priority threads; one too-long check."""
+    """Render and tokenize between engine steps or in low-priority threads; one too-long check."""
 
     def __init__(
         self,
@@ -138,6 +148,8 @@ class PromptBuilder:
         n_ctx: int,
         chat_format: str,
         system_prompt: str | None = None,
+        between_steps: BetweenSteps | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tokenize = tokenize
         self.apply_template = apply_template
@@ -149,20 +161,38 @@ class PromptBuilder:
         self._pool = ThreadPoolExecutor(
             TOKENIZER_THREADS, "localserve-tokenize", initializer=_lower_priority
         )
+        self.between_steps = between_steps
+        self.clock = clock
+        self._allowance = float(BETWEEN_STEPS_CHARS_PER_S)  # characters, for between_steps
+        self._refilled = clock()
 
     async def chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
         """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat."""
-        return await self._run(self._chat, messages)
+        size = sum(len(content) for _, content in messages) + len(self.system_prompt or "")
+        return await self._run(self._chat, messages, size)
 
     async def text(self, text: str) -> Prompt:
         """A raw prompt (OpenAI's completions): the text as it is, nothing shared."""
-        return await self._run(self._text, text)
+        return await self._run(self._text, text, len(text))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, fn, arg) -> Prompt:
+    async def _run(self, fn, arg, size: int) -> Prompt:
+        if self.between_steps is not None and self._take_allowance(size):
+            return await asyncio.wrap_future(self.between_steps(fn, arg))
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+
+    def _take_allowance(self, size: int) -> bool:
+        """Whether `size` characters still fit this second's between-steps allowance."""
+        now = self.clock()
+        refill = (now - self._refilled) * BETWEEN_STEPS_CHARS_PER_S
+        self._allowance = min(BETWEEN_STEPS_CHARS_PER_S, self._allowance + refill)
+        self._refilled = now
+        if size > self._allowance:
+            return False
+        self._allowance -= size
+        return True
 
     def _chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
         r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)

@@ -93,6 +93,7 @@ class Server:
             runner.info.n_ctx,
             model.chat_format,
             model.system_prompt,
+            engine.call_between_steps,
         )
         self.is_shutting_down = False
         self.port = 0

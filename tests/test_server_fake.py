@@ -124,3 +124,43 @@ def test_models_and_unknown_paths_on_the_fake(fake):
         urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=5)
     error = json.loads(e.value.read())["error"]
     assert e.value.code == 404 and len(error["message"]) < 200
+
+
+def test_small_prompts_are_built_between_engine_steps_within_an_allowance():
+    from concurrent.futures import Future
+
+    from localserve import prompt as prompt_module
+
+    runner = FakeRunner(n_ctx=100_000)
+    calls, now = [], [0.0]
+
+    def between_steps(fn, *args) -> Future:
+        calls.append(fn.__name__)
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    builder = PromptBuilder(
+        runner.tokenize,
+        runner.apply_chat_template,
+        100_000,
+        "template",
+        None,
+        between_steps,
+        clock=lambda: now[0],
+    )
+    per_s = prompt_module.BETWEEN_STEPS_CHARS_PER_S
+    try:
+        asyncio.run(builder.chat([("user", "word " * 2000)]))  # 10,000 characters
+        asyncio.run(builder.text("x" * (per_s - 10_000)))  # the rest of this second's allowance
+        assert len(calls) == 2
+        asyncio.run(builder.text("y" * 100))  # over it: the low-priority pool
+        assert len(calls) == 2
+        now[0] += 0.5  # half the allowance back
+        asyncio.run(builder.text("z" * (per_s // 2)))
+        assert len(calls) == 3
+        now[0] += 100.0  # at most one second's worth is saved up
+        asyncio.run(builder.text("w " * per_s))
+        assert len(calls) == 3
+    finally:
+        builder.shutdown()
