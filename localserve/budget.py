@@ -6,9 +6,15 @@ measured step times, in two parts that stay identifiable:
   without prefill (a long paste makes every step mixed, so a joint fit would let the intercept
   soak up the prefill cost and under-price prompt tokens);
 - the prefill price `c` as a moving average of each mixed step's residual per prefill token; it
-  follows the growing attention cost as a long prompt's chunks go deeper into the context.
-While sequences decode, the prefill budget is the number of prompt tokens that keeps the
-predicted step time within the ITL target.
+  follows the growing attention cost as a long prompt's chunks go deeper into the context;
+- a factor on that price per batch size (buckets of BUCKET_TOKENS tokens, decodes included),
+  learned the same way. A token's price is not the same at every batch size: on the CPU here a
+  step of 3 decodes and 60 prompt tokens took 111 ms, one with 61 took 142 ms (llama.cpp's CPU
+  flash attention changes path at 64 rows; docs/benchmarks.md). A bucket not seen yet takes the
+  factor of the nearest smaller one seen, so one expensive step teaches every larger size.
+While sequences decode, the prefill budget is the chunk that advances prompts fastest (prompt
+tokens per second of step) among those whose predicted step stays within the ITL target; with
+one price for every size that is the largest such chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ MAX_TRACE = 1e4
 MIN_VARIANCE = 1e-6
 PREFILL_ALPHA = 0.3  # weight of the newest prefill-price sample
 MIN_PREFILL_FOR_FIT = 8  # smaller chunks say more about noise than about the price
+BUCKET_TOKENS = 8  # batch sizes priced alike
+FACTOR_ALPHA = 0.3  # weight of the newest sample of a bucket's factor
+NEAR_BEST_RATE = 0.95  # the largest chunk within this share of the fastest one is taken
 
 
 class StepCostModel:
@@ -32,6 +41,7 @@ class StepCostModel:
         self._ab = [prior[0], prior[1]]
         self._p = [[1.0 / confidence, 0.0], [0.0, 1.0 / confidence]]  # RLS covariance
         self._c = prior[2]
+        self._factors: dict[int, float] = {}  # batch-size bucket -> factor on the price c
         self._has_prefill_sample = False
         self.num_updates = 0
 
@@ -41,13 +51,27 @@ class StepCostModel:
         return [*self._ab, self._c]
 
     def predict(self, num_decode: int, num_prefill: int) -> float:
-        a, b, c = self.theta
-        return max(0.0, a + b * num_decode + c * num_prefill)
+        a, b, _ = self.theta
+        return max(0.0, a + b * num_decode + self.prefill_s(num_decode, num_prefill))
 
     @property
     def prefill_token_s(self) -> float:
-        """Seconds per prefill token (kept positive so budgets stay finite)."""
+        """Seconds per prefill token at the base price (kept positive so budgets stay finite)."""
         return max(self._c, 1e-6)
+
+    def prefill_s(self, num_decode: int, num_prefill: int) -> float:
+        """The predicted cost of the prompt tokens of a step (its decodes set the batch size)."""
+        if not num_prefill:
+            return 0.0
+        return self.prefill_token_s * self.factor(num_decode + num_prefill) * num_prefill
+
+    def factor(self, num_tokens: int) -> float:
+        """The price factor for a batch of `num_tokens` (the nearest smaller bucket seen)."""
+        bucket = num_tokens // BUCKET_TOKENS
+        if bucket in self._factors:
+            return self._factors[bucket]
+        below = [b for b in self._factors if b < bucket]
+        return self._factors[max(below)] if below else 1.0
 
     def update(self, num_decode: int, num_prefill: int, step_s: float) -> None:
         """Fold in one measured step."""
@@ -55,12 +79,21 @@ class StepCostModel:
             self._fit_decode(float(num_decode), step_s)
         elif num_prefill >= MIN_PREFILL_FOR_FIT:
             residual = step_s - max(0.0, self.predict(num_decode, 0))
-            sample = max(residual / num_prefill, 1e-6)
-            if not self._has_prefill_sample:  # the prior was a guess; a measurement is not
-                self._c, self._has_prefill_sample = sample, True
-            else:
-                self._c += PREFILL_ALPHA * (sample - self._c)
+            self._fit_prefill(max(residual / num_prefill, 1e-6), num_decode + num_prefill)
         self.num_updates += 1
+
+    def _fit_prefill(self, sample: float, num_tokens: int) -> None:
+        """Fold in one price per prompt token, seen in a batch of `num_tokens`."""
+        bucket = num_tokens // BUCKET_TOKENS
+        if not self._has_prefill_sample:  # the prior was a guess; a measurement is not
+            self._c, self._has_prefill_sample = sample, True
+            self._factors[bucket] = 1.0
+        elif bucket not in self._factors:  # a new size: its factor, not the price, moves
+            self._factors[bucket] = sample / self.prefill_token_s
+        else:  # the price follows the depth; what is left over is this size's own
+            self._c += PREFILL_ALPHA * (sample / self._factors[bucket] - self._c)
+            factor = self._factors[bucket]
+            self._factors[bucket] = factor + FACTOR_ALPHA * (sample / self.prefill_token_s - factor)
 
     def _fit_decode(self, num_decode: float, step_s: float) -> None:
         """Recursive least squares with forgetting on (1, num_decode)."""
@@ -81,7 +114,21 @@ class StepCostModel:
             self._p = [[v * MAX_TRACE / trace for v in row] for row in self._p]
 
     def prefill_budget(self, num_decode: int, target_s: float, floor: int, ceiling: int) -> int:
-        """Prompt tokens that keep a step with `num_decode` decodes within `target_s`."""
-        spare = target_s - self.predict(num_decode, 0)
-        budget = int(spare / self.prefill_token_s) if spare > 0 else 0
-        return max(min(floor, ceiling), min(budget, ceiling))
+        """Prompt tokens for a step with `num_decode` decodes that stays within `target_s`:
+        the largest chunk that advances prompts nearly as fast as the fastest one."""
+        decode_s = self.predict(num_decode, 0)
+        spare = target_s - decode_s
+        candidates = []  # (chunk, prompt tokens per second of step)
+        first, last = num_decode + 1, num_decode + ceiling  # batch sizes
+        edges = (b * BUCKET_TOKENS for b in self._factors)  # where the factor may change
+        starts = sorted({first} | {n for n in edges if first < n <= last})
+        for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):  # one factor each
+            price = self.prefill_token_s * self.factor(lo)
+            chunk = min(hi - 1 - num_decode, int(spare / price)) if spare > 0 else 0
+            if chunk >= lo - num_decode:  # the largest chunk of this stretch within the target
+                candidates.append((chunk, chunk / (decode_s + price * chunk)))
+        if not candidates:
+            return min(floor, ceiling)
+        best = max(rate for _, rate in candidates)
+        budget = max(chunk for chunk, rate in candidates if rate >= NEAR_BEST_RATE * best)
+        return max(min(floor, ceiling), budget)

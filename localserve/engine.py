@@ -261,7 +261,8 @@ class Engine:
             events.append(Preempted(seq.request_id))
         events += [self._finish(seq) for seq in batch.finished]
         if batch.items:
-            prefill_s = self.scheduler.cost.prefill_token_s * batch.num_prefill_tokens
+            cost = self.scheduler.cost
+            prefill_s = cost.prefill_s(batch.num_decode_tokens, batch.num_prefill_tokens)
             decode_s, num_sampled = self.runner.timings.decode_s, sum(not s.error for s in sampled)
             self.metrics.on_step(
                 batch.num_decode_tokens,

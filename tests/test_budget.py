@@ -159,7 +159,7 @@ def test_prefill_price_follows_deeper_context():
     model = trained(mixed_steps(300))
     for _ in range(30):  # chunks deeper in a long prompt cost twice as much per token
         model.update(2, 64, true_step_s(2, 0) + 2 * C * 64)
-    assert model.prefill_token_s == pytest.approx(2 * C, rel=0.05)
+    assert model.prefill_s(2, 64) / 64 == pytest.approx(2 * C, rel=0.05)
 
 
 def test_a_gpu_is_priced_by_its_own_steps_not_the_cpu_prior():
@@ -170,3 +170,55 @@ def test_a_gpu_is_priced_by_its_own_steps_not_the_cpu_prior():
     model.update(16, 0, 0.003)
     model.update(16, 496, 0.003 + 496 * 10e-6)
     assert model.prefill_budget(16, 0.120, 32, 512) == 512
+
+
+def cliff_step_s(num_decode: int, num_prefill: int) -> float:
+    """A machine whose batches of 64 tokens or more take a slower path (as llama.cpp's CPU flash
+    attention did here): 3 decodes + 60 prompt tokens fit 0.12 s, 3 + 61 do not."""
+    slow = 0.035 + 0.0002 * num_prefill if num_decode + num_prefill >= 64 else 0.0
+    return true_step_s(num_decode, 0) + 0.0012 * num_prefill * (num_prefill > 0) + slow
+
+
+def cliff_model() -> StepCostModel:
+    model = StepCostModel()
+    for d in (1, 2, 3, 4) * 5:
+        model.update(d, 0, cliff_step_s(d, 0))
+    return model
+
+
+def prefill_with_streams(model: StepCostModel, target: float, steps: int) -> list[tuple]:
+    """(chunk, step seconds) of `steps` steps of three streams and a long prompt."""
+    record = []
+    for _ in range(steps):
+        chunk = model.prefill_budget(3, target, floor=8, ceiling=509)
+        step_s = cliff_step_s(3, chunk)
+        model.update(3, chunk, step_s)
+        record.append((chunk, step_s))
+    return record
+
+
+def test_the_budget_learns_a_batch_size_where_tokens_get_dearer_and_stays_below_it():
+    record = prefill_with_streams(cliff_model(), 0.12, 40)
+    # a few steps find the dear sizes; then every step stays below them, within the target
+    assert max(step_s for _, step_s in record[10:]) <= 0.12
+    assert {chunk for chunk, _ in record[10:]} <= set(range(52, 61))
+
+
+def test_a_smaller_chunk_that_advances_the_prompt_faster_wins():
+    model = cliff_model()
+    for chunk in (50, 96, 50, 96):  # both sides of the cliff seen
+        model.update(3, chunk, cliff_step_s(3, chunk))
+    # 97 tokens would fit 0.20 s, but 60 in 0.10 s advance the prompt faster (and the streams);
+    # the sizes between, not seen yet, are tried once each (priced like the nearest smaller one)
+    record = prefill_with_streams(model, 0.20, 20)
+    assert max(step_s for _, step_s in record) <= 0.20
+    assert {chunk for chunk, _ in record[10:]} <= set(range(55, 61))
+
+
+def test_one_price_for_every_size_still_takes_the_largest_chunk_that_fits():
+    model = StepCostModel(prior=SIMPLE)
+    for chunk in (40, 100, 300):  # measured at several sizes, all at the same price
+        model.update(20, chunk, 0.010 + 20 * 0.002 + 0.0001 * chunk)
+    assert model.prefill_budget(20, target_s=0.1, floor=16, ceiling=4096) == pytest.approx(
+        500, abs=1
+    )
