@@ -7,7 +7,12 @@ wait_for() {  # wait until an HTTP endpoint answers
   echo "timed out waiting for $1" >&2; return 1
 }
 
-llama_server() {  # port: llama-server on the embedded model, with localserve's serve settings
-  "$LLAMA_SERVER" -m "$MODEL" -c 8192 -np 16 -kvu -t 2 -tb 2 -b 512 -ub 512 --metrics \
-    --cache-ram 0 --no-jinja --chat-template gemma --no-repack --port "$1"
+# port [batch, default 512 = models.toml's max_num_batched_tokens; ubatch the same]: llama-server
+# on the embedded model, with localserve's serve settings. Start it in the background
+# (`llama_server 8080 >log 2>&1 &`): it execs, so $! is llama-server itself and `kill $!` stops
+# it (without exec, the kill reached only the function's subshell and left llama-server running).
+llama_server() {
+  local batch=${2:-512}
+  exec "$LLAMA_SERVER" -m "$MODEL" -c 8192 -np 16 -kvu -t 2 -tb 2 -b "$batch" -ub "$batch" \
+    --metrics --cache-ram 0 --no-jinja --chat-template gemma --no-repack --port "$1"
 }

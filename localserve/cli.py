@@ -296,6 +296,12 @@ def _add_bench(sub) -> None:
         help="closed loop: this many in flight instead (conversation: conversations at a time)",
     )
     lb.add_argument("--ignore-eos", action="store_true", help="fixed output lengths")
+    lb.add_argument(
+        "--max-tokens",
+        type=int,
+        help="output tokens of every request (default: per kind, short 48, long 320, paste 96; "
+        "conversation: 64 per turn)",
+    )
     lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
@@ -317,7 +323,6 @@ def _add_conversation_options(cv) -> None:
         default=350,
         help="document tokens per user turn (350: turn 5 has ~2,000)",
     )
-    cv.add_argument("--max-tokens", type=int, default=64, help="reply cap per turn (greedy)")
     cv.add_argument(
         "--cold",
         action="store_true",
@@ -346,7 +351,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == "conversation":
         return _bench_conversations(args)
     slo = bench.SLO.parse(args.slo) if args.slo else None
-    specs = bench.build_requests(args.workload, args.num_requests, args.seed)
+    specs = bench.build_requests(args.workload, args.num_requests, args.seed, args.max_tokens)
     progress = terminal_progress(f"{args.workload} x{args.num_requests}")
     load = runs.run_load(
         target,
@@ -379,6 +384,7 @@ def _bench_conversations(args: argparse.Namespace) -> int:
 
     from localserve import bench
     from localserve.bench import runs
+    from localserve.bench.workloads import REPLY_TOKENS
     from localserve.models import terminal_progress
 
     conversations = bench.build_conversations(
@@ -388,7 +394,7 @@ def _bench_conversations(args: argparse.Namespace) -> int:
     talks = runs.run_conversations(
         bench.target(args.peer or args.url, bool(args.peer)),
         conversations,
-        max_tokens=args.max_tokens,
+        max_tokens=REPLY_TOKENS if args.max_tokens is None else args.max_tokens,
         concurrency=args.concurrency or 1,
         ignore_eos=args.ignore_eos,
         seed=args.seed,

@@ -134,6 +134,16 @@ def test_workloads_are_reproducible_and_mixed():
     assert len(paste.prompt.split()) > 1500
 
 
+def test_max_tokens_sets_every_requests_output_length():
+    default = build_requests("mixed", 50, seed=2)
+    capped = build_requests("mixed", 50, seed=2, max_tokens=96)
+    assert {r.max_tokens for r in default} == {48, 320, 96}
+    assert all(r.max_tokens == 96 for r in capped)
+    assert [(r.kind, r.prompt) for r in capped] == [(r.kind, r.prompt) for r in default]
+    with pytest.raises(ValueError, match="--max-tokens"):
+        build_requests("short", 3, max_tokens=0)
+
+
 def test_unknown_workload_is_refused():
     with pytest.raises(ValueError, match="--workload"):
         build_requests("everything", 3)
@@ -518,6 +528,22 @@ def test_bench_cli_runs_the_load_against_a_peer(tmp_path, capsys):
     assert all(b["ignore_eos"] and b["stop"] == [] for b in fake.bodies)
     record = json.loads(out.read_text())
     assert record["summary"]["output_tokens"] == 6 and len(record["requests"]) == 3
+
+
+def test_bench_cli_max_tokens_caps_single_workloads_and_conversations():
+    from localserve.cli import _parser, main
+
+    p = _parser()
+    assert p.parse_args(["bench"]).max_tokens is None
+    assert p.parse_args(["bench", "--workload", "chat", "--max-tokens", "96"]).max_tokens == 96
+    with FakeOpenAI() as fake:
+        args = ["bench", "--peer", fake.url, "--workload", "long", "--num-requests", "2"]
+        assert main([*args, "--max-tokens", "5"]) == 0
+    assert [b["max_tokens"] for b in fake.bodies] == [5, 5]
+    with FakeOpenAI() as fake:
+        args = ["bench", "--peer", fake.url, "--workload", "conversation", "--turns", "1"]
+        assert main([*args, "--conversations", "1"]) == 0
+    assert sorted(b["max_tokens"] for b in fake.bodies) == [8, 64]  # the warm-up's 8, a turn's 64
 
 
 def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from localserve.prompt import render_transcript
 from localserve.scenario import (
@@ -74,13 +74,24 @@ class Conversation:
 # --- single requests -----------------------------------------------------------------------------
 
 
-def build_requests(workload: str, n: int, seed: int = 0) -> list[RequestSpec]:
-    """n requests of a named workload, reproducible for a seed."""
+def build_requests(
+    workload: str, n: int, seed: int = 0, max_tokens: int | None = None
+) -> list[RequestSpec]:
+    """n requests of a named workload, reproducible for a seed.
+
+    Each kind has its output length (OUTPUT_TOKENS); max_tokens, when given, replaces it for
+    every request (the prompts are the same either way).
+    """
     if workload not in WORKLOADS:
         raise ValueError(f"--workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError("--max-tokens must be at least 1")
     rng = random.Random(seed)
     kinds, weights = zip(*WORKLOADS[workload].items(), strict=True)
-    return [_spec(rng.choices(kinds, weights)[0], rng) for _ in range(n)]
+    specs = [_spec(rng.choices(kinds, weights)[0], rng) for _ in range(n)]
+    if max_tokens is None:
+        return specs
+    return [replace(s, max_tokens=max_tokens) for s in specs]
 
 
 def _spec(kind: str, rng: random.Random) -> RequestSpec:
