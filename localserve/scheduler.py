@@ -9,8 +9,10 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    their prompt fits in uncommitted cells above the watermark; a sequence that starts with a
    cached prefix it may see reuses those cells and prefills only the rest (localserve.kv);
 4. prefill: chunks of prompts within `max_num_batched_tokens`, and while anyone decodes within
-   the adaptive budget that keeps the step near the ITL target; users who got the least prefill
-   recently go first, and within a user the shortest remaining prompt.
+   the adaptive budget that keeps the step near the ITL target (localserve.budget); users who got
+   the least prefill recently go first, and within a user the shortest remaining prompt. A
+   prompt admitted in this step that fits whole goes first of all, and the others then advance
+   only by `min_prefill_tokens`: its first token waits for a short step, not a chunk of a paste.
 The `static` policy admits only when the running set is empty, for comparison.
 """
 
@@ -247,7 +249,18 @@ class Scheduler:
         prefills = [s for s in self.running if id(s) not in in_batch]
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
+        # prompts admitted now that fit whole go first, and the others together advance only
+        # by the floor: a new prompt's first token waits for a short step, not for a chunk of
+        # someone's paste
+        admitted = {id(s) for s in batch.admitted}
+        quick = {id(s) for s in prefills if id(s) in admitted and s.num_remaining <= budget}
+        if sum(s.num_remaining for s in prefills if id(s) in quick) > budget:
+            quick = set()
+        prefills.sort(key=lambda s: id(s) not in quick)  # stable: the order above otherwise
+        others_cap = min(self.config.min_prefill_tokens, budget) if quick else None
         for seq in prefills:
+            if others_cap is not None and id(seq) not in quick:
+                budget, others_cap = min(budget, others_cap), None
             if budget <= 0:
                 break
             n = min(seq.num_remaining, budget)
