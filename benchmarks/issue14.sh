@@ -3,8 +3,10 @@
 # which server goes first. The same client (this checkout's `localserve bench`) measures every
 # server; each run is a fresh server process unless said otherwise.
 #  1. closed-loop chat throughput and tails: `bench --workload chat --max-tokens 96 --ignore-eos`
-#     at 1, 8 and 16 users (12, 48, 64 requests) through /v1/completions, against localserve and
-#     llama-server -b 512; one server start per server and round, with a 4-request warm-up;
+#     at 1, 8 and 16 users (12, 48, 64 requests): localserve over its websocket protocol (which
+#     shares the transcript's preamble as a system prompt), llama-server -b 512 through
+#     /v1/completions (its slot cache reuses the previous prompt's preamble: cache_prompt is on
+#     by default); one server start per server and round, with a 4-request warm-up;
 #  2. the origin scenario (streams, a 3,000-token paste, a late question): localserve over its
 #     websocket protocol, llama-server at -b 128, 512 and 2048 (ubatch = batch);
 #  3. the mixed workload (32 requests, 8 users, websocket), continuous against static batching;
@@ -151,20 +153,20 @@ policy_config() {  # dir policy: a copy of that checkout's models.toml with that
 
 
 part1() {  # round: closed-loop chat, each server freshly started, warm-up then every point
-  local round=$1 label url c n point labels=(localserve)
+  local round=$1 label c n point target labels=(localserve)
   [ -z "$BEFORE" ] || labels+=(before)
   [ -z "$LLAMA_SERVER" ] || labels+=(llama-b512)
   mapfile -t labels < <(ordered "$round" "${labels[@]}")
   for label in "${labels[@]}"; do
-    url="http://127.0.0.1:$PORT"
-    [[ $label != llama-* ]] || url="http://127.0.0.1:$LLAMA_PORT"
+    target=(--url "ws://127.0.0.1:$PORT")
+    [[ $label != llama-* ]] || target=(--peer "http://127.0.0.1:$LLAMA_PORT")
     if start "$label" "$OUT/serve-chat-$label-r$round.log"; then
-      bench "$OUT/warmup-chat-$label-r$round.json" --peer "$url" --workload chat \
+      bench "$OUT/warmup-chat-$label-r$round.json" "${target[@]}" --workload chat \
         --max-tokens "$CHAT_TOKENS" --ignore-eos \
         --concurrency "$WARMUP_N" --num-requests "$WARMUP_N"
       for point in "${CHAT_POINTS[@]}"; do
         read -r c n <<<"$point"
-        bench "$OUT/chat-$label-c$c-r$round.json" --peer "$url" --workload chat \
+        bench "$OUT/chat-$label-c$c-r$round.json" "${target[@]}" --workload chat \
           --max-tokens "$CHAT_TOKENS" --ignore-eos --concurrency "$c" --num-requests "$n"
       done
     fi
