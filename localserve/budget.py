@@ -132,3 +132,11 @@ class StepCostModel:
         best = max(rate for _, rate in candidates)
         budget = max(chunk for chunk, rate in candidates if rate >= NEAR_BEST_RATE * best)
         return max(min(floor, ceiling), budget)
+
+    def chunk_for_rate(self, num_decode: int, rate: float, ceiling: int) -> int:
+        """The smallest chunk whose step advances prompts by `rate` tokens per second (the
+        ceiling when none does): a larger chunk also makes the step longer."""
+        for chunk in range(BUCKET_TOKENS, ceiling, BUCKET_TOKENS):
+            if chunk >= rate * self.predict(num_decode, chunk):
+                return chunk
+        return ceiling

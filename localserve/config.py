@@ -79,6 +79,9 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     itl_target_ms: Annotated[float, msgspec.Meta(gt=0)] = 120.0
     # Smallest prefill chunk per step while others decode, so long prompts always progress.
     min_prefill_tokens: Positive = 32
+    # When several long prompts compete or requests wait, prefill takes more of each step (the
+    # streams slow) so that every prompt being prefilled gets its first token within this long.
+    ttft_target_ms: Annotated[float, msgspec.Meta(gt=0)] = 5_000.0
     # Free cells kept back at admission, as a share of the cache, so running decodes can grow.
     kv_watermark: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.02
     max_running_per_user: Positive = 8  # per-user in-flight cap inside the engine

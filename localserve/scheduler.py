@@ -13,11 +13,15 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    the least prefill recently go first, and within a user the shortest remaining prompt. A
    prompt admitted in this step that fits whole goes first of all, and the others then advance
    only by `min_prefill_tokens`: its first token waits for a short step, not a chunk of a paste.
+   When several long prompts compete, or requests wait for admission, the budget grows to what
+   gives every prompt being prefilled its first token within `ttft_target_ms` of its arrival
+   (earliest deadline first): past that point queue time, not smoothness, is what users feel.
 The `static` policy admits only when the running set is empty, for comparison.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -134,7 +138,7 @@ class Scheduler:
         self._schedule_decode(batch, now)
         if not batch.preempted:  # cells are short: let running work drain first
             self._admit(batch, now)
-        self._schedule_prefill(batch)
+        self._schedule_prefill(batch, now)
         batch.cell_ops = self.kv.take_ops()  # everything decided since the last batch
         return batch
 
@@ -237,16 +241,23 @@ class Scheduler:
             self._num_running[seq.user] = self._num_running.get(seq.user, 0) + 1
             batch.admitted.append(seq)
 
-    def _schedule_prefill(self, batch: Batch) -> None:
+    def _schedule_prefill(self, batch: Batch, now: float) -> None:
         # prefill: chunks within what is left of the step's token budget
+        in_batch = {id(item.seq) for item in batch.items}
+        prefills = [s for s in self.running if id(s) not in in_batch]
         budget = self.max_num_batched_tokens - batch.num_decode_tokens
         if batch.num_decode_tokens and self.config.policy == "continuous":
             target = self.config.itl_target_ms / 1e3
             floor = self.config.min_prefill_tokens
-            budget = self.cost.prefill_budget(batch.num_decode_tokens, target, floor, budget)
+            itl_budget = self.cost.prefill_budget(batch.num_decode_tokens, target, floor, budget)
+            # one long prompt never stalls the streams; several, or a queue, may: TTFT first
+            competing = sum(s.num_remaining > itl_budget for s in prefills) > 1
+            if competing or self.requeued or self.waiting:
+                rate = self._deadline_rate(prefills, now)
+                chunk = self.cost.chunk_for_rate(batch.num_decode_tokens, rate, budget)
+                itl_budget = max(itl_budget, chunk)
+            budget = min(budget, itl_budget)
         self.last_prefill_budget = budget
-        in_batch = {id(item.seq) for item in batch.items}
-        prefills = [s for s in self.running if id(s) not in in_batch]
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
         # prompts admitted now that fit whole go first, and the others together advance only
@@ -268,6 +279,20 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+
+    def _deadline_rate(self, prefills: list[Sequence], now: float) -> float:
+        """Prompt tokens per second that give every prompt being prefilled its first token
+        within `ttft_target_ms` of its arrival (earliest deadline first); infinite once a
+        deadline is due before the step would end."""
+        target_s, step_s = self.config.ttft_target_ms / 1e3, self.config.itl_target_ms / 1e3
+        need, rate = 0, 0.0
+        for seq in sorted(prefills, key=lambda s: s.arrival_time):
+            need += seq.num_remaining
+            left = seq.arrival_time + target_s - now
+            if left <= step_s:
+                return math.inf
+            rate = max(rate, need / left)
+        return rate
 
     # --- helpers ---------------------------------------------------------------------------
 

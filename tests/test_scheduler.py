@@ -70,6 +70,40 @@ def test_prefill_budget_keeps_steps_near_the_itl_target(make_harness):
     assert max(s.num_prefill for s in mixed) >= 30  # and it kept making real progress
 
 
+def streams_and_pastes(make_harness, pastes: int, ttft_target_ms: float, size: int = 3000):
+    """Three streams, then `pastes` prompts of `size` tokens; the harness once every paste has its
+    first token (fake cost: 10 ms + 2 ms per decode + 1 ms per prefill token)."""
+    config = SchedulerConfig(itl_target_ms=60, min_prefill_tokens=8, ttft_target_ms=ttft_target_ms)
+    h = make_harness(config, n_ctx=16384, n_batch=512)
+    for rid in ("a", "b", "c"):
+        h.add(rid, 10, max_tokens=2000, user=rid)
+    for _ in range(20):  # let the cost model learn decode-only steps
+        h.step()
+    for i in range(pastes):
+        h.add(f"paste{i}", size, max_tokens=2000, user=f"p{i}")
+    first = h.runner.clock.now
+    h.step()
+    while any(h.engine._seqs[f"paste{i}"].num_output_tokens == 0 for i in range(pastes)):
+        h.step()
+    return h, h.runner.clock.now - first
+
+
+def test_one_long_prompt_never_stretches_the_streams_steps_past_the_itl_target(make_harness):
+    h, took = streams_and_pastes(make_harness, 1, ttft_target_ms=500)
+    assert took > 2.0  # far past its TTFT target...
+    for s in h.runner.steps[20:]:  # ...and still every step within the ITL target
+        assert 10 + 2 * s.num_decode + s.num_prefill <= 60 * 1.15
+
+
+def test_competing_long_prompts_take_more_of_the_step_to_meet_the_ttft_target(make_harness):
+    # 3,000 prompt tokens: 3 s of prefill at least, over 4 s at the ITL target's pace
+    _, at_itl_pace = streams_and_pastes(make_harness, 2, ttft_target_ms=1e9, size=1500)
+    h, with_target = streams_and_pastes(make_harness, 2, ttft_target_ms=3600, size=1500)
+    assert at_itl_pace > 4.0 and with_target <= 3.6 * 1.05
+    steps_ms = [10 + 2 * s.num_decode + s.num_prefill for s in h.runner.steps if s.num_decode]
+    assert max(steps_ms) > 60 * 1.15  # the streams' steps stretched past the ITL target
+
+
 def test_short_prompt_is_not_stuck_behind_a_long_prefill(make_harness):
     h = make_harness(n_ctx=8192, n_batch=256)
     h.add("paste", 4000, max_tokens=4, user="alice")
