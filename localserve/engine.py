@@ -1,8 +1,7 @@
 """The engine: scheduler + runner on one dedicated thread, requests in, events out.
 
 The engine thread owns the llama.cpp context, the scheduler and the metrics. Other threads talk
-to it only through `add_request`, `cancel`, `snapshot` and `call_between_steps` (commands on one
-queue) and receive
+to it only through `add_request`, `cancel` and `snapshot` (commands on one queue) and receive
 events (localserve.events) through the `on_events` callback, one list per step, called on the
 engine thread. `step()` runs one iteration synchronously, for tests and tools that drive the
 engine without its thread:
@@ -23,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 from localserve.config import SchedulerConfig
 from localserve.events import Admitted, Done, Event, EventSink, Preempted, Token
@@ -37,7 +36,6 @@ from localserve.sequence import FinishReason, Sequence, Status
 from localserve.snapshot import build_snapshot
 
 log = logging.getLogger("localserve.engine")
-T = TypeVar("T")
 
 
 class StepTimings(NamedTuple):
@@ -128,20 +126,6 @@ class Engine:
             self._commands.put(("snapshot", future))
         return future
 
-    def call_between_steps(self, fn: Callable[..., T], *args) -> Future[T]:
-        """A Future of `fn(*args)`, run on the engine thread before its next step.
-
-        For short CPU work that would otherwise compete with llama.cpp's threads: on a CPU
-        backend they keep every core busy during a step, and a thread that loses its core
-        stalls them all. Between steps the cores are free. A stopped engine cancels the call.
-        """
-        future: Future[T] = Future()
-        if self._thread is None:
-            _call(future, fn, args)
-        else:
-            self._commands.put(("call", (future, fn, args)))
-        return future
-
     def reject(self) -> None:
         """Count a request the server turned away (busy, too long, ...)."""
         self._commands.put(("reject", None))
@@ -159,17 +143,6 @@ class Engine:
             self._commands.put(("stop", None))
             self._thread.join(timeout)
             self._thread = None
-            self._cancel_calls()
-
-    def _cancel_calls(self) -> None:
-        """Nobody will run the calls still queued: say so (the other commands lapse)."""
-        while True:
-            try:
-                kind, arg = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "call":
-                arg[0].cancel()
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -227,8 +200,6 @@ class Engine:
                 except Exception as e:  # the asker must hear of it, not wait forever
                     log.exception("snapshot failed")
                     arg.set_exception(e)
-        elif kind == "call":
-            _call(*arg)
         elif kind == "reject":
             self.metrics.on_rejected()
         elif kind == "stop":
@@ -312,11 +283,3 @@ class Engine:
         events: list[Event] = [self._finish(s) for s in seqs if s.status is Status.FINISHED]
         if events:
             self.on_events(events)
-
-
-def _call(future: Future, fn: Callable, args: tuple) -> None:
-    if future.set_running_or_notify_cancel():  # the caller may have given up (cancelled)
-        try:
-            future.set_result(fn(*args))
-        except Exception as e:  # the caller's error, not the engine's
-            future.set_exception(e)

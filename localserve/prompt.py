@@ -6,8 +6,8 @@
   transcript it answers ("User: What is the capital of France? / Assistant: The capital of
   France is Paris."). Generation stops where the model starts the user's next turn.
 
-`PromptBuilder` renders and tokenizes off the event loop (on the engine thread between steps
-while a small allowance lasts, else in a small pool of low-priority threads), says once
+`PromptBuilder` renders and tokenizes off the event loop (in a thread at normal priority while
+a small allowance lasts, else in a small pool of low-priority threads), says once
 (`PromptTooLong`) when a prompt does not fit the context, and finds the system prompt's tokens
 that requests may share.
 """
@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from localserve.kv import common_prefix
@@ -113,13 +113,10 @@ PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed bef
 TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
 TOKENIZER_NICENESS = 19  # ... at the lowest priority: llama.cpp's threads come first
 # ... except while an allowance of characters lasts (refilled each second, at most one second's
-# worth saved): those are rendered and tokenized on the engine thread between steps, where no
-# llama.cpp thread is waiting for a core. At nice 19 a 3,000-token paste waited about a second
-# for its 12 ms of tokenizing while two llama.cpp threads kept both cores busy (docs/benchmarks.md);
-# the allowance bounds what a flood of prompts can take from the steps (~3% of the engine's time).
-BETWEEN_STEPS_CHARS_PER_S = 32 << 10
-
-BetweenSteps = Callable[..., Future]  # (fn, *args) -> a Future of fn(*args), on the engine thread
+# worth saved): those go to one thread at normal priority. At nice 19 a 3,000-token paste waited
+# about a second for its 12 ms of tokenizing while two llama.cpp threads kept both cores busy
+# (docs/benchmarks.md); the allowance bounds what a flood of prompts can take from the steps.
+PROMPT_CHARS_PER_S = 32 << 10
 
 
 class PromptTooLong(ValueError):
@@ -139,7 +136,7 @@ class Prompt(NamedTuple):
 
 
 class PromptBuilder:
-    """Render and tokenize between engine steps or in low-priority threads; one too-long check."""
+    """Render and tokenize in threads (low priority past an allowance); one too-long check."""
 
     def __init__(
         self,
@@ -148,7 +145,6 @@ class PromptBuilder:
         n_ctx: int,
         chat_format: str,
         system_prompt: str | None = None,
-        between_steps: BetweenSteps | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tokenize = tokenize
@@ -161,9 +157,9 @@ class PromptBuilder:
         self._pool = ThreadPoolExecutor(
             TOKENIZER_THREADS, "localserve-tokenize", initializer=_lower_priority
         )
-        self.between_steps = between_steps
+        self._now = ThreadPoolExecutor(1, "localserve-tokenize-now")  # within the allowance
         self.clock = clock
-        self._allowance = float(BETWEEN_STEPS_CHARS_PER_S)  # characters, for between_steps
+        self._allowance = float(PROMPT_CHARS_PER_S)  # characters
         self._refilled = clock()
 
     async def chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
@@ -176,18 +172,18 @@ class PromptBuilder:
         return await self._run(self._text, text, len(text))
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._now, self._pool):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self, fn, arg, size: int) -> Prompt:
-        if self.between_steps is not None and self._take_allowance(size):
-            return await asyncio.wrap_future(self.between_steps(fn, arg))
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, arg)
+        pool = self._now if self._take_allowance(size) else self._pool
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, arg)
 
     def _take_allowance(self, size: int) -> bool:
-        """Whether `size` characters still fit this second's between-steps allowance."""
+        """Whether `size` characters still fit this second's normal-priority allowance."""
         now = self.clock()
-        refill = (now - self._refilled) * BETWEEN_STEPS_CHARS_PER_S
-        self._allowance = min(BETWEEN_STEPS_CHARS_PER_S, self._allowance + refill)
+        refill = (now - self._refilled) * PROMPT_CHARS_PER_S
+        self._allowance = min(PROMPT_CHARS_PER_S, self._allowance + refill)
         self._refilled = now
         if size > self._allowance:
             return False

@@ -93,7 +93,6 @@ class Server:
             runner.info.n_ctx,
             model.chat_format,
             model.system_prompt,
-            engine.call_between_steps,
         )
         self.is_shutting_down = False
         self.port = 0

@@ -206,24 +206,3 @@ def test_a_fault_sends_done_to_requests_that_finished_in_the_broken_step():
         assert done.finish_reason == "cancelled"
     finally:
         engine.stop()
-
-
-def test_work_between_steps_runs_on_the_engine_thread_and_is_cancelled_at_stop():
-    import threading
-
-    engine = Engine(FakeRunner()).start()
-    try:
-        assert engine.call_between_steps(threading.current_thread).result(5).name == (
-            "localserve-engine"
-        )
-        with pytest.raises(ZeroDivisionError):  # the caller's error, and the engine goes on
-            engine.call_between_steps(lambda: 1 / 0).result(5)
-        release = threading.Event()
-        blocked = engine.call_between_steps(release.wait, 5)
-        queued = engine.call_between_steps(lambda: "never")
-        engine.stop(timeout=0.05)  # the thread is busy: the queued call must not hang its caller
-        assert queued.cancelled()
-        release.set()
-        assert blocked.result(5) is True
-    finally:
-        engine._commands.put(("stop", None))  # let the thread that outlived stop() end

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import openai
 import pytest
@@ -126,41 +127,32 @@ def test_models_and_unknown_paths_on_the_fake(fake):
     assert e.value.code == 404 and len(error["message"]) < 200
 
 
-def test_small_prompts_are_built_between_engine_steps_within_an_allowance():
-    from concurrent.futures import Future
-
+def test_prompts_within_an_allowance_are_built_at_normal_priority():
     from localserve import prompt as prompt_module
 
     runner = FakeRunner(n_ctx=100_000)
-    calls, now = [], [0.0]
-
-    def between_steps(fn, *args) -> Future:
-        calls.append(fn.__name__)
-        future: Future = Future()
-        future.set_result(fn(*args))
-        return future
-
+    now = [0.0]
     builder = PromptBuilder(
-        runner.tokenize,
-        runner.apply_chat_template,
-        100_000,
-        "template",
-        None,
-        between_steps,
-        clock=lambda: now[0],
+        runner.tokenize, runner.apply_chat_template, 100_000, "template", clock=lambda: now[0]
     )
-    per_s = prompt_module.BETWEEN_STEPS_CHARS_PER_S
+    per_s = prompt_module.PROMPT_CHARS_PER_S
+    threads = []
+    tokenize = builder.tokenize
+    builder.tokenize = lambda text: (
+        threads.append(threading.current_thread().name) or tokenize(text)
+    )
+    quick = "localserve-tokenize-now_0"
     try:
         asyncio.run(builder.chat([("user", "word " * 2000)]))  # 10,000 characters
         asyncio.run(builder.text("x" * (per_s - 10_000)))  # the rest of this second's allowance
-        assert len(calls) == 2
+        assert threads == [quick, quick]
         asyncio.run(builder.text("y" * 100))  # over it: the low-priority pool
-        assert len(calls) == 2
+        assert threads[-1].startswith("localserve-tokenize_")
         now[0] += 0.5  # half the allowance back
         asyncio.run(builder.text("z" * (per_s // 2)))
-        assert len(calls) == 3
+        assert threads[-1] == quick
         now[0] += 100.0  # at most one second's worth is saved up
-        asyncio.run(builder.text("w " * per_s))
-        assert len(calls) == 3
+        asyncio.run(builder.text("w" * (per_s + 1)))
+        assert threads[-1] != quick
     finally:
         builder.shutdown()
