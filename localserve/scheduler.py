@@ -11,8 +11,8 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
 4. prefill: chunks of prompts within `max_num_batched_tokens`, and while anyone decodes within
    the adaptive budget that keeps the step near the ITL target (localserve.budget); users who got
    the least prefill recently go first, and within a user the shortest remaining prompt. A
-   prompt admitted in this step that fits whole goes first of all, and the others then advance
-   only by `min_prefill_tokens`: its first token waits for a short step, not a chunk of a paste.
+   prompt admitted in this step that fits whole has the step's prefill to itself (never two such
+   steps in a row): its first token waits for a short step, not for a chunk of a paste.
    When several long prompts compete, or requests wait for admission, the budget grows to what
    gives every prompt being prefilled its first token within `ttft_target_ms` of its arrival
    (earliest deadline first): past that point queue time, not smoothness, is what users feel.
@@ -93,6 +93,7 @@ class Scheduler:
         self._num_running: dict[str, int] = {}
         self._served: dict[str, float] = {}  # recent prefill tokens per user (decaying)
         self._cancelled: list[Sequence] = []
+        self._quick_step = False  # the last step's prefill was only newly admitted prompts
         self.last_prefill_budget = max_num_batched_tokens
 
     # --- requests in and out -------------------------------------------------------------
@@ -260,18 +261,17 @@ class Scheduler:
         self.last_prefill_budget = budget
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
-        # prompts admitted now that fit whole go first, and the others together advance only
-        # by the floor: a new prompt's first token waits for a short step, not for a chunk of
-        # someone's paste
+        # prompts admitted now that fit whole go first, alone: a new prompt's first token waits
+        # for a short step, not for a chunk of someone's paste (never two such steps in a row,
+        # so the paste always advances)
         admitted = {id(s) for s in batch.admitted}
         quick = {id(s) for s in prefills if id(s) in admitted and s.num_remaining <= budget}
-        if sum(s.num_remaining for s in prefills if id(s) in quick) > budget:
+        if self._quick_step or sum(s.num_remaining for s in prefills if id(s) in quick) > budget:
             quick = set()
-        prefills.sort(key=lambda s: id(s) not in quick)  # stable: the order above otherwise
-        others_cap = min(self.config.min_prefill_tokens, budget) if quick else None
+        self._quick_step = bool(quick)
+        if quick:
+            prefills = [s for s in prefills if id(s) in quick]
         for seq in prefills:
-            if others_cap is not None and id(seq) not in quick:
-                budget, others_cap = min(budget, others_cap), None
             if budget <= 0:
                 break
             n = min(seq.num_remaining, budget)

@@ -117,21 +117,22 @@ def test_short_prompt_is_not_stuck_behind_a_long_prefill(make_harness):
     assert not h.done("paste")
 
 
-def test_a_new_short_prompt_shares_its_step_only_with_the_floor_of_a_paste(make_harness):
-    config = SchedulerConfig(min_prefill_tokens=16)
-    h = make_harness(config, n_ctx=8192, n_batch=256)
+def test_a_new_short_prompt_has_the_prefill_of_its_step_to_itself(make_harness):
+    h = make_harness(n_ctx=8192, n_batch=256)
     h.add("stream", 10, max_tokens=300, user="carol")
     h.step()
     h.add("paste", 4000, max_tokens=4, user="alice")
     h.step()
     assert h.runner.steps[-1].num_prefill > 16  # the paste advances by the budget
-    h.add("question", 30, max_tokens=4, user="bob")
-    h.step()  # the question whole, the stream's decode, and only the floor of the paste
+    h.add("q1", 30, max_tokens=4, user="bob")
+    h.add("q2", 20, max_tokens=4, user="dave")
+    h.step()  # the questions whole and the stream's decode; the paste waits one step
     step = h.runner.steps[-1]
-    assert step.request_ids[1] == "question" and "paste" in step.request_ids
-    assert (step.num_decode, step.num_prefill) == (1, 30 + 16)
-    h.step()  # and then the paste goes on at the budget
-    assert h.runner.steps[-1].num_prefill > 16
+    assert "paste" not in step.request_ids
+    assert (step.num_decode, step.num_prefill) == (1, 30 + 20)
+    h.add("q3", 30, max_tokens=4, user="erin")
+    h.step()  # never two such steps in a row: the paste advances with the next question
+    assert {"paste", "q3"} <= set(h.runner.steps[-1].request_ids)
 
 
 def test_user_with_one_request_is_admitted_in_the_first_round(make_harness):
