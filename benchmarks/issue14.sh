@@ -313,7 +313,7 @@ def ratio(a, b):
 
 chat = load(r"chat-(?P<label>.+)-c(?P<c>\d+)-r(?P<round>\d+)\.json")
 if chat:
-    print("## 1. Closed-loop chat (96 tokens out, ignore_eos), /v1/completions\n")
+    print("## 1. Closed-loop chat (96 tokens out, ignore_eos): localserve over websockets, llama-server over /v1/completions\n")
     print(
         "| users | server | output tok/s (per round) | TTFT p50 / p99 (ms) "
         "| ITL p50 / p99 (ms) | failed | ÷ llama-server (mean tok/s) |"
