@@ -155,6 +155,12 @@ def parse_config(text: str, source: str = "models.toml") -> Config:
     if config.default not in config.models:
         known = ", ".join(sorted(config.models))
         raise ConfigError(f"{source}: default: unknown model {config.default!r} (known: {known})")
+    sched = config.scheduler
+    if sched.ttft_target_ms <= sched.itl_target_ms:
+        raise ConfigError(
+            f"{source}: scheduler.ttft_target_ms ({sched.ttft_target_ms:g}) must be above "
+            f"itl_target_ms ({sched.itl_target_ms:g}): a first token takes at least one step"
+        )
     return config
 
 

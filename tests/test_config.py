@@ -274,3 +274,8 @@ def test_threads_explicit_values_are_kept():
 def test_threads_unknown_core_count_falls_back_to_one(monkeypatch):
     monkeypatch.setattr("localserve.config.os.cpu_count", lambda: None)
     assert ModelConfig(embedded=True).threads() == (1, 1)
+
+
+def test_a_ttft_target_within_one_step_is_refused():
+    message = config_error("[scheduler]\nitl_target_ms = 200\nttft_target_ms = 150\n")
+    assert "ttft_target_ms" in message and "itl_target_ms" in message
