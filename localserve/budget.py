@@ -7,14 +7,11 @@ measured step times, in two parts that stay identifiable:
   soak up the prefill cost and under-price prompt tokens);
 - the prefill price `c` as a moving average of each mixed step's residual per prefill token; it
   follows the growing attention cost as a long prompt's chunks go deeper into the context;
-- a factor on that price per batch size (buckets of BUCKET_TOKENS tokens, decodes included). A
-  token's price is not the same at every batch size: on the CPU here a step of 3 decodes and 60
-  prompt tokens took 111 ms, one with 61 took 142 ms (llama.cpp's CPU flash attention changes
-  path at 64 rows; docs/benchmarks.md). A size's first sample sets its factor; after that the
-  price takes the drift (depth) and the factor moves slowly, by clipped samples. A size never
-  seen takes the factor of the nearest smaller one seen, so one expensive size teaches every
-  larger one. Every factor drifts slowly back toward 1, so a size condemned by a stalled step
-  (or learned against a stale price) is tried again in time: one step, now and then.
+- a factor on that price per batch size (buckets of BUCKET_TOKENS tokens, decodes included),
+  learned the same way. A token's price is not the same at every batch size: on the CPU here a
+  step of 3 decodes and 60 prompt tokens took 111 ms, one with 61 took 142 ms (llama.cpp's CPU
+  flash attention changes path at 64 rows; docs/benchmarks.md). A bucket not seen yet takes the
+  factor of the nearest smaller one seen, so one expensive step teaches every larger size.
 While sequences decode, the prefill budget is the chunk that advances prompts fastest (prompt
 tokens per second of step) among those whose predicted step stays within the ITL target; with
 one price for every size that is the largest such chunk.
@@ -35,9 +32,7 @@ MIN_VARIANCE = 1e-6
 PREFILL_ALPHA = 0.3  # weight of the newest prefill-price sample
 MIN_PREFILL_FOR_FIT = 8  # smaller chunks say more about noise than about the price
 BUCKET_TOKENS = 8  # batch sizes priced alike
-FACTOR_ALPHA = 0.1  # weight of the newest sample of a size's factor (the price takes the rest)...
-FACTOR_CLIP = 2.0  # ...taken no further than this factor away from the current one
-FACTOR_DECAY = 0.01  # per prompt step, every size's factor returns this share of the way to 1
+FACTOR_ALPHA = 0.3  # weight of the newest sample of a bucket's factor
 NEAR_BEST_RATE = 0.95  # the largest chunk within this share of the fastest one is taken
 
 
@@ -95,16 +90,12 @@ class StepCostModel:
         if not self._has_prefill_sample:  # the prior was a guess; a measurement is not
             self._c, self._has_prefill_sample = sample, True
             self._factors[bucket] = 1.0
-            return
-        for other, factor in self._factors.items():  # unseen a while: back toward the price
-            self._factors[other] = factor + FACTOR_DECAY * (1.0 - factor)
-        if bucket not in self._factors:  # a new size: its factor, not the price, moves
+        elif bucket not in self._factors:  # a new size: its factor, not the price, moves
             self._factors[bucket] = sample / self.prefill_token_s
-            return
-        factor = self._factors[bucket]  # the price takes the drift; the factor moves slowly
-        self._c += PREFILL_ALPHA * (sample / factor - self._c)
-        seen = min(max(sample / self.prefill_token_s, factor / FACTOR_CLIP), factor * FACTOR_CLIP)
-        self._factors[bucket] = factor + FACTOR_ALPHA * (seen - factor)
+        else:  # the price follows the depth; what is left over is this size's own
+            self._c += PREFILL_ALPHA * (sample / self._factors[bucket] - self._c)
+            factor = self._factors[bucket]
+            self._factors[bucket] = factor + FACTOR_ALPHA * (sample / self.prefill_token_s - factor)
 
     def _fit_decode(self, num_decode: float, step_s: float) -> None:
         """Recursive least squares with forgetting on (1, num_decode)."""
@@ -128,10 +119,15 @@ class StepCostModel:
         """Prompt tokens for a step with `num_decode` decodes that stays within `target_s`:
         the largest chunk that advances prompts nearly as fast as the fastest one."""
         decode_s = self.predict(num_decode, 0)
+        spare = target_s - decode_s
         candidates = []  # (chunk, prompt tokens per second of step)
-        for lo, hi, price in self._stretches(num_decode, ceiling):
-            chunk = min(hi, int((target_s - decode_s) / price)) if target_s > decode_s else 0
-            if chunk >= lo:  # the largest chunk of this stretch within the target
+        first, last = num_decode + 1, num_decode + ceiling  # batch sizes
+        edges = (b * BUCKET_TOKENS for b in self._factors)  # where the factor may change
+        starts = sorted({first} | {n for n in edges if first < n <= last})
+        for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):  # one factor each
+            price = self.prefill_token_s * self.factor(lo)
+            chunk = min(hi - 1 - num_decode, int(spare / price)) if spare > 0 else 0
+            if chunk >= lo - num_decode:  # the largest chunk of this stretch within the target
                 candidates.append((chunk, chunk / (decode_s + price * chunk)))
         if not candidates:
             return min(floor, ceiling)
@@ -144,20 +140,7 @@ class StepCostModel:
         ceiling when none does): a larger chunk also makes the step longer."""
         if not math.isfinite(rate):
             return ceiling
-        decode_s = self.predict(num_decode, 0)
-        for lo, hi, price in self._stretches(num_decode, ceiling):
-            if rate * price < 1:  # chunk / (decode_s + price * chunk) >= rate
-                chunk = max(lo, math.ceil(rate * decode_s / (1 - rate * price)))
-                if chunk <= hi:
-                    return chunk
+        for chunk in range(BUCKET_TOKENS, ceiling, BUCKET_TOKENS):
+            if chunk >= rate * self.predict(num_decode, chunk):
+                return chunk
         return ceiling
-
-    def _stretches(self, num_decode: int, ceiling: int):
-        """(first chunk, last chunk, price per token) of the chunk sizes up to `ceiling` that
-        share one factor, smallest first."""
-        first, last = num_decode + 1, num_decode + ceiling  # batch sizes
-        edges = {b * BUCKET_TOKENS for b in self._factors}
-        starts = sorted({first} | {n for n in edges if first < n <= last})
-        for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):
-            price = self.prefill_token_s * self.factor(lo)
-            yield lo - num_decode, hi - 1 - num_decode, price

@@ -13,10 +13,9 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    the least prefill recently go first, and within a user the shortest remaining prompt. A
    prompt admitted in this step that fits whole has the step's prefill to itself (never two such
    steps in a row): its first token waits for a short step, not for a chunk of a paste.
-   When several long prompts compete for first tokens, the budget grows to what gives each its
-   first token within `ttft_target_ms` of its arrival (earliest deadline first, in that order),
-   up to steps of OVERLOAD_STEPS ITL targets: past that point queue time, not smoothness, is
-   what users feel. One long prompt alone never stretches the step.
+   When several long prompts compete, or requests wait for admission, the budget grows to what
+   gives every prompt being prefilled its first token within `ttft_target_ms` of its arrival
+   (earliest deadline first): past that point queue time, not smoothness, is what users feel.
 The `static` policy admits only when the running set is empty, for comparison.
 """
 
@@ -35,7 +34,6 @@ from localserve.kv import CellOp, KVPool
 from localserve.sequence import FinishReason, Sequence, Status
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
-OVERLOAD_STEPS = 4.0  # meeting TTFT deadlines stretches a step to at most this many ITL targets
 
 
 class BatchItem(NamedTuple):
@@ -248,11 +246,20 @@ class Scheduler:
         # prefill: chunks within what is left of the step's token budget
         in_batch = {id(item.seq) for item in batch.items}
         prefills = [s for s in self.running if id(s) not in in_batch]
-        budget, deadlines = self._prefill_budget(batch.num_decode_tokens, prefills, now)
+        budget = self.max_num_batched_tokens - batch.num_decode_tokens
+        if batch.num_decode_tokens and self.config.policy == "continuous":
+            target = self.config.itl_target_ms / 1e3
+            floor = self.config.min_prefill_tokens
+            itl_budget = self.cost.prefill_budget(batch.num_decode_tokens, target, floor, budget)
+            # a lone paste never stalls the streams; several, or a queue, may: TTFT first
+            competing = sum(s.num_remaining > itl_budget for s in prefills) > 1
+            if competing or self.requeued or self.waiting:
+                rate = self._deadline_rate(prefills, now)
+                chunk = self.cost.chunk_for_rate(batch.num_decode_tokens, rate, budget)
+                itl_budget = max(itl_budget, chunk)
+            budget = min(budget, itl_budget)
         self.last_prefill_budget = budget
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
-        if deadlines:  # the budget was sized for earliest deadline first: so is the order
-            prefills.sort(key=lambda s: s.arrival_time)
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
         # prompts admitted now that fit whole go first, alone: a new prompt's first token waits
         # for a short step, not for a chunk of someone's paste (never two such steps in a row,
@@ -272,29 +279,6 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
-
-    def _prefill_budget(
-        self, num_decode: int, prefills: list[Sequence], now: float
-    ) -> tuple[int, bool]:
-        """The step's prompt tokens, and whether TTFT deadlines set them.
-
-        While anyone decodes (continuous policy) the ITL target sizes the chunk. When several
-        long prompts compete, it grows to what meets their TTFT deadlines, up to a step of
-        OVERLOAD_STEPS times the ITL target; one long prompt alone never stretches the step.
-        """
-        budget = self.max_num_batched_tokens - num_decode
-        if not num_decode or self.config.policy != "continuous":
-            return budget, False
-        target = self.config.itl_target_ms / 1e3
-        floor = self.config.min_prefill_tokens
-        itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
-        first_tokens = [s for s in prefills if s.num_output_tokens == 0]  # a recompute has one
-        if sum(s.num_remaining > itl_budget for s in first_tokens) < 2:
-            return min(budget, itl_budget), False
-        most = self.cost.prefill_budget(num_decode, OVERLOAD_STEPS * target, floor, budget)
-        rate = self._deadline_rate(first_tokens, now)
-        chunk = min(self.cost.chunk_for_rate(num_decode, rate, budget), most)
-        return min(budget, max(itl_budget, chunk)), chunk > itl_budget
 
     def _deadline_rate(self, prefills: list[Sequence], now: float) -> float:
         """Prompt tokens per second that give every prompt being prefilled its first token

@@ -206,7 +206,7 @@ def test_the_budget_learns_a_batch_size_where_tokens_get_dearer_and_stays_below_
 
 def test_a_smaller_chunk_that_advances_the_prompt_faster_wins():
     model = cliff_model()
-    for chunk in (50, 96) * 3:  # both sides of the cliff seen (and trusted)
+    for chunk in (50, 96, 50, 96):  # both sides of the cliff seen
         model.update(3, chunk, cliff_step_s(3, chunk))
     # 97 tokens would fit 0.20 s, but 60 in 0.10 s advance the prompt faster (and the streams);
     # the sizes between, not seen yet, are tried once each (priced like the nearest smaller one)
@@ -222,30 +222,3 @@ def test_one_price_for_every_size_still_takes_the_largest_chunk_that_fits():
     assert model.prefill_budget(20, target_s=0.1, floor=16, ceiling=4096) == pytest.approx(
         500, abs=1
     )
-
-
-def serve_a_paste(model: StepCostModel, steps: int, price: float, target: float = 0.12) -> int:
-    """`steps` steps of three streams and a long prompt on a linear machine whose prompt tokens
-    cost `price` seconds; the last chunk the budget chose."""
-    chunk = 0
-    for _ in range(steps):
-        chunk = model.prefill_budget(3, target, floor=8, ceiling=509)
-        model.update(3, chunk, true_step_s(3, 0) + price * chunk)
-    return chunk
-
-
-def test_the_budget_comes_back_when_prompt_tokens_get_cheaper_again():
-    model = cliff_model()
-    settled = serve_a_paste(model, 30, 0.001)
-    assert serve_a_paste(model, 60, 0.003) < settled / 2  # deep in a paste: dearer
-    # a new, shallow one: as before, once the sizes priced against the lagging price have
-    # drifted back (about 20 s of prompt steps at 120 ms)
-    assert serve_a_paste(model, 150, 0.001) >= settled * 0.9
-
-
-def test_one_stalled_step_does_not_condemn_a_batch_size():
-    model = cliff_model()
-    settled = serve_a_paste(model, 30, 0.001)
-    model.update(3, 12, true_step_s(3, 0) + 0.001 * 12 + 0.060)  # a 60 ms hiccup, small chunk
-    model.update(3, settled, true_step_s(3, 0) + 0.001 * settled + 0.060)  # and a big one
-    assert serve_a_paste(model, 30, 0.001) >= settled * 0.9
