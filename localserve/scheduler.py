@@ -13,7 +13,7 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    the least prefill recently go first, and within a user the shortest remaining prompt. A
    prompt admitted in this step that fits whole has the step's prefill to itself (never two such
    steps in a row): its first token waits for a short step, not for a chunk of a paste.
-   When several long prompts compete, or requests wait for admission, the budget grows to what
+   When several long prompts compete, or requests wait for room, the budget grows to what
    gives every prompt being prefilled its first token within `ttft_target_ms` of its arrival
    (earliest deadline first): past that point queue time, not smoothness, is what users feel.
 The `static` policy admits only when the running set is empty, for comparison.
@@ -253,7 +253,7 @@ class Scheduler:
             itl_budget = self.cost.prefill_budget(batch.num_decode_tokens, target, floor, budget)
             # a lone paste never stalls the streams; several, or a queue, may: TTFT first
             competing = sum(s.num_remaining > itl_budget for s in prefills) > 1
-            if competing or self.requeued or self.waiting:
+            if competing or self.requeued or self._admissible_waiting():
                 rate = self._deadline_rate(prefills, now)
                 chunk = self.cost.chunk_for_rate(batch.num_decode_tokens, rate, budget)
                 itl_budget = max(itl_budget, chunk)
@@ -279,6 +279,12 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+
+    def _admissible_waiting(self) -> bool:
+        """Whether anyone waits for room (cells, slots) rather than for their own user's cap:
+        only they are helped when the prompts being prefilled finish sooner."""
+        cap = self.config.max_running_per_user
+        return any(self._num_running.get(user, 0) < cap for user in self.waiting)
 
     def _deadline_rate(self, prefills: list[Sequence], now: float) -> float:
         """Prompt tokens per second that give every prompt being prefilled its first token

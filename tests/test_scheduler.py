@@ -104,6 +104,23 @@ def test_competing_long_prompts_take_more_of_the_step_to_meet_the_ttft_target(ma
     assert max(steps_ms) > 60 * 1.15  # the streams' steps stretched past the ITL target
 
 
+def test_a_request_waiting_on_its_own_users_cap_does_not_stretch_the_streams(make_harness):
+    config = SchedulerConfig(
+        itl_target_ms=60, min_prefill_tokens=8, ttft_target_ms=500, max_running_per_user=3
+    )
+    h = make_harness(config, n_ctx=16384, n_batch=512)
+    for rid in ("a", "b", "c"):
+        h.add(rid, 10, max_tokens=2000, user="carol")
+    h.add("waits", 10, max_tokens=4, user="carol")  # over carol's cap: faster prefill won't help
+    for _ in range(20):
+        h.step()
+    h.add("paste", 3000, max_tokens=4, user="dave")
+    for _ in range(60):
+        h.step()
+        s = h.runner.steps[-1]
+        assert 10 + 2 * s.num_decode + s.num_prefill <= 60 * 1.15
+
+
 def test_short_prompt_is_not_stuck_behind_a_long_prefill(make_harness):
     h = make_harness(n_ctx=8192, n_batch=256)
     h.add("paste", 4000, max_tokens=4, user="alice")
