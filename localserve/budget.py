@@ -121,13 +121,9 @@ class StepCostModel:
         decode_s = self.predict(num_decode, 0)
         spare = target_s - decode_s
         candidates = []  # (chunk, prompt tokens per second of step)
-        first, last = num_decode + 1, num_decode + ceiling  # batch sizes
-        edges = (b * BUCKET_TOKENS for b in self._factors)  # where the factor may change
-        starts = sorted({first} | {n for n in edges if first < n <= last})
-        for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):  # one factor each
-            price = self.prefill_token_s * self.factor(lo)
-            chunk = min(hi - 1 - num_decode, int(spare / price)) if spare > 0 else 0
-            if chunk >= lo - num_decode:  # the largest chunk of this stretch within the target
+        for lo, hi, price in self._stretches(num_decode, ceiling):
+            chunk = min(hi, int(spare / price)) if spare > 0 else 0
+            if chunk >= lo:  # the largest chunk of this stretch within the target
                 candidates.append((chunk, chunk / (decode_s + price * chunk)))
         if not candidates:
             return min(floor, ceiling)
@@ -136,11 +132,25 @@ class StepCostModel:
         return max(min(floor, ceiling), budget)
 
     def chunk_for_rate(self, num_decode: int, rate: float, ceiling: int) -> int:
-        """The smallest chunk whose step advances prompts by `rate` tokens per second (the
-        ceiling when none does): a larger chunk also makes the step longer."""
+        """The smallest chunk (a multiple of BUCKET_TOKENS) whose step advances prompts by
+        `rate` tokens per second (the ceiling when none does): a larger chunk also makes the
+        step longer."""
         if not math.isfinite(rate):
             return ceiling
-        for chunk in range(BUCKET_TOKENS, ceiling, BUCKET_TOKENS):
-            if chunk >= rate * self.predict(num_decode, chunk):
-                return chunk
+        a, b, _ = self.theta
+        for lo, hi, price in self._stretches(num_decode, ceiling - 1):
+            first = -(-lo // BUCKET_TOKENS) * BUCKET_TOKENS
+            for chunk in range(max(first, BUCKET_TOKENS), hi + 1, BUCKET_TOKENS):
+                if chunk >= rate * max(0.0, a + b * num_decode + price * chunk):
+                    return chunk
         return ceiling
+
+    def _stretches(self, num_decode: int, ceiling: int):
+        """(first chunk, last chunk, price per token) of the chunks 1..`ceiling` that share one
+        factor (the buckets seen are where it may change), smallest first."""
+        first, last = num_decode + 1, num_decode + ceiling  # batch sizes
+        edges = (b * BUCKET_TOKENS for b in self._factors)
+        starts = sorted({first} | {n for n in edges if first < n <= last})
+        for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):
+            price = self.prefill_token_s * self.factor(lo)
+            yield lo - num_decode, hi - 1 - num_decode, price

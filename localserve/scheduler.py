@@ -246,18 +246,7 @@ class Scheduler:
         # prefill: chunks within what is left of the step's token budget
         in_batch = {id(item.seq) for item in batch.items}
         prefills = [s for s in self.running if id(s) not in in_batch]
-        budget = self.max_num_batched_tokens - batch.num_decode_tokens
-        if batch.num_decode_tokens and self.config.policy == "continuous":
-            target = self.config.itl_target_ms / 1e3
-            floor = self.config.min_prefill_tokens
-            itl_budget = self.cost.prefill_budget(batch.num_decode_tokens, target, floor, budget)
-            # a lone paste never stalls the streams; several, or a queue, may: TTFT first
-            competing = sum(s.num_remaining > itl_budget for s in prefills) > 1
-            if competing or self.requeued or self._admissible_waiting():
-                rate = self._deadline_rate(prefills, now)
-                chunk = self.cost.chunk_for_rate(batch.num_decode_tokens, rate, budget)
-                itl_budget = max(itl_budget, chunk)
-            budget = min(budget, itl_budget)
+        budget = self._prefill_budget(batch.num_decode_tokens, prefills, now)
         self.last_prefill_budget = budget
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
@@ -279,6 +268,23 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+
+    def _prefill_budget(self, num_decode: int, prefills: list[Sequence], now: float) -> int:
+        """The step's prompt tokens: what is left of the batch; while anyone decodes (continuous
+        policy) what keeps the step within the ITL target, or meets TTFT deadlines when several
+        long prompts compete or requests wait for room."""
+        budget = self.max_num_batched_tokens - num_decode
+        if not num_decode or self.config.policy != "continuous":
+            return budget
+        target = self.config.itl_target_ms / 1e3
+        floor = self.config.min_prefill_tokens
+        itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
+        # a lone paste never stalls the streams; several, or a queue, may: TTFT first
+        competing = sum(s.num_remaining > itl_budget for s in prefills) > 1
+        if competing or self.requeued or self._admissible_waiting():
+            rate = self._deadline_rate(prefills, now)
+            itl_budget = max(itl_budget, self.cost.chunk_for_rate(num_decode, rate, budget))
+        return min(budget, itl_budget)
 
     def _admissible_waiting(self) -> bool:
         """Whether anyone waits for room (cells, slots) rather than for their own user's cap:
