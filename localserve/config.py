@@ -79,8 +79,8 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     itl_target_ms: Annotated[float, msgspec.Meta(gt=0)] = 120.0
     # Smallest prefill chunk per step while others decode, so long prompts always progress.
     min_prefill_tokens: Positive = 32
-    # When several long prompts compete or requests wait, prefill takes more of each step (the
-    # streams slow) so that every prompt being prefilled gets its first token within this long.
+    # When several users' long prompts compete or others wait for room, prefill takes more of
+    # each step (the streams slow) so every prompt being prefilled gets its first token within this.
     ttft_target_ms: Annotated[float, msgspec.Meta(gt=0)] = 5_000.0
     # Free cells kept back at admission, as a share of the cache, so running decodes can grow.
     kv_watermark: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.02

@@ -13,9 +13,10 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    the least prefill recently go first, and within a user the shortest remaining prompt. A
    prompt admitted in this step that fits whole has the step's prefill to itself (never two such
    steps in a row): its first token waits for a short step, not for a chunk of a paste.
-   When several long prompts compete, or requests wait for room, the budget grows to what
-   gives every prompt being prefilled its first token within `ttft_target_ms` of its arrival
-   (earliest deadline first): past that point queue time, not smoothness, is what users feel.
+   When several users' long prompts compete, or other users wait for room, the budget grows to
+   what gives every prompt being prefilled its first token within `ttft_target_ms` of its
+   arrival (earliest deadline first): past that point queue time, not smoothness, is what users
+   feel. One user's pastes alone never stretch the others' steps.
 The `static` policy admits only when the running set is empty, for comparison.
 """
 
@@ -279,18 +280,24 @@ class Scheduler:
         target = self.config.itl_target_ms / 1e3
         floor = self.config.min_prefill_tokens
         itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
-        # a lone paste never stalls the streams; several, or a queue, may: TTFT first
-        competing = sum(s.num_remaining > itl_budget for s in prefills) > 1
-        if competing or self.requeued or self._admissible_waiting():
+        # one user's paste (or pastes) never stalls the others' streams; several users' pastes,
+        # or others waiting for room, may: TTFT first
+        pasting = {s.user for s in prefills if s.num_remaining > itl_budget}
+        if len(pasting) > 1 or self._waiting_for_room(pasting):
             rate = self._deadline_rate(prefills, now)
             itl_budget = max(itl_budget, self.cost.chunk_for_rate(num_decode, rate, budget))
         return min(budget, itl_budget)
 
-    def _admissible_waiting(self) -> bool:
-        """Whether anyone waits for room (cells, slots) rather than for their own user's cap:
-        only they are helped when the prompts being prefilled finish sooner."""
+    def _waiting_for_room(self, pasting: set[str]) -> bool:
+        """Whether a user other than those whose prompts are being prefilled waits for room
+        (cells, slots), not for their own cap: only they are helped, and fairly, when those
+        prompts finish sooner."""
         cap = self.config.max_running_per_user
-        return any(self._num_running.get(user, 0) < cap for user in self.waiting)
+        if any(s.user not in pasting for s in self.requeued):
+            return True
+        return any(
+            user not in pasting and self._num_running.get(user, 0) < cap for user in self.waiting
+        )
 
     def _deadline_rate(self, prefills: list[Sequence], now: float) -> float:
         """Prompt tokens per second that give every prompt being prefilled its first token

@@ -121,6 +121,21 @@ def test_a_request_waiting_on_its_own_users_cap_does_not_stretch_the_streams(mak
         assert 10 + 2 * s.num_decode + s.num_prefill <= 60 * 1.15
 
 
+def test_one_users_several_pastes_never_stretch_the_others_steps(make_harness):
+    config = SchedulerConfig(itl_target_ms=60, min_prefill_tokens=8, ttft_target_ms=500)
+    h = make_harness(config, n_ctx=16384, n_batch=512)
+    for rid in ("a", "b", "c"):
+        h.add(rid, 10, max_tokens=2000, user=rid)
+    for _ in range(20):
+        h.step()
+    for i in range(3):  # one user, three pastes: far past their TTFT target
+        h.add(f"paste{i}", 2000, max_tokens=4, user="mallory")
+    for _ in range(100):
+        h.step()
+        s = h.runner.steps[-1]
+        assert 10 + 2 * s.num_decode + s.num_prefill <= 60 * 1.15
+
+
 def test_short_prompt_is_not_stuck_behind_a_long_prefill(make_harness):
     h = make_harness(n_ctx=8192, n_batch=256)
     h.add("paste", 4000, max_tokens=4, user="alice")
