@@ -107,6 +107,29 @@ class Access:
         return not self.users
 
 
+def origin_allowed(headers: list[tuple[bytes, bytes]], allowed: list[str]) -> bool:
+    """Whether a request may come from the web page that sent it (the browser's Origin header).
+
+    Browsers let any web page open a websocket to any address, and send "simple" POSTs
+    anywhere: without this, a page on the internet that someone in the house visits could chat
+    through (or read the stats of) a loopback or LAN server that needs no token. Requests
+    without an Origin (every non-browser client) pass; a browser's pass when it is this server's
+    own page (its host and port are the Host header's) or listed in `allowed_origins`.
+    """
+    origin = host = None
+    for name, value in headers:
+        if name == b"origin":
+            origin = value.decode("latin-1").strip()
+        elif name == b"host":
+            host = value.decode("latin-1").strip().lower()
+    if origin is None:
+        return True
+    if origin in allowed:
+        return True
+    scheme, sep, netloc = origin.lower().partition("://")
+    return bool(sep) and scheme in ("http", "https") and host is not None and netloc == host
+
+
 def address_group(address: str) -> str:
     """The throttle's notion of one place: all of loopback is one, an IPv6 /64 is one (a
     single host is usually given a whole /64, so counting addresses in it would count nothing).

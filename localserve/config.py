@@ -116,6 +116,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
     # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10
+    # web pages elsewhere that may use the websocket and the HTTP API from a browser (exact
+    # origins, e.g. "https://chat.example.org"); the server's own page always may
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

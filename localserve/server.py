@@ -29,9 +29,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from localserve import __version__, openai_api, prometheus
+from localserve import __version__, openai_api, page, prometheus
 from localserve.admission import Refusal, Request, Sink
-from localserve.auth import Access, AuthThrottle, address_group
+from localserve.auth import Access, AuthThrottle, address_group, origin_allowed
 from localserve.config import ModelConfig, ServerConfig
 from localserve.connection import CLOSE_GOING_AWAY, Connection, client_address
 from localserve.engine import Engine
@@ -50,6 +50,10 @@ log = logging.getLogger("localserve.server")
 FRAME_SLACK_BYTES = 64 << 10
 SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
 KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
+FOREIGN_PAGE = (
+    "refused: a web page from another origin may not use this server "
+    "(add it to [server] allowed_origins if it should)"
+)
 
 _encoder = msgspec.json.Encoder()
 
@@ -186,9 +190,20 @@ class Server:
     async def asgi(self, scope, receive, send) -> None:
         if scope["type"] == "websocket":
             return await self._websocket(scope, receive, send)
+        if scope["method"] not in ("GET", "HEAD") and not self._origin_allowed(scope):
+            response = PlainTextResponse(FOREIGN_PAGE + "\n", 403)
+            return await response(scope, receive, send)
         await self.http(scope, receive, send)
 
+    def _origin_allowed(self, scope) -> bool:
+        if origin_allowed(scope["headers"], self.config.allowed_origins):
+            return True
+        log.warning("%s: refused a request from another web page", client_address(scope))
+        return False
+
     async def _websocket(self, scope, receive, send) -> None:
+        if not self._origin_allowed(scope):
+            return await _deny(send, 403, FOREIGN_PAGE + "\n")
         if len(self.connections) >= self.config.max_connections:
             return await _deny(send, 503, "too many connections; try again later\n")
         conn = Connection(self, scope, receive, send, next(self.numbers))
@@ -208,12 +223,13 @@ class Server:
         routes = [
             Route("/healthz", self._healthz),
             Route("/metrics", self._metrics),
-            Route("/", _upgrade_required),
+            *page.routes(),
             *openai_api.routes(self),
         ]
         return Starlette(routes=routes, exception_handlers=openai_api.exception_handlers())
 
     async def _healthz(self, request: HttpRequest) -> Response:
+        """Load in totals only (no user's requests): open to anyone, the chat page's status."""
         snap = await self.snapshot()
         body = {
             "ok": not self.is_shutting_down,
@@ -221,6 +237,11 @@ class Server:
             "backend": snap.model.backend,
             "running": snap.running,
             "waiting": snap.waiting,
+            "max_running": snap.max_num_seqs,
+            "kv_used": snap.kv_used,
+            "kv_cached": snap.kv_cached,
+            "kv_total": snap.kv_total,
+            "tokens": self.access.requires_tokens,
         }
         return JSONResponse(body, 503 if self.is_shutting_down else 200)
 
@@ -440,11 +461,6 @@ async def _deny(send, status: int, text: str) -> None:
         }
     )
     await send({"type": "websocket.http.response.body", "body": body})
-
-
-async def _upgrade_required(request: HttpRequest) -> Response:
-    text = "localserve: connect a websocket here, or use the OpenAI API under /v1\n"
-    return PlainTextResponse(text, 426, {"Upgrade": "websocket", "Connection": "Upgrade"})
 
 
 # --- `localserve serve` ---------------------------------------------------------------------

@@ -1,0 +1,638 @@
+// localserve's chat page. It speaks the websocket protocol of docs/protocol.md: hello, chat,
+// cancel; queued, token, done, error, notice. Conversations live in this browser's
+// localStorage; every turn sends the whole conversation (the server's prefix cache makes the
+// earlier turns cheap). Model text is untrusted: it is rendered as Markdown with raw HTML shown
+// as text, only http(s) and mailto links, and DOMPurify over the result; the page's
+// Content-Security-Policy allows no inline script on top of that.
+"use strict";
+
+(() => {
+  const KEY = "localserve.v1.";
+  const MAX_TOKENS = 1024;  // per reply, lowered to the server's cap from welcome.limits
+  const HEALTH_EVERY_MS = 2000;
+  const HEALTH_HIDDEN_MS = 10000;
+  const RENDER_EVERY_MS = 40;
+  const $ = (id) => document.getElementById(id);
+
+  const state = {
+    identity: null,    // {user, token}
+    chats: [],         // [{id, title, created, messages: [{role, content, ...}]}]
+    current: null,     // chat id
+    ws: null,
+    welcome: null,     // the welcome frame while signed in
+    halted: false,     // no reconnecting until the person signs in again
+    retryMs: 1000,
+    reconnectTimer: null,
+    pending: new Map(), // request id -> {chat, msg}
+    health: null,
+    healthError: null,
+    dirty: new Set(),  // messages to re-render
+    renderTimer: null,
+    nodes: new WeakMap(), // message -> its element
+  };
+
+  // --- storage ----------------------------------------------------------------------------------
+
+  function load(name, fallback) {
+    try {
+      const text = localStorage.getItem(KEY + name);
+      return text === null ? fallback : JSON.parse(text);
+    } catch (e) {
+      return fallback;
+    }
+  }
+
+  function save(name, value) {
+    try {
+      localStorage.setItem(KEY + name, JSON.stringify(value));
+      return true;
+    } catch (e) {
+      showNotice("This browser's storage is full: delete old conversations to keep new ones.", true);
+      return false;
+    }
+  }
+
+  function saveChats() {
+    save("chats", state.chats.map((chat) => ({
+      ...chat,
+      messages: chat.messages.map(({ el, ...rest }) => rest),
+    })));
+    save("current", state.current);
+  }
+
+  function loadChats() {
+    const chats = load("chats", []);
+    state.chats = (Array.isArray(chats) ? chats : []).filter(
+      (c) => c && typeof c.id === "string" && Array.isArray(c.messages));
+    for (const chat of state.chats) {
+      chat.messages = chat.messages.filter(
+        (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string");
+      for (const m of chat.messages) {  // a reply that was streaming when the page closed
+        if (m.role === "assistant" && ["sending", "queued", "streaming", "stopping"].includes(m.status)) {
+          m.status = "interrupted";
+          m.error = "the page was closed while this reply was coming";
+        }
+      }
+    }
+    state.current = load("current", null);
+    if (!state.chats.some((c) => c.id === state.current)) state.current = state.chats[0]?.id ?? null;
+    const identity = load("identity", null);
+    if (identity && typeof identity.user === "string" && identity.user) state.identity = identity;
+  }
+
+  // --- formatting -------------------------------------------------------------------------------
+
+  const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const escapeHtml = (s) => String(s).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+  const SAFE_URL = /^(https?:\/\/|mailto:)/i;
+
+  function ordinal(n) {
+    const tens = n % 100;
+    const suffix = tens >= 11 && tens <= 13 ? "th" : ({ 1: "st", 2: "nd", 3: "rd" }[n % 10] || "th");
+    return `${n}${suffix}`;
+  }
+
+  function ms(value) {
+    if (value === null || value === undefined) return "–";
+    return value < 1000 ? `${Math.round(value)} ms` : `${(value / 1000).toFixed(1)} s`;
+  }
+
+  let markdown = null;  // set up once the vendored libraries have loaded
+
+  function setUpMarkdown() {
+    const renderer = new marked.Renderer();
+    renderer.html = (html) => escapeHtml(html);  // raw HTML in a reply is shown, never parsed
+    renderer.link = (href, title, text) => {
+      const url = (href || "").trim();
+      if (!SAFE_URL.test(url)) return `${text} (${escapeHtml(url)})`;
+      const t = title ? ` title="${escapeHtml(title)}"` : "";
+      return `<a href="${escapeHtml(url)}"${t}>${text}</a>`;
+    };
+    renderer.image = (href, title, text) => {  // never loaded (the CSP forbids it): a link
+      const url = (href || "").trim();
+      const label = `image: ${escapeHtml(text || url)}`;
+      return SAFE_URL.test(url) ? `<a href="${escapeHtml(url)}">[${label}]</a>` : `[${label}]`;
+    };
+    marked.setOptions({ gfm: true, breaks: true, headerIds: false, mangle: false, renderer });
+    DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+      if (node.tagName === "A") {
+        node.setAttribute("target", "_blank");
+        node.setAttribute("rel", "noopener noreferrer nofollow");
+      }
+    });
+    const config = {
+      FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "iframe", "img"],
+      FORBID_ATTR: ["style", "id", "class", "srcset"],
+      ALLOWED_URI_REGEXP: /^(?:https?:\/\/|mailto:)/i,
+    };
+    markdown = (text) => DOMPurify.sanitize(marked.parse(text), config);
+  }
+
+  // --- conversations ----------------------------------------------------------------------------
+
+  function currentChat() {
+    return state.chats.find((c) => c.id === state.current) || null;
+  }
+
+  function newChat() {
+    const chat = { id: `c${Date.now().toString(36)}${randomId(4)}`, title: "New chat",
+                   created: Date.now(), messages: [] };
+    state.chats.unshift(chat);
+    state.current = chat.id;
+    saveChats();
+    renderAll();
+    $("input").focus();
+    return chat;
+  }
+
+  function deleteChat(chat) {
+    for (const [id, p] of state.pending) {
+      if (p.chat === chat) cancel(id);
+    }
+    state.chats = state.chats.filter((c) => c !== chat);
+    if (state.current === chat.id) state.current = state.chats[0]?.id ?? null;
+    saveChats();
+    renderAll();
+  }
+
+  function randomId(n) {
+    const bytes = new Uint8Array(n);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  function replyInFlight(chat) {
+    for (const p of state.pending.values()) if (p.chat === chat) return p.msg;
+    return null;
+  }
+
+  // --- the connection ---------------------------------------------------------------------------
+
+  function connect() {
+    clearTimeout(state.reconnectTimer);
+    if (!state.identity) return openSignIn("");
+    if (state.ws) state.ws.onclose = null, state.ws.close(1000);
+    state.halted = false;
+    state.welcome = null;
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(`${scheme}//${location.host}/`);
+    state.ws = ws;
+    renderStatus();
+    ws.onopen = () => {
+      const { user, token } = state.identity;
+      ws.send(JSON.stringify({ type: "hello", user, token: token || null }));
+    };
+    ws.onmessage = (event) => {
+      let frame;
+      try { frame = JSON.parse(event.data); } catch (e) { return; }
+      if (frame && typeof frame === "object") onFrame(frame);
+    };
+    ws.onclose = (event) => onClose(ws, event);
+  }
+
+  function onClose(ws, event) {
+    if (ws !== state.ws) return;
+    state.ws = null;
+    state.welcome = null;
+    for (const { chat, msg } of state.pending.values()) {
+      msg.status = "interrupted";
+      msg.error = "the connection to the server was lost";
+      touch(msg);
+    }
+    state.pending.clear();
+    saveChats();
+    if (!state.halted) {
+      const why = event.code === 1001 ? "the server went away (restarting?)"
+        : event.reason ? `disconnected: ${event.reason}` : "cannot reach the server";
+      const wait = state.retryMs;
+      state.retryMs = Math.min(state.retryMs * 2, 10000);
+      showNotice(`${why}; trying again in ${Math.round(wait / 1000)} s…`, true);
+      state.reconnectTimer = setTimeout(connect, wait);
+    }
+    renderAll();
+  }
+
+  function send(frame) {
+    if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return false;
+    state.ws.send(JSON.stringify(frame));
+    return true;
+  }
+
+  function onFrame(frame) {
+    const p = typeof frame.id === "string" ? state.pending.get(frame.id) : undefined;
+    switch (frame.type) {
+      case "welcome":
+        state.welcome = frame;
+        state.retryMs = 1000;
+        showNotice(null);
+        renderAll();
+        break;
+      case "queued":
+        if (p) { p.msg.status = "queued"; p.msg.position = frame.position; p.msg.requeued = !!p.msg.content; touch(p.msg); }
+        break;
+      case "token":
+        if (p && typeof frame.text === "string") {
+          p.msg.content += frame.text;
+          if (p.msg.status !== "stopping") p.msg.status = "streaming";
+          touch(p.msg);
+        }
+        break;
+      case "done":
+        if (p) finish(frame.id, p, frame);
+        break;
+      case "error":
+        if (p) {
+          p.msg.error = errorText(frame);
+          p.msg.status = "error";
+          if (frame.code !== "internal") finish(frame.id, p, null);  // internal: a done follows
+          else touch(p.msg);
+        } else if (!state.welcome) {
+          signInRefused(frame);
+        } else {
+          showNotice(`The server says: ${frame.message}`, true);
+        }
+        break;
+      case "notice":
+        showNotice(frame.code === "shutting_down"
+          ? `The server is stopping (${frame.message}). This page reconnects when it is back.`
+          : String(frame.message), true);
+        break;
+      default:  // stats and frames of later protocol versions
+        break;
+    }
+  }
+
+  function errorText(frame) {
+    const message = String(frame.message || "");
+    switch (frame.code) {
+      case "busy": return `The server is busy: ${message}. Try again in a moment.`;
+      case "too_long": return `This conversation is too long for the model (${message}). Start a new chat.`;
+      case "shutting_down": return "The server is shutting down; try again when it is back.";
+      case "internal": return `The server failed this reply: ${message}`;
+      default: return `Refused (${frame.code}): ${message}`;
+    }
+  }
+
+  function signInRefused(frame) {
+    state.halted = true;
+    if (state.ws) { state.ws.onclose = null; state.ws.close(1000); state.ws = null; }
+    state.needsToken = state.needsToken || frame.code === "unauthorized";
+    openSignIn(frame.message || "refused");
+    renderStatus();
+  }
+
+  function finish(id, p, done) {
+    state.pending.delete(id);
+    const msg = p.msg;
+    if (done) {
+      msg.usage = done.usage;
+      msg.timings = done.timings;
+      msg.finish = done.finish_reason;
+      if (done.finish_reason === "cancelled") msg.status = "stopped";
+      else if (done.finish_reason === "error") msg.status = "error";
+      else msg.status = "done";
+    }
+    touch(msg);
+    saveChats();
+    renderComposer();
+  }
+
+  // --- chatting ---------------------------------------------------------------------------------
+
+  function history(chat, upTo) {
+    const turns = [];
+    for (const m of chat.messages) {
+      if (m === upTo) break;
+      if (m.role === "user" || (m.content && ["done", "stopped"].includes(m.status))) {
+        turns.push({ role: m.role, content: m.content });
+      }
+    }
+    return turns;
+  }
+
+  function ask(chat, reply) {
+    const id = `r${Date.now().toString(36)}${randomId(3)}`;
+    Object.assign(reply, { id, status: "sending", content: "", error: null, position: null,
+                           usage: null, timings: null, finish: null });
+    const limits = state.welcome?.limits || {};
+    const frame = { type: "chat", id, messages: history(chat, reply),
+                    max_tokens: Math.min(MAX_TOKENS, limits.max_tokens || MAX_TOKENS) };
+    const text = JSON.stringify(frame);
+    const bytes = new TextEncoder().encode(text).length;
+    if (limits.max_frame_bytes && bytes > limits.max_frame_bytes) {
+      reply.status = "error";
+      reply.error = `This conversation is too long to send (${Math.ceil(bytes / 1024)} KiB; ` +
+        `the server takes ${Math.floor(limits.max_frame_bytes / 1024)} KiB). Start a new chat.`;
+    } else if (state.ws && state.welcome && state.ws.readyState === WebSocket.OPEN) {
+      state.pending.set(id, { chat, msg: reply });
+      state.ws.send(text);
+    } else {
+      reply.status = "interrupted";
+      reply.error = "not connected to the server";
+    }
+    saveChats();
+    renderMessages();
+    renderComposer();
+  }
+
+  function submit() {
+    const input = $("input");
+    const text = input.value.trim();
+    if (!text || !state.welcome) return;
+    const chat = currentChat() || newChat();
+    if (replyInFlight(chat)) return;
+    if (!chat.messages.length) chat.title = text.split("\n")[0].slice(0, 60);
+    chat.messages.push({ role: "user", content: text });
+    const reply = { role: "assistant", content: "" };
+    chat.messages.push(reply);
+    input.value = "";
+    autoGrow();
+    renderChats();
+    ask(chat, reply);
+  }
+
+  function cancel(id) {
+    const p = state.pending.get(id);
+    if (!p) return;
+    send({ type: "cancel", id });
+    p.msg.status = "stopping";
+    touch(p.msg);
+  }
+
+  function stop() {
+    const msg = replyInFlight(currentChat());
+    if (msg) cancel(msg.id);
+  }
+
+  function retry(chat, msg) {
+    if (replyInFlight(chat) || chat.messages[chat.messages.length - 1] !== msg) return;
+    ask(chat, msg);
+  }
+
+  // --- rendering --------------------------------------------------------------------------------
+
+  function renderAll() {
+    renderStatus();
+    renderChats();
+    renderMessages();
+    renderComposer();
+  }
+
+  function renderStatus() {
+    const el = $("status");
+    const h = state.health;
+    const parts = [];
+    let level = "ok";
+    let why = "";
+    if (h) {
+      parts.push(h.model, h.backend, `${h.running} running`, `${h.waiting} waiting`);
+      if (h.kv_total) parts.push(`KV ${Math.round(100 * (h.kv_used - (h.kv_cached || 0)) / h.kv_total)}%`);
+      const kvShare = h.kv_total ? (h.kv_used - (h.kv_cached || 0)) / h.kv_total : 0;
+      if (!h.ok) { level = "down"; why = "shutting down"; }
+      else if (h.waiting > 0) {
+        level = "busy";
+        if (kvShare >= 0.9) why = "busy: the KV cache is full, new requests wait for room";
+        else if (h.max_running && h.running >= h.max_running) why = `busy: all ${h.max_running} places are taken, new requests wait`;
+        else why = `busy: ${h.waiting} waiting`;
+      }
+    } else if (state.healthError) {
+      level = "down";
+      why = "server unreachable";
+    }
+    if (!state.welcome) {
+      level = level === "down" ? "down" : "busy";
+      why = state.halted ? "signed out" : state.ws ? "connecting…" : why || "disconnected";
+    }
+    el.className = level;
+    el.innerHTML = "";
+    const dot = document.createElement("span");
+    dot.className = "dot";
+    el.append(dot, parts.join(" · "));
+    if (why) {
+      const w = document.createElement("span");
+      w.className = "why";
+      w.textContent = `${parts.length ? " — " : ""}${why}`;
+      el.append(w);
+    }
+    $("who").textContent = state.identity ? state.identity.user : "";
+  }
+
+  function renderChats() {
+    const list = $("chat-list");
+    list.innerHTML = "";
+    for (const chat of state.chats) {
+      const li = document.createElement("li");
+      if (chat.id === state.current) li.className = "current";
+      const open = document.createElement("button");
+      open.type = "button";
+      open.className = "open";
+      open.textContent = chat.title || "New chat";
+      open.title = chat.title || "";
+      open.onclick = () => {
+        state.current = chat.id;
+        save("current", state.current);
+        $("chats").classList.remove("open");
+        renderAll();
+      };
+      const del = document.createElement("button");
+      del.type = "button";
+      del.className = "delete";
+      del.textContent = "×";
+      del.title = "Delete this conversation";
+      del.setAttribute("aria-label", `Delete “${chat.title || "New chat"}”`);
+      del.onclick = () => {  // two clicks: the first asks
+        if (del.dataset.armed) return deleteChat(chat);
+        del.dataset.armed = "1";
+        del.textContent = "delete?";
+        setTimeout(() => { delete del.dataset.armed; del.textContent = "×"; }, 3000);
+      };
+      li.append(open, del);
+      list.append(li);
+    }
+  }
+
+  function renderMessages() {
+    const box = $("messages");
+    box.innerHTML = "";
+    const chat = currentChat();
+    if (!chat || !chat.messages.length) {
+      const empty = document.createElement("p");
+      empty.className = "empty";
+      const model = state.welcome ? ` ${state.welcome.model}` : "";
+      empty.textContent = `Ask${model} anything. Your conversations stay in this browser.`;
+      box.append(empty);
+      return;
+    }
+    for (const msg of chat.messages) {
+      const el = document.createElement("article");
+      el.className = `msg ${msg.role}`;
+      el.innerHTML = '<div class="body"></div><div class="meta"></div>';
+      state.nodes.set(msg, el);
+      fill(msg, el, chat);
+      box.append(el);
+    }
+    box.scrollTop = box.scrollHeight;
+  }
+
+  function touch(msg) {
+    state.dirty.add(msg);
+    if (!state.renderTimer) state.renderTimer = setTimeout(flush, RENDER_EVERY_MS);
+  }
+
+  function flush() {
+    state.renderTimer = null;
+    const box = $("messages");
+    const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+    const chat = currentChat();
+    for (const msg of state.dirty) {
+      const el = state.nodes.get(msg);
+      if (el && el.isConnected) fill(msg, el, chat);
+    }
+    state.dirty.clear();
+    if (atBottom) box.scrollTop = box.scrollHeight;
+    renderComposer();
+  }
+
+  function fill(msg, el, chat) {
+    const body = el.querySelector(".body");
+    const meta = el.querySelector(".meta");
+    el.dataset.status = msg.status || "";
+    if (msg.role === "user") {
+      body.textContent = msg.content;
+      return;
+    }
+    body.innerHTML = markdown ? markdown(msg.content) : escapeHtml(msg.content);
+    body.classList.toggle("cursor", msg.status === "streaming" || msg.status === "sending");
+    meta.innerHTML = "";
+    const add = (text, cls) => {
+      const span = document.createElement("span");
+      span.textContent = text;
+      if (cls) span.className = cls;
+      meta.append(span);
+      return span;
+    };
+    switch (msg.status) {
+      case "sending": add("sending…", "waiting"); break;
+      case "queued":
+        add(`${msg.requeued ? "paused for others, waiting again" : "waiting"} · ` +
+            `${ordinal(msg.position || 1)} in line`, "waiting position");
+        break;
+      case "stopping": add("stopping…", "stopped"); break;
+      case "error": case "interrupted":
+        add(msg.error || "failed", "error");
+        if (chat && chat.messages[chat.messages.length - 1] === msg) {
+          const again = document.createElement("button");
+          again.type = "button";
+          again.className = "retry";
+          again.textContent = "Retry";
+          again.onclick = () => retry(chat, msg);
+          meta.append(again);
+        }
+        break;
+      default: break;
+    }
+    if (msg.timings && msg.usage) {
+      const t = msg.timings;
+      const u = msg.usage;
+      if (msg.status === "stopped") add("stopped", "stopped");
+      if (msg.finish === "length") add("cut at the length limit", "stopped");
+      add(`TTFT ${ms(t.ttft_ms)}`, "ttft");
+      if (t.itl_ms) add(`ITL ${ms(t.itl_ms)}`, "itl");
+      if (t.itl_ms) add(`${(1000 / t.itl_ms).toFixed(1)} tok/s`, "rate");
+      add(`${u.completion_tokens} tokens`);
+      if (t.queue_ms > 50) add(`queued ${ms(t.queue_ms)}`);
+      add(`prompt ${u.prompt_tokens} (${u.cached_tokens} cached)`);
+    }
+  }
+
+  function renderComposer() {
+    const chat = currentChat();
+    const inFlight = chat ? replyInFlight(chat) : null;
+    const ready = !!state.welcome;
+    $("input").disabled = !ready;
+    $("send").disabled = !ready || !!inFlight;
+    $("send").hidden = !!inFlight;
+    $("stop").hidden = !inFlight;
+    $("stop").disabled = !!inFlight && inFlight.status === "stopping";
+  }
+
+  function showNotice(text, bad) {
+    const el = $("notice");
+    el.hidden = !text;
+    el.textContent = text || "";
+    el.classList.toggle("bad", !!bad);
+  }
+
+  function autoGrow() {
+    const input = $("input");
+    input.style.height = "auto";
+    input.style.height = `${Math.min(input.scrollHeight + 2, window.innerHeight * 0.4)}px`;
+  }
+
+  // --- signing in -------------------------------------------------------------------------------
+
+  function openSignIn(why) {
+    const dialog = $("signin");
+    $("signin-why").textContent = why || "";
+    $("signin-user").value = state.identity?.user || "";
+    $("signin-token").value = state.identity?.token || "";
+    $("signin-token-row").hidden = !(state.needsToken || state.health?.tokens);
+    if (!dialog.open) dialog.showModal();
+    $("signin-user").focus();
+  }
+
+  function signIn(event) {
+    event.preventDefault();
+    const user = $("signin-user").value.trim();
+    if (!user) return;
+    const token = $("signin-token").value;
+    state.identity = { user, token: token || null };
+    save("identity", state.identity);
+    $("signin").close();
+    connect();
+  }
+
+  // --- the server's state -----------------------------------------------------------------------
+
+  async function pollHealth() {
+    try {
+      const response = await fetch("healthz", { cache: "no-store" });
+      state.health = await response.json();
+      state.healthError = null;
+    } catch (e) {
+      state.health = null;
+      state.healthError = String(e);
+    }
+    renderStatus();
+    setTimeout(pollHealth, document.hidden ? HEALTH_HIDDEN_MS : HEALTH_EVERY_MS);
+  }
+
+  // --- start ------------------------------------------------------------------------------------
+
+  function start() {
+    setUpMarkdown();
+    loadChats();
+    $("composer").addEventListener("submit", (e) => { e.preventDefault(); submit(); });
+    $("input").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
+      else if (e.key === "Escape") stop();
+    });
+    $("input").addEventListener("input", autoGrow);
+    $("stop").addEventListener("click", stop);
+    $("new-chat").addEventListener("click", () => { newChat(); $("chats").classList.remove("open"); });
+    $("who").addEventListener("click", () => openSignIn(""));
+    $("signin-form").addEventListener("submit", signIn);
+    $("signin").addEventListener("cancel", (e) => { if (!state.identity) e.preventDefault(); });
+    $("chats-toggle").addEventListener("click", () => {
+      const open = $("chats").classList.toggle("open");
+      $("chats-toggle").setAttribute("aria-expanded", String(open));
+    });
+    renderAll();
+    pollHealth().then(() => {
+      if (state.identity) connect();
+      else openSignIn("");
+    });
+  }
+
+  start();
+})();
