@@ -26,6 +26,7 @@ run: setup
 test: setup
 	$(PY) -m ruff check localserve tui tests scripts
 	$(PY) -m ruff format --check localserve tui tests scripts
+	scripts/install_chromium.sh
 	$(PY) -m pytest
 
 lint: setup

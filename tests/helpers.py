@@ -71,12 +71,13 @@ class FakeServer:
         n_ctx: int = 4096,
         n_seq_max: int = 8,
         chat_format: str = "template",
+        runner: PacedRunner | None = None,
         **config,
     ) -> None:
         from localserve.config import Config, ModelConfig, ServerConfig
         from localserve.serving import serving
 
-        self.runner = PacedRunner(n_ctx=n_ctx, n_seq_max=n_seq_max, step_s=step_s)
+        self.runner = runner or PacedRunner(n_ctx=n_ctx, n_seq_max=n_seq_max, step_s=step_s)
         self.config = ServerConfig(
             **({"max_frame_bytes": 64 * 1024, "shutdown_grace_s": 1} | config)
         )

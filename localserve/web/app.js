@@ -8,7 +8,7 @@
 
 (() => {
   const KEY = "localserve.v1.";
-  const MAX_TOKENS = 1024;  // per reply, lowered to the server's cap from welcome.limits
+  const DEFAULTS = { temperature: 0.8, max_tokens: 1024 };  // max_tokens: lowered to the server's cap
   const HEALTH_EVERY_MS = 2000;
   const HEALTH_HIDDEN_MS = 10000;
   const RENDER_EVERY_MS = 40;
@@ -16,6 +16,7 @@
 
   const state = {
     identity: null,    // {user, token}
+    settings: { ...DEFAULTS },
     chats: [],         // [{id, title, created, messages: [{role, content, ...}]}]
     current: null,     // chat id
     ws: null,
@@ -52,16 +53,25 @@
     }
   }
 
+  // conversations are kept per name: people sharing a browser do not see each other's
+  const chatsKey = () => `chats.${state.identity ? state.identity.user : ""}`;
+  const currentKey = () => `current.${state.identity ? state.identity.user : ""}`;
+
   function saveChats() {
-    save("chats", state.chats.map((chat) => ({
-      ...chat,
-      messages: chat.messages.map(({ el, ...rest }) => rest),
-    })));
-    save("current", state.current);
+    save(chatsKey(), state.chats);
+    save(currentKey(), state.current);
+  }
+
+  function loadIdentity() {
+    const identity = load("identity", null);
+    if (identity && typeof identity.user === "string" && identity.user) state.identity = identity;
+    const settings = load("settings", {});
+    if (Number.isFinite(settings.temperature)) state.settings.temperature = settings.temperature;
+    if (Number.isInteger(settings.max_tokens)) state.settings.max_tokens = settings.max_tokens;
   }
 
   function loadChats() {
-    const chats = load("chats", []);
+    const chats = load(chatsKey(), []);
     state.chats = (Array.isArray(chats) ? chats : []).filter(
       (c) => c && typeof c.id === "string" && Array.isArray(c.messages));
     for (const chat of state.chats) {
@@ -74,10 +84,8 @@
         }
       }
     }
-    state.current = load("current", null);
+    state.current = load(currentKey(), null);
     if (!state.chats.some((c) => c.id === state.current)) state.current = state.chats[0]?.id ?? null;
-    const identity = load("identity", null);
-    if (identity && typeof identity.user === "string" && identity.user) state.identity = identity;
   }
 
   // --- formatting -------------------------------------------------------------------------------
@@ -171,11 +179,15 @@
   function connect() {
     clearTimeout(state.reconnectTimer);
     if (!state.identity) return openSignIn("");
-    if (state.ws) state.ws.onclose = null, state.ws.close(1000);
+    if (state.ws) {
+      state.ws.onclose = null;
+      state.ws.close(1000);
+    }
     state.halted = false;
     state.welcome = null;
-    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const ws = new WebSocket(`${scheme}//${location.host}/`);
+    const address = new URL(".", location.href);  // where the page is: also behind a proxy
+    address.protocol = address.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(address.href);
     state.ws = ws;
     renderStatus();
     ws.onopen = () => {
@@ -315,8 +327,9 @@
     Object.assign(reply, { id, status: "sending", content: "", error: null, position: null,
                            usage: null, timings: null, finish: null });
     const limits = state.welcome?.limits || {};
-    const frame = { type: "chat", id, messages: history(chat, reply),
-                    max_tokens: Math.min(MAX_TOKENS, limits.max_tokens || MAX_TOKENS) };
+    const { temperature, max_tokens } = state.settings;
+    const frame = { type: "chat", id, messages: history(chat, reply), temperature,
+                    max_tokens: Math.min(max_tokens, limits.max_tokens || max_tokens) };
     const text = JSON.stringify(frame);
     const bytes = new TextEncoder().encode(text).length;
     if (limits.max_frame_bytes && bytes > limits.max_frame_bytes) {
@@ -430,7 +443,7 @@
       open.title = chat.title || "";
       open.onclick = () => {
         state.current = chat.id;
-        save("current", state.current);
+        save(currentKey(), state.current);
         $("chats").classList.remove("open");
         renderAll();
       };
@@ -586,10 +599,40 @@
     const user = $("signin-user").value.trim();
     if (!user) return;
     const token = $("signin-token").value;
+    const changed = user !== state.identity?.user;
+    if (changed) {  // another person: their conversations, and none of the last one's replies
+      for (const id of [...state.pending.keys()]) cancel(id);
+      state.pending.clear();
+      saveChats();
+    }
     state.identity = { user, token: token || null };
     save("identity", state.identity);
+    if (changed) {
+      loadChats();
+      renderAll();
+    }
     $("signin").close();
     connect();
+  }
+
+  function openSettings() {
+    $("set-temperature").value = state.settings.temperature;
+    const input = $("set-max-tokens");
+    input.max = state.welcome?.limits?.max_tokens || "";
+    input.value = state.settings.max_tokens;
+    $("settings").showModal();
+  }
+
+  function saveSettings(event) {
+    event.preventDefault();
+    const temperature = Number($("set-temperature").value);
+    const maxTokens = Number($("set-max-tokens").value);
+    if (Number.isFinite(temperature) && temperature >= 0 && temperature <= 2) {
+      state.settings.temperature = temperature;
+    }
+    if (Number.isInteger(maxTokens) && maxTokens >= 1) state.settings.max_tokens = maxTokens;
+    save("settings", state.settings);
+    $("settings").close();
   }
 
   // --- the server's state -----------------------------------------------------------------------
@@ -611,6 +654,7 @@
 
   function start() {
     setUpMarkdown();
+    loadIdentity();
     loadChats();
     $("composer").addEventListener("submit", (e) => { e.preventDefault(); submit(); });
     $("input").addEventListener("keydown", (e) => {
@@ -621,6 +665,8 @@
     $("stop").addEventListener("click", stop);
     $("new-chat").addEventListener("click", () => { newChat(); $("chats").classList.remove("open"); });
     $("who").addEventListener("click", () => openSignIn(""));
+    $("settings-open").addEventListener("click", openSettings);
+    $("settings-form").addEventListener("submit", saveSettings);
     $("signin-form").addEventListener("submit", signIn);
     $("signin").addEventListener("cancel", (e) => { if (!state.identity) e.preventDefault(); });
     $("chats-toggle").addEventListener("click", () => {

@@ -1,0 +1,417 @@
+"""The chat page at `/`, in a real browser: the system's headless Chromium, driven by Playwright.
+
+The page's own HTTP answers (files, headers, the origin rule) need no browser. The browser tests
+chat through the real model (two people streaming at once, the queue position, Stop) and through
+the fake runner where the reply must be a chosen text (a hostile one, a wide one). Without
+Chromium they are skipped, unless LOCALSERVE_REQUIRE_BROWSER is set (CI sets it): then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+import pytest
+from helpers import FakeServer, PacedRunner, wait_until
+
+from localserve.auth import Access
+from localserve.fake_runner import EOG
+from localserve.page import CSP
+from localserve.scheduler import Sampled
+
+CHROMIUM = (
+    os.environ.get("LOCALSERVE_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+)
+PHONE = {"width": 390, "height": 844}
+LAPTOP = {"width": 1100, "height": 720}
+LONG_PROMPT = "Count from 1 to 300, one number per line."  # greedy: runs to max_tokens
+
+
+def get(url: str, headers: dict | None = None, method: str = "GET", data: bytes | None = None):
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+# --- the page's files and headers (no browser) --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    server = FakeServer()
+    yield server
+    server.close()
+
+
+def test_page_and_its_files_are_served_with_a_strict_policy(fake_server):
+    status, headers, body = get(fake_server.http + "/")
+    assert status == 200
+    assert headers["Content-Type"] == "text/html; charset=utf-8"
+    assert headers["Content-Security-Policy"] == CSP
+    assert "script-src 'self'" in CSP and "unsafe" not in CSP
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["X-Frame-Options"] == "DENY"
+    assert b'<script src="app.js"' in body
+    assert b"http" not in body.replace(b"http-equiv", b"")  # nothing from another server
+    for path, kind in [
+        ("/app.js", "text/javascript"),
+        ("/app.css", "text/css"),
+        ("/vendor/marked.min.js", "text/javascript"),
+        ("/vendor/purify.min.js", "text/javascript"),
+        ("/icon.svg", "image/svg+xml"),
+    ]:
+        status, headers, body = get(fake_server.http + path)
+        assert status == 200 and headers["Content-Type"].startswith(kind), path
+        assert body and headers["Content-Security-Policy"] == CSP
+    status, headers, _ = get(fake_server.http + "/", {"If-None-Match": headers["ETag"]})
+    assert status == 200  # another file's tag
+    etag = get(fake_server.http + "/")[1]["ETag"]
+    assert get(fake_server.http + "/", {"If-None-Match": etag})[0] == 304
+    for path in ["/vendor/", "/vendor/../app.js", "/web/index.html", "/index.html", "/app.js/x"]:
+        assert get(fake_server.http + path)[0] == 404, path
+    assert get(fake_server.http + "/", method="POST", data=b"x")[0] == 405
+
+
+def test_healthz_has_what_the_status_line_shows(fake_server):
+    status, _, body = get(fake_server.http + "/healthz")
+    health = json.loads(body)
+    assert status == 200 and health["ok"] is True and health["tokens"] is False
+    assert health["kv_total"] == 4096 and health["max_running"] == 8
+    assert {"running", "waiting", "kv_used", "kv_cached", "model", "backend"} <= set(health)
+
+
+def test_other_web_pages_may_not_use_the_server(fake_server):
+    """A page on the internet that someone at home visits cannot chat through the server."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    own = fake_server.http
+    with connect(fake_server.url, origin=own) as ws:  # the server's own page
+        ws.send(json.dumps({"type": "hello", "user": "page"}))
+        assert json.loads(ws.recv(10))["type"] == "welcome"
+    with connect(fake_server.url) as ws:  # no Origin: not a browser
+        ws.send(json.dumps({"type": "hello", "user": "script"}))
+        assert json.loads(ws.recv(10))["type"] == "welcome"
+    for origin in ["http://evil.example", "null", own.replace("127.0.0.1", "localhost")]:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(fake_server.url, origin=origin).close()
+        assert refused.value.response.status_code == 403, origin
+    body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "hi"}]})
+    api = fake_server.http + "/v1/chat/completions"
+    headers = {"Content-Type": "text/plain", "Origin": "http://evil.example"}
+    status, _, text = get(api, headers, "POST", body.encode())
+    assert status == 403 and b"allowed_origins" in text
+    headers["Origin"] = own
+    assert get(api, headers, "POST", body.encode())[0] == 200
+    server = fake_server.server
+    old = server.config
+    try:
+        import msgspec
+
+        server.config = msgspec.structs.replace(old, allowed_origins=["http://evil.example"])
+        with connect(fake_server.url, origin="http://evil.example") as ws:
+            ws.send(json.dumps({"type": "hello", "user": "listed"}))
+            assert json.loads(ws.recv(10))["type"] == "welcome"
+    finally:
+        server.config = old
+
+
+# --- the browser --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM:
+        why = "no Chromium (apt-get install chromium; `make test` installs it when it can)"
+        if os.environ.get("LOCALSERVE_REQUIRE_BROWSER"):
+            pytest.fail(why)
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium's sandbox refuses root
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        yield browser
+        browser.close()
+
+
+@dataclass
+class Person:
+    """One person at the chat page, in a browser context of their own (own localStorage)."""
+
+    page: object
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, browser, server, user: str | None, token: str | None = None, viewport=LAPTOP):
+        context = browser.new_context(viewport=viewport)
+        person = cls(context.new_page())
+        person.page.on("pageerror", lambda e: person.problems.append(f"error: {e}"))
+        person.page.on(
+            "console",
+            lambda m: m.type in ("error", "warning") and person.problems.append(m.text),
+        )
+        person.page.goto(server.http + "/")
+        if user is not None:
+            person.sign_in(user, token)
+        return person
+
+    def sign_in(self, user: str, token: str | None = None, ready: bool = True) -> None:
+        page = self.page
+        page.wait_for_selector("#signin[open]")
+        page.fill("#signin-user", user)
+        if token is not None:
+            page.fill("#signin-token", token)
+        page.click("#signin-go")
+        if ready:
+            page.wait_for_selector("#input:not([disabled])")
+
+    def settings(self, temperature: float, max_tokens: int) -> None:
+        self.page.click("#settings-open")
+        self.page.fill("#set-temperature", str(temperature))
+        self.page.fill("#set-max-tokens", str(max_tokens))
+        self.page.click("#settings-save")
+
+    def say(self, text: str) -> None:
+        self.page.fill("#input", text)
+        self.page.press("#input", "Enter")
+
+    def reply(self):
+        return self.page.locator(".msg.assistant").last
+
+    def reply_status(self) -> str:
+        return self.reply().get_attribute("data-status") or ""
+
+    def wait_reply(self, *statuses: str, timeout: float = 120) -> None:
+        wait_until(lambda: self.reply_status() in statuses, timeout, f"a reply {statuses}")
+
+    def prompt_tokens(self) -> int:
+        """The last reply's prompt tokens, as its line of figures says ("prompt 37 (0 cached)")."""
+        meta = self.reply().locator(".meta").inner_text()
+        return int(meta.split("prompt ")[1].split()[0])
+
+    def close(self) -> None:
+        self.page.context.close()
+        assert not self.problems, self.problems  # no script error, no CSP violation
+
+
+@dataclass
+class ScriptedRunner(PacedRunner):
+    """The fake runner, but every reply is `reply`, one piece per token."""
+
+    reply: list[str] = field(default_factory=list)
+
+    def _sample(self, item):
+        n = len(item.seq.tokens) - item.seq.num_prompt_tokens
+        if n >= len(self.reply):
+            return Sampled(item.seq, EOG, b"", True)
+        return Sampled(item.seq, 100 + n, self.reply[n].encode(), False)
+
+
+HOSTILE = [
+    "Here you go:\n\n",
+    "<script>window.pwned = 'script'</script>\n\n",
+    "<img src=x onerror=\"window.pwned = 'img'\">\n\n",
+    "[click me](javascript:window.pwned='link') and ",
+    "[also](JaVaScRiPt:window.pwned='link2') and ",
+    "<a href=\"javascript:window.pwned='a'\">raw link</a> and ",
+    "![pic](javascript:window.pwned='image') and ",
+    "<svg onload=\"window.pwned='svg'\"></svg> and ",
+    "<iframe src=\"javascript:window.pwned='frame'\"></iframe>\n\n",
+    "**bold** and `code` and [a real link](https://example.org/).",
+]
+
+
+@pytest.fixture
+def scripted():
+    def make(reply: list[str], **config) -> FakeServer:
+        runner = ScriptedRunner(n_ctx=4096, n_seq_max=8, step_s=0.01, reply=reply)
+        server = FakeServer(runner=runner, **config)
+        made.append(server)
+        return server
+
+    made: list[FakeServer] = []
+    yield make
+    for server in made:
+        server.close()
+
+
+def test_a_hostile_reply_runs_nothing(browser, scripted):
+    server = scripted(HOSTILE)
+    alice = Person.open(browser, server, "alice")
+    alice.say("Show me some HTML")
+    alice.wait_reply("done")
+    body = alice.reply().locator(".body")
+    text = body.inner_text()
+    assert "<script>window.pwned = 'script'</script>" in text  # shown as text
+    assert "onerror" in text and "javascript:window.pwned='link'" in text
+    elements = body.evaluate("""(b) => [...b.querySelectorAll('*')].map((e) =>
+        [e.tagName, ...[...e.attributes].map((a) => a.name + '=' + a.value)].join(' '))""")
+    assert not [e for e in elements if e.split()[0] in ("SCRIPT", "IMG", "SVG", "IFRAME")]
+    assert not [e for e in elements if " on" in e or "javascript:" in e.lower()], elements
+    assert body.locator("strong").inner_text() == "bold"  # Markdown still renders
+    link = body.locator('a[href="https://example.org/"]')
+    assert link.get_attribute("rel") == "noopener noreferrer nofollow"
+    for a in body.locator("a").all():
+        assert a.get_attribute("href").startswith("https://")
+    alice.page.click("text=click me")  # a javascript: link is text: clicking runs nothing
+    assert alice.page.evaluate("window.pwned") is None
+    alice.close()
+
+
+def test_phone_screen_has_no_horizontal_scrolling(browser, scripted):
+    wide = "x" * 300
+    reply = [
+        f"A long word: {wide}\n\n",
+        f"```\n{'code ' * 80}\n```\n\n",
+        "| a | b | c | d | e | f | g | h |\n|---|---|---|---|---|---|---|---|\n",
+        f"| {wide[:40]} | {wide[:40]} | 3 | 4 | 5 | 6 | 7 | 8 |\n\n",
+        f"https://example.org/{wide}\n",
+    ]
+    server = scripted(reply)
+    bob = Person.open(browser, server, "bob", viewport=PHONE)
+    bob.say(f"Something wide please {wide}")
+    bob.wait_reply("done")
+    page = bob.page
+    overflow = """() => {
+        const d = document.documentElement, m = document.getElementById('messages');
+        const wide = [...document.querySelectorAll('body *')].filter((e) => {
+            const r = e.getBoundingClientRect();
+            return r.width && r.right > innerWidth + 1 && !e.closest('pre, table, #chats');
+        }).map((e) => e.tagName + '.' + e.className);
+        return {doc: d.scrollWidth - d.clientWidth, messages: m.scrollWidth - m.clientWidth, wide};
+    }"""
+    assert page.evaluate(overflow) == {"doc": 0, "messages": 0, "wide": []}
+    page.click("#chats-toggle")  # the conversation list is a drawer on a phone
+    page.wait_for_selector("#chats.open")
+    assert page.locator("#chat-list li").count() == 1
+    page.click("#new-chat")
+    assert page.evaluate(overflow) == {"doc": 0, "messages": 0, "wide": []}
+    bob.close()
+
+
+def test_conversations_are_kept_and_each_turn_sends_the_whole_history(browser, scripted):
+    server = scripted(["Sure.", " Done."])
+    carol = Person.open(browser, server, "carol")
+    page = carol.page
+    carol.say("first question")
+    carol.wait_reply("done")
+    first = carol.prompt_tokens()
+    page.fill("#input", "second question,\nwith a second line")  # Shift+Enter: a new line
+    page.press("#input", "End")
+    page.keyboard.press("Shift+Enter")
+    assert page.input_value("#input").count("\n") == 2
+    page.press("#input", "Enter")
+    wait_until(lambda: page.locator(".msg.assistant").count() == 2, 30, "a second reply")
+    carol.wait_reply("done")
+    second = carol.prompt_tokens()
+    assert second > first + 4  # the first turn, its reply and the new question
+    page.click("#new-chat")
+    carol.say("another topic")
+    carol.wait_reply("done")
+    assert page.locator("#chat-list li").count() == 2
+    page.reload()  # kept in the browser
+    page.wait_for_selector("#input:not([disabled])")
+    titles = page.locator("#chat-list .open").all_inner_texts()
+    assert titles == ["another topic", "first question"]
+    page.locator("#chat-list .open", has_text="first question").click()
+    assert page.locator(".msg.user").count() == 2
+    delete = page.locator("#chat-list li", has_text="another topic").locator(".delete")
+    delete.click()  # the first click asks
+    assert page.locator("#chat-list li").count() == 2
+    delete.click()
+    assert page.locator("#chat-list .open").all_inner_texts() == ["first question"]
+    carol.close()
+
+
+def test_a_token_server_asks_for_the_token_and_refuses_a_wrong_one(browser, fake_server):
+    server = fake_server.server
+    old = server.access
+    server.access = Access({"dave": "dave-secret-token"})
+    try:
+        dave = Person.open(browser, fake_server, None)
+        page = dave.page
+        page.wait_for_selector("#signin[open]")
+        assert page.is_visible("#signin-token")  # the server needs tokens: the page asks
+        dave.sign_in("dave", "wrong-token-123", ready=False)
+        page.wait_for_selector("#signin[open]")
+        assert "wrong token" in page.inner_text("#signin-why")
+        assert page.is_disabled("#input")
+        dave.sign_in("dave", "dave-secret-token")
+        assert "token" not in page.url and "secret" not in page.url
+        stored = page.evaluate("localStorage.getItem('localserve.v1.identity')")
+        assert json.loads(stored) == {"user": "dave", "token": "dave-secret-token"}
+        dave.say("hello")
+        dave.wait_reply("done", timeout=60)
+        dave.problems = [p for p in dave.problems if "WebSocket" not in p]  # the refused one
+        dave.close()
+    finally:
+        server.access = old
+
+
+# --- with the real model ------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_two_people_stream_at_the_same_time(browser, live):
+    people = [Person.open(browser, live, name) for name in ("erin", "frank")]
+    for person in people:
+        person.settings(temperature=0, max_tokens=120)
+        person.say(LONG_PROMPT)
+
+    def both_streaming():
+        return all(p.reply_status() == "streaming" and p.reply().inner_text() for p in people)
+
+    wait_until(both_streaming, 120, "both replies streaming at once")
+    for person in people:
+        person.wait_reply("done")
+        meta = person.reply().locator(".meta").inner_text()
+        assert "TTFT" in meta and "ITL" in meta and "tok/s" in meta, meta
+        assert "120 tokens" in meta
+        assert person.reply().locator(".body").inner_html().strip()  # " 1. 2. 3." is a list
+        person.close()
+    live.wait_idle()
+
+
+@pytest.mark.model
+def test_queue_position_then_stop_frees_the_cells(browser, live):
+    """Eight of the server's places taken and one request waiting: the page says "2nd in
+    line"; once it runs, Stop ends it as cancelled and its cells are freed."""
+    from conftest import WS
+
+    fillers = [WS(live.url), WS(live.url)]
+    assert fillers[0].hello("fill-a")["type"] == "welcome"
+    assert fillers[1].hello("fill-b")["type"] == "welcome"
+    slots = live.server.runner.info.max_num_seqs
+    for i in range(slots):
+        fillers[0].chat(f"a{i}", "Tell me about the sea.", max_tokens=2000, ignore_eos=True)
+    fillers[1].chat("b0", "Tell me about the sea.", max_tokens=2000, ignore_eos=True)
+    wait_until(
+        lambda: (s := live.snapshot()).running == slots and s.waiting == 1, 60, "a full server"
+    )
+    grace = Person.open(browser, live, "grace")
+    grace.settings(temperature=0, max_tokens=1000)
+    grace.say(LONG_PROMPT)
+    position = grace.reply().locator(".position")
+    position.wait_for(timeout=30_000)
+    assert "2nd in line" in position.inner_text()
+    for ws in fillers:
+        ws.close()  # their requests are cancelled: grace's runs
+    grace.wait_reply("streaming")
+    grace.page.click("#stop")
+    grace.wait_reply("stopped")
+    meta = grace.reply().locator(".meta").inner_text()
+    assert "stopped" in meta and "TTFT" in meta
+    assert grace.page.is_visible("#send") and not grace.page.is_visible("#stop")
+    snap = live.wait_idle()  # no running request, no live cells: grace's were freed
+    assert snap.kv_live == 0
+    grace.close()
