@@ -404,9 +404,9 @@
       if (!h.ok) { level = "down"; why = "shutting down"; }
       else if (h.waiting > 0) {
         level = "busy";
-        if (kvShare >= 0.9) why = "busy: the KV cache is full, new requests wait for room";
-        else if (h.max_running && h.running >= h.max_running) why = `busy: all ${h.max_running} places are taken, new requests wait`;
-        else why = `busy: ${h.waiting} waiting`;
+        if (kvShare >= 0.9) why = "busy: the KV cache is full";
+        else if (h.max_running && h.running >= h.max_running) why = `busy: all ${h.max_running} places taken`;
+        else why = "busy";
       }
     } else if (state.healthError) {
       level = "down";
@@ -420,7 +420,11 @@
     el.innerHTML = "";
     const dot = document.createElement("span");
     dot.className = "dot";
-    el.append(dot, parts.join(" · "));
+    const where = document.createElement("span");  // model and backend: hidden on a phone
+    where.className = "where";
+    where.textContent = parts.slice(0, 2).join(" · ") + (parts.length > 2 ? " · " : "");
+    el.append(dot, where, parts.slice(2).join(" · "));
+    el.title = parts.join(" · ");
     if (why) {
       const w = document.createElement("span");
       w.className = "why";
