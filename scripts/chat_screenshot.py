@@ -33,25 +33,34 @@ def wait(predicate, timeout: float = 120.0) -> None:
 
 
 def shoot(browser, url: str, width: int, height: int, path: Path) -> None:
-    """alice asks twice, reads both answers, asks again: the picture is taken mid-reply."""
+    """alice asks one thing, then in a new conversation another and a follow-up: the picture
+    is taken while the follow-up streams."""
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.goto(url)
     page.fill("#signin-user", "alice")
     page.click("#signin-go")
     page.wait_for_selector("#input:not([disabled])")
+    page.click("#settings-open")  # greedy: the same pictures every time
+    page.fill("#set-temperature", "0")
+    page.click("#settings-save")
     last = page.locator(".msg.assistant").last
 
     def answered() -> bool:
         return last.get_attribute("data-status") in ("done", "stopped", "error")
 
-    for text in ["What should I cook tonight?", "Give me three tips for a cosy evening."]:
+    for text in ["What is the capital of France? Tell me about it.", None, "Hello! Who are you?"]:
+        if text is None:  # a second conversation
+            page.click("#chats-toggle" if width < 720 else "#new-chat")
+            if width < 720:
+                page.click("#new-chat")
+            continue
         page.fill("#input", text)
         page.press("#input", "Enter")
         wait(answered)
-    page.fill("#input", "And one more, please, with a short list.")
+    page.fill("#input", "List the numbers from 1 to 50, one per line.")
     page.press("#input", "Enter")
-    wait(lambda: len(last.inner_text()) > 120 or answered())
+    wait(lambda: len(last.inner_text()) > 60 or answered())
     page.screenshot(path=str(path))
     print(f"chat_screenshot: wrote {path}")
     context.close()
