@@ -473,9 +473,13 @@ async def run(server: Server, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # a browser can open it
+    if ":" in shown:
+        shown = f"[{shown}]"
     print(
         f"localserve: serving {server.model_name} on ws://{host}:{server.port} "
-        f"and http://{host}:{server.port}/v1 (Ctrl-C stops)",
+        f"and http://{host}:{server.port}/v1 (Ctrl-C stops)\n"
+        f"localserve: chat in a browser at http://{shown}:{server.port}/",
         flush=True,
     )
     await stop.wait()

@@ -415,3 +415,38 @@ def test_queue_position_then_stop_frees_the_cells(browser, live):
     snap = live.wait_idle()  # no running request, no live cells: grace's were freed
     assert snap.kv_live == 0
     grace.close()
+
+
+def test_a_busy_server_says_so_and_retry_sends_again(browser, scripted):
+    from conftest import WS
+
+    server = scripted(["word "] * 150, max_inflight_per_user=1)
+    other_tab = WS(server.url)  # henry's other client has his one request in flight
+    assert other_tab.hello("henry")["type"] == "welcome"
+    other_tab.chat("t", "a long one", max_tokens=200)
+    henry = Person.open(browser, server, "henry")
+    henry.say("and one more")
+    henry.wait_reply("error", timeout=30)
+    meta = henry.reply().locator(".meta")
+    assert "The server is busy: 1 requests of yours are already in flight" in meta.inner_text()
+    other_tab.until_done("t", timeout=60)
+    other_tab.close()
+    meta.locator(".retry").click()
+    henry.wait_reply("done", timeout=60)
+    assert henry.page.locator(".msg.assistant").count() == 1  # the retry replaced the failure
+    henry.close()
+
+
+def test_a_stopping_server_is_announced_and_the_page_tries_again(browser):
+    server = FakeServer(runner=ScriptedRunner(reply=["Hi."]))
+    try:
+        ivy = Person.open(browser, server, "ivy")
+        ivy.say("hello")
+        ivy.wait_reply("done", timeout=30)
+    finally:
+        server.close()  # graceful: a notice, then the going-away close
+    notice = ivy.page.locator("#notice")
+    wait_until(lambda: "trying again" in notice.inner_text(), 30, "the reconnect banner")
+    assert ivy.page.is_disabled("#input")
+    ivy.problems = [p for p in ivy.problems if "WebSocket" not in p and "Failed to load" not in p]
+    ivy.close()
