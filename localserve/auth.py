@@ -19,6 +19,7 @@ import tomllib
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from localserve.config import ConfigError
 
@@ -107,27 +108,80 @@ class Access:
         return not self.users
 
 
-def origin_allowed(headers: list[tuple[bytes, bytes]], allowed: list[str]) -> bool:
-    """Whether a request may come from the web page that sent it (the browser's Origin header).
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
-    Browsers let any web page open a websocket to any address, and send "simple" POSTs
-    anywhere: without this, a page on the internet that someone in the house visits could chat
-    through (or read the stats of) a loopback or LAN server that needs no token. Requests
-    without an Origin (every non-browser client) pass; a browser's pass when it is this server's
-    own page (its host and port are the Host header's) or listed in `allowed_origins`.
+
+def browser_refusal(
+    headers: list[tuple[bytes, bytes]], allowed_origins: list[str], allowed_hosts: list[str]
+) -> str | None:
+    """Why a request from a web browser is refused, or None when it may go on.
+
+    Browsers let any web page open a websocket to any address and send simple POSTs anywhere,
+    so a page on the internet that someone in the house visits could chat through (or read the
+    stats of) a server that needs no token. Two rules stop that:
+
+    - the page must be this server's own (its origin's host and port are the Host header's) or
+      listed in `allowed_origins`;
+    - the server must be addressed by a name it knows: an IP address, `localhost`, or a name in
+      `allowed_hosts`. Otherwise a page could rename itself (DNS rebinding: its name made to
+      resolve to this server) and be "this server's own".
+
+    Only browsers send `Origin` or `Sec-Fetch-Site`: other clients (scripts, the openai
+    package, curl) are not affected, whatever name they use.
     """
-    origin = host = None
+    origin = host = fetch_site = None
     for name, value in headers:
         if name == b"origin":
             origin = value.decode("latin-1").strip()
         elif name == b"host":
-            host = value.decode("latin-1").strip().lower()
-    if origin is None:
+            host = value.decode("latin-1").strip()
+        elif name == b"sec-fetch-site":
+            fetch_site = value
+    if origin is None and fetch_site is None:
+        return None
+    if origin is not None and normal_origin(origin) in allowed_origins:
+        return None
+    server = _split("//" + (host or ""), "http" if origin is None else origin.split(":", 1)[0])
+    if server is None or not _known_host(server[0], allowed_hosts):
+        name = server[0] if server else host
+        return (
+            f"refused: this server does not go by the name {name!r} in a browser; open it by "
+            "its IP address or localhost, or add the name to [server] allowed_hosts"
+        )
+    if origin is not None and _split(origin.lower(), None) != server:
+        return (
+            "refused: a web page from another origin may not use this server "
+            "(add it to [server] allowed_origins if it should)"
+        )
+    return None
+
+
+def normal_origin(origin: str) -> str:
+    """An origin as browsers send it: lower case, no trailing slash."""
+    return origin.strip().lower().rstrip("/")
+
+
+def _split(address: str, scheme: str | None) -> tuple[str, int] | None:
+    """(host, port) of an origin ("http://h:p"), or of "//host:port" under `scheme`."""
+    try:
+        parts = urlsplit(address)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = scheme or parts.scheme
+    if not parts.hostname or scheme not in DEFAULT_PORTS or parts.path not in ("", "/"):
+        return None
+    return parts.hostname.rstrip("."), port or DEFAULT_PORTS[scheme]
+
+
+def _known_host(host: str, allowed_hosts: list[str]) -> bool:
+    if host == "localhost" or host.endswith(".localhost") or host in allowed_hosts:
         return True
-    if origin in allowed:
-        return True
-    scheme, sep, netloc = origin.lower().partition("://")
-    return bool(sep) and scheme in ("http", "https") and host is not None and netloc == host
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def address_group(address: str) -> str:

@@ -116,9 +116,21 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
     # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10
-    # web pages elsewhere that may use the websocket and the HTTP API from a browser (exact
-    # origins, e.g. "https://chat.example.org"); the server's own page always may
+    # Browsers (auth.browser_refusal): the names a browser may call this server by, besides IP
+    # addresses and localhost (e.g. "homeserver.local", "chat.example.org") ...
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    # ... and web pages elsewhere that may use its websocket and HTTP API (origins, e.g.
+    # "https://chat.example.org"); the server's own page always may
     allowed_origins: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:  # compared as browsers send them
+        self.allowed_hosts = [h.strip().lower().rstrip(".") for h in self.allowed_hosts]
+        origins = [o.strip().lower().rstrip("/") for o in self.allowed_origins]
+        for origin in origins:
+            scheme, sep, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+                raise ValueError(f"allowed_origins: {origin!r} is not an origin like https://host")
+        self.allowed_origins = origins
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

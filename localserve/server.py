@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from localserve import __version__, openai_api, page, prometheus
 from localserve.admission import Refusal, Request, Sink
-from localserve.auth import Access, AuthThrottle, address_group, origin_allowed
+from localserve.auth import Access, AuthThrottle, address_group, browser_refusal
 from localserve.config import ModelConfig, ServerConfig
 from localserve.connection import CLOSE_GOING_AWAY, Connection, client_address
 from localserve.engine import Engine
@@ -50,10 +50,6 @@ log = logging.getLogger("localserve.server")
 FRAME_SLACK_BYTES = 64 << 10
 SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
 KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
-FOREIGN_PAGE = (
-    "refused: a web page from another origin may not use this server "
-    "(add it to [server] allowed_origins if it should)"
-)
 
 _encoder = msgspec.json.Encoder()
 
@@ -190,20 +186,20 @@ class Server:
     async def asgi(self, scope, receive, send) -> None:
         if scope["type"] == "websocket":
             return await self._websocket(scope, receive, send)
-        if scope["method"] not in ("GET", "HEAD") and not self._origin_allowed(scope):
-            response = PlainTextResponse(FOREIGN_PAGE + "\n", 403)
-            return await response(scope, receive, send)
+        if refusal := self._browser_refusal(scope):
+            return await PlainTextResponse(refusal + "\n", 403)(scope, receive, send)
         await self.http(scope, receive, send)
 
-    def _origin_allowed(self, scope) -> bool:
-        if origin_allowed(scope["headers"], self.config.allowed_origins):
-            return True
-        log.warning("%s: refused a request from another web page", client_address(scope))
-        return False
+    def _browser_refusal(self, scope) -> str | None:
+        c = self.config
+        refusal = browser_refusal(scope["headers"], c.allowed_origins, c.allowed_hosts)
+        if refusal is not None:
+            log.warning("%s: %s", client_address(scope), refusal)
+        return refusal
 
     async def _websocket(self, scope, receive, send) -> None:
-        if not self._origin_allowed(scope):
-            return await _deny(send, 403, FOREIGN_PAGE + "\n")
+        if refusal := self._browser_refusal(scope):
+            return await _deny(send, 403, refusal + "\n")
         if len(self.connections) >= self.config.max_connections:
             return await _deny(send, 503, "too many connections; try again later\n")
         conn = Connection(self, scope, receive, send, next(self.numbers))

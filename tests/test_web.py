@@ -8,13 +8,16 @@ Chromium they are skipped, unless LOCALSERVE_REQUIRE_BROWSER is set (CI sets it)
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
+import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 from helpers import FakeServer, PacedRunner, wait_until
 
@@ -89,38 +92,74 @@ def test_healthz_has_what_the_status_line_shows(fake_server):
     assert {"running", "waiting", "kv_used", "kv_cached", "model", "backend"} <= set(health)
 
 
-def test_other_web_pages_may_not_use_the_server(fake_server):
-    """A page on the internet that someone at home visits cannot chat through the server."""
-    from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
+def upgrade(server, headers: dict) -> int:
+    """The status of a websocket upgrade sent with these headers (Host included)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        lines = [
+            "GET / HTTP/1.1",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version: 13",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return int(sock.recv(1024).split()[1])
 
-    own = fake_server.http
-    with connect(fake_server.url, origin=own) as ws:  # the server's own page
-        ws.send(json.dumps({"type": "hello", "user": "page"}))
-        assert json.loads(ws.recv(10))["type"] == "welcome"
-    with connect(fake_server.url) as ws:  # no Origin: not a browser
-        ws.send(json.dumps({"type": "hello", "user": "script"}))
-        assert json.loads(ws.recv(10))["type"] == "welcome"
-    for origin in ["http://evil.example", "null", own.replace("127.0.0.1", "localhost")]:
-        with pytest.raises(InvalidStatus) as refused:
-            connect(fake_server.url, origin=origin).close()
-        assert refused.value.response.status_code == 403, origin
+
+def post(server, headers: dict) -> int:
     body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "hi"}]})
-    api = fake_server.http + "/v1/chat/completions"
-    headers = {"Content-Type": "text/plain", "Origin": "http://evil.example"}
-    status, _, text = get(api, headers, "POST", body.encode())
-    assert status == 403 and b"allowed_origins" in text
-    headers["Origin"] = own
-    assert get(api, headers, "POST", body.encode())[0] == 200
+    connection = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+    connection.request(
+        "POST", "/v1/chat/completions", body, {"Content-Type": "text/plain"} | headers
+    )
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response.status
+
+
+def test_other_web_pages_may_not_use_the_server(fake_server):
+    """A page on the internet that someone at home visits cannot chat through the server, not
+    even by making its own name resolve to the server (DNS rebinding)."""
+    own = fake_server.http.removeprefix("http://")  # 127.0.0.1:port
+    port = own.rsplit(":", 1)[1]
+    evil = f"attacker.example:{port}"
+    assert upgrade(fake_server, {"Host": own, "Origin": f"http://{own}"}) == 101  # its page
+    assert upgrade(fake_server, {"Host": own}) == 101  # not a browser
+    assert upgrade(fake_server, {"Host": evil}) == 101  # not a browser: any name
+    assert (
+        upgrade(fake_server, {"Host": f"LocalHost:{port}", "Origin": f"http://localhost:{port}"})
+        == 101
+    )
+    assert upgrade(fake_server, {"Host": f"[::1]:{port}", "Origin": f"http://[::1]:{port}"}) == 101
+    for host, origin in [
+        (own, "http://evil.example"),  # another page
+        (own, "null"),
+        (own, f"http://localhost:{port}"),  # another origin, though the same machine
+        (own, f"http://{own}/path"),
+        (evil, f"http://{evil}"),  # rebinding: the page and the name are the attacker's
+        (f"attacker.example:{port}.", f"http://attacker.example:{port}"),
+    ]:
+        assert upgrade(fake_server, {"Host": host, "Origin": origin}) == 403, (host, origin)
+        assert post(fake_server, {"Host": host, "Origin": origin}) == 403, (host, origin)
+    assert post(fake_server, {"Host": own, "Origin": f"http://{own}"}) == 200
+    assert post(fake_server, {"Host": evil}) == 200  # curl, the openai package: any name
+    status, _, text = get(
+        fake_server.http + "/metrics", {"Host": evil, "Sec-Fetch-Site": "same-origin"}
+    )
+    assert status == 403 and b"allowed_hosts" in text  # a rebound page reading the stats
+    assert get(fake_server.http + "/metrics", {"Host": evil})[0] == 200
     server = fake_server.server
     old = server.config
     try:
-        import msgspec
-
-        server.config = msgspec.structs.replace(old, allowed_origins=["http://evil.example"])
-        with connect(fake_server.url, origin="http://evil.example") as ws:
-            ws.send(json.dumps({"type": "hello", "user": "listed"}))
-            assert json.loads(ws.recv(10))["type"] == "welcome"
+        origins = ["https://chat.example.org"]
+        server.config = msgspec.structs.replace(
+            old, allowed_origins=origins, allowed_hosts=["attacker.example"]
+        )
+        assert upgrade(fake_server, {"Host": own, "Origin": "https://chat.example.org"}) == 101
+        assert upgrade(fake_server, {"Host": evil, "Origin": f"http://{evil}"}) == 101
     finally:
         server.config = old
 
@@ -152,8 +191,9 @@ class Person:
     problems: list[str] = field(default_factory=list)
 
     @classmethod
-    def open(cls, browser, server, user: str | None, token: str | None = None, viewport=LAPTOP):
-        context = browser.new_context(viewport=viewport)
+    def open(cls, browser, server, user: str | None, token=None, viewport=LAPTOP, context=None):
+        """A new browser (context) for this person, or another tab of `context`."""
+        context = context or browser.new_context(viewport=viewport)
         person = cls(context.new_page())
         person.page.on("pageerror", lambda e: person.problems.append(f"error: {e}"))
         person.page.on(
@@ -199,6 +239,9 @@ class Person:
         meta = self.reply().locator(".meta").inner_text()
         return int(meta.split("prompt ")[1].split()[0])
 
+    def chat_titles(self) -> list[str]:
+        return self.page.locator("#chat-list .open").all_inner_texts()
+
     def close(self) -> None:
         self.page.context.close()
         assert not self.problems, self.problems  # no script error, no CSP violation
@@ -227,7 +270,8 @@ HOSTILE = [
     "![pic](javascript:window.pwned='image') and ",
     "<svg onload=\"window.pwned='svg'\"></svg> and ",
     "<iframe src=\"javascript:window.pwned='frame'\"></iframe>\n\n",
-    "**bold** and `code` and [a real link](https://example.org/).",
+    "**bold** and `code` and [a real link](https://example.org/).\n\n",
+    "See https://example.com/search?q=a&lang=en for more.",
 ]
 
 
@@ -263,6 +307,8 @@ def test_a_hostile_reply_runs_nothing(browser, scripted):
     assert link.get_attribute("rel") == "noopener noreferrer nofollow"
     for a in body.locator("a").all():
         assert a.get_attribute("href").startswith("https://")
+    bare = body.locator("a", has_text="example.com/search")  # a bare address, & and all
+    assert bare.get_attribute("href") == "https://example.com/search?q=a&lang=en"
     alice.page.click("text=click me")  # a javascript: link is text: clicking runs nothing
     assert alice.page.evaluate("window.pwned") is None
     alice.close()
@@ -450,3 +496,51 @@ def test_a_stopping_server_is_announced_and_the_page_tries_again(browser):
     assert ivy.page.is_disabled("#input")
     ivy.problems = [p for p in ivy.problems if "WebSocket" not in p and "Failed to load" not in p]
     ivy.close()
+
+
+def test_two_tabs_keep_both_conversations(browser, scripted):
+    server = scripted(["Fine."])
+    tab1 = Person.open(browser, server, "jo")
+    tab2 = Person.open(browser, server, None, context=tab1.page.context)  # signed in already
+    tab2.page.wait_for_selector("#input:not([disabled])")
+    tab1.say("from the first tab")
+    tab1.wait_reply("done")
+    wait_until(lambda: tab2.chat_titles() == ["from the first tab"], 10, "tab 2 hears of it")
+    tab2.page.click("#new-chat")
+    tab2.say("from the second tab")
+    tab2.wait_reply("done")
+    tab1.page.reload()
+    tab1.page.wait_for_selector("#input:not([disabled])")
+    assert sorted(tab1.chat_titles()) == ["from the first tab", "from the second tab"]
+    tab2.page.close()
+    tab1.close()
+
+
+def test_a_shared_browser_shows_each_name_only_its_own_conversations(browser, fake_server):
+    server = fake_server.server
+    old = server.access
+    server.access = Access({"kim": "kim-secret-token", "lee": "lee-secret-token"})
+    try:
+        kim = Person.open(browser, fake_server, "kim", "kim-secret-token")
+        kim.say("kim's secret plans")
+        kim.wait_reply("done", timeout=60)
+        page = kim.page
+        page.click("#who")
+        kim.sign_in("lee", "lee-secret-token")
+        wait_until(lambda: kim.chat_titles() == [], 10, "lee sees none of kim's")
+        kim.say("lee's question")
+        kim.wait_reply("done", timeout=60)
+        page.click("#who")
+        kim.sign_in("kim", "a-wrong-token", ready=False)  # lee tries kim's name
+        page.wait_for_selector("#signin[open]")
+        assert "wrong token" in page.inner_text("#signin-why")
+        page.keyboard.press("Escape")  # no way back to a page without a live connection
+        assert page.is_visible("#signin")
+        assert kim.chat_titles() == ["lee's question"]  # never kim's
+        assert "kim's secret" not in page.inner_text("body")
+        stored = json.loads(page.evaluate("localStorage.getItem('localserve.v1.identity')"))
+        assert stored == {"user": "lee", "token": "lee-secret-token"}  # the refused one not kept
+        kim.problems = [p for p in kim.problems if "WebSocket" not in p]
+        kim.close()
+    finally:
+        server.access = old

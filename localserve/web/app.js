@@ -29,6 +29,7 @@
     healthError: null,
     dirty: new Set(),  // messages to re-render
     renderTimer: null,
+    renderEvery: RENDER_EVERY_MS,
     nodes: new WeakMap(), // message -> its element
   };
 
@@ -53,45 +54,82 @@
     }
   }
 
-  // conversations are kept per name: people sharing a browser do not see each other's
-  const chatsKey = () => `chats.${state.identity ? state.identity.user : ""}`;
-  const currentKey = () => `current.${state.identity ? state.identity.user : ""}`;
+  // One key per conversation, under the person's name ("chat.<name>.<id>"): people sharing a
+  // browser do not see each other's, and two tabs of one person overwrite nothing but the
+  // conversation both changed (each writes only its own changes; the other tab hears of them).
+  const userPart = () => (state.identity ? state.identity.user : "");
+  const chatPrefix = () => `chat.${userPart()}.`;
+  const currentKey = () => `current.${userPart()}`;
 
-  function saveChats() {
-    save(chatsKey(), state.chats);
-    save(currentKey(), state.current);
+  function saveChat(chat) {
+    save(chatPrefix() + chat.id, chat);
+  }
+
+  function parseChat(text) {
+    let chat;
+    try { chat = JSON.parse(text); } catch (e) { return null; }
+    if (!chat || typeof chat.id !== "string" || !Array.isArray(chat.messages)) return null;
+    chat.messages = chat.messages.filter(
+      (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string");
+    for (const m of chat.messages) {  // a reply that was coming when its page closed
+      if (m.role === "assistant" && LIVE.includes(m.status)) {
+        m.status = "interrupted";
+        m.error = "the page was closed while this reply was coming";
+      }
+    }
+    return chat;
   }
 
   function loadIdentity() {
     const identity = load("identity", null);
     if (identity && typeof identity.user === "string" && identity.user) state.identity = identity;
     const settings = load("settings", {});
-    if (Number.isFinite(settings.temperature)) state.settings.temperature = settings.temperature;
-    if (Number.isInteger(settings.max_tokens)) state.settings.max_tokens = settings.max_tokens;
+    const t = settings.temperature;
+    if (Number.isFinite(t) && t >= 0 && t <= 2) state.settings.temperature = t;
+    if (Number.isInteger(settings.max_tokens) && settings.max_tokens >= 1) {
+      state.settings.max_tokens = settings.max_tokens;
+    }
   }
 
   function loadChats() {
-    const chats = load(chatsKey(), []);
-    state.chats = (Array.isArray(chats) ? chats : []).filter(
-      (c) => c && typeof c.id === "string" && Array.isArray(c.messages));
-    for (const chat of state.chats) {
-      chat.messages = chat.messages.filter(
-        (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string");
-      for (const m of chat.messages) {  // a reply that was streaming when the page closed
-        if (m.role === "assistant" && ["sending", "queued", "streaming", "stopping"].includes(m.status)) {
-          m.status = "interrupted";
-          m.error = "the page was closed while this reply was coming";
-        }
-      }
+    const prefix = KEY + chatPrefix();
+    const chats = [];
+    for (let i = 0; i < localStorage.length; i++) {
+      const key = localStorage.key(i);
+      if (!key.startsWith(prefix) || key.slice(prefix.length).includes(".")) continue;
+      const chat = parseChat(localStorage.getItem(key));
+      if (chat) chats.push(chat);
     }
+    state.chats = chats.sort((a, b) => (b.created || 0) - (a.created || 0));
     state.current = load(currentKey(), null);
     if (!state.chats.some((c) => c.id === state.current)) state.current = state.chats[0]?.id ?? null;
+  }
+
+  function onStorage(event) {  // another tab of this page changed something
+    const prefix = KEY + chatPrefix();
+    if (!event.key || !event.key.startsWith(prefix)) return;
+    const id = event.key.slice(prefix.length);
+    const mine = state.chats.find((c) => c.id === id);
+    if (mine && replyInFlight(mine)) return;  // this tab's reply is coming: this tab's copy wins
+    const theirs = event.newValue === null ? null : parseChat(event.newValue);
+    state.chats = state.chats.filter((c) => c.id !== id);
+    if (theirs) {
+      state.chats.push(theirs);
+      state.chats.sort((a, b) => (b.created || 0) - (a.created || 0));
+    }
+    if (state.current === id && !theirs) state.current = state.chats[0]?.id ?? null;
+    renderChats();
+    if (state.current === id) renderMessages();
   }
 
   // --- formatting -------------------------------------------------------------------------------
 
   const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const UNESCAPES = Object.fromEntries(Object.entries(ESCAPES).map(([k, v]) => [v, k]));
   const escapeHtml = (s) => String(s).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+  // marked hands some addresses, titles and labels over already escaped: escape exactly once
+  const reescape = (s) => escapeHtml(String(s).replace(/&(amp|lt|gt|quot|#39);/g, (e) => UNESCAPES[e]));
+  const LIVE = ["sending", "queued", "streaming", "stopping"];
   const SAFE_URL = /^(https?:\/\/|mailto:)/i;
 
   function ordinal(n) {
@@ -112,15 +150,16 @@
     renderer.html = (html) => escapeHtml(html);  // raw HTML in a reply is shown, never parsed
     renderer.link = (href, title, text) => {
       const url = (href || "").trim();
-      if (!SAFE_URL.test(url)) return `${text} (${escapeHtml(url)})`;
-      const t = title ? ` title="${escapeHtml(title)}"` : "";
-      return `<a href="${escapeHtml(url)}"${t}>${text}</a>`;
+      if (!SAFE_URL.test(url)) return `${text} (${reescape(url)})`;
+      const t = title ? ` title="${reescape(title)}"` : "";
+      return `<a href="${reescape(url)}"${t}>${text}</a>`;
     };
     renderer.image = (href, title, text) => {  // never loaded (the CSP forbids it): a link
       const url = (href || "").trim();
-      const label = `image: ${escapeHtml(text || url)}`;
-      return SAFE_URL.test(url) ? `<a href="${escapeHtml(url)}">[${label}]</a>` : `[${label}]`;
+      const label = `image: ${reescape(text || url)}`;
+      return SAFE_URL.test(url) ? `<a href="${reescape(url)}">[${label}]</a>` : `[${label}]`;
     };
+    renderer.checkbox = (checked) => (checked ? "☑ " : "☐ ");  // task lists, without inputs
     marked.setOptions({ gfm: true, breaks: true, headerIds: false, mangle: false, renderer });
     DOMPurify.addHook("afterSanitizeAttributes", (node) => {
       if (node.tagName === "A") {
@@ -147,7 +186,8 @@
                    created: Date.now(), messages: [] };
     state.chats.unshift(chat);
     state.current = chat.id;
-    saveChats();
+    saveChat(chat);
+    save(currentKey(), state.current);
     renderAll();
     $("input").focus();
     return chat;
@@ -159,7 +199,8 @@
     }
     state.chats = state.chats.filter((c) => c !== chat);
     if (state.current === chat.id) state.current = state.chats[0]?.id ?? null;
-    saveChats();
+    try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* gone anyway */ }
+    save(currentKey(), state.current);
     renderAll();
   }
 
@@ -176,12 +217,18 @@
 
   // --- the connection ---------------------------------------------------------------------------
 
-  function connect() {
+  // `next`: a name (and token) to sign in as; it replaces the current one only once the server
+  // welcomes it, so a refused name shows none of its conversations
+  function connect(next) {
     clearTimeout(state.reconnectTimer);
-    if (!state.identity) return openSignIn("");
-    if (state.ws) {
+    if (next) state.trying = next;
+    const who = state.trying || state.identity;
+    if (!who) return openSignIn("");
+    if (state.ws) {  // its requests end with it (the server cancels them)
       state.ws.onclose = null;
       state.ws.close(1000);
+      state.ws = null;
+      interruptPending("the connection to the server was replaced");
     }
     state.halted = false;
     state.welcome = null;
@@ -191,8 +238,8 @@
     state.ws = ws;
     renderStatus();
     ws.onopen = () => {
-      const { user, token } = state.identity;
-      ws.send(JSON.stringify({ type: "hello", user, token: token || null }));
+      ws.opened = true;
+      ws.send(JSON.stringify({ type: "hello", user: who.user, token: who.token || null }));
     };
     ws.onmessage = (event) => {
       let frame;
@@ -202,20 +249,28 @@
     ws.onclose = (event) => onClose(ws, event);
   }
 
+  function interruptPending(why) {
+    for (const { chat, msg } of state.pending.values()) {
+      msg.status = "interrupted";
+      msg.error = why;
+      touch(msg);
+      saveChat(chat);
+    }
+    state.pending.clear();
+  }
+
   function onClose(ws, event) {
     if (ws !== state.ws) return;
     state.ws = null;
     state.welcome = null;
-    for (const { chat, msg } of state.pending.values()) {
-      msg.status = "interrupted";
-      msg.error = "the connection to the server was lost";
-      touch(msg);
-    }
-    state.pending.clear();
-    saveChats();
+    interruptPending("the connection to the server was lost");
     if (!state.halted) {
-      const why = event.code === 1001 ? "the server went away (restarting?)"
+      let why = event.code === 1001 ? "the server went away (restarting?)"
         : event.reason ? `disconnected: ${event.reason}` : "cannot reach the server";
+      if (!ws.opened && state.health?.ok) {  // it answers /healthz but refused the websocket
+        why = "the server is up but refused this page's connection (open it by its IP address, " +
+          "or see allowed_hosts in docs/protocol.md)";
+      }
       const wait = state.retryMs;
       state.retryMs = Math.min(state.retryMs * 2, 10000);
       showNotice(`${why}; trying again in ${Math.round(wait / 1000)} s…`, true);
@@ -236,6 +291,14 @@
       case "welcome":
         state.welcome = frame;
         state.retryMs = 1000;
+        if (state.trying) {  // a name the server accepted: now it is this page's
+          const changed = state.trying.user !== state.identity?.user;
+          state.identity = state.trying;
+          state.trying = null;
+          save("identity", state.identity);
+          if (changed) loadChats();
+        }
+        state.serverStopping = false;
         showNotice(null);
         renderAll();
         break;
@@ -265,6 +328,7 @@
         }
         break;
       case "notice":
+        state.serverStopping = frame.code === "shutting_down";
         showNotice(frame.code === "shutting_down"
           ? `The server is stopping (${frame.message}). This page reconnects when it is back.`
           : String(frame.message), true);
@@ -289,7 +353,9 @@
     state.halted = true;
     if (state.ws) { state.ws.onclose = null; state.ws.close(1000); state.ws = null; }
     state.needsToken = state.needsToken || frame.code === "unauthorized";
-    openSignIn(frame.message || "refused");
+    const tried = state.trying;
+    state.trying = null;  // the refused name is not kept, nor its token
+    openSignIn(frame.message || "refused", tried);
     renderStatus();
   }
 
@@ -300,12 +366,16 @@
       msg.usage = done.usage;
       msg.timings = done.timings;
       msg.finish = done.finish_reason;
-      if (done.finish_reason === "cancelled") msg.status = "stopped";
-      else if (done.finish_reason === "error") msg.status = "error";
-      else msg.status = "done";
+      if (done.finish_reason === "error") msg.status = "error";
+      else if (done.finish_reason !== "cancelled") msg.status = "done";
+      else if (msg.status === "stopping") msg.status = "stopped";  // the person pressed Stop
+      else {  // the server cut it short (it is stopping): as good as lost, offer a Retry
+        msg.status = "interrupted";
+        msg.error = "the server ended this reply early (it is stopping)";
+      }
     }
     touch(msg);
-    saveChats();
+    saveChat(p.chat);
     renderComposer();
   }
 
@@ -343,7 +413,7 @@
       reply.status = "interrupted";
       reply.error = "not connected to the server";
     }
-    saveChats();
+    saveChat(chat);
     renderMessages();
     renderComposer();
   }
@@ -493,10 +563,11 @@
 
   function touch(msg) {
     state.dirty.add(msg);
-    if (!state.renderTimer) state.renderTimer = setTimeout(flush, RENDER_EVERY_MS);
+    if (!state.renderTimer) state.renderTimer = setTimeout(flush, state.renderEvery);
   }
 
   function flush() {
+    const started = performance.now();
     state.renderTimer = null;
     const box = $("messages");
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
@@ -508,6 +579,9 @@
     state.dirty.clear();
     if (atBottom) box.scrollTop = box.scrollHeight;
     renderComposer();
+    // each render parses the whole reply again: a long one (or a slow phone) renders less
+    // often, so rendering never takes more than about a third of the time
+    state.renderEvery = Math.max(RENDER_EVERY_MS, 2 * (performance.now() - started));
   }
 
   function fill(msg, el, chat) {
@@ -588,11 +662,12 @@
 
   // --- signing in -------------------------------------------------------------------------------
 
-  function openSignIn(why) {
+  function openSignIn(why, tried) {
     const dialog = $("signin");
+    const shown = tried || state.identity;
     $("signin-why").textContent = why || "";
-    $("signin-user").value = state.identity?.user || "";
-    $("signin-token").value = state.identity?.token || "";
+    $("signin-user").value = shown?.user || "";
+    $("signin-token").value = shown?.token || "";
     $("signin-token-row").hidden = !(state.needsToken || state.health?.tokens);
     if (!dialog.open) dialog.showModal();
     $("signin-user").focus();
@@ -602,21 +677,11 @@
     event.preventDefault();
     const user = $("signin-user").value.trim();
     if (!user) return;
-    const token = $("signin-token").value;
-    const changed = user !== state.identity?.user;
-    if (changed) {  // another person: their conversations, and none of the last one's replies
-      for (const id of [...state.pending.keys()]) cancel(id);
-      state.pending.clear();
-      saveChats();
-    }
-    state.identity = { user, token: token || null };
-    save("identity", state.identity);
-    if (changed) {
-      loadChats();
-      renderAll();
-    }
+    const token = $("signin-token").value || null;
     $("signin").close();
-    connect();
+    const same = state.identity && user === state.identity.user && token === state.identity.token;
+    if (same && state.welcome) return;  // nothing changed: the connection goes on
+    connect({ user, token });
   }
 
   function openSettings() {
@@ -672,7 +737,10 @@
     $("settings-open").addEventListener("click", openSettings);
     $("settings-form").addEventListener("submit", saveSettings);
     $("signin-form").addEventListener("submit", signIn);
-    $("signin").addEventListener("cancel", (e) => { if (!state.identity) e.preventDefault(); });
+    $("signin").addEventListener("cancel", (e) => {  // Escape: only back to a live connection
+      if (!state.welcome) e.preventDefault();
+    });
+    window.addEventListener("storage", onStorage);
     $("chats-toggle").addEventListener("click", () => {
       const open = $("chats").classList.toggle("open");
       $("chats-toggle").setAttribute("aria-expanded", String(open));
