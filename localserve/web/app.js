@@ -172,7 +172,8 @@
       FORBID_ATTR: ["style", "id", "class", "srcset"],
       ALLOWED_URI_REGEXP: /^(?:https?:\/\/|mailto:)/i,
     };
-    markdown = (text) => DOMPurify.sanitize(marked.parse(text), config);
+    // a fragment, not a string: what was sanitized is what is shown, never parsed again
+    markdown = (text) => DOMPurify.sanitize(marked.parse(text), { ...config, RETURN_DOM_FRAGMENT: true });
   }
 
   // --- conversations ----------------------------------------------------------------------------
@@ -592,7 +593,8 @@
       body.textContent = msg.content;
       return;
     }
-    body.innerHTML = markdown ? markdown(msg.content) : escapeHtml(msg.content);
+    if (markdown) body.replaceChildren(markdown(msg.content));
+    else body.textContent = msg.content;
     body.classList.toggle("cursor", msg.status === "streaming" || msg.status === "sending");
     meta.innerHTML = "";
     const add = (text, cls) => {
