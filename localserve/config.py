@@ -116,6 +116,23 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
     # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10
+    # Running it for a team (usage.py). State: the usage database and the access log live in
+    # state_dir ("" = $LOCALSERVE_STATE_DIR, else $XDG_STATE_HOME/localserve, else
+    # ~/.local/state/localserve); usage = false records nothing.
+    state_dir: str = ""
+    usage: bool = True
+    # daily token quotas (prompt tokens computed + tokens generated, from local midnight): a
+    # default for everyone (0 = none) and per user (a users file's [daily_tokens] adds to these)
+    daily_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    daily_tokens_per_user: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = msgspec.field(
+        default_factory=dict
+    )
+    # one line per finished request: "auto" = off on loopback, state_dir/access.log when
+    # serving a network; "off"; or a file's path. Rotated at access_log_max_bytes.
+    access_log: str = "auto"
+    access_log_format: Literal["plain", "json"] = "plain"
+    access_log_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 10 << 20
+    access_log_backups: Annotated[int, msgspec.Meta(ge=0, le=100)] = 5
     # Browsers (auth.browser_refusal): the names a browser may call this server by, besides IP
     # addresses and localhost (e.g. "homeserver.local", "chat.example.org") ...
     allowed_hosts: list[str] = msgspec.field(default_factory=list)

@@ -218,6 +218,16 @@ class Limits(msgspec.Struct):
     max_queued: int
 
 
+class Quota(msgspec.Struct):
+    """A user's daily token limit. Tokens counted: prompt tokens computed (not those reused
+    from the cache) plus tokens generated, since the server's local midnight."""
+
+    daily_tokens: int
+    used_today: int
+    remaining: int  # max(0, daily_tokens - used_today)
+    resets_at: str  # the next local midnight, ISO 8601 with its UTC offset
+
+
 class Welcome(msgspec.Struct, tag="welcome"):
     model: str
     n_ctx: int
@@ -225,6 +235,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     version: str
     protocol: int = PROTOCOL_VERSION
     backend: str = ""  # "CPU", "CUDA", ... ("" from older servers)
+    quota: Quota | None = None  # this user's daily limit, when there is one
 
 
 class Queued(msgspec.Struct, tag="queued"):
@@ -259,7 +270,8 @@ class Finished(msgspec.Struct, tag="done"):
 
 class Error(msgspec.Struct, tag="error", omit_defaults=True):
     code: (
-        str  # bad_request | unauthorized | busy | too_long | unknown_id | shutting_down | internal
+        str  # bad_request | unauthorized | busy | quota_exceeded | too_long | unknown_id |
+        # shutting_down | internal
     )
     message: str
     id: str | None = None
@@ -272,8 +284,25 @@ class Notice(msgspec.Struct, tag="notice"):
     message: str
 
 
+class UserUsage(msgspec.Struct):
+    """One user's requests since the server's local midnight (from the usage database)."""
+
+    user: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens: reused from the cache, not computed
+    completion_tokens: int
+    daily_tokens: int | None = None  # the user's quota, if any
+
+    @property
+    def counted_tokens(self) -> int:
+        """What a quota counts: prompt tokens computed plus tokens generated."""
+        return self.prompt_tokens - self.cached_tokens + self.completion_tokens
+
+
 class Stats(msgspec.Struct, tag="stats"):
     snapshot: Snapshot
+    usage_today: list[UserUsage] = msgspec.field(default_factory=list)  # most tokens first
 
 
 ServerFrame = Welcome | Queued | TokenDelta | Finished | Error | Notice | Stats
