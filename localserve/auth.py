@@ -47,6 +47,19 @@ def load_users(path: str | None = None) -> dict[str, str]:
     return _checked({name.strip(): token.strip() for name, token in pairs}, "LOCALSERVE_USERS")
 
 
+def load_daily_tokens(path: str | None) -> dict[str, int]:
+    """A users file's optional `[daily_tokens]` table: name = tokens a day (quotas)."""
+    if not path:
+        return {}
+    raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))  # load_users checked it
+    quotas = raw.get("daily_tokens", {})
+    if not isinstance(quotas, dict) or not all(
+        isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in quotas.values()
+    ):
+        raise ConfigError(f"{path}: `daily_tokens`: expected a table of name = tokens (>= 0)")
+    return quotas
+
+
 def _checked(users: dict[str, str], source: str) -> dict[str, str]:
     for name, token in users.items():
         if not check_user_name(name):

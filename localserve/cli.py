@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import logging
 import sys
 import time
@@ -132,13 +133,17 @@ def _add_serve(sub) -> None:
     s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
     s.add_argument("--monitor-token", help="require this token for stats subscriptions")
     s.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
+    s.add_argument("--state-dir", help="usage database and access log (default [server] state_dir)")
+    s.add_argument(
+        "--access-log", help='"off", or a file (default: off on loopback, else in the state dir)'
+    )
     s.set_defaults(run=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from localserve.auth import Access, load_users
+    from localserve.auth import Access, load_daily_tokens, load_users
     from localserve.server import run
     from localserve.serving import serving
 
@@ -146,6 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     access = Access(load_users(args.users), args.monitor_token)
+    config.server = team_options(config.server, args, load_daily_tokens(args.users))
     access.check_bind(host, args.open)  # before the model loads: fail fast
     with serving(config, args.model, access=access) as served:
         say_where(served.runner)
@@ -487,8 +493,51 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return run_benchmark(load_config(args.config), args.model, concurrency, args.tokens, args.out)
 
 
+def team_options(server, args: argparse.Namespace, daily_tokens: dict[str, int]):
+    """[server] with the command line's state directory and access log, and the users file's
+    quotas over models.toml's."""
+    changes: dict = {"daily_tokens_per_user": server.daily_tokens_per_user | daily_tokens}
+    if getattr(args, "state_dir", None):
+        changes["state_dir"] = args.state_dir
+    if getattr(args, "access_log", None):
+        changes["access_log"] = args.access_log
+    return msgspec.structs.replace(server, **changes)
+
+
+# --- usage ---------------------------------------------------------------------------------------
+
+
+def _add_usage(sub) -> None:
+    u = sub.add_parser("usage", help="who used how much: per user and day, from the usage record")
+    u.add_argument("--since", default="today", help="today (default), 7d, 24h or 2026-11-01")
+    u.add_argument("--user", help="only this user")
+    u.add_argument("--json", action="store_true", help="JSON lines, one per day and user")
+    u.add_argument("--state-dir", help="where the database is (default [server] state_dir)")
+    u.set_defaults(run=cmd_usage)
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    from localserve import usage
+
+    config = load_config(args.config)
+    server = team_options(config.server, args, {})
+    since = usage.parse_since(args.since, time.time())
+    db = usage.connect(usage.state_dir(server) / usage.DATABASE, readonly=True)
+    try:
+        days = usage.by_day(db, since, args.user)
+    finally:
+        db.close()
+    if args.json:
+        for day in days:
+            print(json.dumps(usage.day_dict(day), ensure_ascii=False))
+    else:
+        print(usage.table(days, server))
+    return 0
+
+
 BUILTIN_COMMANDS: tuple[AddCommand, ...] = (
     _add_serve,
+    _add_usage,
     _add_generate,
     _add_models,
     _add_bench,

@@ -257,7 +257,7 @@ class Connection:
         if refused:
             return self.error("unauthorized", refused.message)
         self.user = hello.user
-        self.send(self.server.welcome())
+        self.send(self.server.welcome(hello.user))
 
     def _subscribe(self, sub: Subscribe) -> None:
         allowed = self.server.access.allows_monitor(sub.token)

@@ -162,6 +162,7 @@ _REFUSALS = {
     "bad_request": (400, "invalid_request_error", "invalid_value"),
     "too_long": (400, "invalid_request_error", "context_length_exceeded"),
     "busy": (429, "rate_limit_error", "rate_limit_exceeded"),
+    "quota_exceeded": (429, "insufficient_quota", "insufficient_quota"),
     "shutting_down": (503, "server_error", "shutting_down"),
 }
 
@@ -445,6 +446,8 @@ class _Reply:
     coalesced into the next event, and a client that lets max_outbox_bytes pile up, or takes
     nothing for write_timeout_s, is cut off and its request cancelled.
     """
+
+    api = "http"  # in the usage record
 
     def __init__(
         self, server: Server, scope, body: _Common, kind: str, client_id: str, user: str

@@ -18,6 +18,7 @@ import logging
 import math
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -42,6 +43,7 @@ from localserve.runner import Runner
 from localserve.sampling_params import sampling_params
 from localserve.transport import GuardedHTTP, GuardedWebSocket
 from localserve.transport import Limits as ConnectionLimits
+from localserve.usage import Row, Usage
 
 log = logging.getLogger("localserve.server")
 
@@ -76,8 +78,11 @@ class Server:
         model: ModelConfig,
         config: ServerConfig,
         access: Access,
+        usage: Usage | None = None,
     ) -> None:
         self.engine = engine
+        self.usage = usage  # the record of finished requests, quotas, the access log
+        self._done_waiting = 0  # `done`s waiting for their usage row to be committed
         self.runner = runner
         self.model = model
         self.model_name = runner.info.model
@@ -98,7 +103,7 @@ class Server:
         self.port = 0
         self.numbers = itertools.count(1)  # connections and HTTP requests
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
-        self._stats_frame: tuple[Snapshot | None, bytes] = (None, b"")
+        self._stats_frame: tuple[tuple, bytes] = ((), b"")
         self._uvicorn: uvicorn.Server | None = None
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._ticker: asyncio.Task | None = None
@@ -148,6 +153,10 @@ class Server:
         self._ticker = asyncio.create_task(self._uvicorn.main_loop())  # the Date header
         self.port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
         log.info("listening on %s:%d (model %s)", host, self.port, self.model_name)
+        if self.usage is not None:
+            log.info("usage database: %s", self.usage.path)
+            if access_log := self.usage.open_access_log(host):
+                log.info("access log: %s", access_log)
 
     async def shutdown(self) -> None:
         """Stop admitting, tell clients, let replies finish within the grace period, close."""
@@ -163,6 +172,9 @@ class Server:
         for request in list(self.requests.values()):
             self.engine.cancel(request.engine_id)
         await self._wait_for_requests(5.0)
+        async with asyncio.timeout(10.0):  # every `done` out: its row is committed first
+            while self._done_waiting:
+                await asyncio.sleep(0.01)
         await asyncio.gather(*(c.flush(1.0) for c in self.connections))
         for conn in list(self.connections):
             conn.close(CLOSE_GOING_AWAY, "server shutting down")
@@ -281,7 +293,7 @@ class Server:
         log.warning("%s: %s (%s)", address, refusal, credential[:80])
         return Refused(refusal, 0.0)
 
-    def welcome(self) -> Welcome:
+    def welcome(self, user: str) -> Welcome:
         c = self.config
         limits = Limits(
             c.max_frame_bytes,
@@ -291,7 +303,10 @@ class Server:
             c.max_queued,
         )
         info = self.runner.info
-        return Welcome(self.model_name, info.n_ctx, limits, __version__, backend=info.backend)
+        quota = self.usage.quota(user) if self.usage is not None else None
+        return Welcome(
+            self.model_name, info.n_ctx, limits, __version__, backend=info.backend, quota=quota
+        )
 
     # --- snapshots ------------------------------------------------------------------------------
 
@@ -312,8 +327,11 @@ class Server:
     async def stats_frame(self) -> bytes:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
         snap = await self.snapshot()
-        if self._stats_frame[0] is not snap:
-            self._stats_frame = (snap, _encoder.encode(Stats(snap)))
+        usage = self.usage
+        key = (snap, usage.version if usage is not None else 0)
+        if self._stats_frame[0] != key:
+            today = usage.today() if usage is not None else []
+            self._stats_frame = (key, _encoder.encode(Stats(snap, today)))
         return self._stats_frame[1]
 
     # --- admission: every chat, websocket or HTTP -----------------------------------------------
@@ -378,6 +396,8 @@ class Server:
         c = self.config
         if self.is_shutting_down:
             return Refusal("shutting_down", "the server is shutting down")
+        if self.usage is not None and (over := self.usage.quota_refusal(user)):
+            return Refusal("quota_exceeded", over[0], retry_after_s=over[1])
         if max_tokens > c.max_tokens:
             return Refusal("bad_request", f"max_tokens: at most {c.max_tokens} on this server")
         if self.counts.inflight_per_user.get(user, 0) >= c.max_inflight_per_user:
@@ -438,12 +458,45 @@ class Server:
             self._close(request)
             if event.finish_reason == "error":
                 log.error("request %s failed in the engine: %s", request.engine_id, event.error)
-            sink.on_done(request, event)
+            if self.usage is None:
+                return sink.on_done(request, event)
+            self._done_waiting += 1
+            loop = self._loop
+            self.usage.record(
+                self._row(request, event),
+                lambda: loop.call_soon_threadsafe(self._deliver_done, request, event),
+            )
         elif isinstance(event, Admitted) and request.is_waiting:
             self._count(request.user, waiting=-1, inflight=0)
             request.is_waiting = False
         elif isinstance(event, Preempted):
             sink.on_queued(request, self.counts.waiting + 1)
+
+    def _deliver_done(self, request: Request, event: Done) -> None:
+        """The `done`, once its row is committed (on the loop)."""
+        self._done_waiting -= 1
+        try:
+            request.sink.on_done(request, event)
+        except Exception:
+            log.exception("request %s: sending its done failed", request.engine_id)
+
+    def _row(self, request: Request, event: Done) -> Row:
+        t = event.timings
+        return Row(
+            finished=time.time(),
+            user=request.user,
+            model=self.model_name,
+            request_id=request.engine_id,
+            client_id=request.client_id,
+            api=getattr(request.sink, "api", "websocket"),
+            prompt_tokens=event.prompt_tokens,
+            cached_tokens=event.cached_tokens,
+            completion_tokens=event.completion_tokens,
+            queue_ms=t.get("queue_ms"),
+            ttft_ms=t.get("ttft_ms"),
+            e2e_ms=t.get("e2e_ms"),
+            finish_reason=event.finish_reason,
+        )
 
 
 async def _deny(send, status: int, text: str) -> None:

@@ -17,6 +17,7 @@ from localserve.config import Config
 from localserve.engine import Engine
 from localserve.runner import Runner
 from localserve.server import Server, ServerThread
+from localserve.usage import Usage
 
 
 @dataclass
@@ -50,12 +51,17 @@ def serving(
 
     name = model or config.default
     with contextlib.ExitStack() as stack:
+        usage = None
+        if config.server.usage:  # first: a bad database is said before the model loads
+            usage = Usage(config.server, name)
+            stack.callback(usage.close)  # last: after the server has sent every `done`
         if runner is None:
             runner = open_runner(config, name)
             stack.callback(runner.close)
         engine = Engine(runner, config.scheduler).start()
         stack.callback(engine.stop)
-        server = Server(engine, runner, config.models[name], config.server, access or Access({}))
+        access = access or Access({})
+        server = Server(engine, runner, config.models[name], config.server, access, usage)
         served = Serving(name, runner, engine, server)
         if thread:
             served.thread = ServerThread(server)

@@ -40,7 +40,8 @@ def run_sweep(
     points = []
     for policy in policies:
         scheduler = msgspec.structs.replace(config.scheduler, policy=policy)
-        policy_config = msgspec.structs.replace(config, scheduler=scheduler)
+        server = msgspec.structs.replace(config.server, usage=False)  # a benchmark: no record
+        policy_config = msgspec.structs.replace(config, scheduler=scheduler, server=server)
         with serving(policy_config, model_name, runner=runner, thread=True) as served:
             url = served.thread.url
             for workload in workloads:

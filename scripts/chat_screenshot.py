@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 from websockets.sync.client import connect
 
 from localserve.config import load_config
@@ -76,7 +77,9 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     out = Path(args.out)
-    with serving(load_config(None), thread=True) as served, sync_playwright() as p:
+    config = load_config(None)
+    config.server = msgspec.structs.replace(config.server, usage=False)  # nobody's real usage
+    with serving(config, thread=True) as served, sync_playwright() as p:
         bob = connect(served.thread.url)  # someone else, streaming the whole time
         bob.send(json.dumps({"type": "hello", "user": "bob"}))
         bob.recv()

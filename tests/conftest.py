@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import zlib
 
 import msgspec
@@ -14,6 +16,10 @@ from localserve.events import Done, Event, Token
 from localserve.fake_runner import FakeRunner
 from localserve.sampling_params import SamplingParams
 from localserve.snapshot import build_snapshot
+
+# Servers started by the tests keep their usage database and access logs here, never in the
+# developer's own state directory.
+os.environ["LOCALSERVE_STATE_DIR"] = tempfile.mkdtemp(prefix="localserve-tests-")
 
 
 class Harness:

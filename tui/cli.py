@@ -43,6 +43,7 @@ def add_demo(sub) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Serve the model in-process, play the four-person scenario, show the monitor."""
     import asyncio
+    import tempfile
 
     import msgspec
 
@@ -55,7 +56,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     log_path = log_to_file("demo")
     config = prefix_cache_option(load_config(args.config), args.no_prefix_cache)
-    with serving(config, args.model, thread=True) as served:
+    # the demo's people are not real users: their usage goes to a state directory of its own
+    state = tempfile.TemporaryDirectory(prefix="localserve-demo-")
+    config.server = msgspec.structs.replace(config.server, state_dir=state.name)
+    with state, serving(config, args.model, thread=True) as served:
         say_where(served.runner)
         thread, server = served.thread, served.server
         stop = asyncio.Event()

@@ -1,0 +1,497 @@
+"""Who used how much: one row per finished request in SQLite, daily quotas, the access log.
+
+Every request that ends (done, cancelled, error; websocket or HTTP) becomes a row of
+`usage.sqlite3` in the state directory. One writer thread owns the writes: the event loop hands
+it the row and the `done` frame waits for the commit (a few milliseconds with WAL), so a client
+that got `done` can count on the row, whatever happens to the process next. A clean shutdown
+drains the queue; a crash loses at most rows whose `done` was never sent.
+
+Quotas count tokens the server computed for a user since local midnight: prompt tokens not
+reused from the cache plus tokens generated. The counts live in memory, loaded from the
+database at start-up (so a quota holds across restarts) and advanced with every row.
+
+The access log (one line per finished request, plain or JSON, rotated by size) is written by
+the same thread, so a slow disk never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import logging.handlers
+import os
+import queue
+import sqlite3
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from localserve.config import ConfigError, ServerConfig
+from localserve.protocol import Quota, UserUsage
+
+log = logging.getLogger("localserve.usage")
+
+DATABASE = "usage.sqlite3"
+ACCESS_LOG = "access.log"
+LOCK_TIMEOUT_S = 5.0  # waiting for another writer (a second server on the same state dir)
+
+# Each entry brings the schema from the version before it (PRAGMA user_version) to its own.
+MIGRATIONS: list[list[str]] = [
+    [  # 1
+        """CREATE TABLE requests (
+            id INTEGER PRIMARY KEY,
+            finished REAL NOT NULL,          -- unix time the request ended
+            user TEXT NOT NULL,
+            model TEXT NOT NULL,
+            request_id TEXT NOT NULL,        -- the server's id (as in the monitor and logs)
+            client_id TEXT NOT NULL,         -- the id the client gave it
+            api TEXT NOT NULL,               -- websocket | http
+            prompt_tokens INTEGER NOT NULL,
+            cached_tokens INTEGER NOT NULL,  -- of prompt_tokens: reused, not computed
+            completion_tokens INTEGER NOT NULL,
+            queue_ms REAL,
+            ttft_ms REAL,
+            e2e_ms REAL,
+            finish_reason TEXT NOT NULL      -- stop | length | cancelled | error
+        )""",
+        "CREATE INDEX requests_by_time ON requests (finished)",
+        "CREATE INDEX requests_by_user ON requests (user, finished)",
+    ],
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+COLUMNS = (
+    "finished, user, model, request_id, client_id, api, prompt_tokens, cached_tokens, "
+    "completion_tokens, queue_ms, ttft_ms, e2e_ms, finish_reason"
+)
+
+
+class UsageError(ConfigError):
+    """The usage database cannot be used: said at start-up, before anyone connects."""
+
+
+@dataclass(frozen=True)
+class Row:
+    finished: float
+    user: str
+    model: str
+    request_id: str
+    client_id: str
+    api: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    queue_ms: float | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    finish_reason: str
+
+    @property
+    def counted_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens + self.completion_tokens
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, name.strip()) for name in COLUMNS.split(","))
+
+
+# --- where things live ---------------------------------------------------------------------
+
+
+def state_dir(config: ServerConfig) -> Path:
+    """[server] state_dir, else $LOCALSERVE_STATE_DIR, $XDG_STATE_HOME/localserve, or
+    ~/.local/state/localserve."""
+    if config.state_dir:
+        return Path(config.state_dir).expanduser()
+    if os.environ.get("LOCALSERVE_STATE_DIR"):
+        return Path(os.environ["LOCALSERVE_STATE_DIR"]).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "localserve"
+
+
+def local_day_start(now: float) -> float:
+    """Unix time of the local midnight that began the day `now` is in."""
+    day = datetime.datetime.fromtimestamp(now).astimezone()
+    return day.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def next_midnight(now: float) -> datetime.datetime:
+    today = datetime.datetime.fromtimestamp(local_day_start(now)).astimezone()
+    # the next day's midnight (a day is not always 24 h: summer time)
+    tomorrow = (today + datetime.timedelta(hours=36)).replace(hour=0, minute=0, second=0)
+    return tomorrow.astimezone()
+
+
+# --- the database --------------------------------------------------------------------------
+
+
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to the usage database, checked: a corrupt, foreign, newer or locked file is
+    a UsageError naming it and saying what to do."""
+    if readonly:
+        if not path.is_file():
+            raise UsageError(f"{path}: no usage database here (has the server recorded any?)")
+        uri = f"file:{path}?mode=ro"
+        db = sqlite3.connect(uri, uri=True, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
+    else:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise UsageError(f"{path.parent}: cannot create the state directory: {e}") from None
+        db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
+    try:
+        if not readonly:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
+        ok = db.execute("PRAGMA quick_check").fetchone()[0]
+        if ok != "ok":
+            raise sqlite3.DatabaseError(ok)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise UsageError(
+                f"{path}: written by a newer localserve (schema {version}, this one knows "
+                f"{SCHEMA_VERSION}): upgrade, or set [server] state_dir elsewhere"
+            )
+        if not readonly:
+            _migrate(db, version)
+            db.execute("BEGIN IMMEDIATE")  # can it write? (another process may hold the lock)
+            db.execute("ROLLBACK")
+        elif version < SCHEMA_VERSION:
+            raise UsageError(f"{path}: an older schema ({version}): start the server once")
+    except sqlite3.OperationalError as e:
+        db.close()
+        if "locked" in str(e) or "busy" in str(e):
+            raise UsageError(
+                f"{path}: the usage database is locked by another process (another localserve "
+                f"on the same state directory, or a tool holding it open) for over "
+                f"{LOCK_TIMEOUT_S:g} s"
+            ) from None
+        raise UsageError(f"{path}: cannot use the usage database: {e}") from None
+    except sqlite3.DatabaseError as e:
+        db.close()
+        raise UsageError(
+            f"{path}: not a usable SQLite database ({e}): move it aside to start a new one "
+            f"(the old one may be recoverable with sqlite3's .recover)"
+        ) from None
+    except UsageError:
+        db.close()
+        raise
+    return db
+
+
+def _migrate(db: sqlite3.Connection, version: int) -> None:
+    for number, statements in enumerate(MIGRATIONS[version:], start=version + 1):
+        with db:  # one transaction per step: a crash mid-migration leaves the old version
+            db.execute("BEGIN IMMEDIATE")
+            for statement in statements:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {number}")
+        log.info("usage database: schema %d", number)
+
+
+def totals_since(db: sqlite3.Connection, since: float) -> dict[str, UserUsage]:
+    rows = db.execute(
+        "SELECT user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens) "
+        "FROM requests WHERE finished >= ? GROUP BY user",
+        (since,),
+    )
+    return {user: UserUsage(user, *counts) for user, *counts in rows}
+
+
+@dataclass
+class DayUsage:
+    day: str  # YYYY-MM-DD, local
+    user: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    median_ttft_ms: float | None
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def by_day(db: sqlite3.Connection, since: float, user: str | None = None) -> list[DayUsage]:
+    """Per local day and user since `since`: requests, tokens, median TTFT."""
+    where, args = "finished >= ?", [since]
+    if user is not None:
+        where += " AND user = ?"
+        args.append(user)
+    day = "date(finished, 'unixepoch', 'localtime')"
+    groups = db.execute(
+        f"SELECT {day} AS day, user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), "
+        f"SUM(completion_tokens) FROM requests WHERE {where} GROUP BY day, user "
+        "ORDER BY day, user",
+        args,
+    ).fetchall()
+    ttfts: dict[tuple[str, str], list[float]] = {}
+    for key_day, key_user, ttft in db.execute(
+        f"SELECT {day}, user, ttft_ms FROM requests WHERE {where} AND ttft_ms IS NOT NULL", args
+    ):
+        ttfts.setdefault((key_day, key_user), []).append(ttft)
+    return [DayUsage(d, u, n, p, c, g, _median(ttfts.get((d, u)))) for d, u, n, p, c, g in groups]
+
+
+def _median(values: list[float] | None) -> float | None:
+    return statistics.median(values) if values else None
+
+
+# --- reports (`localserve usage`) ----------------------------------------------------------
+
+
+def parse_since(text: str, now: float) -> float:
+    """ "today", "7d" (today and the 6 days before), "24h", or a date (YYYY-MM-DD, local)."""
+    text = text.strip().lower()
+    if text == "today":
+        return local_day_start(now)
+    number, unit = text[:-1], text[-1:]
+    if number.isdigit() and unit in ("d", "h") and int(number) > 0:
+        if unit == "h":
+            return now - int(number) * 3600
+        day = datetime.datetime.fromtimestamp(local_day_start(now)).astimezone()
+        return (day - datetime.timedelta(days=int(number) - 1)).replace(hour=0).timestamp()
+    try:
+        return datetime.datetime.fromisoformat(text).astimezone().timestamp()
+    except ValueError:
+        raise ConfigError(f"--since: {text!r}: expected today, 7d, 24h or 2026-11-01") from None
+
+
+def day_dict(day: DayUsage) -> dict:
+    return {
+        "day": day.day,
+        "user": day.user,
+        "requests": day.requests,
+        "prompt_tokens": day.prompt_tokens,
+        "cached_tokens": day.cached_tokens,
+        "completion_tokens": day.completion_tokens,
+        "cached_share": round(day.cached_share, 4),
+        "median_ttft_ms": None if day.median_ttft_ms is None else round(day.median_ttft_ms, 1),
+    }
+
+
+def table(days: list[DayUsage], config: ServerConfig) -> str:
+    """The report as a text table, with totals per user over the period."""
+    if not days:
+        return "no requests recorded in this period"
+    header = ("day", "user", "requests", "tokens in", "cached", "tokens out", "median TTFT")
+    lines = [header]
+    for d in days:
+        ttft = "–" if d.median_ttft_ms is None else f"{d.median_ttft_ms:.0f} ms"
+        lines.append(
+            (
+                d.day,
+                d.user,
+                f"{d.requests:,}",
+                f"{d.prompt_tokens:,}",
+                f"{d.cached_share:.0%}",
+                f"{d.completion_tokens:,}",
+                ttft,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(
+            cell.ljust(w) if i < 2 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in lines
+    ]
+    quotas = {
+        d.user: limit
+        for d in days
+        if (limit := config.daily_tokens_per_user.get(d.user, config.daily_tokens))
+    }
+    if quotas:
+        text.append("")
+        text.append(
+            "daily quotas (prompt tokens computed + tokens out): "
+            + ", ".join(f"{u} {q:,}" for u, q in sorted(quotas.items()))
+        )
+    return "\n".join(text)
+
+
+# --- the server's side ---------------------------------------------------------------------
+
+
+class Usage:
+    """The server's record keeper: rows, today's counts and quotas, the access log."""
+
+    def __init__(self, config: ServerConfig, model: str, clock: Callable[[], float] = time.time):
+        self.config = config
+        self.model = model
+        self.clock = clock
+        self.dir = state_dir(config)
+        self.path = self.dir / DATABASE
+        self.db = connect(self.path)
+        self._day_start = local_day_start(clock())
+        self._today = totals_since(self.db, self._day_start)  # on the event loop only
+        self._access: logging.Logger | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.version = 0  # advances with every row: the stats frame's cache key
+        self._writer = threading.Thread(target=self._write_loop, name="localserve-usage")
+        self._writer.start()
+
+    # --- access log ---
+
+    def open_access_log(self, host: str) -> Path | None:
+        """Start the access log as [server] access_log says ("auto": only off loopback)."""
+        from localserve.auth import is_loopback
+
+        setting = self.config.access_log
+        if setting == "off" or (setting == "auto" and is_loopback(host)):
+            return None
+        path = self.dir / ACCESS_LOG if setting == "auto" else Path(setting).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.handlers.RotatingFileHandler(
+                path,
+                maxBytes=self.config.access_log_max_bytes,
+                backupCount=self.config.access_log_backups,
+                encoding="utf-8",
+            )
+        except OSError as e:
+            raise UsageError(f"{path}: cannot open the access log: {e}") from None
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger = logging.getLogger(f"localserve.access.{id(self)}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        self._access = logger
+        return path
+
+    def _access_line(self, row: Row) -> str:
+        when = datetime.datetime.fromtimestamp(row.finished).astimezone()
+        stamp = when.isoformat(timespec="milliseconds")
+        if self.config.access_log_format == "json":
+            return json.dumps({"time": stamp} | _row_dict(row), ensure_ascii=False)
+        timings = " ".join(f"{k}={_ms(getattr(row, k))}" for k in ("queue_ms", "ttft_ms", "e2e_ms"))
+        return (
+            f"{stamp} {json.dumps(row.user, ensure_ascii=False)} {row.request_id} {row.api} "
+            f"{row.model} {row.finish_reason} prompt={row.prompt_tokens} "
+            f"cached={row.cached_tokens} completion={row.completion_tokens} {timings}"
+        )
+
+    # --- rows ---
+
+    def record(self, row: Row, then: Callable[[], None]) -> None:
+        """Count the row now; `then` runs (on the writer thread) once it is committed."""
+        self._roll_day()
+        today = self._today.get(row.user) or UserUsage(row.user, 0, 0, 0, 0)
+        today.requests += 1
+        today.prompt_tokens += row.prompt_tokens
+        today.cached_tokens += row.cached_tokens
+        today.completion_tokens += row.completion_tokens
+        self._today[row.user] = today
+        self.version += 1
+        self._queue.put((row, then))
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            rows = [entry for entry in batch if entry is not None]
+            if rows:
+                self._write(rows)
+            if len(rows) < len(batch):  # the stop sentinel: everything before it is written
+                return
+
+    def _write(self, rows: list[tuple[Row, Callable[[], None]]]) -> None:
+        try:
+            with self.db:
+                self.db.executemany(
+                    f"INSERT INTO requests ({COLUMNS}) VALUES ({', '.join('?' * 13)})",
+                    [row.values() for row, _ in rows],
+                )
+        except sqlite3.Error:  # the reply must not wait on the record: logged, and on
+            log.exception("usage database %s: %d rows not recorded", self.path, len(rows))
+        for row, then in rows:
+            if self._access is not None:
+                self._access.info(self._access_line(row))
+            try:
+                then()
+            except Exception:
+                log.exception("after recording %s", row.request_id)
+
+    def close(self) -> None:
+        """Write what is queued, then close (a clean shutdown loses nothing)."""
+        self._queue.put(None)
+        self._writer.join()
+        self.db.close()
+        if self._access is not None:
+            for handler in self._access.handlers:
+                handler.close()
+
+    # --- today and quotas (event loop) ---
+
+    def _roll_day(self) -> None:
+        start = local_day_start(self.clock())
+        if start != self._day_start:
+            self._day_start, self._today = start, {}
+
+    def daily_tokens(self, user: str) -> int:
+        """The user's daily quota; 0 = none."""
+        c = self.config
+        return c.daily_tokens_per_user.get(user, c.daily_tokens)
+
+    def today(self) -> list[UserUsage]:
+        """Everyone's counts today, most tokens first (with their quotas)."""
+        self._roll_day()
+        users = [
+            UserUsage(
+                u.user,
+                u.requests,
+                u.prompt_tokens,
+                u.cached_tokens,
+                u.completion_tokens,
+                self.daily_tokens(u.user) or None,
+            )
+            for u in self._today.values()
+        ]
+        return sorted(users, key=lambda u: (-u.counted_tokens, u.user))
+
+    def quota(self, user: str) -> Quota | None:
+        limit = self.daily_tokens(user)
+        if not limit:
+            return None
+        self._roll_day()
+        used = self._today[user].counted_tokens if user in self._today else 0
+        resets = next_midnight(self.clock())
+        return Quota(limit, used, max(0, limit - used), resets.isoformat(timespec="seconds"))
+
+    def quota_refusal(self, user: str) -> tuple[str, float] | None:
+        """(why, seconds until the reset) when the user's quota is used up, else None."""
+        quota = self.quota(user)
+        if quota is None or quota.remaining > 0:
+            return None
+        wait = max(1.0, datetime.datetime.fromisoformat(quota.resets_at).timestamp() - self.clock())
+        hours, minutes = int(wait // 3600), int(wait % 3600 // 60)
+        return (
+            f"your daily quota of {quota.daily_tokens} tokens is used up ({quota.used_today} "
+            f"today); it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)",
+            wait,
+        )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _row_dict(row: Row) -> dict:
+    return {name.strip(): getattr(row, name.strip()) for name in COLUMNS.split(",")} | {
+        "finished": row.finished
+    }
+
+
+def rows_of(db: sqlite3.Connection, where: str = "1", args: Iterable = ()) -> list[Row]:
+    """Rows as Row objects (for tests and tools)."""
+    cursor = db.execute(f"SELECT {COLUMNS} FROM requests WHERE {where} ORDER BY id", tuple(args))
+    return [Row(*values) for values in cursor]

@@ -1,0 +1,280 @@
+"""The usage record: one row per finished request, quotas that hold across restarts, the access
+log, `localserve usage`, and clear errors for a database that cannot be used."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import WS
+from helpers import FakeServer, wait_until
+
+from localserve import usage
+from localserve.cli import main
+from localserve.config import ServerConfig
+from localserve.usage import Row, Usage, UsageError
+
+
+def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw) -> Row:
+    fields = dict(
+        finished=time.time() if t is None else t,
+        user=user,
+        model="fake",
+        request_id="1:r",
+        client_id="r",
+        api="websocket",
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        queue_ms=1.0,
+        ttft_ms=ttft,
+        e2e_ms=200.0,
+        finish_reason="stop",
+    )
+    return Row(**(fields | kw))
+
+
+def recorded(store: Usage, *rows: Row) -> None:
+    """Record rows and wait until all are committed."""
+    committed = threading.Semaphore(0)
+    for r in rows:
+        store.record(r, committed.release)
+    for _ in rows:
+        assert committed.acquire(timeout=10)
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+def test_today_and_quotas_count_from_the_database(tmp_path):
+    config = ServerConfig(
+        state_dir=str(tmp_path), daily_tokens=100, daily_tokens_per_user={"bo": 0}
+    )
+    now = [time.time()]
+    store = Usage(config, "fake", clock=lambda: now[0])
+    recorded(store, row("ann", completion=5), row("ann", prompt=60, cached=0, completion=20))
+    assert store.quota("ann").used_today == 6 + 5 + 60 + 20 == 91
+    assert store.quota("bo") is None  # 0: no quota for bo
+    assert store.quota_refusal("ann") is None
+    recorded(store, row("ann", prompt=9, cached=0, completion=0))
+    why, wait = store.quota_refusal("ann")
+    assert "daily quota of 100 tokens is used up (100 today)" in why and "resets at" in why
+    assert 0 < wait <= 25 * 3600
+    [ann] = store.today()
+    assert (ann.requests, ann.counted_tokens, ann.daily_tokens) == (3, 100, 100)
+    store.close()
+
+    again = Usage(config, "fake", clock=lambda: now[0])  # a restart: the counts come back
+    assert again.quota("ann").remaining == 0 and again.quota_refusal("ann")
+    now[0] = usage.next_midnight(now[0]).timestamp() + 1  # a new day: a new allowance
+    assert again.quota("ann").remaining == 100 and again.today() == []
+    again.close()
+
+
+def test_a_corrupt_database_is_a_clear_error(tmp_path):
+    (tmp_path / usage.DATABASE).write_bytes(b"this is not a database" * 100)
+    with pytest.raises(UsageError, match="not a usable SQLite database.*move it aside"):
+        Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
+
+
+def test_a_locked_database_is_a_clear_error(tmp_path, monkeypatch):
+    Usage(ServerConfig(state_dir=str(tmp_path)), "fake").close()
+    holder = sqlite3.connect(tmp_path / usage.DATABASE)
+    holder.execute("BEGIN EXCLUSIVE")  # another process, holding it
+    monkeypatch.setattr(usage, "LOCK_TIMEOUT_S", 0.2)
+    try:
+        with pytest.raises(UsageError, match="locked by another process"):
+            Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_newer_schema_is_refused_and_an_empty_file_is_migrated(tmp_path):
+    path = tmp_path / usage.DATABASE
+    sqlite3.connect(path).close()  # empty: version 0
+    db = usage.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == usage.SCHEMA_VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.execute(f"PRAGMA user_version = {usage.SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(UsageError, match="newer localserve"):
+        usage.connect(path)
+
+
+def test_report_per_day_and_user(tmp_path, capsys):
+    store = Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
+    now = time.time()
+    yesterday = usage.local_day_start(now) - 3600
+    recorded(
+        store,
+        row("ann", t=yesterday, ttft=50.0),
+        row("ann", ttft=100.0),
+        row("ann", ttft=300.0),
+        row("ann", ttft=200.0),
+        row("bo", prompt=20, cached=0, completion=7, ttft=None),
+    )
+    store.close()
+    state = ["--state-dir", str(tmp_path)]
+    assert main(["usage", *state, "--json"]) == 0
+    today = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["user"], d["requests"]) for d in today] == [("ann", 3), ("bo", 1)]
+    assert today[0]["median_ttft_ms"] == 200.0 and today[1]["median_ttft_ms"] is None
+    assert today[0]["cached_share"] == 0.4 and today[0]["completion_tokens"] == 15
+    assert main(["usage", *state, "--since", "2d", "--user", "ann"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("ann") == 2 and "bo" not in text and "median TTFT" in text
+    assert "200 ms" in text and "40%" in text
+    assert main(["usage", *state, "--since", "nonsense"]) == 2
+    assert "expected today, 7d" in capsys.readouterr().err
+
+
+# --- through the server -------------------------------------------------------------------
+
+
+def test_every_request_of_a_soak_has_its_row(tmp_path):
+    """200 requests from four clients, some cancelled, some over HTTP: the rows are the `done`
+    frames, exactly."""
+    server = FakeServer(state_dir=str(tmp_path), step_s=0.001)
+    dones: dict[str, dict] = {}
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        ws = WS(server.url)
+        assert ws.hello(f"soak{n}")["type"] == "welcome"
+        for i in range(45):
+            rid = f"s{n}-{i}"
+            ws.chat(rid, "one two three " * (i % 5 + 1), max_tokens=1 + i % 7)
+            if i % 9 == 0:
+                ws.send({"type": "cancel", "id": rid})
+            frames = ws.until_done(rid)
+            with lock:
+                dones[rid] = frames[-1] | {"user": f"soak{n}"}
+        ws.close()
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for i in range(20):  # and over HTTP
+        body = {"model": "fake", "user": "soak-http", "max_tokens": 3,
+                "messages": [{"role": "user", "content": f"hello {i}"}]}  # fmt: skip
+        request = urllib.request.Request(
+            server.http + "/v1/chat/completions", json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            reply = json.load(response)
+        dones[reply["id"]] = {"usage": reply["usage"], "user": "soak-http", "http": True}
+    for t in threads:
+        t.join(120)
+    server.close()  # everything written
+    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
+    rows = {r.client_id: r for r in usage.rows_of(db)}
+    assert len(rows) == len(dones) == 200
+    assert any(d.get("finish_reason") == "cancelled" for d in dones.values())
+    for rid, done in dones.items():
+        r = rows[rid]
+        assert r.user == done["user"]
+        if done.get("http"):
+            assert r.api == "http"
+            assert r.prompt_tokens == done["usage"]["prompt_tokens"]
+            assert r.completion_tokens == done["usage"]["completion_tokens"]
+            continue
+        assert r.api == "websocket" and r.finish_reason == done["finish_reason"]
+        u, t = done["usage"], done["timings"]
+        assert (r.prompt_tokens, r.cached_tokens, r.completion_tokens) == (
+            u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]
+        )  # fmt: skip
+        assert (r.queue_ms, r.ttft_ms, r.e2e_ms) == (t["queue_ms"], t["ttft_ms"], t["e2e_ms"])
+
+
+def test_a_quota_is_enforced_and_holds_across_a_restart(tmp_path):
+    config = dict(state_dir=str(tmp_path), daily_tokens_per_user={"quinn": 20})
+    server = FakeServer(**config)
+    try:
+        ws = WS(server.url)
+        welcome = ws.hello("quinn")
+        assert welcome["quota"]["daily_tokens"] == 20 and welcome["quota"]["remaining"] == 20
+        ws.chat("a", "one two three", max_tokens=30, ignore_eos=True)
+        assert ws.until_done("a")[-1]["finish_reason"] == "length"
+        ws.chat("b", "again")
+        refused = ws.recv()
+        assert refused["type"] == "error" and refused["code"] == "quota_exceeded"
+        assert "resets at" in refused["message"] and refused["id"] == "b"
+        other = WS(server.url)
+        assert other.hello("rae")["quota"] is None  # no quota for others
+        other.chat("c", "hello", max_tokens=2)
+        assert other.until_done("c")[-1]["finish_reason"] in ("stop", "length")
+    finally:
+        server.close()
+    server = FakeServer(**config)  # a restart
+    try:
+        ws = WS(server.url)
+        assert ws.hello("quinn")["quota"]["remaining"] == 0
+        ws.chat("d", "still?")
+        assert ws.recv()["code"] == "quota_exceeded"
+        body = {"model": "fake", "user": "quinn", "messages": [{"role": "user", "content": "hi"}]}
+        request = urllib.request.Request(
+            server.http + "/v1/chat/completions", json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        error = json.load(refused.value)["error"]
+        assert refused.value.code == 429 and error["code"] == "insufficient_quota"
+        wait = int(refused.value.headers["Retry-After"])
+        reset = datetime.datetime.fromisoformat(error["message"].split("resets at ")[1][:25])
+        assert abs(reset.timestamp() - time.time() - wait) < 5
+    finally:
+        server.close()
+
+
+def test_the_access_log_has_a_line_per_request(tmp_path):
+    log = tmp_path / "access.jsonl"
+    server = FakeServer(state_dir=str(tmp_path), access_log=str(log), access_log_format="json")
+    try:
+        ws = WS(server.url)
+        ws.hello("sam")
+        for rid in ("x", "y"):
+            ws.chat(rid, "hello there", max_tokens=3)
+            ws.until_done(rid)
+    finally:
+        server.close()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(x["user"], x["client_id"]) for x in lines] == [("sam", "x"), ("sam", "y")]
+    assert {"time", "model", "prompt_tokens", "ttft_ms", "finish_reason"} <= set(lines[0])
+    plain = FakeServer(state_dir=str(tmp_path / "p"), access_log=str(tmp_path / "plain.log"))
+    quiet = FakeServer(state_dir=str(tmp_path / "q"))  # loopback: off by default
+    try:
+        for s in (plain, quiet):
+            ws = WS(s.url)
+            ws.hello("sam")
+            ws.chat("z", "hello", max_tokens=2)
+            ws.until_done("z")
+    finally:
+        plain.close()
+        quiet.close()
+    [line] = (tmp_path / "plain.log").read_text().splitlines()
+    assert '"sam"' in line and " websocket fake " in line and "prompt=" in line
+    assert not list((tmp_path / "q").glob("access*"))
+
+
+def test_monitors_see_todays_totals(tmp_path):
+    server = FakeServer(state_dir=str(tmp_path), daily_tokens=1000)
+    try:
+        ws = WS(server.url)
+        ws.hello("tess")
+        ws.chat("a", "one two", max_tokens=3)
+        ws.until_done("a")
+        ws.send({"type": "subscribe", "interval_ms": 50})
+        frame = wait_until(lambda: (f := ws.recv())["type"] == "stats" and f, 10)
+        [tess] = frame["usage_today"]
+        assert tess["user"] == "tess" and tess["requests"] == 1 and tess["daily_tokens"] == 1000
+    finally:
+        server.close()
