@@ -69,7 +69,7 @@ class Engine:
         self.scheduler = Scheduler(c, self.kv, max_num_seqs, budget, clock)
         for seq_id in range(info.n_seq_max):  # the pool starts empty: so must the cache
             runner.free_seq(seq_id)
-        self.metrics = Metrics(clock)
+        self.metrics = Metrics(clock, max_model_len=info.n_ctx, prefix_caching=reuse)
         self.clock = clock
         self.on_events: EventSink = on_events or (lambda events: None)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

@@ -3,6 +3,11 @@
 - TTFT = arrival -> first token; queue time = waiting before admission (re-queues after a
   preemption included); ITL = gap between successive tokens of one request (pooled);
   TPOT = (last - first token) / (n - 1); e2e = arrival -> finished.
+- Per finished request, as vLLM: its prompt and generated lengths and its max_tokens; prefill
+  time = first admission -> first token, decode time = first -> last token, inference time =
+  first admission -> last token (preemptions included; only for requests that got a token).
+- Prefix cache queries and hits count tokens: every first admission's prompt tokens while
+  prefix caching is on, and the tokens it reused.
 - Sliding windows give p50/p90/p99 for the monitor (None when empty); cumulative histograms
   with vLLM's buckets feed `/metrics`; counters and per-step records (decode vs prefill tokens,
   step time, time outside llama_decode) complete the picture. The engine packs it all into one
@@ -29,7 +34,20 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 # fmt: on
+
+
+def build_1_2_5_buckets(max_value: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value` (vLLM's buckets for token counts)."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(float(mantissa * scale))
+        scale *= 10
 
 
 class StepRecord(NamedTuple):
@@ -93,10 +111,20 @@ class CumulativeHistogram:
 class Metrics:
     """Every number the engine exposes; one writer (the engine thread)."""
 
-    def __init__(self, clock: Callable[[], float], window_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        window_s: float = 60.0,
+        max_model_len: int = 4096,
+        prefix_caching: bool = True,
+    ) -> None:
+        """`max_model_len` (the context) bounds the token-count buckets; `prefix_caching` says
+        whether admissions look prompts up in the prefix cache (counted as queries)."""
         self.clock = clock
         self.start_time = clock()
         self.window_s = window_s
+        self.prefix_caching = prefix_caching
+        lengths = build_1_2_5_buckets(max_model_len)
         self.counters = Counters()
         self.ttft, self.itl = Window(window_s), Window(window_s)
         self.queue, self.e2e, self.tpot = Window(window_s), Window(window_s), Window(window_s)
@@ -106,6 +134,14 @@ class Metrics:
             "request_queue_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
             "e2e_request_latency_seconds": CumulativeHistogram(LATENCY_BUCKETS),
             "request_time_per_output_token_seconds": CumulativeHistogram(ITL_BUCKETS),
+            "request_prefill_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "request_decode_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "request_inference_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "request_prompt_tokens": CumulativeHistogram(lengths),
+            "request_generation_tokens": CumulativeHistogram(lengths),
+            "request_params_max_tokens": CumulativeHistogram(lengths),
+            "request_max_num_generation_tokens": CumulativeHistogram(lengths),
+            "iteration_tokens_total": CumulativeHistogram(ITERATION_TOKEN_BUCKETS),
         }
         self.steps: deque[StepRecord] = deque(maxlen=256)
         self.events: deque[EventRow] = deque(maxlen=100)
@@ -121,6 +157,8 @@ class Metrics:
         """First admission: the queue time ends, the prompt counts."""
         self.counters.requests += 1
         self.counters.prompt_tokens += seq.num_prompt_tokens
+        if self.prefix_caching:
+            self.counters.prefix_cache_queries += seq.num_prompt_tokens
         self._observe(self.queue, "request_queue_time_seconds", seq.queue_s)
         detail = f"{seq.num_prompt_tokens} prompt tokens"
         if seq.cached_tokens:
@@ -148,11 +186,25 @@ class Metrics:
             self.counters.cancellations += 1
         elif reason is FinishReason.ERROR:
             self.counters.errors += 1
+        elif reason is FinishReason.STOP:
+            self.counters.finished_stop += 1
+        elif reason is FinishReason.LENGTH:
+            self.counters.finished_length += 1
         queue_s, _, e2e_s, tpot_s = seq.timings_s()
         if not math.isnan(e2e_s):
             self._observe(self.e2e, "e2e_request_latency_seconds", e2e_s)
         if not math.isnan(tpot_s):
             self._observe(self.tpot, "request_time_per_output_token_seconds", tpot_s)
+        h = self.histograms
+        h["request_prompt_tokens"].observe(seq.num_prompt_tokens)
+        h["request_generation_tokens"].observe(seq.num_output_tokens)
+        h["request_params_max_tokens"].observe(seq.params.max_tokens)
+        h["request_max_num_generation_tokens"].observe(seq.params.max_tokens)  # n is always 1
+        scheduled, first, last = seq.first_scheduled_time, seq.first_token_time, seq.last_token_time
+        if scheduled is not None and first is not None and last is not None:
+            h["request_prefill_time_seconds"].observe(first - scheduled)
+            h["request_decode_time_seconds"].observe(last - first)
+            h["request_inference_time_seconds"].observe(last - scheduled)
         detail = f"{reason.value}, {seq.num_output_tokens} tokens"
         detail += f": {seq.error}" if seq.error else ""
         self.event("finished", seq, detail, at=seq.finished_time)
@@ -172,6 +224,7 @@ class Metrics:
         """One step: its token counts, wall time, time in llama_decode, predicted prefill time."""
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
+        self.histograms["iteration_tokens_total"].observe(num_decode + num_prefill)
         sampled = num_decode if num_sampled is None else num_sampled
         record = StepRecord(
             self.clock(), num_decode, num_prefill, sampled, step_s, decode_s, prefill_s

@@ -1,7 +1,9 @@
-"""`/metrics`: a Snapshot in Prometheus text format, with vLLM-like names and buckets.
+"""`/metrics`: a Snapshot in Prometheus text format, with vLLM's names, meanings and buckets.
 
-Names carry the `localserve:` prefix as vLLM's carry `vllm:`; the only label is the model name
-(never the user: unbounded cardinality, and a privacy leak).
+Names carry the `localserve:` prefix as vLLM's carry `vllm:`, so a dashboard made for vLLM works
+once its prefix is changed (docs/grafana/localserve.json is one). Every series has the model
+name as a label; `request_success_total` also has `finished_reason`. Never the user: unbounded
+cardinality, and a privacy leak.
 """
 
 from __future__ import annotations
@@ -19,6 +21,24 @@ HISTOGRAMS = {
     "request_queue_time_seconds": "Time waiting before first admission.",
     "e2e_request_latency_seconds": "Arrival to finish.",
     "request_time_per_output_token_seconds": "Mean inter-token gap of a finished request.",
+    "request_prefill_time_seconds": "First admission to first token of a finished request.",
+    "request_decode_time_seconds": "First to last token of a finished request.",
+    "request_inference_time_seconds": "First admission to last token of a finished request.",
+    "request_prompt_tokens": "Prompt tokens of a finished request.",
+    "request_generation_tokens": "Tokens generated for a finished request.",
+    "request_params_max_tokens": "The max_tokens parameter of a finished request.",
+    "request_max_num_generation_tokens": "Most tokens a finished request asked for (max_tokens).",
+    "iteration_tokens_total": "Tokens computed per engine step (prefill and decode).",
+}
+
+# vLLM's finished_reason values, each localserve finish reason under one (docs/metrics.md):
+# a cancelled request (by its client, a disconnect or a shutdown) is vLLM's "abort". Every value
+# is always exported, zeros included, so the series exist before the first such finish.
+FINISHED_REASONS: dict[str, Callable[[Counters], int]] = {
+    "stop": lambda c: c.finished_stop,
+    "length": lambda c: c.finished_length,
+    "abort": lambda c: c.cancellations,
+    "error": lambda c: c.errors,
 }
 
 
@@ -49,16 +69,21 @@ METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], fl
      lambda s, c, a: c.prefill_tokens),
     ("prefix_cache_entries", "gauge", "Cached prefixes kept for reuse.",
      lambda s, c, a: s.cached_prefixes),
-    ("prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from a cache.",
+    ("prefix_cache_queries_total", "counter",
+     "Prefix cache queries, in tokens: prompt tokens of admitted requests, looked up.",
+     lambda s, c, a: c.prefix_cache_queries),
+    ("prefix_cache_hits_total", "counter",
+     "Prefix cache hits, in tokens: prompt tokens reused from a cached prefix.",
      lambda s, c, a: c.cached_tokens),
-    ("prefix_cache_hits_total", "counter", "Requests that reused a cached prefix.",
+    ("prefix_cache_hit_tokens_total", "counter",
+     "Prompt tokens reused from a cache (the same as prefix_cache_hits_total).",
+     lambda s, c, a: c.cached_tokens),
+    ("prefix_cache_hit_requests_total", "counter", "Requests that reused a cached prefix.",
      lambda s, c, a: c.prefix_hits),
     ("prefix_cache_evictions_total", "counter", "Cached prefixes evicted to make room.",
      lambda s, c, a: c.prefix_evictions),
     ("num_preemptions_total", "counter", "Sequences preempted for KV cells.",
      lambda s, c, a: c.preemptions),
-    ("request_success_total", "counter", "Requests finished with stop or length.",
-     lambda s, c, a: c.finished - c.cancellations - c.errors),
     ("request_cancelled_total", "counter", "Requests cancelled.",
      lambda s, c, a: c.cancellations),
     ("request_rejected_total", "counter", "Requests turned away (busy, too long, ...).",
@@ -89,8 +114,17 @@ def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> s
         out.append(f"# HELP {PREFIX}{name} {help_text}")
         out.append(f"# TYPE {PREFIX}{name} {kind}")
         out.append(f"{PREFIX}{name}{{{label}}} {_number(value(snap, snap.counters, auth))}")
+    success = PREFIX + "request_success_total"
+    reasons = ", ".join(FINISHED_REASONS)
+    out += [
+        f"# HELP {success} Finished requests by finished_reason ({reasons}).",
+        f"# TYPE {success} counter",
+    ]
+    for reason, count in FINISHED_REASONS.items():
+        out.append(f'{success}{{{label},finished_reason="{reason}"}} {count(snap.counters)}')
     for name, help_text in HISTOGRAMS.items():
-        out += _histogram(name, help_text, label, snap.histograms[name])
+        if name in snap.histograms:  # a snapshot from an older engine may lack the newer ones
+            out += _histogram(name, help_text, label, snap.histograms[name])
     return "\n".join(out) + "\n"
 
 

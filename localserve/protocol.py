@@ -103,6 +103,11 @@ class Counters(msgspec.Struct):
     rejections: int = 0
     errors: int = 0
     steps: int = 0
+    # added later (0 in frames from older servers): finishes by reason (with cancellations and
+    # errors they add up to `finished`), and prompt tokens looked up in the prefix cache
+    finished_stop: int = 0
+    finished_length: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens of first admissions, while prefix caching is on
 
 
 class EventRow(msgspec.Struct):

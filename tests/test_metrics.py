@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from localserve.metrics import (
+    ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
     LATENCY_BUCKETS,
     TTFT_BUCKETS,
     CumulativeHistogram,
     Metrics,
     Window,
+    build_1_2_5_buckets,
     percentiles,
 )
 from localserve.sampling_params import SamplingParams
@@ -134,9 +136,22 @@ def test_histogram_export_is_a_copy_of_the_buckets():
     assert h.buckets == [1.0]
 
 
-@pytest.mark.parametrize("buckets", [TTFT_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS])
+@pytest.mark.parametrize(
+    "buckets", [TTFT_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, ITERATION_TOKEN_BUCKETS]
+)
 def test_bucket_boundaries_are_strictly_increasing(buckets):
     assert all(a < b for a, b in zip(buckets, buckets[1:], strict=False))
+
+
+def test_length_buckets_are_vllms_1_2_5_up_to_the_context():
+    assert build_1_2_5_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert build_1_2_5_buckets(4096)[-3:] == [500, 1000, 2000]
+    assert build_1_2_5_buckets(0) == []
+
+
+def test_length_histograms_are_bounded_by_the_context(clock):
+    buckets = Metrics(clock, max_model_len=8192).export_histograms()["request_prompt_tokens"]
+    assert buckets.buckets[-1] == 5000
 
 
 # --- Metrics: per-request latencies ----------------------------------------------------------
@@ -277,3 +292,74 @@ def test_step_stats_without_steps_are_none(metrics):
     assert stats.num_steps == 0
     assert stats.step_s is None and stats.engine_share is None
     assert stats.prefill_budget == 64
+
+
+# --- Metrics: what vLLM observes when a request finishes -------------------------------------
+
+
+def test_a_finished_request_records_its_lengths_and_phases(metrics, clock):
+    seq = Sequence("r1", list(range(30)), SamplingParams(max_tokens=40), "bob", 100.0)
+    admit(metrics, clock, seq, at=100.5)
+    for at in (101.25, 101.5, 102.0):
+        token(metrics, clock, seq, at)
+    token(metrics, clock, seq, at=103.0, eog=True)
+    metrics.on_finished(seq)
+    h = metrics.export_histograms()
+    prompt = h["request_prompt_tokens"]
+    assert (prompt.count, prompt.sum) == (1, 30)
+    assert prompt.counts[:6] == [0, 0, 0, 0, 0, 1]  # le 1, 2, 5, 10, 20, 50
+    assert (h["request_generation_tokens"].count, h["request_generation_tokens"].sum) == (1, 4)
+    assert h["request_params_max_tokens"].sum == 40
+    assert h["request_max_num_generation_tokens"].sum == 40
+    assert h["request_prefill_time_seconds"].sum == pytest.approx(0.75)  # admitted -> 1st token
+    assert h["request_decode_time_seconds"].sum == pytest.approx(1.75)  # first -> last token
+    assert h["request_inference_time_seconds"].sum == pytest.approx(2.5)  # admitted -> last
+    assert metrics.counters.finished_stop == 1 and metrics.counters.finished_length == 0
+
+
+def test_a_request_cancelled_before_its_first_token_has_lengths_but_no_phases(metrics, clock):
+    seq = make_seq(arrival=100.0, prompt_len=7)
+    seq.finish(FinishReason.CANCELLED, 101.0)
+    metrics.on_finished(seq)
+    h = metrics.export_histograms()
+    assert h["request_prompt_tokens"].sum == 7
+    assert (h["request_generation_tokens"].count, h["request_generation_tokens"].sum) == (1, 0)
+    for name in ("prefill", "decode", "inference"):
+        assert h[f"request_{name}_time_seconds"].count == 0
+    assert metrics.counters.cancellations == 1
+
+
+def test_finish_reasons_add_up_to_finished(metrics, clock):
+    reasons = [FinishReason.STOP, FinishReason.LENGTH, FinishReason.LENGTH]
+    reasons += [FinishReason.CANCELLED, FinishReason.ERROR]
+    for i, reason in enumerate(reasons):
+        seq = make_seq(100.0, request_id=f"r{i}")
+        seq.finish(reason, 101.0)
+        metrics.on_finished(seq)
+    c = metrics.counters
+    assert (c.finished_stop, c.finished_length, c.cancellations, c.errors) == (1, 2, 1, 1)
+    assert c.finished_stop + c.finished_length + c.cancellations + c.errors == c.finished
+
+
+def test_prefix_cache_queries_and_hits_count_tokens(metrics, clock):
+    seq = make_seq(arrival=100.0, prompt_len=50)
+    seq.cached_tokens = 32
+    admit(metrics, clock, seq, at=100.0)
+    admit(metrics, clock, make_seq(arrival=100.0, prompt_len=10, request_id="r2"), at=100.0)
+    c = metrics.counters
+    assert (c.prefix_cache_queries, c.cached_tokens, c.prefix_hits) == (60, 32, 1)
+
+
+def test_without_prefix_caching_nothing_is_looked_up(clock):
+    metrics = Metrics(clock, prefix_caching=False)
+    admit(metrics, clock, make_seq(arrival=100.0, prompt_len=50), at=100.0)
+    assert metrics.counters.prefix_cache_queries == 0
+    assert metrics.counters.prompt_tokens == 50
+
+
+def test_each_step_records_its_tokens(metrics, clock):
+    metrics.on_step(3, 61, step_s=0.1, decode_s=0.1, prefill_s=0.05)
+    metrics.on_step(4, 0, step_s=0.1, decode_s=0.1, prefill_s=0.0)
+    h = metrics.export_histograms()["iteration_tokens_total"]
+    assert (h.count, h.sum) == (2, 68)
+    assert h.counts[:3] == [0, 1, 1]  # le 1, 8, 16: the 4-token step; 64 tokens go in le 64

@@ -5,14 +5,14 @@ from __future__ import annotations
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from localserve.prometheus import HISTOGRAMS, PREFIX, render
+from localserve.prometheus import FINISHED_REASONS, HISTOGRAMS, PREFIX, render
 
 
 def families(text: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def test_a_snapshot_renders_as_parseable_text_with_the_model_label_only(fake_snapshots):
+def test_a_snapshot_renders_as_parseable_text_with_no_user_label(fake_snapshots):
     snap = fake_snapshots[-1]
     text = render(snap, auth_failures=3, auth_throttled=1)
     assert text.endswith("\n")
@@ -29,7 +29,52 @@ def test_a_snapshot_renders_as_parseable_text_with_the_model_label_only(fake_sna
     steps = found[PREFIX + "engine_steps"]
     assert steps.type == "counter" and steps.samples[0].value == snap.counters.steps
     labels = {k for f in found.values() for s in f.samples for k in s.labels}
-    assert labels == {"model_name", "le"}  # never the user: cardinality, privacy
+    assert labels == {"model_name", "le", "finished_reason"}  # never the user: cardinality, privacy
+    with_reason = {
+        f.name for f in found.values() for s in f.samples if "finished_reason" in s.labels
+    }
+    assert with_reason == {PREFIX + "request_success"}
+
+
+def test_request_success_counts_every_finish_under_vllms_reasons(fake_snapshots):
+    snap = fake_snapshots[-1]
+    c = snap.counters
+    samples = families(render(snap))[PREFIX + "request_success"].samples
+    by_reason = {s.labels["finished_reason"]: s.value for s in samples}
+    assert list(by_reason) == ["stop", "length", "abort", "error"] == list(FINISHED_REASONS)
+    assert by_reason == {
+        "stop": c.finished_stop,
+        "length": c.finished_length,
+        "abort": 0,
+        "error": 0,
+    }
+    assert sum(by_reason.values()) == c.finished > 0
+    assert all(s.labels["model_name"] == "fake" for s in samples)
+
+
+def test_prefix_cache_queries_and_hits_are_tokens(fake_snapshots):
+    snap = fake_snapshots[-1]
+    found = families(render(snap))
+
+    def value(name: str) -> float:
+        return found[PREFIX + name].samples[0].value
+
+    c = snap.counters
+    assert c.cached_tokens > 0 and c.prefix_hits == 1  # ana's follow-up reused her first turn
+    assert value("prefix_cache_hits") == value("prefix_cache_hit_tokens") == c.cached_tokens
+    assert value("prefix_cache_queries") == c.prefix_cache_queries == c.prompt_tokens
+    assert value("prefix_cache_hit_requests") == c.prefix_hits
+
+
+def test_a_snapshot_without_the_newer_histograms_still_renders(fake_snapshots):
+    snap = fake_snapshots[-1]
+    old = msgspec.structs.replace(
+        snap,
+        histograms={"time_to_first_token_seconds": snap.histograms["time_to_first_token_seconds"]},
+    )
+    found = families(render(old))
+    assert PREFIX + "time_to_first_token_seconds" in found
+    assert PREFIX + "request_prompt_tokens" not in found
 
 
 def test_kv_usage_leaves_out_cells_only_cached_prefixes_hold(fake_snapshots):
