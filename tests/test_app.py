@@ -11,9 +11,19 @@ import pytest
 from helpers import async_wait_until
 from textual.widgets import Static
 
+from localserve.protocol import Stats, UserUsage
 from tui.app import HelpScreen, MonitorApp
-from tui.source import Connected, Disconnected, QueueSource
-from tui.widgets import HeaderBar, KVBar, RunningTable, WaitingTable
+from tui.format import tokens
+from tui.source import Connected, Disconnected, QueueSource, WebSocketSource
+from tui.widgets import (
+    HeaderBar,
+    KVBar,
+    RunningTable,
+    TodayPanel,
+    WaitingTable,
+    known_color,
+    today_table,
+)
 
 
 def feed(app: MonitorApp, *items) -> None:
@@ -23,6 +33,33 @@ def feed(app: MonitorApp, *items) -> None:
 
 def header_text(app: MonitorApp) -> str:
     return str(app.query_one(HeaderBar).render())
+
+
+# today's totals as a server's stats frames carry them: most tokens first
+USAGE = [
+    UserUsage("eve", 8, 41230, 1200, 9800, 50000),  # 49,830 of 50,000: nearly spent
+    UserUsage("cleo", 3, 18000, 0, 2300),  # no quota
+    UserUsage("ana", 12, 9100, 6400, 3100, 20000),
+    UserUsage("ben", 2, 1400, 0, 2520),
+    UserUsage("dev", 1, 40, 0, 12, 1000),
+]
+
+
+def with_usage(snapshots, usage=USAGE) -> list[Stats]:
+    return [Stats(snap, list(usage)) for snap in snapshots]
+
+
+def today_lines(app: MonitorApp) -> list[str]:
+    return str(app.query_one(TodayPanel).render()).split("\n")
+
+
+def shown(app: MonitorApp, selector: str) -> bool:
+    return app.query_one(selector).display
+
+
+def footer_keys(app: MonitorApp) -> set[str]:
+    """The keys the footer shows now."""
+    return {b.key for _, b, enabled, _ in app.screen.active_bindings.values() if b.show and enabled}
 
 
 async def settle(pilot) -> None:
@@ -184,6 +221,178 @@ def test_snapshot(snap_compare, fake_snapshots, size):
 
     async def run_before(pilot) -> None:
         feed(app, Connected("ws://127.0.0.1:8765"), *fake_snapshots)
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_today_panel_shows_each_users_totals_beside_the_events(fake_snapshots):
+    """A tall screen has room for both: today's totals under the counters, the event log
+    beside them; the column names sit in the panel's title, each above its column."""
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            feed(app, Connected("ws://test"), *with_usage(fake_snapshots))
+            await settle(pilot)
+            panel = app.query_one(TodayPanel)
+            assert shown(app, "#today") and shown(app, "#events")
+            assert panel.border_title == "today  req     in  cached   out  quota"
+            assert not panel.border_subtitle  # every user fits
+            assert today_lines(app) == [
+                "eve       8  41.2k      3%  9.8k  49.8k/50k",
+                "cleo      3    18k      0%  2.3k  —",
+                "ana      12   9.1k     70%  3.1k  5.8k/20k",
+                "ben       2   1.4k      0%  2.5k  —",
+                "dev       1     40      0%    12  52/1k",
+            ]
+            assert "t" not in footer_keys(app)  # nothing to switch: both are shown
+            await pilot.press("t")
+            assert shown(app, "#today") and shown(app, "#events")
+            # names are in their users' colours, but only users the live views have shown
+            # take one: a day's users must not use up the distinct colours
+            feed(app, *with_usage(fake_snapshots[-1:], [*USAGE, UserUsage("zed", 1, 5, 0, 5)]))
+            await settle(pilot)
+            assert known_color("eve") and not known_color("zed")
+
+    asyncio.run(run())
+
+
+def test_today_panel_takes_the_event_logs_place_on_a_short_screen(fake_snapshots):
+    """At 80x24 only the top users fit, the rest counted in the subtitle; t brings the event
+    log back (it kept logging meanwhile) and t again today's totals."""
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(80, 24)) as pilot:
+            feed(app, Connected("ws://test"), *with_usage(fake_snapshots))
+            await settle(pilot)
+            panel = app.query_one(TodayPanel)
+            assert shown(app, "#today") and not shown(app, "#events")
+            assert panel.border_subtitle == "+2 more"
+            lines = today_lines(app)
+            assert [line.split()[0] for line in lines] == ["eve", "cleo", "ana"]
+            assert lines[0].split() == ["eve", "8", "41.2k", "3%", "9.8k", "49.8k/50k"]
+            assert panel.border_title.split() == ["today", "req", "in", "cached", "out", "quota"]
+            assert "t" in footer_keys(app)
+            await pilot.press("t")
+            assert not shown(app, "#today") and shown(app, "#events")
+            assert app.query_one("#events").lines  # the events that came meanwhile
+            await pilot.press("t")
+            assert shown(app, "#today") and not shown(app, "#events")
+
+    asyncio.run(run())
+
+
+def test_no_usage_today_shows_no_panel(fake_snapshots):
+    """Before anyone has used the server today (or from a server that keeps no usage) the panel
+    stays hidden and t does nothing; a bare snapshot leaves the totals it had."""
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(80, 24)) as pilot:
+            feed(app, Connected("ws://test"), *with_usage(fake_snapshots[:3], []))
+            await settle(pilot)
+            assert not shown(app, "#today") and shown(app, "#events")
+            assert "t" not in footer_keys(app)
+            await pilot.press("t")
+            assert not shown(app, "#today") and shown(app, "#events")
+            await pilot.press("t")  # back as it was
+            feed(app, *with_usage(fake_snapshots[3:5]), fake_snapshots[5])
+            await settle(pilot)
+            assert shown(app, "#today") and today_lines(app)[0].startswith("eve")
+            feed(app, *with_usage(fake_snapshots[6:8], []))  # a new day
+            await settle(pilot)
+            assert not shown(app, "#today") and shown(app, "#events")
+
+    asyncio.run(run())
+
+
+def test_pause_holds_todays_totals_too(fake_snapshots):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            feed(app, Connected("ws://test"), *with_usage(fake_snapshots[:3], USAGE[:1]))
+            await settle(pilot)
+            await pilot.press("p")
+            feed(app, *with_usage(fake_snapshots[3:]))
+            await settle(pilot)
+            assert len(today_lines(app)) == 1
+            await pilot.press("p")
+            await settle(pilot)
+            assert len(today_lines(app)) == len(USAGE)
+
+    asyncio.run(run())
+
+
+def test_today_table_drops_columns_that_do_not_fit_and_keeps_heads_over_them():
+    usage = [
+        UserUsage("eve", 8, 41230, 1200, 9800, 50000),
+        UserUsage("a-very-long-name", 1234, 1_234_567, 1_000_000, 99_999, None),
+    ]
+    wide = today_table(usage, 60, 5)
+    assert wide.columns == ("req", "in", "cached", "out", "quota")
+    assert wide.text.plain.split("\n") == [
+        "eve             8  41.2k      3%  9.8k  49.8k/50k",
+        "a-very-lo…  1,234   1.2M     81%  100k  —",
+    ]
+    # each head ends where its column does (quota's starts where it does), one column left of
+    # the text: the panel draws its title from one column further right
+    assert wide.title == "today        req     in  cached   out  quota"
+    assert today_table(usage, 46, 5).columns == ("req", "in", "cached", "out", "quota")
+    assert today_table(usage, 38, 5).columns == ("req", "in", "out", "quota")
+    assert today_table(usage, 32, 5).columns == ("in", "out", "quota")
+    assert today_table(usage, 26, 5).columns == ("in", "quota")
+    # the title counts too: a panel's border leaves it less room than the text
+    assert today_table(usage, 46, 5, title_width=38).columns == ("req", "in", "out", "quota")
+    one = today_table(usage, 60, 1)
+    assert one.text.plain.startswith("eve") and "\n" not in one.text.plain
+    assert one.more == "+1 more"
+
+
+def test_quota_turns_yellow_near_the_end_and_red_once_spent():
+    def quota_style(used: int, quota: int) -> str:
+        text = today_table([UserUsage("u", 1, used, 0, 0, quota)], 60, 1).text
+        at = text.plain.index("/") - len(tokens(used))  # where the used/quota cell starts
+        return next((str(span.style) for span in text.spans if span.start == at), "")
+
+    assert quota_style(7_000, 10_000) == ""  # no span, or an unstyled one
+    assert quota_style(8_000, 10_000) == "yellow"
+    assert quota_style(10_000, 10_000) == "bold red"
+    assert quota_style(12_000, 10_000) == "bold red"
+    assert today_table([UserUsage("u", 1, 5, 0, 0, None)], 60, 1).columns[-1] == "out"
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0"), (950, "950"), (9_800, "9.8k"), (12_345, "12.3k"), (50_000, "50k"),
+     (99_960, "100k"), (123_456, "123k"), (999_600, "1M"), (1_234_567, "1.2M"), (None, "—")],
+)  # fmt: skip
+def test_token_counts_fit_five_columns(n, text):
+    assert tokens(n) == text
+
+
+def test_the_websocket_source_passes_stats_frames_on_whole(fake_snapshots):
+    """Today's totals come with the snapshot: the source must not keep only the snapshot."""
+    frame = Stats(fake_snapshots[0], USAGE)
+
+    class Client:
+        async def recv(self):
+            return frame
+
+    async def run():
+        frames = WebSocketSource("ws://test")._frames(Client())
+        return await anext(frames)
+
+    assert asyncio.run(run()) == frame
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_snapshot_with_usage_today(snap_compare, fake_snapshots, size):
+    app = MonitorApp(QueueSource(), "ws://127.0.0.1:8765")
+
+    async def run_before(pilot) -> None:
+        feed(app, Connected("ws://127.0.0.1:8765"), *with_usage(fake_snapshots))
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)

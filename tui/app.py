@@ -1,8 +1,10 @@
 """`localserve monitor`: what the scheduler is doing, live, and why the server feels slow.
 
 The app consumes a stats source (the server's `stats` frames, reconnecting) in a worker, keeps
-a couple of minutes of snapshots for sparklines and the diagnosis, and renders the newest one.
-Keys: q quits, p pauses (the stream keeps coming, the screen holds still), ? shows help.
+a couple of minutes of snapshots for sparklines and the diagnosis, and renders the newest one with
+today's per-user totals that came with it (a `today` panel, shown once anyone has used the server
+today). Keys: q quits, p pauses (the stream keeps coming, the screen holds still), t switches
+between today's totals and the event log where there is room for only one, ? shows help.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, RichLog, Static
 
-from localserve.protocol import Snapshot
+from localserve.protocol import Snapshot, Stats, UserUsage
 from tui.diagnosis import diagnose
 from tui.source import Connected, Disconnected
 from tui.widgets import (
@@ -26,6 +28,7 @@ from tui.widgets import (
     LatencyPanel,
     RunningTable,
     ThroughputPanel,
+    TodayPanel,
     WaitingTable,
     counters_text,
     reset_colors,
@@ -35,10 +38,8 @@ from tui.widgets import (
 HISTORY_LENGTH = 240  # snapshots kept: two minutes at the default 0.5 s interval
 
 HELP = """\
-[b]localserve monitor[/b]
-
-[b]q[/b] quit   [b]p[/b] pause / resume   [b]?[/b] this help (any key closes it)
-
+[b]localserve monitor[/b]   [b]q[/b] quit  [b]p[/b] pause / resume  [b]t[/b] today / events
+[b]?[/b] this help (any key closes it)
 [b]KV cells[/b]: each sequence in its user's colour: █ its tokens, ▒
 promised to its prompt still being prefilled; then ▓ system prompts
 that running sequences share (held once), ░ cached prefixes (finished
@@ -54,6 +55,9 @@ and prefill tokens (yellow), e.g. "14+96 tok" — and how long it takes.
 [b]Diagnosis[/b]: the top line reads the numbers the way an operator would:
 capacity bound, slot bound, prefill bound, ITL rising, idle, healthy
 (the reasoning and its thresholds: docs/diagnosis.md).
+[b]Today[/b]: each user's requests since midnight, prompt tokens in and the
+share cached, tokens out, and used/quota (in − cached + out). Under 40
+rows the panel takes the events' place; t switches between the two.
 """
 
 
@@ -61,7 +65,7 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:
-        yield Static(HELP, id="help")
+        yield Static(HELP.rstrip("\n"), id="help")  # no blank last line: 24 rows hold it
 
     def on_key(self) -> None:
         self.dismiss()
@@ -75,6 +79,7 @@ class MonitorApp(App):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("p", "pause", "Pause"),
+        Binding("t", "toggle_today", "Today/events"),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -85,6 +90,9 @@ class MonitorApp(App):
         self.url = url
         self.history: deque[Snapshot] = deque(maxlen=HISTORY_LENGTH)
         self.snapshot: Snapshot | None = None
+        self.usage_today: list[UserUsage] = []  # as the newest stats frame had it
+        self.show_events = False  # where only one fits: the event log instead of today's totals
+        self._placed: tuple[bool, bool] | None = None  # today shown, events shown with it
         self.connected = False
         self.status = f"connecting to {url}" if url else "waiting for stats"
         self.paused = False
@@ -104,16 +112,18 @@ class MonitorApp(App):
             with Vertical(id="left"):
                 yield Static("", id="counters")
             yield RichLog(id="events", max_lines=200, markup=False, wrap=False)
+            yield TodayPanel(id="today")  # beside the counters, or instead of the events
         yield Footer()
 
     def on_mount(self) -> None:
         self._main = self.screen
-        self._main.set_class(self.size.height >= 40, "tall")
+        self._main.set_class(self.tall, "tall")
         self.query_one(RunningTable).border_title = "running"
         self.query_one(WaitingTable).border_title = "waiting"
         self.query_one("#latency").border_title = "latency  p50     p90     p99"
         self.query_one("#throughput").border_title = "throughput"
         self.query_one("#events").border_title = "events"
+        self._place_today()
         self._render_header()
         self.run_worker(self._consume(), exclusive=True, name="stats")
 
@@ -129,7 +139,9 @@ class MonitorApp(App):
         elif isinstance(item, Disconnected):
             self.connected, self.status = False, f"disconnected ({item.reason}), reconnecting"
             self._main.set_class(True, "disconnected")
-        elif isinstance(item, Snapshot):
+        elif isinstance(item, Stats | Snapshot):
+            if isinstance(item, Stats):  # a bare snapshot leaves the totals as they were
+                self.usage_today, item = item.usage_today, item.snapshot
             self.connected = True
             self.history.append(item)
             self.snapshot = item
@@ -151,6 +163,8 @@ class MonitorApp(App):
         self.query_one(RunningTable).show(snap)
         self.query_one(WaitingTable).show(snap)
         self.query_one("#counters", Static).update(counters_text(snap))
+        self.query_one(TodayPanel).show(self.usage_today)
+        self._place_today()
         self._log_events(snap)
 
     def _render_header(self) -> None:
@@ -172,8 +186,39 @@ class MonitorApp(App):
                 )
             )
 
+    @property
+    def tall(self) -> bool:
+        """40 rows or more: bigger panels, and room for today's totals beside the event log."""
+        return self.size.height >= 40
+
+    def _place_today(self) -> None:
+        """Today's totals once anyone has used the server today (the panel shows the totals last
+        drawn): under the counters on a tall screen, else instead of the event log unless t
+        asked for the log."""
+        panel = self.query_one(TodayPanel)
+        today = bool(panel.shown)
+        placed = (today and (self.tall or not self.show_events), not today or self.tall)
+        if placed != self._placed:
+            self._placed = placed
+            panel.display = placed[0]
+            self.query_one("#events").display = not placed[0] or self.tall
+            self.refresh_bindings()  # t shows in the footer only where it switches
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "toggle_today":  # only where today's totals and the log take turns
+            panels = self.query(TodayPanel)
+            return bool(panels and panels.first().shown and not self.tall)  # False: hidden
+        return True
+
     def on_resize(self) -> None:
-        self.screen.set_class(self.size.height >= 40, "tall")
+        if not hasattr(self, "_main"):  # before mount: on_mount sets it up
+            return
+        self._main.set_class(self.tall, "tall")  # the main screen's, also under the help
+        self._place_today()
+
+    def action_toggle_today(self) -> None:
+        self.show_events = not self.show_events
+        self._place_today()
 
     def action_pause(self) -> None:
         self.paused = not self.paused

@@ -45,6 +45,19 @@ def rate(x: float | None) -> str:
     return f"{x:.0f}" if _finite(x) else MISSING
 
 
+def tokens(n: float | None) -> str:
+    """A token count in at most five characters: 950, 9.8k, 12.3k, 123k, 1.2M, 50k (not 50.0k)."""
+    if not _finite(n):
+        return MISSING
+    for scale, suffix in ((1, ""), (1e3, "k"), (1e6, "M"), (1e9, "G")):
+        value = n / scale
+        if suffix and abs(round(value, 1)) < 100:
+            return f"{value:.1f}".removesuffix(".0") + suffix
+        if round(value) < 1000:
+            return f"{value:.0f}{suffix}"
+    return f"{n / 1e9:.0f}G"
+
+
 def plural(count: int, noun: str, suffix: str = "s") -> str:
     """A count and its noun: 1 hit, 3 hits, 2 prefixes (suffix "es")."""
     return f"{count:,} {noun}" + ("" if count == 1 else suffix)

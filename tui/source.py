@@ -1,7 +1,10 @@
 """Where the monitor's numbers come from: the server's stats stream, or anything that yields.
 
-A source is an async iterable of `Connected`, `Disconnected` and `Snapshot` items. The websocket
-source subscribes to `stats` frames and reconnects, with backoff, whenever the server goes away.
+A source is an async iterable of `Connected`, `Disconnected`, `Stats` and `Snapshot` items. The
+websocket source subscribes to `stats` frames and reconnects, with backoff, whenever the server goes
+away; it passes each frame on whole, so the monitor gets today's per-user totals
+(`Stats.usage_today`) with the snapshot. A source without them (an in-process engine, a test) may
+yield bare snapshots.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class Disconnected:
     reason: str
 
 
-SourceItem = Connected | Disconnected | Snapshot
+SourceItem = Connected | Disconnected | Stats | Snapshot
 
 
 class WebSocketSource:
@@ -65,7 +68,7 @@ class WebSocketSource:
         while True:
             frame = await client.recv()
             if isinstance(frame, Stats):
-                yield frame.snapshot
+                yield frame
             elif isinstance(frame, Error):
                 raise ClientError(frame.code, frame.message)
 
