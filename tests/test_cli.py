@@ -20,6 +20,7 @@ from localserve.events import Done
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "localserve.commands"
 COMMANDS = {
+    "usage",
     "demo",
     "monitor",
     "chat",

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import re
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import WS
@@ -278,3 +284,74 @@ def test_monitors_see_todays_totals(tmp_path):
         assert tess["user"] == "tess" and tess["requests"] == 1 and tess["daily_tokens"] == 1000
     finally:
         server.close()
+
+
+# --- a real server process ----------------------------------------------------------------
+
+
+def start_serve(state: Path) -> tuple[subprocess.Popen, str]:
+    """`localserve serve` on any free port with this state directory: the process, its URL."""
+    env = os.environ | {"LOCALSERVE_STATE_DIR": str(state)}
+    command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        if found := re.search(r"on (ws://127\.0\.0\.1:\d+)", line):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep it drained
+            return proc, found[1]
+        assert time.monotonic() < deadline, "the server did not start"
+    raise AssertionError(f"the server exited: {proc.wait()}")
+
+
+def test_a_bad_database_stops_the_server_at_start_up(tmp_path):
+    (tmp_path / usage.DATABASE).write_bytes(b"\0garbage" * 512)
+    env = os.environ | {"LOCALSERVE_STATE_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert "not a usable SQLite database" in done.stderr and str(tmp_path) in done.stderr
+
+
+@pytest.mark.model
+def test_a_killed_server_loses_no_finished_request(tmp_path):
+    """SIGKILL in the middle of a soak, then a restart: every request whose `done` a client
+    got before the kill has its row."""
+    proc, url = start_serve(tmp_path)
+    got_done: list[str] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        try:
+            ws = WS(url)
+            ws.hello(f"kill{n}")
+            for i in range(1000):
+                rid = f"k{n}-{i}"
+                ws.chat(rid, f"Say something about {i}.", max_tokens=2 + i % 3)
+                if ws.until_done(rid, timeout=60)[-1]["type"] == "done":
+                    with lock:
+                        got_done.append(rid)
+        except Exception:  # the server is gone: this client is done
+            return
+
+    clients = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(4)]
+    for c in clients:
+        c.start()
+    wait_until(lambda: len(got_done) >= 80, 120, "80 replies")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    for c in clients:
+        c.join(30)
+    with lock:
+        done_before_kill = set(got_done)
+    restarted, _ = start_serve(tmp_path)  # it starts again on the same database
+    try:
+        db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
+        recorded_ids = {r.client_id for r in usage.rows_of(db)}
+        db.close()
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        restarted.wait(60)
+    assert len(done_before_kill) >= 80
+    assert done_before_kill <= recorded_ids, sorted(done_before_kill - recorded_ids)[:10]
