@@ -49,9 +49,7 @@ def build(path: Path, rows: int, now: float) -> None:
             ).values()
         )
     with db:
-        db.executemany(
-            f"INSERT INTO requests ({usage.COLUMNS}) VALUES ({', '.join('?' * 13)})", values
-        )
+        db.executemany(usage.INSERT, values)
     db.close()
 
 

@@ -56,9 +56,12 @@ MIGRATIONS: list[list[str]] = [
             queue_ms REAL,
             ttft_ms REAL,
             e2e_ms REAL,
-            finish_reason TEXT NOT NULL      -- stop | length | cancelled | error
+            finish_reason TEXT NOT NULL,     -- stop | length | cancelled | error
+            day TEXT NOT NULL                -- the server's local date then: YYYY-MM-DD
         )""",
-        "CREATE INDEX requests_by_time ON requests (finished)",
+        # covers the reports and the start-up totals: read from the index alone, in time order
+        """CREATE INDEX requests_by_time ON requests (finished, day, user, prompt_tokens,
+            cached_tokens, completion_tokens, ttft_ms)""",
         "CREATE INDEX requests_by_user ON requests (user, finished)",
     ],
 ]
@@ -67,6 +70,7 @@ COLUMNS = (
     "finished, user, model, request_id, client_id, api, prompt_tokens, cached_tokens, "
     "completion_tokens, queue_ms, ttft_ms, e2e_ms, finish_reason"
 )
+INSERT = f"INSERT INTO requests ({COLUMNS}, day) VALUES ({', '.join('?' * 14)})"
 
 
 class UsageError(ConfigError):
@@ -93,8 +97,13 @@ class Row:
     def counted_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens + self.completion_tokens
 
+    @property
+    def day(self) -> str:
+        return datetime.date.fromtimestamp(self.finished).isoformat()
+
     def values(self) -> tuple:
-        return tuple(getattr(self, name.strip()) for name in COLUMNS.split(","))
+        """In the order of INSERT_COLUMNS."""
+        return (*(getattr(self, name.strip()) for name in COLUMNS.split(",")), self.day)
 
 
 # --- where things live ---------------------------------------------------------------------
@@ -221,16 +230,15 @@ def by_day(db: sqlite3.Connection, since: float, user: str | None = None) -> lis
     if user is not None:
         where += " AND user = ?"
         args.append(user)
-    day = "date(finished, 'unixepoch', 'localtime')"
     groups = db.execute(
-        f"SELECT {day} AS day, user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), "
+        "SELECT day, user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), "
         f"SUM(completion_tokens) FROM requests WHERE {where} GROUP BY day, user "
         "ORDER BY day, user",
         args,
     ).fetchall()
     ttfts: dict[tuple[str, str], list[float]] = {}
     for key_day, key_user, ttft in db.execute(
-        f"SELECT {day}, user, ttft_ms FROM requests WHERE {where} AND ttft_ms IS NOT NULL", args
+        f"SELECT day, user, ttft_ms FROM requests WHERE {where} AND ttft_ms IS NOT NULL", args
     ):
         ttfts.setdefault((key_day, key_user), []).append(ttft)
     return [DayUsage(d, u, n, p, c, g, _median(ttfts.get((d, u)))) for d, u, n, p, c, g in groups]
@@ -407,10 +415,7 @@ class Usage:
     def _write(self, rows: list[tuple[Row, Callable[[], None]]]) -> None:
         try:
             with self.db:
-                self.db.executemany(
-                    f"INSERT INTO requests ({COLUMNS}) VALUES ({', '.join('?' * 13)})",
-                    [row.values() for row, _ in rows],
-                )
+                self.db.executemany(INSERT, [row.values() for row, _ in rows])
         except sqlite3.Error:  # the reply must not wait on the record: logged, and on
             log.exception("usage database %s: %d rows not recorded", self.path, len(rows))
         for row, then in rows:
