@@ -355,3 +355,13 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
         restarted.wait(60)
     assert len(done_before_kill) >= 80
     assert done_before_kill <= recorded_ids, sorted(done_before_kill - recorded_ids)[:10]
+
+
+def test_the_chat_client_says_where_a_user_stands():
+    from localserve.protocol import Quota
+    from tui.chat import quota_line
+
+    quota = Quota(50_000, 12_345, 37_655, "2026-12-01T00:00:00+01:00")
+    assert quota_line(quota) == (
+        "Today: 12,345 of your 50,000 tokens used, 37,655 left (resets at 00:00)."
+    )

@@ -544,3 +544,17 @@ def test_a_shared_browser_shows_each_name_only_its_own_conversations(browser, fa
         kim.close()
     finally:
         server.access = old
+
+
+def test_the_page_tells_a_user_about_their_quota(browser, scripted, tmp_path):
+    server = scripted(["word "] * 20, state_dir=str(tmp_path), daily_tokens_per_user={"max": 15})
+    max_ = Person.open(browser, server, "max")
+    notice = max_.page.locator("#notice")
+    assert "Today: 0 of your 15 tokens used, 15 left (resets at" in notice.inner_text()
+    max_.say("one two three")
+    max_.wait_reply("done")
+    max_.say("and more")
+    max_.wait_reply("error")
+    meta = max_.reply().locator(".meta").inner_text()
+    assert "Your daily allowance is used up: your daily quota of 15 tokens" in meta
+    max_.close()

@@ -59,6 +59,8 @@ class ChatClient:
             return 1
         w = self.client.welcome
         self._print(f"Connected to {w.model} at {self.url} as {self.user}. {HELP}.")
+        if w.quota is not None:
+            self._print(quota_line(w.quota))
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGINT, self.interrupt)
@@ -148,3 +150,12 @@ def _summary(done: Finished) -> str:
         parts += [f"ITL {t.itl_ms:.0f} ms", f"{1e3 / t.itl_ms:.1f} tokens/s"]
     parts += [f"{n} tokens", done.finish_reason]
     return "       [" + " · ".join(parts) + "]"
+
+
+def quota_line(quota) -> str:
+    """Where a user stands against their daily quota, from the welcome."""
+    resets = quota.resets_at[11:16]  # HH:MM of the ISO time, the server's local clock
+    return (
+        f"Today: {quota.used_today:,} of your {quota.daily_tokens:,} tokens used, "
+        f"{quota.remaining:,} left (resets at {resets})."
+    )

@@ -300,7 +300,7 @@
           if (changed) loadChats();
         }
         state.serverStopping = false;
-        showNotice(null);
+        showNotice(quotaText(frame.quota));
         renderAll();
         break;
       case "queued":
@@ -339,10 +339,19 @@
     }
   }
 
+  function quotaText(quota) {  // where this person stands against a daily quota, if any
+    if (!quota || typeof quota.daily_tokens !== "number") return null;
+    const n = (x) => Number(x).toLocaleString("en");
+    const resets = String(quota.resets_at || "").slice(11, 16);
+    return `Today: ${n(quota.used_today)} of your ${n(quota.daily_tokens)} tokens used, ` +
+      `${n(quota.remaining)} left (resets at ${resets}).`;
+  }
+
   function errorText(frame) {
     const message = String(frame.message || "");
     switch (frame.code) {
       case "busy": return `The server is busy: ${message}. Try again in a moment.`;
+      case "quota_exceeded": return `Your daily allowance is used up: ${message}.`;
       case "too_long": return `This conversation is too long for the model (${message}). Start a new chat.`;
       case "shutting_down": return "The server is shutting down; try again when it is back.";
       case "internal": return `The server failed this reply: ${message}`;
