@@ -33,6 +33,7 @@ class Request:
     user: str
     sink: Sink
     is_waiting: bool = True
+    reserved_tokens: int = 0  # of its user's daily quota, until it is done
 
 
 class Refusal(Exception):

@@ -151,7 +151,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     access = Access(load_users(args.users), args.monitor_token)
-    config.server = team_options(config.server, args, load_daily_tokens(args.users))
+    daily_tokens = load_daily_tokens(args.users)
+    if unknown := sorted(set(daily_tokens) - set(access.users)):
+        raise ConfigError(f"{args.users}: daily_tokens for users it does not have: {unknown}")
+    config.server = team_options(config.server, args, daily_tokens)
     access.check_bind(host, args.open)  # before the model loads: fail fast
     with serving(config, args.model, access=access) as served:
         say_where(served.runner)
@@ -513,14 +516,16 @@ def _add_usage(sub) -> None:
     u.add_argument("--user", help="only this user")
     u.add_argument("--json", action="store_true", help="JSON lines, one per day and user")
     u.add_argument("--state-dir", help="where the database is (default [server] state_dir)")
+    u.add_argument("--users", help="the server's users file (for its [daily_tokens] quotas)")
     u.set_defaults(run=cmd_usage)
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
     from localserve import usage
+    from localserve.auth import load_daily_tokens
 
     config = load_config(args.config)
-    server = team_options(config.server, args, {})
+    server = team_options(config.server, args, load_daily_tokens(args.users))
     since = usage.parse_since(args.since, time.time())
     db = usage.connect(usage.state_dir(server) / usage.DATABASE, readonly=True)
     try:

@@ -140,7 +140,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # "https://chat.example.org"); the server's own page always may
     allowed_origins: list[str] = msgspec.field(default_factory=list)
 
-    def __post_init__(self) -> None:  # compared as browsers send them
+    def __post_init__(self) -> None:
+        if not self.usage and (self.daily_tokens or any(self.daily_tokens_per_user.values())):
+            raise ValueError("daily_tokens: quotas are counted in the usage record: usage = true")
+        # compared as browsers send them
         self.allowed_hosts = [h.strip().lower().rstrip(".") for h in self.allowed_hosts]
         origins = [o.strip().lower().rstrip("/") for o in self.allowed_origins]
         for origin in origins:

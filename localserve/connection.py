@@ -142,7 +142,8 @@ class Connection:
         self.send(Queued(request.client_id, position))
 
     def on_done(self, request: Request, done: Done) -> None:
-        self.requests.pop(request.client_id, None)
+        if self.requests.get(request.client_id) is request:
+            del self.requests[request.client_id]
         if done.finish_reason == "error":
             self.error("internal", done.error or "engine error", request.client_id)
         usage = Usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
@@ -285,7 +286,8 @@ class Connection:
     async def _chat(self, chat: Chat) -> None:
         if not chat.id or len(chat.id) > MAX_ID_LENGTH:
             return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters", chat.id)
-        if f"{self.num}:{chat.id}" in self.server.requests:  # also one still being tokenized
+        # in flight: still being tokenized, running, or its `done` not sent yet (usage record)
+        if f"{self.num}:{chat.id}" in self.server.requests or chat.id in self.requests:
             message = f"id {chat.id!r} is already in flight on this connection"
             return self.error("bad_request", message, chat.id)
         messages = [(m.role, m.content) for m in chat.messages]

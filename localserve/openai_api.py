@@ -327,7 +327,8 @@ class _Api:
             )
         except Refusal as e:
             status, error_type, code = _REFUSALS.get(e.code, (500, "server_error", e.code))
-            headers = {"Retry-After": str(int(e.retry_after_s) or 1)} if status == 429 else None
+            wait = str(math.ceil(e.retry_after_s) or 1)
+            headers = {"Retry-After": wait} if status == 429 else None
             param = ("messages" if kind == "chat" else "prompt") if e.code == "too_long" else None
             if e.code == "bad_request":
                 param = _param_of(e.message)

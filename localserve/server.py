@@ -172,9 +172,10 @@ class Server:
         for request in list(self.requests.values()):
             self.engine.cancel(request.engine_id)
         await self._wait_for_requests(5.0)
-        async with asyncio.timeout(10.0):  # every `done` out: its row is committed first
-            while self._done_waiting:
-                await asyncio.sleep(0.01)
+        with contextlib.suppress(TimeoutError):  # every `done` out: its row committed first
+            async with asyncio.timeout(10.0):
+                while self._done_waiting:
+                    await asyncio.sleep(0.01)
         await asyncio.gather(*(c.flush(1.0) for c in self.connections))
         for conn in list(self.connections):
             conn.close(CLOSE_GOING_AWAY, "server shutting down")
@@ -360,6 +361,11 @@ class Server:
         except ValueError as e:
             raise Refusal("bad_request", str(e)) from None
         request = self._open(Request(engine_id, client_id, user, sink))
+        allowance = self.usage.allowance(user) if self.usage is not None else None
+        if allowance is not None:  # a quota: the reply may use at most what is left of it
+            params = msgspec.structs.replace(params, max_tokens=min(params.max_tokens, allowance))
+            request.reserved_tokens = params.max_tokens
+            self.usage.reserve(user, params.max_tokens)
         try:
             built = await prompt()
             if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
@@ -419,6 +425,8 @@ class Server:
     def _close(self, request: Request) -> None:
         if self.requests.pop(request.engine_id, None) is not None:
             self._count(request.user, waiting=-1 if request.is_waiting else 0, inflight=-1)
+            if request.reserved_tokens:
+                self.usage.release(request.user, request.reserved_tokens)
 
     def cancel(self, request: Request) -> None:
         """Cancel at the next step (its cells are freed then); its `done` still comes."""
@@ -460,12 +468,16 @@ class Server:
                 log.error("request %s failed in the engine: %s", request.engine_id, event.error)
             if self.usage is None:
                 return sink.on_done(request, event)
-            self._done_waiting += 1
             loop = self._loop
-            self.usage.record(
-                self._row(request, event),
-                lambda: loop.call_soon_threadsafe(self._deliver_done, request, event),
-            )
+            try:
+                self.usage.record(
+                    self._row(request, event),
+                    lambda: loop.call_soon_threadsafe(self._deliver_done, request, event),
+                )
+            except Exception:  # no record: the reply still ends
+                log.exception("request %s: not recorded", request.engine_id)
+                return sink.on_done(request, event)
+            self._done_waiting += 1
         elif isinstance(event, Admitted) and request.is_waiting:
             self._count(request.user, waiting=-1, inflight=0)
             request.is_waiting = False

@@ -22,6 +22,7 @@ import logging
 import logging.handlers
 import os
 import queue
+import re
 import sqlite3
 import statistics
 import threading
@@ -121,56 +122,48 @@ def state_dir(config: ServerConfig) -> Path:
 
 
 def local_day_start(now: float) -> float:
-    """Unix time of the local midnight that began the day `now` is in."""
-    day = datetime.datetime.fromtimestamp(now).astimezone()
-    return day.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    """Unix time of the local midnight that began the day `now` is in (the offset of that
+    midnight, not of `now`: on a summer-time day they differ)."""
+    return local_midnight(datetime.date.fromtimestamp(now))
+
+
+def local_midnight(day: datetime.date) -> float:
+    return datetime.datetime.combine(day, datetime.time()).timestamp()  # naive = local
 
 
 def next_midnight(now: float) -> datetime.datetime:
-    today = datetime.datetime.fromtimestamp(local_day_start(now)).astimezone()
-    # the next day's midnight (a day is not always 24 h: summer time)
-    tomorrow = (today + datetime.timedelta(hours=36)).replace(hour=0, minute=0, second=0)
-    return tomorrow.astimezone()
+    """The local midnight that ends the day `now` is in (aware, with its own UTC offset)."""
+    tomorrow = datetime.date.fromtimestamp(now) + datetime.timedelta(days=1)
+    return datetime.datetime.fromtimestamp(local_midnight(tomorrow)).astimezone()
 
 
 # --- the database --------------------------------------------------------------------------
 
 
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection to the usage database, checked: a corrupt, foreign, newer or locked file is
-    a UsageError naming it and saying what to do."""
-    if readonly:
-        if not path.is_file():
-            raise UsageError(f"{path}: no usage database here (has the server recorded any?)")
-        uri = f"file:{path}?mode=ro"
-        db = sqlite3.connect(uri, uri=True, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
-    else:
+    """A connection to the usage database, checked: a corrupt, foreign, newer, read-only or
+    locked file is a UsageError naming it and saying what to do."""
+    if path.exists() and not path.is_file():
+        raise UsageError(f"{path}: not a file: move it aside or set [server] state_dir")
+    if readonly and not path.is_file():
+        raise UsageError(f"{path}: no usage database here (has the server recorded any?)")
+    if not readonly:
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
             raise UsageError(f"{path.parent}: cannot create the state directory: {e}") from None
-        db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
+    db = None
     try:
-        if not readonly:
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
-        ok = db.execute("PRAGMA quick_check").fetchone()[0]
-        if ok != "ok":
-            raise sqlite3.DatabaseError(ok)
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise UsageError(
-                f"{path}: written by a newer localserve (schema {version}, this one knows "
-                f"{SCHEMA_VERSION}): upgrade, or set [server] state_dir elsewhere"
-            )
-        if not readonly:
-            _migrate(db, version)
-            db.execute("BEGIN IMMEDIATE")  # can it write? (another process may hold the lock)
-            db.execute("ROLLBACK")
-        elif version < SCHEMA_VERSION:
-            raise UsageError(f"{path}: an older schema ({version}): start the server once")
+        if readonly:
+            db = _open_readonly(path)
+        else:
+            created = not path.exists()
+            db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
+            if created:
+                os.chmod(path, 0o600)  # who asked what, and how much: the operator's only
+        _check(db, path, readonly)
     except sqlite3.OperationalError as e:
-        db.close()
+        _close(db)
         if "locked" in str(e) or "busy" in str(e):
             raise UsageError(
                 f"{path}: the usage database is locked by another process (another localserve "
@@ -179,15 +172,68 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
             ) from None
         raise UsageError(f"{path}: cannot use the usage database: {e}") from None
     except sqlite3.DatabaseError as e:
-        db.close()
+        _close(db)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UsageError(
-            f"{path}: not a usable SQLite database ({e}): move it aside to start a new one "
+            f"{path}: not a usable SQLite database ({first}): move it aside to start a new one "
             f"(the old one may be recoverable with sqlite3's .recover)"
         ) from None
-    except UsageError:
-        db.close()
+    except BaseException:
+        _close(db)
         raise
     return db
+
+
+def _open_readonly(path: Path) -> sqlite3.Connection:
+    """Read-only; if the WAL's shared memory cannot be made (no write access to the directory
+    and no server running), as an immutable file."""
+    for flags in ("mode=ro", "mode=ro&immutable=1"):
+        db = sqlite3.connect(
+            f"file:{path}?{flags}", uri=True, timeout=LOCK_TIMEOUT_S, check_same_thread=False
+        )
+        try:
+            db.execute("PRAGMA user_version").fetchone()
+            return db
+        except sqlite3.OperationalError:
+            db.close()
+            if "immutable" in flags:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _check(db: sqlite3.Connection, path: Path, readonly: bool) -> None:
+    if not readonly:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
+    ok = db.execute("PRAGMA quick_check").fetchone()[0]
+    if ok != "ok":
+        raise sqlite3.DatabaseError(ok)
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if version > SCHEMA_VERSION:
+        raise UsageError(
+            f"{path}: written by a newer localserve (schema {version}, this one knows "
+            f"{SCHEMA_VERSION}): upgrade, or set [server] state_dir elsewhere"
+        )
+    if version == 0 and tables:
+        raise UsageError(f"{path}: some other program's database: move it or set state_dir")
+    if readonly and version < SCHEMA_VERSION:
+        raise UsageError(f"{path}: an older schema ({version}): start the server once")
+    if not readonly:
+        _migrate(db, version)
+        # can it write? Another process may hold the lock, the file may be read-only
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("ROLLBACK")
+    columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+    missing = {c.strip() for c in COLUMNS.split(",")} | {"day"}
+    if missing - columns:
+        raise UsageError(f"{path}: its `requests` table is not localserve's: move it aside")
+
+
+def _close(db: sqlite3.Connection | None) -> None:
+    if db is not None:
+        db.close()
 
 
 def _migrate(db: sqlite3.Connection, version: int) -> None:
@@ -252,20 +298,23 @@ def _median(values: list[float] | None) -> float | None:
 
 
 def parse_since(text: str, now: float) -> float:
-    """ "today", "7d" (today and the 6 days before), "24h", or a date (YYYY-MM-DD, local)."""
-    text = text.strip().lower()
-    if text == "today":
+    """ "today", "7d" (today and the 6 days before), "24h", or a date or time (ISO 8601; local
+    unless it says its offset)."""
+    text = text.strip()
+    if text.lower() == "today":
         return local_day_start(now)
-    number, unit = text[:-1], text[-1:]
-    if number.isdigit() and unit in ("d", "h") and int(number) > 0:
-        if unit == "h":
-            return now - int(number) * 3600
-        day = datetime.datetime.fromtimestamp(local_day_start(now)).astimezone()
-        return (day - datetime.timedelta(days=int(number) - 1)).replace(hour=0).timestamp()
+    if found := re.fullmatch(r"([1-9][0-9]{0,4})([dDhH])", text):
+        number = int(found[1])
+        if found[2] in "hH":
+            return now - number * 3600
+        first = datetime.date.fromtimestamp(now) - datetime.timedelta(days=number - 1)
+        return local_midnight(first)
     try:
         return datetime.datetime.fromisoformat(text).astimezone().timestamp()
-    except ValueError:
-        raise ConfigError(f"--since: {text!r}: expected today, 7d, 24h or 2026-11-01") from None
+    except (ValueError, OverflowError):
+        raise ConfigError(
+            f"--since: {text!r}: expected today, 7d, 24h (up to 99999) or 2026-11-01"
+        ) from None
 
 
 def day_dict(day: DayUsage) -> dict:
@@ -337,6 +386,7 @@ class Usage:
         self.db = connect(self.path)
         self._day_start = local_day_start(clock())
         self._today = totals_since(self.db, self._day_start)  # on the event loop only
+        self._reserved: dict[str, int] = {}  # per user: max_tokens of requests in flight
         self._access: logging.Logger | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.version = 0  # advances with every row: the stats frame's cache key
@@ -361,6 +411,7 @@ class Usage:
                 backupCount=self.config.access_log_backups,
                 encoding="utf-8",
             )
+            os.chmod(path, 0o600)
         except OSError as e:
             raise UsageError(f"{path}: cannot open the access log: {e}") from None
         handler.setFormatter(logging.Formatter("%(message)s"))
@@ -377,8 +428,9 @@ class Usage:
         if self.config.access_log_format == "json":
             return json.dumps({"time": stamp} | _row_dict(row), ensure_ascii=False)
         timings = " ".join(f"{k}={_ms(getattr(row, k))}" for k in ("queue_ms", "ttft_ms", "e2e_ms"))
-        return (
-            f"{stamp} {json.dumps(row.user, ensure_ascii=False)} {row.request_id} {row.api} "
+        user, request = (json.dumps(x, ensure_ascii=False) for x in (row.user, row.request_id))
+        return (  # the user and the id are the client's words: quoted, a line stays a line
+            f"{stamp} {user} {request} {row.api} "
             f"{row.model} {row.finish_reason} prompt={row.prompt_tokens} "
             f"cached={row.cached_tokens} completion={row.completion_tokens} {timings}"
         )
@@ -413,23 +465,45 @@ class Usage:
                 return
 
     def _write(self, rows: list[tuple[Row, Callable[[], None]]]) -> None:
+        """Commit the rows, then let their `done`s go, then the access log: whatever fails,
+        every `then` runs (a reply never waits forever on its record)."""
         try:
-            with self.db:
-                self.db.executemany(INSERT, [row.values() for row, _ in rows])
-        except sqlite3.Error:  # the reply must not wait on the record: logged, and on
+            self._insert([row for row, _ in rows])
+        except Exception:
             log.exception("usage database %s: %d rows not recorded", self.path, len(rows))
         for row, then in rows:
-            if self._access is not None:
-                self._access.info(self._access_line(row))
             try:
                 then()
             except Exception:
                 log.exception("after recording %s", row.request_id)
+        if self._access is not None:
+            for row, _ in rows:
+                try:
+                    self._access.info(self._access_line(row))
+                except Exception:
+                    log.exception("access log: %s", row.request_id)
+
+    def _insert(self, rows: list[Row]) -> None:
+        try:
+            with self.db:
+                self.db.executemany(INSERT, [row.values() for row in rows])
+        except Exception:
+            if len(rows) == 1:
+                raise
+            for row in rows:  # one bad row must not cost the others theirs
+                try:
+                    with self.db:
+                        self.db.execute(INSERT, row.values())
+                except Exception:
+                    log.exception("usage database %s: %s not recorded", self.path, row.request_id)
 
     def close(self) -> None:
         """Write what is queued, then close (a clean shutdown loses nothing)."""
         self._queue.put(None)
-        self._writer.join()
+        self._writer.join(60)
+        if self._writer.is_alive():
+            log.error("usage database %s: the writer did not finish", self.path)
+            return
         self.db.close()
         if self._access is not None:
             for handler in self._access.handlers:
@@ -463,6 +537,26 @@ class Usage:
         ]
         return sorted(users, key=lambda u: (-u.counted_tokens, u.user))
 
+    def allowance(self, user: str) -> int | None:
+        """Tokens a new request of the user's may generate: the quota left after what was used
+        and what the user's requests in flight may still generate; None without a quota."""
+        limit = self.daily_tokens(user)
+        if not limit:
+            return None
+        self._roll_day()
+        used = self._today[user].counted_tokens if user in self._today else 0
+        return max(0, limit - used - self._reserved.get(user, 0))
+
+    def reserve(self, user: str, tokens: int) -> None:
+        self._reserved[user] = self._reserved.get(user, 0) + tokens
+
+    def release(self, user: str, tokens: int) -> None:
+        left = self._reserved.get(user, 0) - tokens
+        if left > 0:
+            self._reserved[user] = left
+        else:
+            self._reserved.pop(user, None)
+
     def quota(self, user: str) -> Quota | None:
         limit = self.daily_tokens(user)
         if not limit:
@@ -475,13 +569,15 @@ class Usage:
     def quota_refusal(self, user: str) -> tuple[str, float] | None:
         """(why, seconds until the reset) when the user's quota is used up, else None."""
         quota = self.quota(user)
-        if quota is None or quota.remaining > 0:
+        if quota is None or self.allowance(user):
             return None
         wait = max(1.0, datetime.datetime.fromisoformat(quota.resets_at).timestamp() - self.clock())
         hours, minutes = int(wait // 3600), int(wait % 3600 // 60)
+        pending = self._reserved.get(user, 0)
+        held = f", up to {pending} more held by your requests in flight" if pending else ""
         return (
             f"your daily quota of {quota.daily_tokens} tokens is used up ({quota.used_today} "
-            f"today); it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)",
+            f"today{held}); it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)",
             wait,
         )
 

@@ -23,7 +23,7 @@ from helpers import FakeServer, wait_until
 
 from localserve import usage
 from localserve.cli import main
-from localserve.config import ServerConfig
+from localserve.config import ConfigError, ServerConfig
 from localserve.usage import Row, Usage, UsageError
 
 
@@ -365,3 +365,120 @@ def test_the_chat_client_says_where_a_user_stands():
     assert quota_line(quota) == (
         "Today: 12,345 of your 50,000 tokens used, 37,655 left (resets at 00:00)."
     )
+
+
+def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        berlin = datetime.timezone(datetime.timedelta(hours=2))
+        spring = datetime.datetime(2026, 3, 29, 4, 0, tzinfo=berlin).timestamp()  # after 2→3
+        start = datetime.datetime.fromtimestamp(usage.local_day_start(spring)).astimezone()
+        assert start.isoformat() == "2026-03-29T00:00:00+01:00"
+        assert usage.next_midnight(spring).isoformat() == "2026-03-30T00:00:00+02:00"
+        autumn = datetime.datetime(2026, 10, 25, 12, 0, tzinfo=berlin).timestamp()
+        start = datetime.datetime.fromtimestamp(usage.local_day_start(autumn)).astimezone()
+        assert start.isoformat() == "2026-10-25T00:00:00+02:00"
+        assert usage.next_midnight(autumn).isoformat() == "2026-10-26T00:00:00+01:00"
+        week = datetime.datetime.fromtimestamp(usage.parse_since("7d", spring)).astimezone()
+        assert week.isoformat() == "2026-03-23T00:00:00+01:00"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize("text", ["0d", "-1d", "1000000d", "²d", "7x", "", "tomorrow"])
+def test_since_refuses_what_it_cannot_read(text):
+    with pytest.raises(ConfigError, match="--since"):
+        usage.parse_since(text, time.time())
+
+
+def test_since_reads_times_with_an_offset():
+    now = time.time()
+    assert (
+        usage.parse_since("2026-11-01T10:00:00Z", now)
+        == datetime.datetime(2026, 11, 1, 10, tzinfo=datetime.UTC).timestamp()
+    )
+    assert usage.parse_since("24h", now) == now - 86400
+
+
+def test_other_files_in_its_place_are_clear_errors(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / usage.DATABASE).mkdir()
+    with pytest.raises(UsageError, match="not a file"):
+        usage.connect(tmp_path / "a" / usage.DATABASE)
+    foreign = sqlite3.connect(tmp_path / "b.sqlite3")
+    foreign.execute("CREATE TABLE notes (text)")
+    foreign.close()
+    with pytest.raises(UsageError, match="some other program's database"):
+        usage.connect(tmp_path / "b.sqlite3")
+    lookalike = sqlite3.connect(tmp_path / "c.sqlite3")
+    lookalike.execute("CREATE TABLE requests (x)")
+    lookalike.execute("PRAGMA user_version = 1")
+    lookalike.close()
+    with pytest.raises(UsageError, match="not localserve's"):
+        usage.connect(tmp_path / "c.sqlite3")
+
+
+def test_a_quota_caps_what_requests_in_flight_may_generate(tmp_path):
+    """Eight requests at once against a quota of 50: together they generate at most 50 tokens
+    (their prompts count on top)."""
+    server = FakeServer(state_dir=str(tmp_path), daily_tokens=50, step_s=0.005)
+    try:
+        ws = WS(server.url)
+        ws.hello("uma")
+        for i in range(8):
+            ws.chat(f"p{i}", "one two", max_tokens=100, ignore_eos=True)
+        frames = ws.until(lambda f: f["type"] == "error" or f["type"] == "done", 30)
+        seen = frames[:]
+        while sum(f["type"] in ("done", "error") for f in seen) < 8:
+            seen.append(ws.recv(30))
+        generated = sum(f["usage"]["completion_tokens"] for f in seen if f["type"] == "done")
+        refused = [f for f in seen if f["type"] == "error"]
+        assert generated == 50 and refused and refused[0]["code"] == "quota_exceeded"
+        assert "daily quota of 50 tokens is used up" in refused[0]["message"]
+    finally:
+        server.close()
+
+
+def test_a_record_that_fails_never_holds_back_a_reply(tmp_path, monkeypatch):
+    server = FakeServer(state_dir=str(tmp_path))
+    values = Row.values
+
+    def broken(self):
+        if self.client_id == "bad":
+            raise TypeError("a value SQLite cannot take")
+        return values(self)
+
+    monkeypatch.setattr(Row, "values", broken)
+    try:
+        ws = WS(server.url)
+        ws.hello("vic")
+        for rid in ("good1", "bad", "good2"):
+            ws.chat(rid, "hello", max_tokens=2)
+        done = set()
+        while len(done) < 3:  # every reply ends, the one whose record failed too
+            frame = ws.recv(30)
+            if frame["type"] == "done":
+                done.add(frame["id"])
+        ws.chat("after", "hello", max_tokens=2)
+        assert ws.until_done("after")[-1]["type"] == "done"
+    finally:
+        server.close()
+    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
+    assert {r.client_id for r in usage.rows_of(db)} == {"good1", "good2", "after"}
+
+
+def test_a_request_id_cannot_forge_access_log_lines(tmp_path):
+    log = tmp_path / "access.log"
+    server = FakeServer(state_dir=str(tmp_path), access_log=str(log))
+    try:
+        ws = WS(server.url)
+        ws.hello("wes")
+        forged = 'x\n2026-11-30T10:00:00.000+00:00 "bob" 9:y websocket fake stop prompt=1'
+        ws.chat(forged, "hello", max_tokens=2)
+        ws.until_done(forged)
+    finally:
+        server.close()
+    [line] = log.read_text().splitlines()
+    assert '"wes"' in line and "\\n" in line
