@@ -4,8 +4,10 @@ pip caches the wheel it builds from the llama-cpp-python source package under th
 name, not its build flags: once a CPU build is cached, setting CMAKE_ARGS for CUDA later quietly
 installs the CPU build again (and the reverse). So builds are kept here, one directory per
 backend (~/.cache/localserve/wheels/cpu, .../cuda), and every wheel is checked before use: a
-CUDA build carries libggml-cuda, a CPU build does not. A wheel from pip's cache is taken only
-when it passes that check; otherwise llama.cpp is compiled afresh with --no-cache-dir.
+CUDA build carries libggml-cuda, a CPU build does not, and both carry libggml-rpc (llama.cpp's
+RPC backend: a model split across machines, `localserve worker`). A wheel from pip's cache is
+taken only when it passes that check; otherwise llama.cpp is compiled afresh with
+--no-cache-dir. An installed build that fails it is replaced.
 
     python scripts/build_llama.py --python .venv/bin/python [--backend auto|cpu|cuda]
 
@@ -27,7 +29,10 @@ from pathlib import Path
 
 PACKAGE = "llama-cpp-python==0.3.36"
 WHEEL_GLOB = "llama_cpp_python-0.3.36-*.whl"
-FLAGS = {"cpu": ["-DLLAVA_BUILD=OFF"], "cuda": ["-DLLAVA_BUILD=OFF", "-DGGML_CUDA=on"]}
+FLAGS = {
+    "cpu": ["-DLLAVA_BUILD=OFF", "-DGGML_RPC=on"],
+    "cuda": ["-DLLAVA_BUILD=OFF", "-DGGML_RPC=on", "-DGGML_CUDA=on"],
+}
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localserve" / "wheels"
 
 
@@ -47,9 +52,17 @@ def has_cuda(names: list[str]) -> bool:
     return any("libggml-cuda" in Path(name).name for name in names)
 
 
+def has_rpc(names: list[str]) -> bool:
+    return any("libggml-rpc" in Path(name).name for name in names)
+
+
+def fits_names(names: list[str], backend: str) -> bool:
+    return has_cuda(names) == (backend == "cuda") and has_rpc(names)
+
+
 def fits(wheel: Path, backend: str) -> bool:
     with zipfile.ZipFile(wheel) as z:
-        return has_cuda(z.namelist()) == (backend == "cuda")
+        return fits_names(z.namelist(), backend)
 
 
 def build(python: str, backend: str, out: Path, use_pip_cache: bool) -> Path | None:
@@ -67,15 +80,14 @@ def build(python: str, backend: str, out: Path, use_pip_cache: bool) -> Path | N
     return wheels[-1] if wheels and fits(wheels[-1], backend) else None
 
 
-def installed_backend(python: str) -> str | None:
-    """The backend of the llama-cpp-python in that environment (None: not installed)."""
+def installed_libraries(python: str) -> list[str]:
+    """The libraries of the llama-cpp-python in that environment ([]: not installed)."""
     code = (
         "import importlib.util, pathlib; s = importlib.util.find_spec('llama_cpp'); "
         "print('' if s is None else ' '.join(p.name for p in "
         "(pathlib.Path(s.origin).parent / 'lib').glob('*')))"
     )
-    names = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split()
-    return None if not names else "cuda" if has_cuda(names) else "cpu"
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split()
 
 
 def main() -> int:
@@ -94,7 +106,7 @@ def main() -> int:
     if wheel is None:
         print(f"build_llama: the {backend} build has the wrong libraries", file=sys.stderr)
         return 1
-    if installed_backend(args.python) != backend:
+    if not fits_names(installed_libraries(args.python), backend):
         subprocess.run(
             [
                 args.python,

@@ -22,7 +22,7 @@ def build_llama():
 def wheel(tmp_path: Path, *libs: str) -> Path:
     path = tmp_path / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
     with zipfile.ZipFile(path, "w") as z:
-        for lib in ("libllama.so", "libggml-cpu.so", *libs):
+        for lib in ("libllama.so", "libggml-cpu.so", "libggml-rpc.so", *libs):
             z.writestr(f"llama_cpp/lib/{lib}", b"")
     return path
 
@@ -33,6 +33,12 @@ def test_a_cpu_build_is_never_taken_for_cuda_nor_the_reverse(build_llama, tmp_pa
     (tmp_path / "cuda").mkdir()
     cuda = wheel(tmp_path / "cuda", "libggml-cuda.so")
     assert build_llama.fits(cuda, "cuda") and not build_llama.fits(cuda, "cpu")
+
+
+def test_a_build_without_the_rpc_backend_is_never_taken(build_llama):
+    names = ["llama_cpp/lib/libllama.so", "llama_cpp/lib/libggml-cpu.so"]
+    assert not build_llama.fits_names(names, "cpu")
+    assert build_llama.fits_names([*names, "llama_cpp/lib/libggml-rpc.so"], "cpu")
 
 
 def test_cuda_needs_a_toolchain_and_a_driver(build_llama, monkeypatch, tmp_path):
