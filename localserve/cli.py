@@ -114,11 +114,10 @@ def say_where(runner, file=None) -> None:
 
 
 def _gpu_warning() -> str | None:
-    import llama_cpp
-
     from localserve.placement import gpu_without_offload
+    from localserve.rpc import has_local_gpu
 
-    return gpu_without_offload(llama_cpp.llama_supports_gpu_offload())
+    return gpu_without_offload(has_local_gpu())
 
 
 # --- serve ---------------------------------------------------------------------------------------
@@ -174,6 +173,14 @@ def _add_generate(sub) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument(
+        "--rpc",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a `localserve worker` whose devices take layers (repeatable; n_gpu_layers and "
+        "tensor_split in models.toml place them). A worker that dies ends this command",
+    )
     g.set_defaults(run=cmd_generate)
 
 
@@ -183,6 +190,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from localserve.models import open_runner
 
     config = load_config(args.config)
+    if args.rpc:
+        from localserve.rpc import add_worker
+
+        for endpoint in args.rpc:  # before the model loads; an unreachable one aborts
+            add_worker(endpoint)
     runner = open_runner(config, args.model)
     say_where(runner, file=sys.stderr)  # stdout is the generated text
     router = EventRouter()
@@ -262,10 +274,14 @@ def _build_line() -> str:
     """Which llama.cpp is installed: what it can offload to (without loading a model)."""
     import llama_cpp
 
+    from localserve.rpc import has_local_gpu, supports_rpc
+
     system = llama_cpp.llama_print_system_info().decode(errors="replace")
-    if not llama_cpp.llama_supports_gpu_offload():
-        return "llama.cpp: CPU build (no GPU offload)"
-    return f"llama.cpp: {'CUDA' if 'CUDA' in system else 'GPU'} build (layers can be offloaded)"
+    rpc = ", RPC backend" if supports_rpc() else ""
+    if not has_local_gpu():
+        return f"llama.cpp: CPU build (no GPU offload{rpc})"
+    kind = "CUDA" if "CUDA" in system else "GPU"
+    return f"llama.cpp: {kind} build (layers can be offloaded{rpc})"
 
 
 # --- bench ---------------------------------------------------------------------------------------
@@ -540,8 +556,104 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- worker --------------------------------------------------------------------------------------
+
+RPC_WARNING = (
+    "WARNING: llama.cpp's RPC protocol has no authentication and no encryption: anyone who can "
+    "reach {endpoint} can run computations on this machine's devices, fill its memory and see "
+    "every tensor that passes. Lend a machine this way only on a network you trust (a home LAN "
+    "behind its router), never on the internet."
+)
+
+
+def _add_worker(sub) -> None:
+    w = sub.add_parser(
+        "worker", help="lend this machine's CPU or GPUs to a server elsewhere (llama.cpp RPC)"
+    )
+    w.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    w.add_argument("--port", type=int, default=50052, help="port (50052)")
+    w.add_argument(
+        "--allow-network", action="store_true", help="listen on an address other than loopback"
+    )
+    w.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        help="a device to lend (repeatable; default: every GPU, else the CPU); see --list",
+    )
+    w.add_argument("--list", action="store_true", help="list this machine's devices and stop")
+    w.add_argument(
+        "--cache-dir",
+        help="where received tensors are kept, so a restart does not resend the weights "
+        "(default ~/.cache/localserve/rpc; 'off' keeps none)",
+    )
+    w.add_argument("--threads", type=int, help="CPU threads (default: every core)")
+    w.set_defaults(run=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import os
+    import signal
+    import threading
+
+    from localserve import rpc
+    from localserve.auth import is_loopback
+    from localserve.models import cache_dir
+
+    local = [d for d in rpc.devices() if not d.is_remote]
+    if args.list:
+        for d in local:
+            print(f"{d.name:8s} {d.kind:4s} {d.total_bytes / 2**30:6.1f} GiB  {d.description}")
+        return 0
+    if not rpc.supports_rpc():
+        raise ConfigError("this llama.cpp build has no RPC backend: run `make setup` again")
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port {args.port}: 1-65535")
+    endpoint = f"{args.host}:{args.port}"
+    if not is_loopback(args.host):
+        if not args.allow_network:
+            raise ConfigError(
+                f"refusing to listen on {args.host} without --allow-network: "
+                + RPC_WARNING.format(endpoint=endpoint)
+            )
+        print(RPC_WARNING.format(endpoint=endpoint), file=sys.stderr, flush=True)
+    names = args.device or [d.name for d in local if d.kind in ("GPU", "iGPU")] or ["CPU"]
+    if unknown := [n for n in names if n not in {d.name for d in local}]:
+        known = ", ".join(d.name for d in local)
+        raise ConfigError(f"--device {', '.join(unknown)}: not on this machine ({known})")
+    cache = None if args.cache_dir == "off" else args.cache_dir or str(cache_dir() / "rpc")
+    if cache:
+        os.makedirs(cache, exist_ok=True)
+    threads = args.threads or os.cpu_count() or 1
+    server = threading.Thread(
+        target=rpc.start_server, args=(endpoint, cache, threads, names), daemon=True
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    deadline = time.monotonic() + 10
+    while rpc.listening(args.port) is False and server.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)  # said only once it listens: a server may connect at once
+    lent = ", ".join(f"{d.name} ({d.description})" for d in local if d.name in names)
+    print(
+        f"localserve worker: lending {lent} at {endpoint}"
+        f"{f'; tensors cached in {cache}' if cache else ''} (Ctrl-C stops)",
+        flush=True,
+    )
+    while not stop.wait(0.2):
+        if not server.is_alive():
+            print(f"localserve worker: the RPC server at {endpoint} stopped", file=sys.stderr)
+            return 1
+    # llama.cpp's RPC server has no stop: the process ends (its client sees the connection go)
+    print("localserve worker: stopping", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 BUILTIN_COMMANDS: tuple[AddCommand, ...] = (
     _add_serve,
+    _add_worker,
     _add_usage,
     _add_generate,
     _add_models,

@@ -19,6 +19,7 @@ import numpy as np
 from localserve.config import ModelConfig
 from localserve.placement import describe, parse_log
 from localserve.protocol import ModelInfo
+from localserve.rpc import has_local_gpu
 from localserve.runner import (
     DecodeError,
     KVCacheFull,
@@ -179,7 +180,7 @@ class LlamaRunner:
 
     def _describe(self, name: str, cfg: ModelConfig) -> ModelInfo:
         n_layer = llama_cpp.llama_model_n_layer(self.model)
-        offload = llama_cpp.llama_supports_gpu_offload()
+        offload = has_local_gpu()  # not llama_supports_gpu_offload(): true for RPC builds
         system = llama_cpp.llama_print_system_info().decode(errors="replace")
         backend = ("CUDA" if "CUDA" in system else "GPU") if offload else "CPU"
         n_gpu = 0 if not offload else n_layer if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers

@@ -71,7 +71,12 @@ def describe(p: Placement, backend: str, n_threads: int, n_layer: int) -> str:
     if p.layers_offloaded is None:
         layers = f"all {n_layer} layers on the CPU"
     else:
-        layers = f"{p.layers_offloaded}/{p.layers_total} layers offloaded to the GPU"
+        names = [name for name, _, _ in p.devices]
+        remote = names and all(name.startswith("RPC") for name in names)
+        off = "to RPC workers" if remote else "to the GPU"  # llama.cpp's log says "to GPU"
+        layers = f"{p.layers_offloaded}/{p.layers_total} layers offloaded {off}, the rest on CPU"
+        if p.layers_offloaded == p.layers_total:
+            layers = f"all {p.layers_total} layers offloaded {off}"
     where = ", ".join(f"{dev} {mib:,.0f} MiB" for dev, mib in p.kv_mib.items()) or "?"
     k, v = p.kv_types
     cells = k if k == v else f"K {k}, V {v}"

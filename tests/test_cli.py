@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GROUP = "localserve.commands"
 COMMANDS = {
     "usage",
+    "worker",
     "demo",
     "monitor",
     "chat",

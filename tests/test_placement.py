@@ -44,7 +44,7 @@ def test_a_gpu_load_is_read_and_described():
     assert p.kv_mib == {"CUDA0": 38.0} and p.kv_types == ("q8_0", "q8_0") and p.flash_attn
     text = describe(p, "CUDA", 16, 18)
     assert "CUDA on CUDA0 (NVIDIA H200, 140,084 MiB free)" in text
-    assert "19/19 layers offloaded" in text and "q8_0 cells (CUDA0 38 MiB)" in text
+    assert "all 19 layers offloaded to the GPU" in text and "q8_0 cells (CUDA0 38 MiB)" in text
 
 
 def test_flash_attention_as_asked_when_llama_cpp_says_nothing():
@@ -60,3 +60,14 @@ def test_an_idle_nvidia_gpu_is_warned_about_with_the_fix(monkeypatch):
     assert gpu_without_offload(True) is None
     monkeypatch.setattr(placement, "nvidia_gpu_visible", lambda: False)
     assert gpu_without_offload(False) is None
+
+
+def test_layers_on_rpc_workers_are_said_to_be_there():
+    p = parse_log(
+        [
+            "llama_model_load_from_file_impl: using device RPC0 (127.0.0.1:50061) (unknown id) - 24105 MiB free",
+            "load_tensors: offloaded 12/19 layers to GPU",
+        ]
+    )
+    text = describe(p, "CPU", 2, 18)
+    assert "12/19 layers offloaded to RPC workers, the rest on CPU" in text
