@@ -65,7 +65,8 @@ def test_an_idle_nvidia_gpu_is_warned_about_with_the_fix(monkeypatch):
 def test_layers_on_rpc_workers_are_said_to_be_there():
     p = parse_log(
         [
-            "llama_model_load_from_file_impl: using device RPC0 (127.0.0.1:50061) (unknown id) - 24105 MiB free",
+            "llama_model_load_from_file_impl: using device RPC0 (127.0.0.1:50061) (unknown id) - "
+            "24105 MiB free",
             "load_tensors: offloaded 12/19 layers to GPU",
         ]
     )
