@@ -103,7 +103,8 @@ class Server:
         self.port = 0
         self.numbers = itertools.count(1)  # connections and HTTP requests
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
-        self._stats_frame: tuple[tuple, bytes] = ((), b"")
+        # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
+        self._stats_frame: tuple[Snapshot | None, int, bytes] = (None, 0, b"")
         self._uvicorn: uvicorn.Server | None = None
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._ticker: asyncio.Task | None = None
@@ -329,11 +330,13 @@ class Server:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
         snap = await self.snapshot()
         usage = self.usage
-        key = (snap, usage.version if usage is not None else 0)
-        if self._stats_frame[0] != key:
+        version = usage.version if usage is not None else 0
+        built_from, built_version, frame = self._stats_frame
+        if built_from is not snap or built_version != version:
             today = usage.today() if usage is not None else []
-            self._stats_frame = (key, _encoder.encode(Stats(snap, today)))
-        return self._stats_frame[1]
+            frame = _encoder.encode(Stats(snap, today))
+            self._stats_frame = (snap, version, frame)
+        return frame
 
     # --- admission: every chat, websocket or HTTP -----------------------------------------------
 

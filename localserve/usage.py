@@ -16,6 +16,7 @@ the same thread, so a slow disk never stalls the event loop.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -28,7 +29,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from localserve.config import ConfigError, ServerConfig
@@ -67,18 +67,13 @@ MIGRATIONS: list[list[str]] = [
     ],
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-COLUMNS = (
-    "finished, user, model, request_id, client_id, api, prompt_tokens, cached_tokens, "
-    "completion_tokens, queue_ms, ttft_ms, e2e_ms, finish_reason"
-)
-INSERT = f"INSERT INTO requests ({COLUMNS}, day) VALUES ({', '.join('?' * 14)})"
 
 
 class UsageError(ConfigError):
     """The usage database cannot be used: said at start-up, before anyone connects."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Row:
     finished: float
     user: str
@@ -103,8 +98,15 @@ class Row:
         return datetime.date.fromtimestamp(self.finished).isoformat()
 
     def values(self) -> tuple:
-        """In the order of INSERT_COLUMNS."""
-        return (*(getattr(self, name.strip()) for name in COLUMNS.split(",")), self.day)
+        """In the order of INSERT's columns."""
+        return (*dataclasses.astuple(self), self.day)
+
+
+COLUMN_NAMES = tuple(f.name for f in dataclasses.fields(Row))  # the table's, but `day`
+COLUMNS = ", ".join(COLUMN_NAMES)
+INSERT = (
+    f"INSERT INTO requests ({COLUMNS}, day) VALUES ({', '.join('?' * (len(COLUMN_NAMES) + 1))})"
+)
 
 
 # --- where things live ---------------------------------------------------------------------
@@ -226,7 +228,7 @@ def _check(db: sqlite3.Connection, path: Path, readonly: bool) -> None:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("ROLLBACK")
     columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
-    missing = {c.strip() for c in COLUMNS.split(",")} | {"day"}
+    missing = {*COLUMN_NAMES, "day"}
     if missing - columns:
         raise UsageError(f"{path}: its `requests` table is not localserve's: move it aside")
 
@@ -255,7 +257,7 @@ def totals_since(db: sqlite3.Connection, since: float) -> dict[str, UserUsage]:
     return {user: UserUsage(user, *counts) for user, *counts in rows}
 
 
-@dataclass
+@dataclasses.dataclass
 class DayUsage:
     day: str  # YYYY-MM-DD, local
     user: str
@@ -426,7 +428,7 @@ class Usage:
         when = datetime.datetime.fromtimestamp(row.finished).astimezone()
         stamp = when.isoformat(timespec="milliseconds")
         if self.config.access_log_format == "json":
-            return json.dumps({"time": stamp} | _row_dict(row), ensure_ascii=False)
+            return json.dumps({"time": stamp} | dataclasses.asdict(row), ensure_ascii=False)
         timings = " ".join(f"{k}={_ms(getattr(row, k))}" for k in ("queue_ms", "ttft_ms", "e2e_ms"))
         user, request = (json.dumps(x, ensure_ascii=False) for x in (row.user, row.request_id))
         return (  # the user and the id are the client's words: quoted, a line stays a line
@@ -543,9 +545,11 @@ class Usage:
         limit = self.daily_tokens(user)
         if not limit:
             return None
+        return max(0, limit - self._used_today(user) - self._reserved.get(user, 0))
+
+    def _used_today(self, user: str) -> int:
         self._roll_day()
-        used = self._today[user].counted_tokens if user in self._today else 0
-        return max(0, limit - used - self._reserved.get(user, 0))
+        return self._today[user].counted_tokens if user in self._today else 0
 
     def reserve(self, user: str, tokens: int) -> None:
         self._reserved[user] = self._reserved.get(user, 0) + tokens
@@ -561,8 +565,7 @@ class Usage:
         limit = self.daily_tokens(user)
         if not limit:
             return None
-        self._roll_day()
-        used = self._today[user].counted_tokens if user in self._today else 0
+        used = self._used_today(user)
         resets = next_midnight(self.clock())
         return Quota(limit, used, max(0, limit - used), resets.isoformat(timespec="seconds"))
 
@@ -584,12 +587,6 @@ class Usage:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
-
-
-def _row_dict(row: Row) -> dict:
-    return {name.strip(): getattr(row, name.strip()) for name in COLUMNS.split(",")} | {
-        "finished": row.finished
-    }
 
 
 def rows_of(db: sqlite3.Connection, where: str = "1", args: Iterable = ()) -> list[Row]:

@@ -299,7 +299,6 @@
           save("identity", state.identity);
           if (changed) loadChats();
         }
-        state.serverStopping = false;
         showNotice(quotaText(frame.quota));
         renderAll();
         break;
@@ -329,7 +328,6 @@
         }
         break;
       case "notice":
-        state.serverStopping = frame.code === "shutting_down";
         showNotice(frame.code === "shutting_down"
           ? `The server is stopping (${frame.message}). This page reconnects when it is back.`
           : String(frame.message), true);
