@@ -68,7 +68,9 @@ def describe(p: Placement, backend: str, n_threads: int, n_layer: int) -> str:
         device = f"{backend} on {gpus}"
     else:
         device = f"{backend}, {n_threads} threads"
-    if p.layers_offloaded is None:
+    # an RPC build logs "offloaded 19/19 layers to GPU" with no device to put them on: without
+    # a device the layers are where they always were
+    if p.layers_offloaded is None or not p.devices:
         layers = f"all {n_layer} layers on the CPU"
     else:
         names = [name for name, _, _ in p.devices]

@@ -72,3 +72,8 @@ def test_layers_on_rpc_workers_are_said_to_be_there():
     )
     text = describe(p, "CPU", 2, 18)
     assert "12/19 layers offloaded to RPC workers, the rest on CPU" in text
+
+
+def test_an_rpc_build_without_devices_keeps_its_layers_on_the_cpu():
+    p = parse_log(["load_tensors: offloaded 19/19 layers to GPU"])  # what an RPC build logs
+    assert "layers: all 18 layers on the CPU" in describe(p, "CPU", 2, 18)
