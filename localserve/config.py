@@ -64,6 +64,11 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     main_gpu: Annotated[int, msgspec.Meta(ge=0, lt=MAX_DEVICES)] = 0
     use_mmap: bool = True  # map the GGUF file instead of reading it into memory
     use_mlock: bool = False  # lock the model's memory so the OS never swaps it out
+    # other machines' devices (`localserve worker` there), "host:port": registered before the
+    # model loads; n_gpu_layers, split_mode and tensor_split place layers on them as on GPUs
+    rpc_workers: Annotated[list[str], msgspec.Meta(max_length=MAX_DEVICES)] = msgspec.field(
+        default_factory=list
+    )
 
     def threads(self) -> tuple[int, int]:
         """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""
@@ -133,6 +138,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     access_log_format: Literal["plain", "json"] = "plain"
     access_log_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 10 << 20
     access_log_backups: Annotated[int, msgspec.Meta(ge=0, le=100)] = 5
+    # The engine (llama.cpp) runs in a process of its own, watched (supervisor.py): when it
+    # dies or a step takes longer than step_timeout_s (or loading, load_timeout_s), requests in
+    # flight fail, new ones are refused, and it is restarted once its RPC workers answer.
+    # engine_process = false runs it in the server's process (a llama.cpp abort ends the server).
+    engine_process: bool = True
+    step_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    load_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 600.0
     # Browsers (auth.browser_refusal): the names a browser may call this server by, besides IP
     # addresses and localhost (e.g. "homeserver.local", "chat.example.org") ...
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
@@ -235,11 +247,30 @@ def check_model(name: str, model: ModelConfig, source: str) -> None:
         )
     if model.tensor_split and not sum(model.tensor_split) > 0:
         raise ConfigError(f"{source}: {key}.tensor_split: give at least one GPU a share above 0")
+    for endpoint in model.rpc_workers:
+        if not parse_endpoint(endpoint):
+            raise ConfigError(
+                f"{source}: {key}.rpc_workers: {endpoint!r} is not host:port (e.g. 10.0.0.5:50052)"
+            )
+    if len(set(model.rpc_workers)) != len(model.rpc_workers):
+        raise ConfigError(f"{source}: {key}.rpc_workers: a worker is listed twice")
     if model.max_num_seqs + model.max_cached_prefixes > MAX_PARALLEL_SEQUENCES:
         raise ConfigError(
             f"{source}: {key}.max_cached_prefixes: max_num_seqs + max_cached_prefixes must be at "
             f"most {MAX_PARALLEL_SEQUENCES} (llama.cpp's sequence ids)"
         )
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int] | None:
+    """("host", port) from "host:port" or "[v6]:port"; None when it is neither."""
+    host, sep, port = endpoint.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    if any(c.isspace() or c in "/[]" for c in host):
+        return None
+    return host, int(port)
 
 
 def _convert(raw: object, kind: type, prefix: str, source: str):

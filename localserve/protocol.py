@@ -13,6 +13,16 @@ from typing import Annotated
 import msgspec
 
 
+class Device(msgspec.Struct, frozen=True):
+    """A device holding part of the model: this machine's CPU or GPU, or an RPC worker's."""
+
+    name: str  # llama.cpp's: CPU, CUDA0, RPC0[host:port]
+    description: str
+    layers: int  # repeating layers placed on it (the output layer not counted)
+    kv_mib: float  # its share of the KV cache (a layer's cells live with the layer)
+    endpoint: str = ""  # an RPC worker's host:port
+
+
 class ModelInfo(msgspec.Struct, frozen=True):
     """What the monitor's header shows about the model and the backend."""
 
@@ -27,6 +37,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     n_threads: int
     chat_template: str
     max_num_seqs: int = 0  # sequences decoded together (0 in frames from older servers)
+    devices: tuple[Device, ...] = ()  # where the layers are (empty: all on the CPU)
 
 
 class Percentiles(msgspec.Struct):
@@ -118,6 +129,14 @@ class EventRow(msgspec.Struct):
     detail: str = ""
 
 
+class Worker(msgspec.Struct):
+    """An RPC worker the model is split across, as the server last found it."""
+
+    endpoint: str  # host:port
+    up: bool
+    detail: str = ""  # why not: "connection refused", "not answering", ...
+
+
 class Snapshot(msgspec.Struct):
     """One look at the engine: what the monitor shows and `/metrics` exports."""
 
@@ -151,6 +170,9 @@ class Snapshot(msgspec.Struct):
     waiting_seqs: list[WaitingRow]
     events: list[EventRow]
     histograms: dict[str, Histogram]
+    # the engine process: "" while it serves; else why it does not (a worker gone, restarting)
+    engine_problem: str = ""
+    workers: list[Worker] = msgspec.field(default_factory=list)  # the model's RPC workers
 
 
 # --- client -> server -------------------------------------------------------------------------
@@ -276,7 +298,7 @@ class Finished(msgspec.Struct, tag="done"):
 class Error(msgspec.Struct, tag="error", omit_defaults=True):
     code: (
         str  # bad_request | unauthorized | busy | quota_exceeded | too_long | unknown_id |
-        # shutting_down | internal
+        # shutting_down | unavailable | internal
     )
     message: str
     id: str | None = None

@@ -163,3 +163,48 @@ def add_worker(endpoint: str) -> None:
     if not reg:
         raise RuntimeError(f"RPC worker {endpoint}: llama.cpp did not register it")
     _ggml().ggml_backend_register(reg)
+
+
+# llama.cpp's RPC protocol (ggml-rpc.cpp, protocol 7 in llama-cpp-python 0.3.36): a client opens
+# with | RPC_CMD_HELLO (1 byte) | request size (8 bytes, LE) | conn_caps (24 bytes) | and the server
+# answers | size (8 bytes) | major, minor, patch, padding, conn_caps (24 bytes) |. Zero caps ask
+# for no transport upgrade.
+_RPC_CMD_HELLO = 14
+_CAPS_SIZE = 24
+_RPC_PROTO_MAJOR = 7
+
+
+def probe(endpoint: str, timeout: float = 2.0) -> str | None:
+    """None when a worker at endpoint answers llama.cpp's RPC hello within timeout; else why not,
+    in a few words ("connection refused", "not answering", ...).
+
+    Pure Python, so it cannot abort this process as llama.cpp's client would. A worker serves
+    one client at a time: while an engine is connected to it, its answer waits for that one."""
+    import socket
+    import struct
+
+    from localserve.config import parse_endpoint
+
+    parsed = parse_endpoint(endpoint)
+    if parsed is None:
+        return "not host:port"
+    hello = bytes([_RPC_CMD_HELLO]) + struct.pack("<Q", _CAPS_SIZE) + bytes(_CAPS_SIZE)
+    try:
+        with socket.create_connection(parsed, timeout=timeout) as sock:
+            sock.sendall(hello)
+            answer = b""
+            while len(answer) < 8 + 4:
+                chunk = sock.recv(64)
+                if not chunk:
+                    return "closed the connection (not a localserve worker?)"
+                answer += chunk
+    except ConnectionRefusedError:
+        return "connection refused (no worker listening)"
+    except TimeoutError:
+        return f"not answering within {timeout:g} s (stopped or overloaded?)"
+    except OSError as e:
+        return e.strerror or str(e)
+    size, major = struct.unpack_from("<Q", answer)[0], answer[8]
+    if size != 4 + _CAPS_SIZE or major != _RPC_PROTO_MAJOR:
+        return f"speaks RPC protocol {major}; this build speaks {_RPC_PROTO_MAJOR}"
+    return None
