@@ -145,7 +145,7 @@ class Connection:
         if self.requests.get(request.client_id) is request:
             del self.requests[request.client_id]
         if done.finish_reason == "error":
-            self.error("internal", done.error or "engine error", request.client_id)
+            self.error(done.error_code, done.error or "engine error", request.client_id)
         usage = Usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
         t = done.timings
         timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"])

@@ -47,8 +47,16 @@ class StepTimings(NamedTuple):
     emit_s: float = 0.0
 
 
+def check_prompt(num_tokens: int, n_ctx: int) -> None:
+    """Raise ValueError (too_long) for a prompt the context cannot hold with one token more."""
+    if num_tokens >= n_ctx:
+        raise ValueError(f"too_long: the prompt has {num_tokens} tokens; the context holds {n_ctx}")
+
+
 class Engine:
     """Continuous batching over one runner; thread-safe entry points, one engine thread."""
+
+    problem = ""  # why it does not serve ("" = it does): always "" in the server's own process
 
     def __init__(
         self,
@@ -79,6 +87,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.timings = StepTimings()  # of the last step
+        # told True before each step of the engine thread and False after (the supervisor's
+        # watchdog times steps with it); None: nobody watches
+        self.watch: Callable[[bool], None] | None = None
 
     # --- thread-safe entry points ----------------------------------------------------------
 
@@ -99,10 +110,7 @@ class Engine:
         `client_id`: the id its client knows it by, for the monitor (default: `request_id`).
         """
         n_ctx = self.runner.info.n_ctx
-        if len(prompt_tokens) >= n_ctx:
-            raise ValueError(
-                f"too_long: the prompt has {len(prompt_tokens)} tokens; the context holds {n_ctx}"
-            )
+        check_prompt(len(prompt_tokens), n_ctx)
         seq = Sequence(request_id, prompt_tokens, params, user, self.clock(), n_ctx)
         seq.system_tokens = min(system_tokens, len(prompt_tokens))
         seq.system_is_global = system_is_global
@@ -145,14 +153,18 @@ class Engine:
             self._thread = None
 
     def _loop(self) -> None:
+        watch = self.watch or (lambda busy: None)
         while not self._stopping:
             try:
                 if not self.scheduler.has_work:
                     self._handle(*self._commands.get())  # idle: sleep until something arrives
+                watch(True)
                 self.step()
             except Exception:  # never die silently: fail what is running, keep serving
                 log.exception("engine step failed")
                 self._fail_all("internal error in the engine step")
+            finally:
+                watch(False)
 
     # --- one iteration ---------------------------------------------------------------------
 

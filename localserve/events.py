@@ -28,6 +28,7 @@ class Done(msgspec.Struct, tag=True):
     cached_tokens: int
     timings: dict[str, float | None]  # queue_ms, ttft_ms, itl_ms, e2e_ms; None: never happened
     error: str = ""
+    error_code: str = "internal"  # the protocol's code for an error: internal | unavailable
 
 
 class Admitted(msgspec.Struct, tag=True):

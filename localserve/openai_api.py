@@ -164,6 +164,7 @@ _REFUSALS = {
     "busy": (429, "rate_limit_error", "rate_limit_exceeded"),
     "quota_exceeded": (429, "insufficient_quota", "insufficient_quota"),
     "shutting_down": (503, "server_error", "shutting_down"),
+    "unavailable": (503, "server_error", "engine_unavailable"),
 }
 
 
@@ -328,7 +329,7 @@ class _Api:
         except Refusal as e:
             status, error_type, code = _REFUSALS.get(e.code, (500, "server_error", e.code))
             wait = str(math.ceil(e.retry_after_s) or 1)
-            headers = {"Retry-After": wait} if status == 429 else None
+            headers = {"Retry-After": wait} if status in (429, 503) else None
             param = ("messages" if kind == "chat" else "prompt") if e.code == "too_long" else None
             if e.code == "bad_request":
                 param = _param_of(e.message)
@@ -652,6 +653,8 @@ class _Reply:
                     kind="server_error",
                 )
             return ApiError(500, "the request was cancelled", "cancelled", kind="server_error")
+        if done.error_code == "unavailable":  # the engine process stopped under it
+            return ApiError(503, done.error[:300], "engine_unavailable", kind="server_error")
         return ApiError(
             500,
             f"the engine failed this request: {done.error or 'error'}"[:300],

@@ -39,7 +39,7 @@ from localserve.engine import Engine
 from localserve.events import Admitted, Done, Event, Preempted, Token
 from localserve.prompt import Prompt, PromptBuilder, PromptTooLong
 from localserve.protocol import Limits, Notice, SamplingFields, Snapshot, Stats, Welcome
-from localserve.runner import Runner
+from localserve.runner import EngineUnavailable, Runner
 from localserve.sampling_params import sampling_params
 from localserve.transport import GuardedHTTP, GuardedWebSocket
 from localserve.transport import Limits as ConnectionLimits
@@ -241,8 +241,9 @@ class Server:
     async def _healthz(self, request: HttpRequest) -> Response:
         """Load in totals only (no user's requests): open to anyone, the chat page's status."""
         snap = await self.snapshot()
+        ok = not self.is_shutting_down and not snap.engine_problem
         body = {
-            "ok": not self.is_shutting_down,
+            "ok": ok,
             "model": snap.model.model,
             "backend": snap.model.backend,
             "running": snap.running,
@@ -253,7 +254,10 @@ class Server:
             "kv_total": snap.kv_total,
             "tokens": self.access.requires_tokens,
         }
-        return JSONResponse(body, 503 if self.is_shutting_down else 200)
+        if snap.engine_problem or snap.workers:  # which worker is gone, and why
+            body["problem"] = snap.engine_problem
+            body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers]
+        return JSONResponse(body, 200 if ok else 503)
 
     async def _metrics(self, request: HttpRequest) -> Response:
         """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
@@ -356,7 +360,7 @@ class Server:
         """
         problem = self._check_admission(user, fields.max_tokens)
         if problem:
-            if problem.code in ("busy", "shutting_down"):
+            if problem.code in ("busy", "shutting_down", "unavailable"):
                 self.engine.reject()
             raise problem
         try:
@@ -387,6 +391,10 @@ class Server:
                 system_is_global=built.is_default_system,
                 client_id=client_id,
             )
+        except EngineUnavailable as e:  # it went down while the prompt was built
+            self._close(request)
+            message = f"the model is unavailable: {e}. Try again shortly"
+            raise Refusal("unavailable", message, retry_after_s=5) from None
         except PromptTooLong as e:
             self._close(request)
             self.engine.reject()
@@ -405,6 +413,9 @@ class Server:
         c = self.config
         if self.is_shutting_down:
             return Refusal("shutting_down", "the server is shutting down")
+        if problem := self.engine.problem:  # the engine process is down or restarting
+            message = f"the model is unavailable: {problem}. Try again shortly"
+            return Refusal("unavailable", message, retry_after_s=5)
         if self.usage is not None and (over := self.usage.quota_refusal(user)):
             return Refusal("quota_exceeded", over[0], retry_after_s=over[1])
         if max_tokens > c.max_tokens:

@@ -17,6 +17,7 @@ from localserve.config import Config
 from localserve.engine import Engine
 from localserve.runner import Runner
 from localserve.server import Server, ServerThread
+from localserve.supervisor import EngineProcess
 from localserve.usage import Usage
 
 
@@ -26,7 +27,7 @@ class Serving:
 
     name: str  # the model's name in the config
     runner: Runner
-    engine: Engine
+    engine: Engine | EngineProcess
     server: Server
     thread: ServerThread | None = None
 
@@ -55,11 +56,16 @@ def serving(
         if config.server.usage:  # first: a bad database is said before the model loads
             usage = Usage(config.server, name)
             stack.callback(usage.close)  # last: after the server has sent every `done`
-        if runner is None:
-            runner = open_runner(config, name)
-            stack.callback(runner.close)
-        engine = Engine(runner, config.scheduler).start()
-        stack.callback(engine.stop)
+        if runner is None and config.server.engine_process:  # watched, in a process of its own
+            engine = EngineProcess(config, name).start()
+            stack.callback(engine.stop)
+            runner = engine.runner
+        else:
+            if runner is None:
+                runner = open_runner(config, name)
+                stack.callback(runner.close)
+            engine = Engine(runner, config.scheduler).start()
+            stack.callback(engine.stop)
         access = access or Access({})
         server = Server(engine, runner, config.models[name], config.server, access, usage)
         served = Serving(name, runner, engine, server)
