@@ -16,10 +16,10 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from localserve import rpc
 from localserve.config import ModelConfig
-from localserve.placement import describe, parse_log
+from localserve.placement import describe, parse_log, split_devices
 from localserve.protocol import ModelInfo
-from localserve.rpc import has_local_gpu
 from localserve.runner import (
     DecodeError,
     KVCacheFull,
@@ -234,11 +234,11 @@ class LlamaRunner(_Text):
     def where(self) -> str:
         """The start-up block: backend and devices, layers, KV cache, flash attention."""
         i = self.info
-        return describe(self.placement, i.backend, i.n_threads, i.n_layer)
+        return describe(self.placement, i.backend, i.n_threads, i.n_layer, i.devices)
 
     def _describe(self, name: str, cfg: ModelConfig) -> ModelInfo:
         n_layer = llama_cpp.llama_model_n_layer(self.model)
-        offload = has_local_gpu()  # not llama_supports_gpu_offload(): true for RPC builds
+        offload = rpc.has_local_gpu()  # not llama_supports_gpu_offload(): true for RPC builds
         system = llama_cpp.llama_print_system_info().decode(errors="replace")
         backend = ("CUDA" if "CUDA" in system else "GPU") if offload else "CPU"
         n_gpu = 0 if not offload else n_layer if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
@@ -254,6 +254,8 @@ class LlamaRunner(_Text):
             n_threads=cfg.threads()[0],
             chat_template=(self._template or b"").decode(errors="replace"),
             max_num_seqs=cfg.max_num_seqs,
+            # empty unless the layers are split or off the CPU
+            devices=split_devices(self.placement, {d.name: d.description for d in rpc.devices()}),
         )
 
     def _init_batch(self) -> None:

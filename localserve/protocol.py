@@ -16,7 +16,7 @@ import msgspec
 class Device(msgspec.Struct, frozen=True):
     """A device holding part of the model: this machine's CPU or GPU, or an RPC worker's."""
 
-    name: str  # llama.cpp's: CPU, CUDA0, RPC0[host:port]
+    name: str  # llama.cpp's device name: CPU, CUDA0, RPC1 (an RPC worker's: see endpoint)
     description: str
     layers: int  # repeating layers placed on it (the output layer not counted)
     kv_mib: float  # its share of the KV cache (a layer's cells live with the layer)

@@ -11,16 +11,18 @@ import pytest
 from helpers import async_wait_until
 from textual.widgets import Static
 
-from localserve.protocol import Stats, UserUsage
+from localserve.protocol import Device, Stats, UserUsage, Worker
 from tui.app import HelpScreen, MonitorApp
 from tui.format import tokens
 from tui.source import Connected, Disconnected, QueueSource, WebSocketSource
 from tui.widgets import (
+    DiagnosisLine,
     HeaderBar,
     KVBar,
     RunningTable,
     TodayPanel,
     WaitingTable,
+    devices_text,
     known_color,
     today_table,
 )
@@ -224,6 +226,81 @@ def test_snapshot(snap_compare, fake_snapshots, size):
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+# the embedded model split over the local CPU and two workers (as tests/test_placement.py reads
+# it from a real load)
+SPLIT = (
+    Device("CPU", "AMD EPYC", 7, 14.0),
+    Device("RPC0", "127.0.0.1:50081", 6, 12.0, "127.0.0.1:50081"),
+    Device("RPC1", "127.0.0.1:50082", 5, 10.0, "127.0.0.1:50082"),
+)
+GONE = "RPC worker 127.0.0.1:50082 not answering; restarting the engine"
+
+
+def split(snap, problem: str = "", down: str = ""):
+    """`snap` with the model split over SPLIT, the engine's problem, and the worker at `down`
+    found down."""
+    workers = [Worker(d.endpoint, d.endpoint != down, "") for d in SPLIT if d.endpoint]
+    model = msgspec.structs.replace(snap.model, devices=SPLIT)
+    return msgspec.structs.replace(snap, model=model, engine_problem=problem, workers=workers)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_header_lists_a_split_models_devices_and_the_engines_problem(fake_snapshots, width):
+    last = fake_snapshots[-1]
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(width, 30)) as pilot:
+            feed(app, Connected("ws://test"), *fake_snapshots)
+            await settle(pilot)
+            assert app.query_one(HeaderBar).size.height == 1  # no devices, no second line
+            feed(app, split(last))
+            await settle(pilot)
+            header = app.query_one(HeaderBar)
+            assert header.size.height == 2
+            first, second = header_text(app).split("\n")
+            assert first.startswith("● live fake · 8 slots") and " CPU " not in first
+            if width >= 120:
+                assert second == (
+                    "  CPU 7L, KV 14 MiB · RPC0 127.0.0.1:50081 6L, KV 12 MiB · "
+                    "RPC1 127.0.0.1:50082 5L, KV 10 MiB"
+                )
+            else:
+                assert second == "  CPU 7L · RPC0 127.0.0.1:50081 6L · RPC1 127.0.0.1:50082 5L"
+            diagnosis = app.query_one(DiagnosisLine)
+            assert "engine down" not in str(diagnosis.render())
+
+            feed(app, split(last, GONE, down="127.0.0.1:50082"))
+            await settle(pilot)
+            first, second = header_text(app).split("\n")
+            assert len(first) <= width and len(second) <= width
+            assert first.startswith(f"● engine down: {GONE[: width - 30]}")
+            assert "RPC1 127.0.0.1:50082 5L" in second and second.endswith(" down")
+            line = header.render()
+            assert any(span.style == "bold red" for span in line.spans)  # the state, in red
+            assert diagnosis.has_class("level-bad")
+            assert str(diagnosis.render()).strip().startswith(f"engine down: {GONE}")
+
+            feed(app, split(last))  # back
+            await settle(pilot)
+            assert header_text(app).startswith("● live")
+            assert not diagnosis.has_class("level-bad")
+
+    asyncio.run(run())
+
+
+def test_the_devices_line_says_less_before_it_leaves_devices_out():
+    many = SPLIT + tuple(
+        Device(f"RPC{i}", f"10.0.0.{i}:50052", 1, 1.0, f"10.0.0.{i}:50052") for i in range(2, 9)
+    )
+    workers = [Worker("10.0.0.9:50052", False, "connection refused")]
+    line = devices_text(many, workers, 80).plain
+    assert len(line) <= 80 and line.startswith("  CPU 7L · RPC0 6L · RPC1 5L · RPC2 1L")
+    assert line.endswith(" more")  # the down worker is among those left out
+    assert devices_text(many, workers, 400).plain.endswith("worker 10.0.0.9:50052 down")
+    assert devices_text((), workers, 80).plain == "  worker 10.0.0.9:50052 down"
 
 
 def test_today_panel_shows_each_users_totals_beside_the_events(fake_snapshots):

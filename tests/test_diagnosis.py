@@ -21,6 +21,7 @@ from localserve.protocol import (
     Snapshot,
     StepStats,
     WaitingRow,
+    Worker,
 )
 from tui.diagnosis import HEADLINE_MAX, LEVELS, Diagnosis, diagnose
 
@@ -380,6 +381,46 @@ def test_idle_but_queued_is_admission_blocked():
     assert not any("time in queue dominates" in line for line in d.details)
 
 
+def test_engine_down_says_so_first():
+    workers = [
+        Worker("10.0.0.2:50052", True),
+        Worker("10.0.0.3:50052", False, "connection refused"),
+    ]
+    down = dict(
+        engine_problem="RPC worker 10.0.0.3:50052 is gone",
+        workers=workers,
+        seqs=[],
+        waiting_seqs=waiters(3, waited=20.0),
+        ttft=pct(8.0),
+        queue=pct(7.5),
+        counters=dict(rejections=5),
+    )
+    d = check(diagnose(ramp(dict(), down)))
+    assert d.level == "bad"
+    assert d.headline == (
+        "engine down: RPC worker 10.0.0.3:50052 is gone — new chats are refused until it is back"
+    )
+    assert d.details[:2] == [
+        "new chats are refused (error `unavailable`) until the engine is back",
+        "RPC worker 10.0.0.3:50052 down: connection refused",
+    ]
+    # what follows from it comes after, the queue's TTFT not at all
+    also = [line for line in d.details if line.startswith("also")]
+    assert also[0].startswith("also (bad): admission blocked") and "TTFT" not in " ".join(also)
+
+
+def test_engine_down_with_a_long_reason_keeps_the_reason_in_the_headline():
+    why = "restarting the engine after it exited with SIGABRT (llama.cpp's RPC client, worker gone)"
+    d = check(diagnose([snap(engine_problem=why)]))
+    assert d.level == "bad" and d.headline.startswith("engine down: restarting the engine after")
+    assert d.details[0].startswith("new chats are refused")
+
+
+def test_a_serving_engine_says_nothing_of_its_workers():
+    d = check(diagnose([snap(workers=[Worker("10.0.0.2:50052", True)])]))
+    assert d.level == "ok"
+
+
 def test_admission_blocked_by_a_prompt_that_does_not_fit():
     blocked = dict(
         seqs=[], waiting_seqs=[waiter(0, prompt=3000, waited=9.0)], kv_committed=6000, kv_used=0
@@ -722,6 +763,8 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
         steps=step_fields(draw),
         counters=counter_fields(draw),
         events=[],
+        engine_problem=draw(st.sampled_from(["", "worker gone", "x" * 300, " \n "])),
+        workers=[Worker("10.0.0.2:50052", draw(st.booleans()), draw(st.text(max_size=300)))],
     )
 
 

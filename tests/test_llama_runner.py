@@ -180,6 +180,8 @@ def test_text_helpers(runner):
     euro = runner.tokenize("€", add_special=False)
     assert b"".join(runner.piece(t) for t in euro).decode() == "€"
     assert runner.info.n_ctx == 2048 and runner.info.backend in ("CPU", "CUDA", "GPU")
+    if runner.info.backend == "CPU":  # all on the CPU: no devices to list, nor in the block
+        assert runner.info.devices == () and "per device" not in runner.where()
 
 
 # --- prefix caching with the real model --------------------------------------------------------

@@ -110,3 +110,8 @@ def test_a_model_split_over_two_workers_generates_what_the_whole_one_does(split_
             w.close()
     assert split_text.strip() and split_text == local_text  # greedy, token for token
     assert re.search(r"RPC0|RPC\[", where), where  # the start-up block names the workers
+    # and lists each device with its layers and KV cache: 7 + 6 + 5 of the 18 layers
+    first, second = (w.endpoint for w in workers)
+    assert re.search(r"\n    CPU +7/18 layers +\d+ MiB KV", where), where
+    assert re.search(rf"\n    RPC0 {first} +6/18 layers +\d+ MiB KV\n", where), where
+    assert re.search(rf"\n    RPC1 {second} +5/18 layers +\d+ MiB KV", where), where

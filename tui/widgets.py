@@ -11,7 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from localserve.protocol import Percentiles, Snapshot, UserUsage
+from localserve.placement import device_label
+from localserve.protocol import Device, Percentiles, Snapshot, UserUsage, Worker
 from tui.format import MISSING, clip, duration, pct, plural, rate, tokens
 
 USER_COLORS = [
@@ -53,12 +54,14 @@ def user_color(user: str) -> str:
 
 
 class HeaderBar(Static):
-    """Model, backend, slots, cells, policy and budget; connection state."""
+    """Model, backend, slots, cells, policy and budget; connection state, or the engine's
+    problem. A model split across devices (RPC workers) gets a second line listing them."""
 
     _state: tuple[Snapshot | None, bool, str] = (None, False, "")
 
     def show(self, snap: Snapshot | None, connected: bool, status: str) -> None:
         self._state = (snap, connected, status)
+        self.set_class(snap is not None and has_device_line(snap), "two-lines")
         self.refresh()
 
     def render(self) -> Text:
@@ -67,13 +70,20 @@ class HeaderBar(Static):
 
 
 SEPARATOR = " · "
+PROBLEM_MIN = 30  # columns the engine's problem may take at least, the model's name or not
 
 
 def header_text(snap: Snapshot | None, connected: bool, status: str, width: int) -> Text:
-    """The connection state, then as many facts about the server as fit in `width` columns (a
-    fact that does not fit is left out, never wrapped), each behind its own separator."""
-    text = Text()
-    if connected:
+    """The connection state (or, while connected, the engine's problem), then as many facts
+    about the server as fit in `width` columns (a fact that does not fit is left out, never
+    wrapped), each behind its own separator; then, for a split model, a line of its devices."""
+    text = Text(no_wrap=True, overflow="crop")
+    problem = snap.engine_problem.strip() if connected and snap is not None else ""
+    if problem:
+        room = max(width - len(snap.model.model) - 4, PROBLEM_MIN)  # and " · " + the model's name
+        text.append(clip(f"● engine down: {problem}", room), style="bold red")
+        text.append(" ·", style="grey50")
+    elif connected:
         text.append("● live", style="bold green")
     else:
         text.append(f"● {status}", style="bold red")
@@ -89,6 +99,8 @@ def header_text(snap: Snapshot | None, connected: bool, status: str, width: int)
         (f"{snap.policy} ≤{snap.max_num_batched_tokens} tok/step", ""),
         (f"ITL ≤{duration(snap.itl_target_s)}", ""),
     ]
+    if m.devices:
+        del facts[1]  # the devices' line says where
     text.append(" ")
     for i, (fact, style) in enumerate(facts):
         sep = SEPARATOR if i else ""
@@ -96,6 +108,62 @@ def header_text(snap: Snapshot | None, connected: bool, status: str, width: int)
             continue
         text.append(sep, style="grey50")
         text.append(fact, style=style)
+    if has_device_line(snap):
+        text.append("\n")
+        text.append_text(devices_text(m.devices, snap.workers, width))
+    return text
+
+
+def has_device_line(snap: Snapshot) -> bool:
+    """A split model, or an RPC worker down: the header's second line."""
+    return bool(snap.model.devices) or any(not w.up for w in snap.workers)
+
+
+DEVICE_INDENT = "  "  # under the state's "●"
+
+
+def devices_text(devices: Sequence[Device], workers: Sequence[Worker], width: int) -> Text:
+    """Each device with its layers ("RPC1 10.0.0.2:50052 6L"), its KV cache where the line has
+    room for it, and "down" in red on a worker found down; workers down that hold no device's
+    layers follow. What does not fit is counted at the end ("+2 more")."""
+    down = {w.endpoint for w in workers if not w.up}
+    listed = {d.endpoint for d in devices}
+    forms = (  # the most said that fits
+        lambda d: f"{device_label(d)} {d.layers}L, KV {d.kv_mib:,.0f} MiB",
+        lambda d: f"{device_label(d)} {d.layers}L",
+        lambda d: f"{d.name} {d.layers}L",
+    )
+    extra = [
+        (f"worker {w.endpoint}", True) for w in workers if not w.up and w.endpoint not in listed
+    ]
+    for form in forms:
+        parts = [(form(d), bool(d.endpoint) and d.endpoint in down) for d in devices] + extra
+        line = _device_parts(parts, width, whole=True)
+        if line is not None:
+            return line
+    return _device_parts(parts, width, whole=False)
+
+
+def _device_parts(parts: list[tuple[str, bool]], width: int, whole: bool) -> Text | None:
+    """The parts in `width` columns after the indent, a down one in red with "down" after it.
+    `whole`: all of them, or None when they do not fit; else those that fit and "+N more"."""
+    text = Text(DEVICE_INDENT, no_wrap=True, overflow="crop")
+    for i, (part, is_down) in enumerate(parts):
+        sep = SEPARATOR if i else ""
+        tail = " down" if is_down else ""
+        left = len(parts) - i - 1  # after this one
+        more = f"{SEPARATOR}+{left} more" if left and not whole else ""
+        if i and text.cell_len + len(sep) + len(part) + len(tail) + len(more) > width:
+            if whole:
+                return None
+            text.append(f"{SEPARATOR}+{left + 1} more", style="grey50")
+            break
+        text.append(sep, style="grey50")
+        text.append(part, style="red" if is_down else "")
+        if tail:
+            text.append(tail, style="bold red")
+    if whole and text.cell_len > width:
+        return None
     return text
 
 

@@ -16,6 +16,7 @@ from tui.diagnosis.thresholds import (
     COUNTER_WINDOW_S,
     DECODE_STEP_OF_TARGET,
     ENGINE_SHARE_HIGH,
+    HEADLINE_MAX,
     ITL_BAD_FACTOR,
     ITL_PREFILL_SHARE,
     LONG_PROMPT_TOKENS,
@@ -95,6 +96,21 @@ def cached_words(c: Signals) -> str:
 
 
 # --- the rules, in the table's order -----------------------------------------------------------
+
+
+def engine_down(c: Signals) -> Finding | None:
+    if not c.engine_problem:
+        return None
+    line = f"engine down: {c.engine_problem} — new chats are refused until it is back"
+    if len(line) > HEADLINE_MAX:  # the problem in full, the consequence in the details
+        line = f"engine down: {c.engine_problem}"
+    details = ["new chats are refused (error `unavailable`) until the engine is back"]
+    details += [
+        f"RPC worker {w.endpoint} down" + (f": {w.detail}" if w.detail else "")
+        for w in c.workers_down
+    ]
+    # nothing runs or is admitted while it is down: the queue's TTFT is this finding's symptom
+    return Finding("bad", line, details, explains=frozenset({TTFT}))
 
 
 def admission_blocked(c: Signals) -> Finding | None:
@@ -386,6 +402,7 @@ def idle(c: Signals) -> Finding | None:
 
 
 RULES = (  # the table's order: among findings of one level the first takes the headline
+    engine_down,
     admission_blocked,
     rejecting,
     capacity_bound,

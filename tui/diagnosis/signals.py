@@ -29,11 +29,17 @@ class Signals:
         self.now = seg[-1]
         self.ref = _reference(seg)
         self.trend_s = self.now.uptime_s - self.ref.uptime_s if self.ref is not None else 0.0
+        self._engine(self.now)
         self._load(self.now)
         self._kv(self.now)
         self._latency(self.now)
         self._counters(seg)
         self._steps(self.now)
+
+    def _engine(self, s: Snapshot) -> None:
+        """Whether the engine serves ("" when it does), and the RPC workers found down."""
+        self.engine_problem = " ".join(s.engine_problem.split())
+        self.workers_down = [w for w in s.workers if not w.up]
 
     def _load(self, s: Snapshot) -> None:
         """Running and waiting now, and how long the queue has waited."""
