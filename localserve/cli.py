@@ -178,8 +178,9 @@ def _add_generate(sub) -> None:
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="a `localserve worker` whose devices take layers (repeatable; n_gpu_layers and "
-        "tensor_split in models.toml place them). A worker that dies ends this command",
+        help="a `localserve worker` whose devices take layers, besides the model's rpc_workers "
+        "(repeatable; n_gpu_layers and tensor_split in models.toml place them). A worker that "
+        "dies ends this command",
     )
     g.set_defaults(run=cmd_generate)
 
@@ -190,10 +191,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from localserve.models import open_runner
 
     config = load_config(args.config)
-    if args.rpc:
-        from localserve.rpc import add_worker
+    name = args.model or config.default
+    model = config.models.get(name)
+    endpoints = [*(model.rpc_workers if model else []), *args.rpc]
+    if endpoints:
+        from localserve.rpc import add_worker, probe
 
-        for endpoint in args.rpc:  # before the model loads; an unreachable one aborts
+        for endpoint in endpoints:  # llama.cpp aborts on an unreachable one: ask first
+            if why := probe(endpoint):
+                raise ConfigError(f"RPC worker {endpoint}: {why}")
+        for endpoint in endpoints:  # before the model loads
             add_worker(endpoint)
     runner = open_runner(config, args.model)
     say_where(runner, file=sys.stderr)  # stdout is the generated text

@@ -170,7 +170,8 @@ def test_serving_builds_and_tears_down_in_order(monkeypatch):
     monkeypatch.setattr(serving_module, "Engine", Engine)
     monkeypatch.setattr(serving_module, "ServerThread", Thread)
     model = ModelConfig(chat_format="template")
-    config = Config(default="fake", models={"fake": model}, server=ServerConfig(shutdown_grace_s=1))
+    server = ServerConfig(shutdown_grace_s=1, engine_process=False)  # the fake runs here
+    config = Config(default="fake", models={"fake": model}, server=server)
     with serving_module.serving(config, thread=True) as served:
         assert served.name == "fake" and served.server.runner is served.runner
         with urllib.request.urlopen(served.thread.http + "/healthz", timeout=10) as response:

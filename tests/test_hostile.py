@@ -13,6 +13,7 @@ import json
 import threading
 import time
 
+import msgspec
 import pytest
 from conftest import WS, configured
 from helpers import RawClient, Streamer, connections_of, wait_until
@@ -151,10 +152,26 @@ class TestSamplingFuzz:
         replies.append(frames[-1])
 
 
-def test_a_sampling_fault_fails_only_its_own_request(live, connect, bob):
+@pytest.fixture(scope="module")
+def inproc():
+    """The live configuration with the engine in this process, where a patch reaches it."""
+    from conftest import LiveServer, live_config
+
+    from localserve.serving import serving
+
+    config = live_config()
+    config.server = msgspec.structs.replace(config.server, engine_process=False)
+    with serving(config, thread=True) as served:
+        yield LiveServer(served)
+
+
+def test_a_sampling_fault_fails_only_its_own_request(inproc):
     """NaN logits (a model fault confined to one sequence) end that request alone."""
+    from conftest import WS
+
     from localserve.sampling import Sampler
 
+    bob = Streamer(inproc, BOB_TOKENS)
     real = Sampler.sample
 
     def poisoned(self, logits):
@@ -163,8 +180,8 @@ def test_a_sampling_fault_fails_only_its_own_request(live, connect, bob):
         return real(self, logits)
 
     Sampler.sample = poisoned
+    alice = WS(inproc.url)
     try:
-        alice = connect()
         alice.hello("alice")
         alice.chat("bad", QUESTION, max_tokens=8, seed=4242, temperature=0.7)
         frames = alice.until_done("bad")
@@ -176,6 +193,9 @@ def test_a_sampling_fault_fails_only_its_own_request(live, connect, bob):
     assert frames[-1]["finish_reason"] == "error"
     alice.chat("good", QUESTION, max_tokens=4)  # the same connection goes on
     assert alice.until_done("good")[-1]["finish_reason"] in ("stop", "length")
+    alice.close()
+    bob.finish()
+    inproc.wait_idle()
 
 
 # --- 2. buffers bounded in bytes; before hello only a few errors ---------------------------

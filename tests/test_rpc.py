@@ -53,8 +53,8 @@ def test_a_worker_lists_its_devices_and_refuses_a_network_without_consent():
 class Worker:
     """`localserve worker` on a free loopback port, until closed."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.proc = subprocess.Popen(
             [*LOCALSERVE, "worker", "--port", str(self.port), "--cache-dir", "off"],
             stdout=subprocess.PIPE,
