@@ -245,7 +245,8 @@ class EngineProcess:
         root = logging.getLogger()
         files = [h.baseFilename for h in root.handlers if isinstance(h, logging.FileHandler)]
         fds = (theirs.fileno(), self._clock_file.fileno())
-        argv = [sys.executable, "-m", "localserve.supervisor", *map(str, fds), str(root.level)]
+        levels = (root.level, logging.getLogger("llama_cpp").getEffectiveLevel())
+        argv = [sys.executable, "-m", "localserve.supervisor", *map(str, fds + levels)]
         # its output goes where ours does: the log file of a full-screen app, else stderr
         output = open(files[0], "ab") if files else None  # noqa: SIM115 (closed below)
         self._busy.value = 0.0
@@ -546,7 +547,7 @@ def _failed(request_id: str, flight: _Flight, message: str) -> Done:
 # --- the engine process --------------------------------------------------------------------------
 
 
-def _engine_main(conn: Connection, clock_fd: int, level: int) -> None:
+def _engine_main(conn: Connection, clock_fd: int, level: int, llama_level: int) -> None:
     """The child: load the model, run the engine, answer the pipe until told to stop."""
     # Ctrl-C and a service manager's SIGTERM reach the whole process group: the server decides
     # when the engine ends (after its grace period), so the engine ignores both
@@ -555,6 +556,7 @@ def _engine_main(conn: Connection, clock_fd: int, level: int) -> None:
     _die_with_parent()
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would print gdb's attempt
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llama_cpp").setLevel(llama_level)  # as the server's (cli.py)
     clock = mmap.mmap(clock_fd, 8)
     busy = ctypes.c_double.from_buffer(clock)
 
@@ -647,5 +649,6 @@ def _die_with_parent() -> None:
             os._exit(0)
 
 
-if __name__ == "__main__":  # the engine process: `python -m localserve.supervisor CONN CLOCK LEVEL`
-    _engine_main(Connection(int(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]))
+# the engine process: `python -m localserve.supervisor CONN_FD CLOCK_FD LOG_LEVEL LLAMA_LOG_LEVEL`
+if __name__ == "__main__":
+    _engine_main(Connection(int(sys.argv[1])), *map(int, sys.argv[2:5]))
