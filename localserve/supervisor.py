@@ -222,7 +222,8 @@ class EngineProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the engine process (requests in flight are left as they are) and the watchdog."""
-        self._stopping = True
+        with self._lock:  # from here on no new process is started (_launch looks under it)
+            self._stopping = True
         with contextlib.suppress(OSError, ValueError):
             self._send(Stop())
         if self._process is not None:
@@ -246,11 +247,18 @@ class EngineProcess:
         files = [h.baseFilename for h in root.handlers if isinstance(h, logging.FileHandler)]
         fds = (theirs.fileno(), self._clock_file.fileno())
         levels = (root.level, logging.getLogger("llama_cpp").getEffectiveLevel())
-        argv = [sys.executable, "-m", "localserve.supervisor", *map(str, fds + levels)]
+        numbers = (*fds, *levels, os.getpid())  # the pid: the child's check that we are there
+        argv = [sys.executable, "-m", "localserve.supervisor", *map(str, numbers)]
         # its output goes where ours does: the log file of a full-screen app, else stderr
         output = open(files[0], "ab") if files else None  # noqa: SIM115 (closed below)
-        self._busy.value = 0.0
         with self._lock:
+            if self._stopping:  # stop() came while the watchdog was probing the workers
+                ours.close()
+                theirs.close()
+                if output is not None:
+                    output.close()
+                return
+            self._busy.value = 0.0
             self._generation += 1
             self._loaded = None
             self._state, self._since = "loading", time.monotonic()
@@ -417,7 +425,11 @@ class EngineProcess:
         while True:
             time.sleep(WATCH_INTERVAL_S)
             if self._stopping:
-                return
+                # not before the process has ended: it gets SIGKILL (PR_SET_PDEATHSIG) when the
+                # thread that started it ends, and after a restart that is this one
+                if self._process is None or self._process.poll() is not None:
+                    return
+                continue
             now = time.monotonic()
             process, state = self._process, self._state
             try:
@@ -480,9 +492,11 @@ class EngineProcess:
             self._generation += 1  # the old reader delivers nothing more
             self._why = why
             problem = self._set_workers(workers)
+            # a restart whose load failed waits longer each time (a missing file, no memory:
+            # no use loading again every second); one that died while serving, 1 s
+            self._attempts = self._attempts + 1 if self._state == "loading" else 0
             self._state, self._since = "down", time.monotonic()
-            self._next_try = self._since + RETRY_S[0]
-            self._attempts = 0
+            self._next_try = self._since + RETRY_S[min(self._attempts, len(RETRY_S) - 1)]
             flights, self._flights = self._flights, {}
             asked, self._asked = self._asked, {}
             if self._conn is not None:
@@ -547,13 +561,15 @@ def _failed(request_id: str, flight: _Flight, message: str) -> Done:
 # --- the engine process --------------------------------------------------------------------------
 
 
-def _engine_main(conn: Connection, clock_fd: int, level: int, llama_level: int) -> None:
+def _engine_main(
+    conn: Connection, clock_fd: int, level: int, llama_level: int, parent: int
+) -> None:
     """The child: load the model, run the engine, answer the pipe until told to stop."""
     # Ctrl-C and a service manager's SIGTERM reach the whole process group: the server decides
     # when the engine ends (after its grace period), so the engine ignores both
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    _die_with_parent(parent)
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would print gdb's attempt
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llama_cpp").setLevel(llama_level)  # as the server's (cli.py)
@@ -638,17 +654,19 @@ def _answer(send, number: int):
     return answer
 
 
-def _die_with_parent() -> None:
-    """Linux: the engine process gets SIGKILL when the server's process ends, however it ends."""
-    import ctypes
-
+def _die_with_parent(parent: int) -> None:
+    """Linux: the engine process gets SIGKILL when the server's process ends, however it ends
+    (strictly: when the server's thread that started it ends; the watchdog outlives it)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before the line above
-            os._exit(0)
+    # the parent died before the line above: we were handed to another (init, a subreaper).
+    # Not `getppid() == 1`: the server itself is PID 1 as a container's entrypoint
+    if os.getppid() != parent:
+        os._exit(0)
 
 
-# the engine process: `python -m localserve.supervisor CONN_FD CLOCK_FD LOG_LEVEL LLAMA_LOG_LEVEL`
+# the engine process:
+# `python -m localserve.supervisor CONN_FD CLOCK_FD LOG_LEVEL LLAMA_LOG_LEVEL PARENT_PID`
 if __name__ == "__main__":
-    _engine_main(Connection(int(sys.argv[1])), *map(int, sys.argv[2:5]))
+    _engine_main(Connection(int(sys.argv[1])), *map(int, sys.argv[2:6]))

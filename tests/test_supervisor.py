@@ -1,0 +1,87 @@
+"""EngineProcess's lifecycle with the embedded model: it starts when the server is PID 1 (a
+container's entrypoint), a reload that keeps failing backs off, and stop() after a restart ends
+the engine process with its own Stop, not with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import msgspec
+import pytest
+from conftest import live_config
+from helpers import wait_until
+
+pytestmark = pytest.mark.model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_engine_starts_when_the_server_is_pid_1():
+    """`docker run` with an exec-form entrypoint: the server is PID 1, so its child's
+    getppid() is 1 although its parent is alive."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--pid", "--fork", "true"]).returncode:
+        pytest.skip("no PID namespaces here")
+    script = textwrap.dedent(
+        """
+        import os, sys
+        sys.path.insert(0, "tests")
+        from conftest import live_config
+        from localserve.supervisor import EngineProcess
+        assert os.getpid() == 1
+        config = live_config()
+        EngineProcess(config, config.default).start().stop()
+        print("served")
+        """
+    )
+    done = subprocess.run(
+        [unshare, "--pid", "--fork", sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr[-1500:]
+
+
+def test_a_reload_that_keeps_failing_backs_off():
+    from localserve.supervisor import EngineProcess
+
+    config = live_config()
+    engine = EngineProcess(config, config.default).start()
+    try:
+        launches = []
+        launch = engine._launch
+        engine._launch = lambda: (launches.append(time.monotonic()), launch())
+        gone = msgspec.structs.replace(
+            config.models[config.default], embedded=False, path="/nonexistent.gguf"
+        )
+        engine.config = msgspec.structs.replace(config, models={config.default: gone})
+        os.kill(engine._process.pid, signal.SIGKILL)
+        time.sleep(9)
+        assert "reloading failed" in engine.problem and "nonexistent" in engine.problem
+        gaps = [b - a for a, b in zip(launches, launches[1:], strict=False)]
+        assert 2 <= len(launches) <= 4, gaps  # 1 s, then 2 s, then 5 s: not every second
+        assert gaps[-1] > 1.9, gaps
+    finally:
+        engine.stop()
+
+
+def test_stop_after_a_restart_ends_the_engine_process_with_stop():
+    """The restarted process was started by the watchdog's thread: PR_SET_PDEATHSIG kills it
+    when that thread ends, so the watchdog must outlive it."""
+    from localserve.supervisor import EngineProcess
+
+    config = live_config()
+    engine = EngineProcess(config, config.default).start()
+    os.kill(engine._process.pid, signal.SIGKILL)
+    wait_until(lambda: engine.restarts == 1, 60, "a restart")
+    process = engine._process
+    engine.stop()
+    assert process.returncode == 0  # not -SIGKILL
