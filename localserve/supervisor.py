@@ -44,7 +44,7 @@ import msgspec
 
 from localserve.config import Config, ConfigError
 from localserve.engine import check_prompt
-from localserve.events import Done, Event, EventSink, Token
+from localserve.events import Admitted, Done, Event, EventSink, Token
 from localserve.protocol import ModelInfo, Snapshot, Worker
 from localserve.runner import EngineUnavailable
 from localserve.sampling_params import SamplingParams
@@ -52,6 +52,10 @@ from localserve.sampling_params import SamplingParams
 log = logging.getLogger("localserve.supervisor")
 
 WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
+# a step may take step_timeout_s plus this many times the longest step so far (a slow machine's
+# full prefill chunk sets its own scale)
+LONGEST_STEP_FACTOR = 4
+STUCK_S = 2.0  # a snapshot asked during a step this long answers from the last one
 PROBE_TIMEOUT_S = 2.0  # a worker that does not answer its hello in this long is "not answering"
 RETRY_S = (1.0, 2.0, 5.0, 10.0)  # between restart attempts while workers are missing
 
@@ -125,7 +129,25 @@ class _Flight:
     """A request in the engine process, as far as this side knows it."""
 
     prompt_tokens: int
+    added: float  # time.monotonic() here, as the timings below
+    admitted: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
     completion_tokens: int = 0
+
+    def timings(self, now: float) -> dict[str, float | None]:
+        """The request's timings as seen from this side (for a `done` of our own)."""
+
+        def ms(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else (end - start) * 1e3
+
+        n, first, last = self.completion_tokens, self.first_token, self.last_token
+        return {
+            "queue_ms": ms(self.added, self.admitted),
+            "ttft_ms": ms(self.added, first),
+            "itl_ms": ms(first, last) / (n - 1) if n > 1 and first and last else None,
+            "e2e_ms": ms(self.added, now),
+        }
 
 
 class Vocabulary:
@@ -166,10 +188,12 @@ class EngineProcess:
         self.restarts = 0
         # when the engine's running step started (0: none runs), in memory both processes map
         self._clock_file = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
-        self._clock_file.truncate(8)
-        self._clock_map = mmap.mmap(self._clock_file.fileno(), 8)
-        self._busy = ctypes.c_double.from_buffer(self._clock_map)
-        self._lock = threading.Lock()
+        self._clock_file.truncate(16)
+        self._clock_map = mmap.mmap(self._clock_file.fileno(), 16)
+        # [0]: when the running step started (0: none runs); [1]: the longest step so far
+        self._busy = (ctypes.c_double * 2).from_buffer(self._clock_map)
+        self._lock = threading.Lock()  # the state below
+        self._send_lock = threading.Lock()  # writes to the pipe (never taken with _lock held)
         self._process = None
         self._conn = None
         self._generation = 0  # of the process: a reader of an older one delivers nothing
@@ -258,7 +282,7 @@ class EngineProcess:
                 if output is not None:
                     output.close()
                 return
-            self._busy.value = 0.0
+            self._busy[0] = self._busy[1] = 0.0
             self._generation += 1
             self._loaded = None
             self._state, self._since = "loading", time.monotonic()
@@ -313,12 +337,12 @@ class EngineProcess:
                 raise EngineUnavailable(self.problem)
             if request_id in self._flights:
                 raise ValueError(f"duplicate request id {request_id!r}")
-            self._flights[request_id] = _Flight(len(prompt_tokens))
-            try:
-                self._conn.send_bytes(data)
-            except (OSError, ValueError):  # it died a moment ago: the watchdog will say so
-                del self._flights[request_id]
-                raise EngineUnavailable("the engine process stopped") from None
+            self._flights[request_id] = _Flight(len(prompt_tokens), time.monotonic())
+            conn = self._conn
+        if not self._write(conn, data):  # it died a moment ago: the watchdog will say so
+            with self._lock:
+                self._flights.pop(request_id, None)
+            raise EngineUnavailable("the engine process stopped")
 
     def cancel(self, request_id: str) -> None:
         self._command(Cancel(request_id))
@@ -330,29 +354,45 @@ class EngineProcess:
         """A Future of the engine's next snapshot; while it is down, of the last one, emptied,
         with what is wrong."""
         future: Future[Snapshot] = Future()
+        started = self._busy[0]
         with self._lock:
-            if not self.problem:
-                number = next(self._numbers)
-                self._asked[number] = future
-                try:
-                    self._conn.send_bytes(msgspec.msgpack.encode(Ask(number)))
-                    return future
-                except (OSError, ValueError):
-                    del self._asked[number]
-            future.set_result(self._down_snapshot())
+            if self.problem:
+                future.set_result(self._down_snapshot())
+                return future
+            if started and time.monotonic() - started > STUCK_S:  # no answer before it ends
+                future.set_result(self._last)
+                return future
+            number = next(self._numbers)
+            self._asked[number] = future
+            conn = self._conn
+        if not self._write(conn, msgspec.msgpack.encode(Ask(number))):
+            with self._lock:
+                if self._asked.pop(number, None) is not None:
+                    future.set_result(self._down_snapshot() if self.problem else self._last)
         return future
 
     def _command(self, command: Command) -> None:
-        data = msgspec.msgpack.encode(command)
         with self._lock:
-            if not self.problem:
-                with contextlib.suppress(OSError, ValueError):  # gone: nothing to cancel
-                    self._conn.send_bytes(data)
+            conn = None if self.problem else self._conn
+        self._write(conn, msgspec.msgpack.encode(command))  # gone: nothing to cancel
 
     def _send(self, command: Command) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.send_bytes(msgspec.msgpack.encode(command))
+            conn = self._conn
+        self._write(conn, msgspec.msgpack.encode(command))
+
+    def _write(self, conn: Connection | None, data: bytes) -> bool:
+        """Send to the engine process; False when it is gone. Never with _lock held: the reader
+        needs that lock to drain what the engine sends, and a full pipe each way would wait on
+        each other."""
+        if conn is None:
+            return False
+        with self._send_lock:
+            try:
+                conn.send_bytes(data)
+            except (OSError, ValueError):  # closed, or the process died
+                return False
+        return True
 
     def _down_snapshot(self) -> Snapshot:
         """The last snapshot with nothing running or waiting (called with the lock held)."""
@@ -381,8 +421,10 @@ class EngineProcess:
         while True:
             try:
                 message = decoder.decode(conn.recv_bytes())
-            except (EOFError, OSError):
-                return  # the watchdog sees it end
+            except (EOFError, OSError):  # the watchdog sees it end
+                with self._send_lock:  # not while another thread writes to it
+                    conn.close()
+                return
             if isinstance(message, Events):
                 self._deliver(message.events, generation)
             elif isinstance(message, Answer):
@@ -406,14 +448,19 @@ class EngineProcess:
             if generation != self._generation:
                 return  # its requests have had their `done` already
             keep = []
+            now = time.monotonic()
             for event in events:
                 flight = self._flights.get(event.request_id)
                 if flight is None:
                     continue
                 if isinstance(event, Token):
                     flight.completion_tokens += 1
+                    flight.first_token = flight.first_token or now
+                    flight.last_token = now
                 elif isinstance(event, Done):
                     del self._flights[event.request_id]
+                elif isinstance(event, Admitted):
+                    flight.admitted = flight.admitted or now
                 keep.append(event)
         if keep:
             self.on_events(keep)
@@ -434,14 +481,16 @@ class EngineProcess:
             process, state = self._process, self._state
             try:
                 if state == "serving":
-                    started = self._busy.value
+                    started, longest = self._busy
+                    limit = server.step_timeout_s + LONGEST_STEP_FACTOR * longest
                     if process.poll() is not None:
                         self._down(self._death())
-                    elif started and now - started > server.step_timeout_s:
+                    elif started and now - started > limit:
                         self._kill()
                         self._down(
-                            f"a step took longer than {server.step_timeout_s:g} s "
-                            "(step_timeout_s), so the engine process was stopped"
+                            f"a step took longer than {limit:.3g} s (step_timeout_s "
+                            f"{server.step_timeout_s:g} + {LONGEST_STEP_FACTOR} × the longest "
+                            f"step, {longest:.2g} s), so the engine process was stopped"
                         )
                 elif state == "loading":
                     if isinstance(self._loaded, Loaded):
@@ -499,9 +548,7 @@ class EngineProcess:
             self._next_try = self._since + RETRY_S[min(self._attempts, len(RETRY_S) - 1)]
             flights, self._flights = self._flights, {}
             asked, self._asked = self._asked, {}
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._conn = None  # the reader closes it when the process's end reaches it
             down = self._down_snapshot()
         log.error("engine down: %s; %d requests in flight fail", problem, len(flights))
         for future in asked.values():
@@ -545,7 +592,7 @@ class EngineProcess:
 
 
 def _failed(request_id: str, flight: _Flight, message: str) -> Done:
-    timings = dict.fromkeys(("queue_ms", "ttft_ms", "itl_ms", "e2e_ms"))
+    timings = flight.timings(time.monotonic())
     return Done(
         request_id,
         "error",
@@ -573,8 +620,8 @@ def _engine_main(
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would print gdb's attempt
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("llama_cpp").setLevel(llama_level)  # as the server's (cli.py)
-    clock = mmap.mmap(clock_fd, 8)
-    busy = ctypes.c_double.from_buffer(clock)
+    clock = mmap.mmap(clock_fd, 16)
+    busy = (ctypes.c_double * 2).from_buffer(clock)
 
     from localserve.engine import Engine
     from localserve.models import open_runner
@@ -604,7 +651,12 @@ def _engine_main(
     engine = Engine(runner, config.scheduler, on_events=lambda events: send(Events(events)))
 
     def watch(running: bool) -> None:
-        busy.value = time.monotonic() if running else 0.0
+        now = time.monotonic()
+        if running:
+            busy[0] = now
+        else:
+            busy[1] = max(busy[1], now - busy[0])
+            busy[0] = 0.0
 
     engine.watch = watch
     engine.start()
@@ -627,7 +679,7 @@ def _engine_main(
                     client_id=command.client_id,
                 )
             except ValueError as e:  # checked on the server's side first: not expected here
-                flight = _Flight(len(command.tokens))
+                flight = _Flight(len(command.tokens), time.monotonic())
                 done = _failed(command.request_id, flight, str(e))
                 send(Events([msgspec.structs.replace(done, error_code="internal")]))
         elif isinstance(command, Cancel):

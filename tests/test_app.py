@@ -281,7 +281,8 @@ def test_the_header_lists_a_split_models_devices_and_the_engines_problem(fake_sn
             line = header.render()
             assert any(span.style == "bold red" for span in line.spans)  # the state, in red
             assert diagnosis.has_class("level-bad")
-            assert str(diagnosis.render()).strip().startswith(f"engine down: {GONE}")
+            headline = str(diagnosis.render()).strip()
+            assert headline.startswith("engine down: RPC worker 127.0.0.1:50082")
 
             feed(app, split(last))  # back
             await settle(pilot)

@@ -397,11 +397,11 @@ def test_engine_down_says_so_first():
     )
     d = check(diagnose(ramp(dict(), down)))
     assert d.level == "bad"
-    assert d.headline == (
-        "engine down: RPC worker 10.0.0.3:50052 is gone — new chats are refused until it is back"
-    )
-    assert d.details[:2] == [
-        "new chats are refused (error `unavailable`) until the engine is back",
+    # the worker that is down, in few words; the whole problem first in the details
+    assert d.headline == "engine down: RPC worker 10.0.0.3:50052 connection refused"
+    assert d.details[:3] == [
+        "RPC worker 10.0.0.3:50052 is gone",
+        "new chats are refused (error `unavailable`) until it is back",
         "RPC worker 10.0.0.3:50052 down: connection refused",
     ]
     # what follows from it comes after, the queue's TTFT not at all
@@ -413,7 +413,7 @@ def test_engine_down_with_a_long_reason_keeps_the_reason_in_the_headline():
     why = "restarting the engine after it exited with SIGABRT (llama.cpp's RPC client, worker gone)"
     d = check(diagnose([snap(engine_problem=why)]))
     assert d.level == "bad" and d.headline.startswith("engine down: restarting the engine after")
-    assert d.details[0].startswith("new chats are refused")
+    assert d.details[:2] == [why, "new chats are refused (error `unavailable`) until it is back"]
 
 
 def test_a_serving_engine_says_nothing_of_its_workers():

@@ -231,8 +231,9 @@ def test_any_llama_cpp_abort_fails_only_the_replies_in_flight(tmp_path):
         ws.close()
         assert served.engine.restarts == 1
     rows = sqlite3.connect(tmp_path / "usage.sqlite3").execute(
-        "SELECT client_id, finish_reason, completion_tokens FROM requests ORDER BY client_id"
+        "SELECT client_id, finish_reason, completion_tokens, ttft_ms, e2e_ms FROM requests"
     )
-    rows = {client_id: (reason, tokens) for client_id, reason, tokens in rows}
-    assert rows["long"][0] == "error" and rows["long"][1] >= 1
+    rows = {client_id: rest for client_id, *rest in rows}
+    reason, tokens, ttft_ms, e2e_ms = rows["long"]  # its timings as the server saw them
+    assert reason == "error" and tokens >= 1 and 0 < ttft_ms < e2e_ms
     assert rows["again"][0] in ("stop", "length")

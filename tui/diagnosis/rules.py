@@ -101,10 +101,16 @@ def cached_words(c: Signals) -> str:
 def engine_down(c: Signals) -> Finding | None:
     if not c.engine_problem:
         return None
-    line = f"engine down: {c.engine_problem} — new chats are refused until it is back"
-    if len(line) > HEADLINE_MAX:  # the problem in full, the consequence in the details
-        line = f"engine down: {c.engine_problem}"
-    details = ["new chats are refused (error `unavailable`) until the engine is back"]
+    if c.workers_down:  # the cause a person can act on: which worker, in few words
+        names = ", ".join(
+            f"{w.endpoint} {w.detail.split(' (')[0]}".rstrip() for w in c.workers_down
+        )
+        line = f"engine down: RPC worker {names}"
+    else:
+        line = f"engine down: {c.engine_problem.split('; ')[0]}"
+    if len(line) + 45 <= HEADLINE_MAX:
+        line += " — new chats are refused until it is back"
+    details = [c.engine_problem, "new chats are refused (error `unavailable`) until it is back"]
     details += [
         f"RPC worker {w.endpoint} down" + (f": {w.detail}" if w.detail else "")
         for w in c.workers_down
