@@ -139,8 +139,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     access_log_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 10 << 20
     access_log_backups: Annotated[int, msgspec.Meta(ge=0, le=100)] = 5
     # The engine (llama.cpp) runs in a process of its own, watched (supervisor.py): when it
-    # dies or a step takes longer than step_timeout_s (or loading, load_timeout_s), requests in
-    # flight fail, new ones are refused, and it is restarted once its RPC workers answer.
+    # dies or a step takes longer than step_timeout_s + 4 x its longest step so far (or loading,
+    # load_timeout_s), requests in flight fail, new ones are refused, and it is restarted once
+    # its RPC workers answer.
     # engine_process = false runs it in the server's process (a llama.cpp abort ends the server).
     engine_process: bool = True
     step_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
