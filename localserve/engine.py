@@ -157,8 +157,10 @@ class Engine:
         while not self._stopping:
             try:
                 if not self.scheduler.has_work:
-                    self._handle(*self._commands.get())  # idle: sleep until something arrives
-                watch(True)
+                    command = self._commands.get()  # idle: sleep until something arrives
+                    watch(True)
+                    self._handle(*command)
+                watch(True)  # (the step is timed from here; handling a command counts too)
                 self.step()
             except Exception:  # never die silently: fail what is running, keep serving
                 log.exception("engine step failed")

@@ -494,6 +494,8 @@ class EngineProcess:
                         )
                 elif state == "loading":
                     if isinstance(self._loaded, Loaded):
+                        loaded = self._loaded  # a worker may lend other devices now
+                        self.runner.info, self.runner._where = loaded.info, loaded.where
                         self._serving()
                         self.restarts += 1
                         log.warning("engine process restarted; serving again")
