@@ -393,8 +393,7 @@ class Server:
             )
         except EngineUnavailable as e:  # it went down while the prompt was built
             self._close(request)
-            message = f"the model is unavailable: {e}. Try again shortly"
-            raise Refusal("unavailable", message, retry_after_s=5) from None
+            raise _unavailable(str(e)) from None
         except PromptTooLong as e:
             self._close(request)
             self.engine.reject()
@@ -414,8 +413,7 @@ class Server:
         if self.is_shutting_down:
             return Refusal("shutting_down", "the server is shutting down")
         if problem := self.engine.problem:  # the engine process is down or restarting
-            message = f"the model is unavailable: {problem}. Try again shortly"
-            return Refusal("unavailable", message, retry_after_s=5)
+            return _unavailable(problem)
         if self.usage is not None and (over := self.usage.quota_refusal(user)):
             return Refusal("quota_exceeded", over[0], retry_after_s=over[1])
         if max_tokens > c.max_tokens:
@@ -523,6 +521,11 @@ class Server:
             e2e_ms=t.get("e2e_ms"),
             finish_reason=event.finish_reason,
         )
+
+
+def _unavailable(problem: str) -> Refusal:
+    """The refusal while the engine process is down or reloading, with why."""
+    return Refusal("unavailable", f"the model is unavailable: {problem}. Try again shortly", 5)
 
 
 async def _deny(send, status: int, text: str) -> None:

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -156,7 +157,7 @@ class Vocabulary:
     def __init__(self, vocab, info: ModelInfo, where: str) -> None:
         self._vocab = vocab  # llama_runner.VocabOnly
         self.info = info
-        self._where = where
+        self.where_text = where  # the engine process's start-up block
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self._vocab.tokenize(text, add_special)
@@ -165,7 +166,7 @@ class Vocabulary:
         return self._vocab.apply_chat_template(messages)
 
     def where(self) -> str:
-        return self._where
+        return self.where_text
 
     def close(self) -> None:
         self._vocab.close()
@@ -248,8 +249,7 @@ class EngineProcess:
         """End the engine process (requests in flight are left as they are) and the watchdog."""
         with self._lock:  # from here on no new process is started (_launch looks under it)
             self._stopping = True
-        with contextlib.suppress(OSError, ValueError):
-            self._send(Stop())
+        self._write(self._conn, msgspec.msgpack.encode(Stop()))
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout)
@@ -376,11 +376,6 @@ class EngineProcess:
             conn = None if self.problem else self._conn
         self._write(conn, msgspec.msgpack.encode(command))  # gone: nothing to cancel
 
-    def _send(self, command: Command) -> None:
-        with self._lock:
-            conn = self._conn
-        self._write(conn, msgspec.msgpack.encode(command))
-
     def _write(self, conn: Connection | None, data: bytes) -> bool:
         """Send to the engine process; False when it is gone. Never with _lock held: the reader
         needs that lock to drain what the engine sends, and a full pipe each way would wait on
@@ -495,7 +490,7 @@ class EngineProcess:
                 elif state == "loading":
                     if isinstance(self._loaded, Loaded):
                         loaded = self._loaded  # a worker may lend other devices now
-                        self.runner.info, self.runner._where = loaded.info, loaded.where
+                        self.runner.info, self.runner.where_text = loaded.info, loaded.where
                         self._serving()
                         self.restarts += 1
                         log.warning("engine process restarted; serving again")
@@ -663,6 +658,11 @@ def _engine_main(
     engine.watch = watch
     engine.start()
     send(Loaded(runner.info, runner.where()))
+    _obey(conn, engine, send)
+
+
+def _obey(conn: Connection, engine, send: Callable[[Message], None]) -> None:
+    """The engine process's commands, one after another, until Stop or the server is gone."""
     decoder = msgspec.msgpack.Decoder(Command)
     while True:
         try:
@@ -692,7 +692,7 @@ def _engine_main(
             engine.snapshot().add_done_callback(_answer(send, command.number))
         else:
             engine.stop()
-            runner.close()
+            engine.runner.close()
             os._exit(0)
 
 
