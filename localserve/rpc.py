@@ -208,3 +208,24 @@ def probe(endpoint: str, timeout: float = 2.0) -> str | None:
     if size != 4 + _CAPS_SIZE or major != _RPC_PROTO_MAJOR:
         return f"speaks RPC protocol {major}; this build speaks {_RPC_PROTO_MAJOR}"
     return None
+
+
+def refuses(endpoint: str, timeout: float = 0.3) -> str | None:
+    """Why a worker's port refuses connections (its process is gone), else None.
+
+    A connection only, no hello: a live worker serving an engine answers nobody else until that
+    engine leaves, and one that was stopped (SIGSTOP) still accepts; neither is said gone."""
+    import socket
+
+    from localserve.config import parse_endpoint
+
+    parsed = parse_endpoint(endpoint)
+    if parsed is None:
+        return "not host:port"
+    try:
+        socket.create_connection(parsed, timeout=timeout).close()
+    except ConnectionRefusedError:
+        return "connection refused (no worker listening)"
+    except OSError:  # no answer in time, no route: not known to be gone
+        return None
+    return None

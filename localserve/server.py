@@ -51,6 +51,7 @@ log = logging.getLogger("localserve.server")
 # answer with an error frame. It also bounds what one connection's reader can hold.
 FRAME_SLACK_BYTES = 64 << 10
 SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
+HEALTH_TIMEOUT_S = 2.0  # /healthz answers within this long, whatever the engine does
 KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
 
 _encoder = msgspec.json.Encoder()
@@ -103,6 +104,7 @@ class Server:
         self.port = 0
         self.numbers = itertools.count(1)  # connections and HTTP requests
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
+        self._latest: Snapshot | None = None  # the last one that came
         # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
         self._stats_frame: tuple[Snapshot | None, int, bytes] = (None, 0, b"")
         self._uvicorn: uvicorn.Server | None = None
@@ -239,25 +241,40 @@ class Server:
         return Starlette(routes=routes, exception_handlers=openai_api.exception_handlers())
 
     async def _healthz(self, request: HttpRequest) -> Response:
-        """Load in totals only (no user's requests): open to anyone, the chat page's status."""
-        snap = await self.snapshot()
-        ok = not self.is_shutting_down and not snap.engine_problem
+        """Load in totals only (no user's requests): open to anyone, the chat page's status.
+        Within HEALTH_TIMEOUT_S whatever the engine does: an engine that does not answer in
+        that long is a problem, said with the last snapshot that came."""
+        late = ""
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                snap = await self.snapshot()
+        except TimeoutError:
+            snap = self._latest
+            late = f"the engine has not answered for {HEALTH_TIMEOUT_S:g} s"
+        problems = [p for p in (late, snap and snap.engine_problem) if p]
+        if self.is_shutting_down:
+            problems.insert(0, "shutting down")
+        info = self.runner.info
         body = {
-            "ok": ok,
-            "model": snap.model.model,
-            "backend": snap.model.backend,
-            "running": snap.running,
-            "waiting": snap.waiting,
-            "max_running": snap.max_num_seqs,
-            "kv_used": snap.kv_used,
-            "kv_cached": snap.kv_cached,
-            "kv_total": snap.kv_total,
+            "ok": not problems,
+            "model": info.model,
+            "backend": info.backend,
             "tokens": self.access.requires_tokens,
         }
-        if snap.engine_problem or snap.workers:  # which worker is gone, and why
-            body["problem"] = snap.engine_problem
-            body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers]
-        return JSONResponse(body, 200 if ok else 503)
+        if snap is not None:
+            body |= {
+                "running": snap.running,
+                "waiting": snap.waiting,
+                "max_running": snap.max_num_seqs,
+                "kv_used": snap.kv_used,
+                "kv_cached": snap.kv_cached,
+                "kv_total": snap.kv_total,
+            }
+        if problems or (snap is not None and snap.workers):  # what is wrong; each worker
+            body["problem"] = "; ".join(problems)
+            body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers] if snap else []
+        headers = {"Retry-After": "5"} if problems else None
+        return JSONResponse(body, 503 if problems else 200, headers)
 
     async def _metrics(self, request: HttpRequest) -> Response:
         """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
@@ -326,7 +343,8 @@ class Server:
     async def _fetch_snapshot(self) -> Snapshot:
         try:
             async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):  # a stuck engine must not hang us
-                return await asyncio.wrap_future(self.engine.snapshot())
+                snap = self._latest = await asyncio.wrap_future(self.engine.snapshot())
+                return snap
         finally:
             self._snapshot = None
 

@@ -29,6 +29,7 @@ import itertools
 import logging
 import mmap
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -57,6 +58,14 @@ WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
 # full prefill chunk sets its own scale)
 LONGEST_STEP_FACTOR = 4
 STUCK_S = 2.0  # a snapshot asked during a step this long answers from the last one
+# ... and says the engine is stuck once the step has run this long and twice the longest before
+STUCK_PROBLEM_S = 5.0
+# while nothing comes from the engine for HEARTBEAT_S, the watchdog asks it for a snapshot; an
+# engine idle (no step running) that stays silent for SILENCE_S is stopped (SIGSTOP, a dead
+# reader: nothing else would notice)
+HEARTBEAT_S = 1.0
+SILENCE_S = 5.0
+WORKER_CHECK_S = 1.0  # while serving, a worker that refuses connections is gone: reload early
 PROBE_TIMEOUT_S = 2.0  # a worker that does not answer its hello in this long is "not answering"
 RETRY_S = (1.0, 2.0, 5.0, 10.0)  # between restart attempts while workers are missing
 
@@ -194,6 +203,8 @@ class EngineProcess:
         # [0]: when the running step started (0: none runs); [1]: the longest step so far
         self._busy = (ctypes.c_double * 2).from_buffer(self._clock_map)
         self._lock = threading.Lock()  # the state below
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (conn, data) for the writer
+        self._sender: threading.Thread | None = None
         self._send_lock = threading.Lock()  # writes to the pipe (never taken with _lock held)
         self._process = None
         self._conn = None
@@ -210,6 +221,9 @@ class EngineProcess:
         self._next_try = 0.0
         self._attempts = 0  # restarts tried since it went down
         self._why = ""  # why it went down (self.problem adds the workers that are missing)
+        self._fault = ""  # set by a reader that failed: the watchdog takes the engine down
+        # when the engine was last heard from, last seen in a step, pinged, its workers checked
+        self._heard = self._quiet_since = self._pinged = self._checked = 0.0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -225,6 +239,7 @@ class EngineProcess:
                     f"{worker.detail}. Start `localserve worker` there (with --allow-network "
                     "and --host for another machine) or remove it from the list"
                 )
+        self._start_sender()
         self._launch()
         deadline = time.monotonic() + self.config.server.load_timeout_s
         while self._state == "loading" and time.monotonic() < deadline:
@@ -235,6 +250,7 @@ class EngineProcess:
         if not isinstance(loaded, Loaded):
             why = loaded.message if isinstance(loaded, Failed) else self._death()
             self._kill()
+            self._outbox.put(None)  # the writer ends
             raise ConfigError(f"models.{self.name}: the engine could not load the model: {why}")
         self.runner = Vocabulary(VocabOnly(path, self.model), loaded.info, loaded.where)
         self._serving()
@@ -245,17 +261,26 @@ class EngineProcess:
         self._watchdog.start()
         return self
 
+    def _start_sender(self) -> None:
+        self._sender = threading.Thread(
+            target=self._send_loop, name="localserve-engine-writer", daemon=True
+        )
+        self._sender.start()
+
     def stop(self, timeout: float = 10.0) -> None:
         """End the engine process (requests in flight are left as they are) and the watchdog."""
         with self._lock:  # from here on no new process is started (_launch looks under it)
             self._stopping = True
-        self._write(self._conn, msgspec.msgpack.encode(Stop()))
+        self._send(self._conn, msgspec.msgpack.encode(Stop()))  # after what is queued
+        self._outbox.put(None)  # then the writer ends
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout)
         self._kill()
         if self._watchdog is not None:
             self._watchdog.join(2)
+        if self._sender is not None:
+            self._sender.join(2)
         if self.runner is not None:
             self.runner.close()
         del self._busy
@@ -285,6 +310,7 @@ class EngineProcess:
             self._busy[0] = self._busy[1] = 0.0
             self._generation += 1
             self._loaded = None
+            self._fault = ""
             self._state, self._since = "loading", time.monotonic()
             try:
                 self._process = subprocess.Popen(
@@ -310,6 +336,7 @@ class EngineProcess:
     def _serving(self) -> None:
         with self._lock:
             self._state, self._since = "serving", time.monotonic()
+            self._heard = self._quiet_since = self._since
             self.problem = ""
             self.workers = [Worker(w.endpoint, True) for w in self.workers]
         log.info("engine process %d serving %s", self._process.pid, self.name)
@@ -339,10 +366,7 @@ class EngineProcess:
                 raise ValueError(f"duplicate request id {request_id!r}")
             self._flights[request_id] = _Flight(len(prompt_tokens), time.monotonic())
             conn = self._conn
-        if not self._write(conn, data):  # it died a moment ago: the watchdog will say so
-            with self._lock:
-                self._flights.pop(request_id, None)
-            raise EngineUnavailable("the engine process stopped")
+        self._send(conn, data)  # if it died a moment ago, the watchdog fails the flight
 
     def cancel(self, request_id: str) -> None:
         self._command(Cancel(request_id))
@@ -354,27 +378,35 @@ class EngineProcess:
         """A Future of the engine's next snapshot; while it is down, of the last one, emptied,
         with what is wrong."""
         future: Future[Snapshot] = Future()
-        started = self._busy[0]
+        started, longest = self._busy
         with self._lock:
             if self.problem:
                 future.set_result(self._down_snapshot())
                 return future
-            if started and time.monotonic() - started > STUCK_S:  # no answer before it ends
-                future.set_result(self._last)
+            running_s = time.monotonic() - started if started else 0.0
+            if running_s > STUCK_S:  # no answer before the step ends: the last one, and why
+                future.set_result(self._stuck_snapshot(running_s, longest))
                 return future
             number = next(self._numbers)
             self._asked[number] = future
             conn = self._conn
-        if not self._write(conn, msgspec.msgpack.encode(Ask(number))):
-            with self._lock:
-                if self._asked.pop(number, None) is not None:
-                    future.set_result(self._down_snapshot() if self.problem else self._last)
+        self._send(conn, msgspec.msgpack.encode(Ask(number)))  # if gone, _down answers it
         return future
 
     def _command(self, command: Command) -> None:
         with self._lock:
             conn = None if self.problem else self._conn
-        self._write(conn, msgspec.msgpack.encode(command))  # gone: nothing to cancel
+        self._send(conn, msgspec.msgpack.encode(command))  # gone: nothing to cancel
+
+    def _send(self, conn: Connection | None, data: bytes) -> None:
+        """Queue a message for the engine process: the caller (the event loop, the watchdog)
+        never waits on a full pipe, as it would on a stopped (SIGSTOP) engine process."""
+        if conn is not None:
+            self._outbox.put((conn, data))
+
+    def _send_loop(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            self._write(*item)
 
     def _write(self, conn: Connection | None, data: bytes) -> bool:
         """Send to the engine process; False when it is gone. Never with _lock held: the reader
@@ -388,6 +420,18 @@ class EngineProcess:
             except (OSError, ValueError):  # closed, or the process died
                 return False
         return True
+
+    def _stuck_snapshot(self, running_s: float, longest: float) -> Snapshot:
+        """The last snapshot, saying so once the step running now is far past its usual time
+        (called with the lock held)."""
+        if running_s < max(STUCK_PROBLEM_S, 2 * longest):
+            return self._last
+        limit = self.config.server.step_timeout_s + LONGEST_STEP_FACTOR * longest
+        problem = (
+            f"a step has been running for {running_s:.0f} s (the longest before took "
+            f"{longest:.2g} s); the engine is stopped at {limit:.3g} s"
+        )
+        return msgspec.structs.replace(self._last, engine_problem=problem)
 
     def _down_snapshot(self) -> Snapshot:
         """The last snapshot with nothing running or waiting (called with the lock held)."""
@@ -412,37 +456,50 @@ class EngineProcess:
     # --- the reader: messages from the engine process -----------------------------------------
 
     def _read(self, conn, generation: int) -> None:
+        """Hand on what the engine process sends. If this thread fails, the engine goes down
+        (the watchdog restarts it): nothing it sent would reach anyone again."""
         decoder = msgspec.msgpack.Decoder(Message)
-        while True:
-            try:
-                message = decoder.decode(conn.recv_bytes())
-            except (EOFError, OSError):  # the watchdog sees it end
-                with self._send_lock:  # not while another thread writes to it
-                    conn.close()
+        try:
+            while True:
+                try:
+                    data = conn.recv_bytes()
+                except (EOFError, OSError):  # the watchdog sees it end
+                    return
+                self._heard = time.monotonic()
+                self._handle(decoder.decode(data), generation)
+        except Exception as e:
+            log.exception("engine reader failed")
+            with self._lock:
+                if generation == self._generation:
+                    self._fault = f"the server stopped hearing the engine ({type(e).__name__}: {e})"
+        finally:
+            with self._send_lock:  # not while another thread writes to it
+                conn.close()
+
+    def _handle(self, message: Message, generation: int) -> None:
+        if isinstance(message, Events):
+            self._deliver(message.events, generation)
+        elif isinstance(message, Answer):
+            with self._lock:
+                future = self._asked.pop(message.number, None)
+                snap = message.snapshot
+                if snap is not None and generation == self._generation:
+                    snap = self._last = msgspec.structs.replace(snap, workers=list(self.workers))
+            if future is None:
                 return
-            if isinstance(message, Events):
-                self._deliver(message.events, generation)
-            elif isinstance(message, Answer):
-                with self._lock:
-                    future = self._asked.pop(message.number, None)
-                    if message.snapshot is not None and generation == self._generation:
-                        snap = msgspec.structs.replace(message.snapshot, workers=list(self.workers))
-                        self._last = snap
-                if future is None:
-                    continue
-                if message.snapshot is None:
-                    future.set_exception(RuntimeError(message.error))
-                else:
-                    future.set_result(snap)
-            elif generation == self._generation:
-                self._loaded = message
+            if message.snapshot is None:
+                _settle(future, error=RuntimeError(message.error))
+            else:
+                _settle(future, snap)
+        elif generation == self._generation:
+            self._loaded = message
 
     def _deliver(self, events: list[Event], generation: int) -> None:
         """Hand events on, counting tokens (for a `done` of our own if the process dies)."""
         with self._lock:
             if generation != self._generation:
                 return  # its requests have had their `done` already
-            keep = []
+            keep, ended = [], {}
             now = time.monotonic()
             for event in events:
                 flight = self._flights.get(event.request_id)
@@ -453,17 +510,23 @@ class EngineProcess:
                     flight.first_token = flight.first_token or now
                     flight.last_token = now
                 elif isinstance(event, Done):
-                    del self._flights[event.request_id]
+                    ended[event.request_id] = self._flights.pop(event.request_id)
                 elif isinstance(event, Admitted):
                     flight.admitted = flight.admitted or now
                 keep.append(event)
-        if keep:
+        if not keep:
+            return
+        try:
             self.on_events(keep)
+        except Exception:  # their `done`s did not get through: the watchdog's will
+            with self._lock:
+                if generation == self._generation:
+                    self._flights.update(ended)
+            raise
 
     # --- the watchdog -------------------------------------------------------------------------
 
     def _watch(self) -> None:
-        server = self.config.server
         while True:
             time.sleep(WATCH_INTERVAL_S)
             if self._stopping:
@@ -472,39 +535,84 @@ class EngineProcess:
                 if self._process is None or self._process.poll() is not None:
                     return
                 continue
-            now = time.monotonic()
-            process, state = self._process, self._state
             try:
-                if state == "serving":
-                    started, longest = self._busy
-                    limit = server.step_timeout_s + LONGEST_STEP_FACTOR * longest
-                    if process.poll() is not None:
-                        self._down(self._death())
-                    elif started and now - started > limit:
-                        self._kill()
-                        self._down(
-                            f"a step took longer than {limit:.3g} s (step_timeout_s "
-                            f"{server.step_timeout_s:g} + {LONGEST_STEP_FACTOR} × the longest "
-                            f"step, {longest:.2g} s), so the engine process was stopped"
-                        )
-                elif state == "loading":
-                    if isinstance(self._loaded, Loaded):
-                        loaded = self._loaded  # a worker may lend other devices now
-                        self.runner.info, self.runner.where_text = loaded.info, loaded.where
-                        self._serving()
-                        self.restarts += 1
-                        log.warning("engine process restarted; serving again")
-                    elif isinstance(self._loaded, Failed) or process.poll() is not None:
-                        why = self._loaded.message if self._loaded else self._death()
-                        self._kill()
-                        self._down(f"reloading failed: {why}")
-                    elif now - self._since > server.load_timeout_s:
-                        self._kill()
-                        self._down(f"loading took longer than {server.load_timeout_s:g} s")
-                elif now >= self._next_try:
-                    self._try_restart()
-            except Exception:  # the watchdog must keep watching
+                self._look()
+            except Exception:  # the watchdog must keep watching, whatever it met
                 log.exception("engine watchdog")
+
+    def _look(self) -> None:
+        """One look at the engine process: is it alive, within its step, answering?"""
+        server = self.config.server
+        now = time.monotonic()
+        process, state = self._process, self._state
+        if state == "serving":
+            if why := self._what_is_wrong(now):
+                self._kill()
+                self._down(why)
+        elif state == "loading":
+            if isinstance(self._loaded, Loaded):
+                loaded = self._loaded  # a worker may lend other devices now
+                self.runner.info, self.runner.where_text = loaded.info, loaded.where
+                self._serving()
+                self.restarts += 1
+                log.warning("engine process restarted; serving again")
+            elif isinstance(self._loaded, Failed) or process.poll() is not None:
+                why = self._loaded.message if self._loaded else self._death()
+                self._kill()
+                self._down(f"reloading failed: {why}")
+            elif now - self._since > server.load_timeout_s:
+                self._kill()
+                self._down(f"loading took longer than {server.load_timeout_s:g} s")
+        elif now >= self._next_try:
+            self._try_restart()
+
+    def _what_is_wrong(self, now: float) -> str:
+        """Why the serving engine must be stopped now; "" while all is well."""
+        server = self.config.server
+        started, longest = self._busy
+        limit = server.step_timeout_s + LONGEST_STEP_FACTOR * longest
+        if self._fault:  # first: the process ends as the reader closes its end
+            return self._fault
+        if self._process.poll() is not None:
+            return self._death()
+        if started and now - started > limit:
+            return (
+                f"a step took longer than {limit:.3g} s (step_timeout_s "
+                f"{server.step_timeout_s:g} + {LONGEST_STEP_FACTOR} × the longest "
+                f"step, {longest:.2g} s), so the engine process was stopped"
+            )
+        if started:  # a step runs: its time is watched above, not the silence
+            self._quiet_since = now
+            return ""
+        quiet = now - max(self._heard, self._quiet_since)
+        if quiet > SILENCE_S:
+            return f"the engine process stopped answering (silent for {quiet:.0f} s while idle)"
+        if quiet > HEARTBEAT_S and now - self._pinged > HEARTBEAT_S:
+            self._pinged = now
+            self._ping()
+        if min(now - self._quiet_since, now - self._checked) > WORKER_CHECK_S:  # idle
+            self._checked = now
+            return self._gone_worker()
+        return ""
+
+    def _ping(self) -> None:
+        """Ask the engine for a snapshot nobody waits for: its answer is the heartbeat."""
+        with self._lock:
+            number = next(self._numbers)
+            self._asked[number] = Future()
+            conn = self._conn
+        self._send(conn, msgspec.msgpack.encode(Ask(number)))
+
+    def _gone_worker(self) -> str:
+        """A worker whose port refuses connections has gone (llama.cpp would abort at the next
+        step): say so now. Only a refusal counts: a live worker serving our engine does not
+        answer anyone else's hello, and one that stopped (SIGSTOP) still accepts."""
+        from localserve.rpc import refuses
+
+        for endpoint in self.model.rpc_workers:
+            if why := refuses(endpoint):
+                return f"RPC worker {endpoint}: {why}"
+        return ""
 
     def _death(self) -> str:
         """Why the engine process ended, in words."""
@@ -548,12 +656,14 @@ class EngineProcess:
             self._conn = None  # the reader closes it when the process's end reaches it
             down = self._down_snapshot()
         log.error("engine down: %s; %d requests in flight fail", problem, len(flights))
-        for future in asked.values():
-            future.set_result(down)
         message = f"the model stopped: {problem}. Try again shortly"
         events: list[Event] = [_failed(rid, flight, message) for rid, flight in flights.items()]
-        if events:
-            self.on_events(events)
+        try:  # first: nothing below may keep a request from ending
+            if events:
+                self.on_events(events)
+        finally:
+            for future in asked.values():
+                _settle(future, down)
 
     def _try_restart(self) -> None:
         workers = self._probe_all()
@@ -586,6 +696,19 @@ class EngineProcess:
             why = probe(endpoint, PROBE_TIMEOUT_S)
             workers.append(Worker(endpoint, why is None, why or ""))
         return workers
+
+
+def _settle(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Resolve a Future another thread may have given up on (cancelled): never raises."""
+    try:
+        if not future.set_running_or_notify_cancel():
+            return  # the asker gave up: nobody is waiting for it
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except Exception:  # already resolved: nothing more to say to anyone
+        log.debug("a snapshot's Future was already resolved", exc_info=True)
 
 
 def _failed(request_id: str, flight: _Flight, message: str) -> Done:

@@ -1,0 +1,327 @@
+"""Faults never strand anyone: the real server and its supervised engine process, broken on
+purpose while people stream and while /healthz, /metrics and a stats subscription ask for
+snapshots the whole time.
+
+Each case checks the invariant (docs/protocol.md, "When the engine stops"): every stream ends
+with an error and its `done`; /healthz answers within its bound throughout and says the truth;
+once the engine is back the same user can chat at once; the server's counts, the engine's
+cells and the quota reservations are back to zero; no thread died; file descriptors, memory
+and child processes stay bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import msgspec
+import pytest
+from conftest import WS, live_config
+from helpers import wait_until
+
+pytestmark = pytest.mark.model
+
+STEP_TIMEOUT_S = 5.0  # a loaded 2-core machine may take seconds for a first step
+QUOTA = 10**9  # a quota nobody reaches: its reservations are counted, and must come back
+HEALTH_BOUND_S = 3.5  # HEALTH_TIMEOUT_S and some slack for a loaded machine
+LONG_PROMPT = "Tell me everything about the history of the city of Paris. " * 150
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A server of its own (it is broken here many times), with quotas on."""
+    from localserve.serving import serving
+
+    config = live_config()
+    config.server = msgspec.structs.replace(
+        config.server,
+        step_timeout_s=STEP_TIMEOUT_S,
+        state_dir=str(tmp_path_factory.mktemp("faults-state")),
+        daily_tokens=QUOTA,
+    )
+    with serving(config, thread=True) as served:
+        yield served
+
+
+@pytest.fixture(autouse=True)
+def impatient(monkeypatch):
+    """Askers give up on a snapshot after 1 s (the server's own bound is 30 s): a fault must
+    not cost anything when the answer, or the engine's end, comes after they gave up."""
+    monkeypatch.setattr("localserve.server.SNAPSHOT_TIMEOUT_S", 1.0)
+
+
+@pytest.fixture
+def died():
+    """Exceptions that ended any thread during the test."""
+    deaths: list[str] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: deaths.append(f"{args.thread.name}: {args.exc_value!r}")
+    yield deaths
+    threading.excepthook = hook
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Askers:
+    """/healthz, /metrics and a stats subscription, asked for snapshots all the time."""
+
+    def __init__(self, served) -> None:
+        self.http = served.thread.http
+        self.health: list[tuple[float, int, dict]] = []  # (seconds it took, status, body)
+        self.stats = 0
+        self.last_stats = 0.0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._monitor = WS(served.thread.url)
+        self._monitor.send({"type": "subscribe", "interval_ms": 100})
+        self._threads = [
+            threading.Thread(target=f, daemon=True)
+            for f in (self._poll_health, self._poll_metrics, self._read_stats)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _poll_health(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                status, body = get(self.http + "/healthz", timeout=30)
+                self.health.append((time.monotonic() - started, status, json.loads(body)))
+            except Exception as e:
+                self.failures.append(f"/healthz: {e!r}")
+            self._stop.wait(0.2)
+
+    def _poll_metrics(self) -> None:
+        while not self._stop.is_set():
+            try:
+                get(self.http + "/metrics", timeout=60)
+            except Exception as e:
+                self.failures.append(f"/metrics: {e!r}")
+            self._stop.wait(0.2)
+
+    def _read_stats(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._monitor.recv(timeout=60)["type"] == "stats":
+                    self.stats += 1
+                    self.last_stats = time.monotonic()
+            except Exception as e:
+                if not self._stop.is_set():
+                    self.failures.append(f"stats: {e!r}")
+                return
+
+    def said_problem(self) -> bool:
+        return any(status == 503 and not body["ok"] for _, status, body in self.health)
+
+    def stop(self) -> None:
+        wait_until(lambda: time.monotonic() - self.last_stats < 2, 10, "stats frames go on")
+        self._stop.set()
+        self._monitor.close()
+        for thread in self._threads:
+            thread.join(70)
+        slowest = max((took for took, _, _ in self.health), default=0.0)
+        assert slowest < HEALTH_BOUND_S, f"/healthz took {slowest:.1f} s"
+        assert not self.failures, self.failures
+
+
+@contextlib.contextmanager
+def asking(served):
+    askers = Askers(served)
+    try:
+        yield askers
+    finally:
+        askers.stop()
+
+
+def streams(served, users: tuple[str, ...], prompt: str = "Tell me a long story.") -> list[WS]:
+    """Each user starts a long reply; returns once each is under way (queued at least)."""
+    clients = []
+    for user in users:
+        ws = WS(served.thread.url)
+        assert ws.hello(user)["type"] == "welcome"
+        ws.chat("long", prompt, max_tokens=3000, ignore_eos=True)
+        clients.append(ws)
+    for ws in clients:
+        ws.until(lambda f: f["type"] == "queued")
+    return clients
+
+
+def ends_with_an_error(ws: WS, within: float) -> dict:
+    """The stream's error (unavailable) and then its done, within the bound."""
+    started = time.monotonic()
+    frames = ws.until(lambda f: f["type"] in ("error", "done"), timeout=within)
+    error = frames[-1]
+    assert error["type"] == "error" and error["code"] == "unavailable", error
+    done = ws.recv(timeout=5)
+    assert done["type"] == "done" and done["finish_reason"] == "error", done
+    assert time.monotonic() - started < within
+    return error
+
+
+def healthy(served) -> bool:
+    status, body = get(served.thread.http + "/healthz")
+    return status == 200 and json.loads(body)["ok"]
+
+
+def children() -> list[int]:
+    """Processes this one started that are still there (the engine process among them)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.append(int(pid))
+    return found
+
+
+def resources() -> tuple[int, int]:
+    """(open file descriptors, resident bytes) of this process (the server runs in it)."""
+    with open("/proc/self/status") as f:
+        rss = int(next(x for x in f if x.startswith("VmRSS:")).split()[1]) * 1024
+    return len(os.listdir("/proc/self/fd")), rss
+
+
+@pytest.fixture
+def invariant(served, died):
+    """Checks, after the fault, that everything is as it was before it."""
+    wait_until(lambda: healthy(served), 60, "the server serves")
+    fds, rss = resources()
+    before = set(children())
+    yield
+    server, engine = served.server, served.engine
+    wait_until(lambda: healthy(served), 60, "the server serves again")
+    for user in ("alice", "bob"):  # the same users, at once, on new connections
+        ws = WS(served.thread.url)
+        try:
+            assert ws.hello(user)["type"] == "welcome"
+            ws.chat("again", "Hi", max_tokens=4)
+            frames = ws.until_done("again")
+            assert frames[-1]["finish_reason"] in ("stop", "length"), frames[-3:]
+        finally:
+            ws.close()
+
+    def settled() -> bool:
+        c = server.counts
+        return not (server.requests or c.waiting or c.waiting_per_user or c.inflight_per_user)
+
+    wait_until(settled, 10, "the server's counts back to zero")
+    assert not server.usage._reserved, server.usage._reserved
+    snap = served.thread.call(server.snapshot())
+    assert (snap.running, snap.waiting, snap.kv_live) == (0, 0, 0)
+    assert not engine._flights and len(engine._asked) <= 2
+    names = {t.name for t in threading.enumerate()}
+    for name in ("localserve-watchdog", "localserve-engine-reader", "localserve-usage"):
+        assert name in names, f"{name} is gone"
+    assert not died, died
+    left = set(children()) - before  # the new engine process only: the old one was reaped
+    assert left <= {engine_pid(served)}, left
+    now_fds, now_rss = resources()
+    assert now_fds < fds + 16, (fds, now_fds)
+    assert now_rss < rss + (200 << 20), (rss, now_rss)
+
+
+def engine_pid(served) -> int:
+    return served.engine._process.pid
+
+
+# --- the engine process ------------------------------------------------------------------
+
+
+def test_the_engine_killed_mid_reply(served, invariant):
+    """Hung for a moment first (snapshots asked then are given up on), then killed."""
+    with asking(served) as askers:
+        clients = streams(served, ("alice", "bob"))
+        for ws in clients:
+            ws.until(lambda f: f["type"] == "token")
+        os.kill(engine_pid(served), signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(engine_pid(served), signal.SIGKILL)
+        for ws in clients:
+            error = ends_with_an_error(ws, within=10)
+            assert "SIGKILL" in error["message"]
+            ws.close()
+        wait_until(askers.said_problem, 10, "/healthz says the engine is down")
+
+
+def test_the_engine_stopped_mid_step(served, invariant):
+    """SIGSTOP during a long prefill: the watchdog's step limit ends it."""
+    with asking(served) as askers:
+        clients = streams(served, ("alice", "bob"), LONG_PROMPT)
+        wait_until(lambda: served.engine._busy[0], 10, "a step runs", interval=0.001)
+        os.kill(engine_pid(served), signal.SIGSTOP)
+        longest = served.engine._busy[1]
+        within = STEP_TIMEOUT_S + 4 * longest + 10
+        for ws in clients:
+            ends_with_an_error(ws, within)
+            ws.close()
+        assert askers.said_problem()
+
+
+def test_the_engine_stopped_while_idle(served, invariant):
+    """Nothing would notice but a heartbeat: the next chat would hang."""
+    with asking(served) as askers:
+        os.kill(engine_pid(served), signal.SIGSTOP)
+        started = time.monotonic()
+        wait_until(lambda: served.engine.problem, 12, "the watchdog notices")
+        assert "stopped answering" in served.engine.problem
+        assert time.monotonic() - started < 12
+        wait_until(askers.said_problem, 5, "/healthz says so")
+
+
+def test_a_snapshot_abandoned_by_its_asker_then_answered(served, invariant):
+    """The asker gave up (asyncio cancels the Future it waited on); the answer comes later
+    and must not cost anyone anything."""
+    restarts = served.engine.restarts
+    pid = engine_pid(served)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        future = served.engine.snapshot()
+        assert future.cancel()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with WS(served.thread.url).ws as ws:  # a chat after the answer came: it is served
+        ws.send(json.dumps({"type": "hello", "user": "carol"}))
+        ws.recv(10)
+        chat = {"type": "chat", "id": "c", "messages": [{"role": "user", "content": "Hi"}]}
+        ws.send(json.dumps(chat | {"max_tokens": 4}))
+        while (frame := json.loads(ws.recv(30)))["type"] != "done":
+            pass
+        assert frame["finish_reason"] in ("stop", "length")
+    assert served.engine.restarts == restarts  # nothing had to be restarted
+
+
+def test_a_reader_thread_that_fails_takes_the_engine_down_cleanly(served, invariant):
+    engine = served.engine
+    deliver = engine._deliver
+    failed = []
+
+    def fail_once(events, generation):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("injected: the reader fails")
+        deliver(events, generation)
+
+    engine._deliver = fail_once
+    restarts = engine.restarts
+    try:
+        with asking(served):
+            clients = streams(served, ("alice",))
+            for ws in clients:
+                error = ends_with_an_error(ws, within=15)
+                assert "stopped hearing the engine" in error["message"], error
+                ws.close()
+            wait_until(lambda: engine.restarts == restarts + 1, 30, "a new engine process")
+    finally:
+        del engine._deliver
+    assert failed
