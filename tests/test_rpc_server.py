@@ -171,6 +171,31 @@ def test_a_stopped_worker_is_caught_by_the_watchdog(split):
     assert split.served.engine.restarts == 2
 
 
+def test_a_worker_that_dies_while_idle_is_noticed_before_the_next_chat(split):
+    """Nothing runs, so llama.cpp cannot notice: the watchdog's look at the workers' ports
+    does, /healthz says so within its bound, and the next chat is refused (not failed midway)
+    until the worker is back."""
+    wait_until(split.serves, 60, "the server serves")
+    restarts = split.served.engine.restarts
+    dead = split.workers[0]
+    dead.proc.kill()
+    dead.proc.wait(10)
+    started = time.monotonic()
+
+    def says_gone() -> bool:
+        status, body = healthz(split.served)
+        return status == 503 and dead.endpoint in body.get("problem", "")
+
+    wait_until(says_gone, 10, "/healthz names the dead worker")
+    assert time.monotonic() - started < 10
+    refusal = refused_while_down(split)
+    assert refusal["code"] == "unavailable" and dead.endpoint in refusal["message"]
+    split.workers[0] = Worker(dead.port)
+    wait_until(split.serves, 60, "the server serves again")
+    assert reply(split.url, PROMPTS[0]).strip()
+    assert split.served.engine.restarts == restarts + 1
+
+
 def test_an_unreachable_worker_at_start_up_is_an_error_naming_it(tmp_path):
     import subprocess
     import sys
