@@ -51,6 +51,9 @@ log = logging.getLogger("localserve.server")
 # answer with an error frame. It also bounds what one connection's reader can hold.
 FRAME_SLACK_BYTES = 64 << 10
 SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
+# A `done` waits this long for its usage row to be committed, then goes out saying it was not
+# (at once while the record is known to be broken): a reply never hangs on a dead disk.
+RECORD_WAIT_S = 3.0
 KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
 
 _encoder = msgspec.json.Encoder()
@@ -104,7 +107,7 @@ class Server:
         self.numbers = itertools.count(1)  # connections and HTTP requests
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
         # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
-        self._stats_frame: tuple[Snapshot | None, int, bytes] = (None, 0, b"")
+        self._stats_frame: tuple[Snapshot | None, tuple[int, str], bytes] = (None, (0, ""), b"")
         self._uvicorn: uvicorn.Server | None = None
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._ticker: asyncio.Task | None = None
@@ -241,7 +244,8 @@ class Server:
     async def _healthz(self, request: HttpRequest) -> Response:
         """Load in totals only (no user's requests): open to anyone, the chat page's status."""
         snap = await self.snapshot()
-        ok = not self.is_shutting_down and not snap.engine_problem
+        usage_problem = self.usage.problem if self.usage is not None else ""
+        ok = not self.is_shutting_down and not snap.engine_problem and not usage_problem
         body = {
             "ok": ok,
             "model": snap.model.model,
@@ -257,6 +261,9 @@ class Server:
         if snap.engine_problem or snap.workers:  # which worker is gone, and why
             body["problem"] = snap.engine_problem
             body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers]
+        if usage_problem:  # rows kept in memory, not on disk
+            body["usage_problem"] = usage_problem
+            body["usage_unwritten"] = self.usage.num_unwritten
         return JSONResponse(body, 200 if ok else 503)
 
     async def _metrics(self, request: HttpRequest) -> Response:
@@ -334,11 +341,11 @@ class Server:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
         snap = await self.snapshot()
         usage = self.usage
-        version = usage.version if usage is not None else 0
+        version = (usage.version, usage.problem) if usage is not None else (0, "")
         built_from, built_version, frame = self._stats_frame
         if built_from is not snap or built_version != version:
             today = usage.today() if usage is not None else []
-            frame = _encoder.encode(Stats(snap, today))
+            frame = _encoder.encode(Stats(snap, today, usage_problem=version[1]))
             self._stats_frame = (snap, version, frame)
         return frame
 
@@ -355,8 +362,9 @@ class Server:
     ) -> Request | None:
         """Check the limits and the sampling values, build the prompt, hand it to the engine.
 
-        Raises Refusal (busy, shutting_down, too_long, bad_request); returns None when the
-        sink closed while the prompt was being built (nothing was queued).
+        Raises Refusal (busy, shutting_down, too_long, bad_request, quota_exceeded,
+        unavailable); returns None when the sink closed while the prompt was being built
+        (nothing was queued).
         """
         problem = self._check_admission(user, fields.max_tokens)
         if problem:
@@ -414,6 +422,8 @@ class Server:
             return Refusal("shutting_down", "the server is shutting down")
         if problem := self.engine.problem:  # the engine process is down or restarting
             return _unavailable(problem)
+        if self.usage is not None and (why := self.usage.record_refusal(user)):
+            return Refusal("unavailable", why, retry_after_s=5)
         if self.usage is not None and (over := self.usage.quota_refusal(user)):
             return Refusal("quota_exceeded", over[0], retry_after_s=over[1])
         if max_tokens > c.max_tokens:
@@ -478,27 +488,43 @@ class Server:
             self._close(request)
             if event.finish_reason == "error":
                 log.error("request %s failed in the engine: %s", request.engine_id, event.error)
-            if self.usage is None:
-                return sink.on_done(request, event)
-            loop = self._loop
-            try:
-                self.usage.record(
-                    self._row(request, event),
-                    lambda: loop.call_soon_threadsafe(self._deliver_done, request, event),
-                )
-            except Exception:  # no record: the reply still ends
-                log.exception("request %s: not recorded", request.engine_id)
-                return sink.on_done(request, event)
-            self._done_waiting += 1
+            self._record(request, event)
         elif isinstance(event, Admitted) and request.is_waiting:
             self._count(request.user, waiting=-1, inflight=0)
             request.is_waiting = False
         elif isinstance(event, Preempted):
             sink.on_queued(request, self.counts.waiting + 1)
 
-    def _deliver_done(self, request: Request, event: Done) -> None:
-        """The `done`, once its row is committed (on the loop)."""
-        self._done_waiting -= 1
+    def _record(self, request: Request, event: Done) -> None:
+        """Hand the row to the record; the `done` goes once it is committed, or after
+        RECORD_WAIT_S (at once while the record is broken) saying it is not."""
+        if self.usage is None:
+            return self._deliver_done(request, event, recorded=False)
+        loop, is_sent = self._loop, False
+
+        def deliver(recorded: bool) -> None:  # whichever comes first: the commit or the timer
+            nonlocal is_sent
+            if not is_sent:
+                is_sent = True
+                timer.cancel()
+                self._done_waiting -= 1
+                self._deliver_done(request, event, recorded)
+
+        def committed(recorded: bool) -> None:  # on the writer thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+                loop.call_soon_threadsafe(deliver, recorded)
+
+        timer = loop.call_later(0 if self.usage.problem else RECORD_WAIT_S, deliver, False)
+        self._done_waiting += 1
+        try:
+            self.usage.record(self._row(request, event), committed)
+        except Exception:  # no record: the reply still ends
+            log.exception("request %s: not recorded", request.engine_id)
+            deliver(False)
+
+    def _deliver_done(self, request: Request, event: Done, recorded: bool) -> None:
+        """The `done`, saying whether its row is committed (on the loop)."""
+        request.is_recorded = recorded
         try:
             request.sink.on_done(request, event)
         except Exception:
