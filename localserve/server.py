@@ -40,7 +40,7 @@ from localserve.events import Admitted, Done, Event, Preempted, Token
 from localserve.prompt import Prompt, PromptBuilder, PromptTooLong
 from localserve.protocol import Limits, Notice, SamplingFields, Snapshot, Stats, Welcome
 from localserve.runner import EngineUnavailable, Runner
-from localserve.sampling_params import sampling_params
+from localserve.sampling_params import SamplingParams, sampling_params
 from localserve.transport import GuardedHTTP, GuardedWebSocket
 from localserve.transport import Limits as ConnectionLimits
 from localserve.usage import Row, Usage
@@ -379,8 +379,7 @@ class Server:
         allowance = self.usage.allowance(user) if self.usage is not None else None
         if allowance is not None:  # a quota: the reply may use at most what is left of it
             params = msgspec.structs.replace(params, max_tokens=min(params.max_tokens, allowance))
-            request.reserved_tokens = params.max_tokens
-            self.usage.reserve(user, params.max_tokens)
+            self._hold(request, params.max_tokens)  # until the prompt's length is known
         try:
             built = await prompt()
             if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
@@ -390,6 +389,8 @@ class Server:
                 if self.is_shutting_down:
                     raise Refusal("shutting_down", "the server is shutting down")
                 return None
+            if allowance is not None:
+                params = self._hold_prompt(request, params, len(built.tokens))
             self.engine.add_request(
                 engine_id,
                 built.tokens,
@@ -415,6 +416,29 @@ class Server:
             self._close(request)
             raise
         return request
+
+    def _hold(self, request: Request, tokens: int) -> None:
+        """Reserve (or, negative, give back) tokens of the user's quota for this request."""
+        request.reserved_tokens += tokens
+        if tokens > 0:
+            self.usage.reserve(request.user, tokens)
+        else:
+            self.usage.release(request.user, -tokens)
+
+    def _hold_prompt(
+        self, request: Request, params: SamplingParams, num_tokens: int
+    ) -> SamplingParams:
+        """The prompt's tokens count against the quota from now on (all of them: what the cache
+        saves is known only at the end, when the row settles it), so parallel requests overshoot
+        it by at most what they generate; the reply may use what is left after the prompt."""
+        usage, user = self.usage, request.user
+        if over := usage.prompt_refusal(user, num_tokens, request.reserved_tokens):
+            self._close(request)
+            raise Refusal("quota_exceeded", over[0], retry_after_s=over[1])
+        left = usage.left(user, request.reserved_tokens)
+        max_tokens = min(params.max_tokens, left - num_tokens)
+        self._hold(request, num_tokens + max_tokens - params.max_tokens)
+        return msgspec.structs.replace(params, max_tokens=max_tokens)
 
     def _check_admission(self, user: str, max_tokens: int) -> Refusal | None:
         c = self.config

@@ -14,7 +14,7 @@ the writer tries again every RETRY_S, opening a new database where the old one w
 Quotas count tokens the server computed for a user since local midnight: prompt tokens not
 reused from the cache plus tokens generated. The counts live in memory, loaded from the
 database at start-up (so a quota holds across restarts) and advanced with every row (never
-set back, whatever happens to the file).
+set back, whatever happens to the file). Requests in flight hold what they may still use.
 
 The access log (one line per finished request, plain or JSON, rotated by size) is written by
 the same thread, so a slow disk never stalls the event loop.
@@ -404,7 +404,7 @@ class Usage:
         self._files = _identities(self.path)  # deleted or replaced under us: noticed
         self._day_start = local_day_start(clock())
         self._today = totals_since(self.db, self._day_start)  # on the event loop only
-        self._reserved: dict[str, int] = {}  # per user: max_tokens of requests in flight
+        self._reserved: dict[str, int] = {}  # per user: what requests in flight may still use
         self._access: logging.Logger | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.version = 0  # advances with every row: the stats frame's cache key
@@ -707,12 +707,18 @@ class Usage:
         return sorted(users, key=lambda u: (-u.counted_tokens, u.user))
 
     def allowance(self, user: str) -> int | None:
-        """Tokens a new request of the user's may generate: the quota left after what was used
-        and what the user's requests in flight may still generate; None without a quota."""
+        """Tokens a new request of the user's may use: the quota left after what was used and
+        what the user's requests in flight may still use (prompt and reply); None without one."""
         limit = self.daily_tokens(user)
         if not limit:
             return None
         return max(0, limit - self._used_today(user) - self._reserved.get(user, 0))
+
+    def left(self, user: str, held: int) -> int:
+        """What is left of the user's quota for a request holding `held` of it (below 0 when
+        the user's requests have used more than it)."""
+        others = self._reserved.get(user, 0) - held
+        return self.daily_tokens(user) - self._used_today(user) - others
 
     def _used_today(self, user: str) -> int:
         self._roll_day()
@@ -746,6 +752,20 @@ class Usage:
         why = (
             f"your daily quota of {quota.daily_tokens} tokens is used up "
             f"({quota.used_today} today{held})"
+        )
+        return self._refusal(quota, why)
+
+    def prompt_refusal(self, user: str, num_tokens: int, held: int) -> tuple[str, float] | None:
+        """(why, seconds until the reset) when a prompt of `num_tokens` leaves nothing of the
+        user's quota to generate with (its own request holding `held` of it), else None."""
+        quota = self.quota(user)
+        if quota is None or num_tokens < (left := self.left(user, held)):
+            return None
+        others = self._reserved.get(user, 0) - held
+        more = f", {others} more held by your other requests in flight" if others > 0 else ""
+        why = (
+            f"your prompt of {num_tokens} tokens does not fit the {max(0, left)} tokens left of "
+            f"your daily quota of {quota.daily_tokens} ({quota.used_today} used today{more})"
         )
         return self._refusal(quota, why)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import WS
+from conftest import WS, configured
 from helpers import FakeServer, wait_until
 
 from localserve import server as server_module
@@ -434,8 +434,8 @@ def test_other_files_in_its_place_are_clear_errors(tmp_path):
 
 
 def test_a_quota_caps_what_requests_in_flight_may_generate(tmp_path):
-    """Eight requests at once against a quota of 50: together they generate at most 50 tokens
-    (their prompts count on top)."""
+    """Eight requests at once against a quota of 50: together they use at most 50 tokens, their
+    prompts included (held from admission on)."""
     server = FakeServer(state_dir=str(tmp_path), daily_tokens=50, step_s=0.005)
     try:
         ws = WS(server.url)
@@ -446,9 +446,9 @@ def test_a_quota_caps_what_requests_in_flight_may_generate(tmp_path):
         seen = frames[:]
         while sum(f["type"] in ("done", "error") for f in seen) < 8:
             seen.append(ws.recv(30))
-        generated = sum(f["usage"]["completion_tokens"] for f in seen if f["type"] == "done")
+        counted = sum(counted_tokens(f["usage"]) for f in seen if f["type"] == "done")
         refused = [f for f in seen if f["type"] == "error"]
-        assert generated == 50 and refused and refused[0]["code"] == "quota_exceeded"
+        assert counted == 50 and refused and refused[0]["code"] == "quota_exceeded"
         assert "daily quota of 50 tokens is used up" in refused[0]["message"]
     finally:
         server.close()
@@ -636,6 +636,37 @@ def test_a_close_on_a_full_disk_is_bounded_and_says_what_it_loses(small_disk, ca
     assert logged(caplog, logging.ERROR, "3 rows could not be written and are lost")
 
 
+def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
+    """Done, cancelled, refused for its prompt, too long: what each request held of the quota
+    (its prompt and its max_tokens) is given back, and what it used is counted."""
+    server = FakeServer(state_dir=str(tmp_path), daily_tokens=1000, step_s=0.005, n_ctx=2048)
+    store = server.server.usage
+
+    def held() -> int:  # released on the loop before the `done` goes
+        return store._reserved.get("zed", 0)
+
+    try:
+        ws = WS(server.url)
+        ws.hello("zed")
+        ws.chat("done", "one two three", max_tokens=5)
+        used = counted_tokens(ws.until_done("done")[-1]["usage"])
+        assert held() == 0
+        ws.chat("cancel", "one two three", max_tokens=200, ignore_eos=True)
+        ws.until(lambda f: f["type"] == "token")
+        ws.send({"type": "cancel", "id": "cancel"})
+        used += counted_tokens(ws.until_done("cancel")[-1]["usage"])
+        assert held() == 0
+        ws.chat("long", "word " * 990, max_tokens=5)  # fits the context, not what is left
+        refused = ws.recv()
+        assert refused["code"] == "quota_exceeded" and "does not fit" in refused["message"]
+        assert held() == 0
+        ws.chat("huge", "word " * 2100)  # over the context
+        assert ws.recv()["code"] == "too_long" and held() == 0
+        assert store.quota("zed").used_today == used
+    finally:
+        server.close()
+
+
 def post(server, body: dict) -> tuple[int, Message, str]:
     """POST /v1/chat/completions: the status, the headers and the body's text."""
     body = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]} | body
@@ -807,3 +838,29 @@ def test_a_full_disk_while_serving(live, connect, small_disk, monkeypatch):
     again = Usage(store.config, "gemma")  # a restart on the same directory
     assert again.quota("tara").used_today == used
     again.close()
+
+
+@pytest.mark.model
+def test_parallel_long_prompts_stay_within_a_quota(live, connect, tmp_path):
+    """Eight ~800-token prompts at once against a quota of 3,000: the prompts count from
+    admission on, so together they use at most the quota and one reply's max_tokens."""
+    max_tokens, text = 32, "The quick brown fox jumps over the lazy dog. " * 80
+    limits = dict(max_inflight_per_user=8, max_queued_per_user=8)
+    quota = dict(state_dir=str(tmp_path), daily_tokens_per_user={"pia": 3000})
+    with configured(live, **limits), usage_of(live, **quota) as store:
+        ws = connect()
+        ws.hello("pia")
+        for i in range(8):
+            ws.chat(f"p{i}", f"Request {i}. {text}", max_tokens=max_tokens, ignore_eos=True)
+        ends: dict[str, dict] = {}
+        while len(ends) < 8:
+            frame = ws.recv(120)
+            if frame["type"] in ("done", "error"):
+                ends[frame["id"]] = frame
+        dones = [f for f in ends.values() if f["type"] == "done"]
+        refused = [f for f in ends.values() if f["type"] == "error"]
+        assert len(dones) >= 2 and all(700 < d["usage"]["prompt_tokens"] < 1000 for d in dones)
+        used = sum(counted_tokens(d["usage"]) for d in dones)
+        assert used <= 3000 + max_tokens, f"{used} tokens against a quota of 3000"
+        assert refused and {f["code"] for f in refused} == {"quota_exceeded"}
+        assert store.quota("pia").used_today == used and store._reserved == {}
