@@ -429,8 +429,8 @@ class Server:
         self, request: Request, params: SamplingParams, num_tokens: int
     ) -> SamplingParams:
         """The prompt's tokens count against the quota from now on (all of them: what the cache
-        saves is known only at the end, when the row settles it), so parallel requests overshoot
-        it by at most what they generate; the reply may use what is left after the prompt."""
+        saves is known only at the end, when the row settles it), and the reply may use what is
+        left after it: requests in flight at once stay within the quota together."""
         usage, user = self.usage, request.user
         if over := usage.prompt_refusal(user, num_tokens, request.reserved_tokens):
             self._close(request)
