@@ -34,6 +34,7 @@ class Request:
     sink: Sink
     is_waiting: bool = True
     reserved_tokens: int = 0  # of its user's daily quota, until it is done
+    is_recorded: bool = False  # its usage row committed when its `done` went out
 
 
 class Refusal(Exception):

@@ -149,7 +149,8 @@ class Connection:
         usage = Usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
         t = done.timings
         timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"])
-        self.send(Finished(request.client_id, done.finish_reason, usage, timings))
+        recorded = request.is_recorded
+        self.send(Finished(request.client_id, done.finish_reason, usage, timings, recorded))
 
     # --- closing ----------------------------------------------------------------------------
 

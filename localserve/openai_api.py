@@ -556,7 +556,7 @@ class _Reply:
             }
         body = self._envelope([choice], whole=True)
         body["usage"] = _usage(done)
-        await _json(body)(self.scope, _no_receive, send)
+        await _json(self._unrecorded(body))(self.scope, _no_receive, send)
 
     async def _send_stream(self, send) -> None:
         headers = [
@@ -592,11 +592,12 @@ class _Reply:
             await self._write(send, payload)
         else:
             empty = {} if self.kind == "chat" else ""
-            await self._write(send, self._chunk(empty, done.finish_reason))
+            last = self._chunk(empty, done.finish_reason)
             if self.include_usage:
+                await self._write(send, last)
                 last = self._envelope([], whole=False)
                 last["usage"] = _usage(done)
-                await self._write(send, last)
+            await self._write(send, self._unrecorded(last))
         await self._write(send, None)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -617,6 +618,14 @@ class _Reply:
                 await send(message)
         except TimeoutError:
             self._give_up(f"not reading for {timeout:g} s")
+
+    def _unrecorded(self, body: dict) -> dict:
+        """The reply's last object says `"recorded": false` when its usage row was not
+        committed (a server without a usage record promises nothing: no key)."""
+        request = self.request
+        if self.server.usage is not None and request is not None and not request.is_recorded:
+            body["recorded"] = False
+        return body
 
     def _chunk(self, delta, finish_reason: str | None = None) -> dict:
         if self.kind == "chat":

@@ -293,6 +293,7 @@ class Finished(msgspec.Struct, tag="done"):
     finish_reason: str  # stop | length | cancelled | error
     usage: Usage
     timings: Timings
+    recorded: bool = True  # its usage row committed (older servers: always claimed)
 
 
 class Error(msgspec.Struct, tag="error", omit_defaults=True):
@@ -330,6 +331,7 @@ class UserUsage(msgspec.Struct):
 class Stats(msgspec.Struct, tag="stats"):
     snapshot: Snapshot
     usage_today: list[UserUsage] = msgspec.field(default_factory=list)  # most tokens first
+    usage_problem: str = ""  # why the usage record cannot be written now ("" while it can)
 
 
 ServerFrame = Welcome | Queued | TokenDelta | Finished | Error | Notice | Stats

@@ -40,7 +40,7 @@ from localserve.events import Admitted, Done, Event, Preempted, Token
 from localserve.prompt import Prompt, PromptBuilder, PromptTooLong
 from localserve.protocol import Limits, Notice, SamplingFields, Snapshot, Stats, Welcome
 from localserve.runner import EngineUnavailable, Runner
-from localserve.sampling_params import sampling_params
+from localserve.sampling_params import SamplingParams, sampling_params
 from localserve.transport import GuardedHTTP, GuardedWebSocket
 from localserve.transport import Limits as ConnectionLimits
 from localserve.usage import Row, Usage
@@ -52,6 +52,9 @@ log = logging.getLogger("localserve.server")
 FRAME_SLACK_BYTES = 64 << 10
 SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
 HEALTH_TIMEOUT_S = 2.0  # /healthz answers within this long, whatever the engine does
+# A `done` waits this long for its usage row to be committed, then goes out saying it was not
+# (at once while the record is known to be broken): a reply never hangs on a dead disk.
+RECORD_WAIT_S = 3.0
 KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
 
 _encoder = msgspec.json.Encoder()
@@ -106,7 +109,7 @@ class Server:
         self._snapshot: asyncio.Future[Snapshot] | None = None  # on its way from the engine
         self._latest: Snapshot | None = None  # the last one that came
         # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
-        self._stats_frame: tuple[Snapshot | None, int, bytes] = (None, 0, b"")
+        self._stats_frame: tuple[Snapshot | None, tuple[int, str], bytes] = (None, (0, ""), b"")
         self._uvicorn: uvicorn.Server | None = None
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._ticker: asyncio.Task | None = None
@@ -251,7 +254,8 @@ class Server:
         except TimeoutError:
             snap = self._latest
             late = f"the engine has not answered for {HEALTH_TIMEOUT_S:g} s"
-        problems = [p for p in (late, snap and snap.engine_problem) if p]
+        usage_problem = self.usage.problem if self.usage is not None else ""
+        problems = [p for p in (late, snap and snap.engine_problem, usage_problem) if p]
         if self.is_shutting_down:
             problems.insert(0, "shutting down")
         info = self.runner.info
@@ -273,6 +277,9 @@ class Server:
         if problems or (snap is not None and snap.workers):  # what is wrong; each worker
             body["problem"] = "; ".join(problems)
             body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers] if snap else []
+        if usage_problem:  # rows kept in memory, not on disk
+            body["usage_problem"] = usage_problem
+            body["usage_unwritten"] = self.usage.num_unwritten
         headers = {"Retry-After": "5"} if problems else None
         return JSONResponse(body, 503 if problems else 200, headers)
 
@@ -352,11 +359,11 @@ class Server:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
         snap = await self.snapshot()
         usage = self.usage
-        version = usage.version if usage is not None else 0
+        version = (usage.version, usage.problem) if usage is not None else (0, "")
         built_from, built_version, frame = self._stats_frame
         if built_from is not snap or built_version != version:
             today = usage.today() if usage is not None else []
-            frame = _encoder.encode(Stats(snap, today))
+            frame = _encoder.encode(Stats(snap, today, usage_problem=version[1]))
             self._stats_frame = (snap, version, frame)
         return frame
 
@@ -373,8 +380,9 @@ class Server:
     ) -> Request | None:
         """Check the limits and the sampling values, build the prompt, hand it to the engine.
 
-        Raises Refusal (busy, shutting_down, too_long, bad_request); returns None when the
-        sink closed while the prompt was being built (nothing was queued).
+        Raises Refusal (busy, shutting_down, too_long, bad_request, quota_exceeded,
+        unavailable); returns None when the sink closed while the prompt was being built
+        (nothing was queued).
         """
         problem = self._check_admission(user, fields.max_tokens)
         if problem:
@@ -389,8 +397,7 @@ class Server:
         allowance = self.usage.allowance(user) if self.usage is not None else None
         if allowance is not None:  # a quota: the reply may use at most what is left of it
             params = msgspec.structs.replace(params, max_tokens=min(params.max_tokens, allowance))
-            request.reserved_tokens = params.max_tokens
-            self.usage.reserve(user, params.max_tokens)
+            self._hold(request, params.max_tokens)  # until the prompt's length is known
         try:
             built = await prompt()
             if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
@@ -400,6 +407,8 @@ class Server:
                 if self.is_shutting_down:
                     raise Refusal("shutting_down", "the server is shutting down")
                 return None
+            if allowance is not None:
+                params = self._hold_prompt(request, params, len(built.tokens))
             self.engine.add_request(
                 engine_id,
                 built.tokens,
@@ -426,12 +435,37 @@ class Server:
             raise
         return request
 
+    def _hold(self, request: Request, tokens: int) -> None:
+        """Reserve (or, negative, give back) tokens of the user's quota for this request."""
+        request.reserved_tokens += tokens
+        if tokens > 0:
+            self.usage.reserve(request.user, tokens)
+        else:
+            self.usage.release(request.user, -tokens)
+
+    def _hold_prompt(
+        self, request: Request, params: SamplingParams, num_tokens: int
+    ) -> SamplingParams:
+        """The prompt's tokens count against the quota from now on (all of them: what the cache
+        saves is known only at the end, when the row settles it), and the reply may use what is
+        left after it: requests in flight at once stay within the quota together."""
+        usage, user = self.usage, request.user
+        if over := usage.prompt_refusal(user, num_tokens, request.reserved_tokens):
+            self._close(request)
+            raise Refusal("quota_exceeded", over[0], retry_after_s=over[1])
+        left = usage.left(user, request.reserved_tokens)
+        max_tokens = min(params.max_tokens, left - num_tokens)
+        self._hold(request, num_tokens + max_tokens - params.max_tokens)
+        return msgspec.structs.replace(params, max_tokens=max_tokens)
+
     def _check_admission(self, user: str, max_tokens: int) -> Refusal | None:
         c = self.config
         if self.is_shutting_down:
             return Refusal("shutting_down", "the server is shutting down")
         if problem := self.engine.problem:  # the engine process is down or restarting
             return _unavailable(problem)
+        if self.usage is not None and (why := self.usage.record_refusal(user)):
+            return Refusal("unavailable", why, retry_after_s=5)
         if self.usage is not None and (over := self.usage.quota_refusal(user)):
             return Refusal("quota_exceeded", over[0], retry_after_s=over[1])
         if max_tokens > c.max_tokens:
@@ -496,27 +530,43 @@ class Server:
             self._close(request)
             if event.finish_reason == "error":
                 log.error("request %s failed in the engine: %s", request.engine_id, event.error)
-            if self.usage is None:
-                return sink.on_done(request, event)
-            loop = self._loop
-            try:
-                self.usage.record(
-                    self._row(request, event),
-                    lambda: loop.call_soon_threadsafe(self._deliver_done, request, event),
-                )
-            except Exception:  # no record: the reply still ends
-                log.exception("request %s: not recorded", request.engine_id)
-                return sink.on_done(request, event)
-            self._done_waiting += 1
+            self._record(request, event)
         elif isinstance(event, Admitted) and request.is_waiting:
             self._count(request.user, waiting=-1, inflight=0)
             request.is_waiting = False
         elif isinstance(event, Preempted):
             sink.on_queued(request, self.counts.waiting + 1)
 
-    def _deliver_done(self, request: Request, event: Done) -> None:
-        """The `done`, once its row is committed (on the loop)."""
-        self._done_waiting -= 1
+    def _record(self, request: Request, event: Done) -> None:
+        """Hand the row to the record; the `done` goes once it is committed, or after
+        RECORD_WAIT_S (at once while the record is broken) saying it is not."""
+        if self.usage is None:
+            return self._deliver_done(request, event, recorded=False)
+        loop, is_sent = self._loop, False
+
+        def deliver(recorded: bool) -> None:  # whichever comes first: the commit or the timer
+            nonlocal is_sent
+            if not is_sent:
+                is_sent = True
+                timer.cancel()
+                self._done_waiting -= 1
+                self._deliver_done(request, event, recorded)
+
+        def committed(recorded: bool) -> None:  # on the writer thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
+                loop.call_soon_threadsafe(deliver, recorded)
+
+        timer = loop.call_later(0 if self.usage.problem else RECORD_WAIT_S, deliver, False)
+        self._done_waiting += 1
+        try:
+            self.usage.record(self._row(request, event), committed)
+        except Exception:  # no record: the reply still ends
+            log.exception("request %s: not recorded", request.engine_id)
+            deliver(False)
+
+    def _deliver_done(self, request: Request, event: Done, recorded: bool) -> None:
+        """The `done`, saying whether its row is committed (on the loop)."""
+        request.is_recorded = recorded
         try:
             request.sink.on_done(request, event)
         except Exception:

@@ -3,12 +3,18 @@
 Every request that ends (done, cancelled, error; websocket or HTTP) becomes a row of
 `usage.sqlite3` in the state directory. One writer thread owns the writes: the event loop hands
 it the row and the `done` frame waits for the commit (a few milliseconds with WAL), so a client
-that got `done` can count on the row, whatever happens to the process next. A clean shutdown
-drains the queue; a crash loses at most rows whose `done` was never sent.
+whose `done` says `recorded: true` can count on the row, whatever happens to the process next.
+A clean shutdown drains the queue; a crash loses at most rows whose `done` did not say so.
+
+When the record cannot be written (disk full, I/O errors, the file deleted or replaced under
+the server) nothing is dropped quietly: `problem` says why (for /healthz and the monitor), one
+log line marks each change of state, the rows wait in memory (up to MAX_UNWRITTEN_ROWS) and
+the writer tries again every RETRY_S, opening a new database where the old one was deleted.
 
 Quotas count tokens the server computed for a user since local midnight: prompt tokens not
 reused from the cache plus tokens generated. The counts live in memory, loaded from the
-database at start-up (so a quota holds across restarts) and advanced with every row.
+database at start-up (so a quota holds across restarts) and advanced with every row (never
+set back, whatever happens to the file). Requests in flight hold what they may still use.
 
 The access log (one line per finished request, plain or JSON, rotated by size) is written by
 the same thread, so a slow disk never stalls the event loop.
@@ -16,6 +22,8 @@ the same thread, so a slow disk never stalls the event loop.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -39,6 +47,13 @@ log = logging.getLogger("localserve.usage")
 DATABASE = "usage.sqlite3"
 ACCESS_LOG = "access.log"
 LOCK_TIMEOUT_S = 5.0  # waiting for another writer (a second server on the same state dir)
+# While the record cannot be written (disk full, I/O errors, the file deleted), rows wait in
+# memory, up to this many (a few MiB); beyond, the oldest are dropped, and the log says so.
+MAX_UNWRITTEN_ROWS = 10_000
+RETRY_S = 1.0  # how often the writer tries again while the record is broken
+CHECK_S = 2.0  # how often an idle writer checks that the file at the path is still its own
+CLOSE_TIMEOUT_S = 5.0  # how long a shutdown waits for rows that cannot be written
+JOURNALS = ("-wal", "-shm")  # the files SQLite keeps beside the database in WAL mode
 
 # Each entry brings the schema from the version before it (PRAGMA user_version) to its own.
 MIGRATIONS: list[list[str]] = [
@@ -385,14 +400,25 @@ class Usage:
         self.clock = clock
         self.dir = state_dir(config)
         self.path = self.dir / DATABASE
-        self.db = connect(self.path)
+        self.db: sqlite3.Connection | None = connect(self.path)
+        self._files = _identities(self.path)  # deleted or replaced under us: noticed
         self._day_start = local_day_start(clock())
         self._today = totals_since(self.db, self._day_start)  # on the event loop only
-        self._reserved: dict[str, int] = {}  # per user: max_tokens of requests in flight
+        self._reserved: dict[str, int] = {}  # per user: what requests in flight may still use
         self._access: logging.Logger | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.version = 0  # advances with every row: the stats frame's cache key
-        self._writer = threading.Thread(target=self._write_loop, name="localserve-usage")
+        self.problem = ""  # why the record cannot be written now; "" while it can
+        self.num_lost = 0  # rows that will never be written (over the bound, or at close)
+        self._unwritten: collections.deque[tuple[Row, Callable[[bool], None]]] = (
+            collections.deque()
+        )  # in order; their `then`s run once they are committed
+        self._num_lost_now = 0  # since the record broke
+        self._next_try = 0.0  # while it is broken: when the writer tries again
+        # a daemon: a writer stuck on a dead disk must not keep the process from exiting
+        self._writer = threading.Thread(
+            target=self._write_loop, name="localserve-usage", daemon=True
+        )
         self._writer.start()
 
     # --- access log ---
@@ -437,10 +463,11 @@ class Usage:
             f"cached={row.cached_tokens} completion={row.completion_tokens} {timings}"
         )
 
-    # --- rows ---
+    # --- rows (the loop hands them over; the writer thread owns everything below) ---
 
-    def record(self, row: Row, then: Callable[[], None]) -> None:
-        """Count the row now; `then` runs (on the writer thread) once it is committed."""
+    def record(self, row: Row, then: Callable[[bool], None]) -> None:
+        """Count the row now; `then(True)` runs (on the writer thread) once it is committed,
+        `then(False)` if it never will be (a row SQLite refuses, or lost: see _lose)."""
         self._roll_day()
         today = self._today.get(row.user) or UserUsage(row.user, 0, 0, 0, 0)
         today.requests += 1
@@ -451,65 +478,205 @@ class Usage:
         self.version += 1
         self._queue.put((row, then))
 
+    @property
+    def num_unwritten(self) -> int:
+        """Rows kept in memory until the record can be written."""
+        return len(self._unwritten)
+
     def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            batch = [item]
-            while len(batch) < 512:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            rows = [entry for entry in batch if entry is not None]
-            if rows:
-                self._write(rows)
-            if len(rows) < len(batch):  # the stop sentinel: everything before it is written
-                return
+        while not self._take():
+            if not self.problem or time.monotonic() >= self._next_try:
+                self._try_write()
+        self._finish()
 
-    def _write(self, rows: list[tuple[Row, Callable[[], None]]]) -> None:
-        """Commit the rows, then let their `done`s go, then the access log: whatever fails,
-        every `then` runs (a reply never waits forever on its record)."""
+    def _try_write(self) -> None:
         try:
-            self._insert([row for row, _ in rows])
-        except Exception:
-            log.exception("usage database %s: %d rows not recorded", self.path, len(rows))
-        for row, then in rows:
+            self._write()
+        except Exception as e:  # a bug must not end the thread: the rows are kept, tried again
+            problem = f"the usage writer failed: {_reason(e)}"
+            if problem != self.problem:
+                log.exception("usage record: writing failed")
+            self._broken(problem, is_said=True)
+
+    def _take(self) -> bool:
+        """Move what is queued to the unwritten rows, waiting a while for it; True at the stop."""
+        wait = RETRY_S if self.problem else CHECK_S  # idle, the file is still checked
+        try:
+            item = self._queue.get(timeout=wait)
+        except queue.Empty:
+            return False
+        while item is not None:
+            self._keep(item)
             try:
-                then()
-            except Exception:
-                log.exception("after recording %s", row.request_id)
-        if self._access is not None:
-            for row, _ in rows:
-                try:
-                    self._access.info(self._access_line(row))
-                except Exception:
-                    log.exception("access log: %s", row.request_id)
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+        return True  # the stop sentinel: everything before it is kept
 
-    def _insert(self, rows: list[Row]) -> None:
-        try:
-            with self.db:
-                self.db.executemany(INSERT, [row.values() for row in rows])
-        except Exception:
-            if len(rows) == 1:
-                raise
-            for row in rows:  # one bad row must not cost the others theirs
-                try:
-                    with self.db:
-                        self.db.execute(INSERT, row.values())
-                except Exception:
-                    log.exception("usage database %s: %s not recorded", self.path, row.request_id)
+    def _keep(self, item: tuple[Row, Callable[[bool], None]]) -> None:
+        self._access_log(item[0])  # one line per request, whatever the database does
+        self._unwritten.append(item)
+        if len(self._unwritten) > MAX_UNWRITTEN_ROWS:
+            self._lose(*self._unwritten.popleft())
 
-    def close(self) -> None:
-        """Write what is queued, then close (a clean shutdown loses nothing)."""
-        self._queue.put(None)
-        self._writer.join(60)
-        if self._writer.is_alive():
-            log.error("usage database %s: the writer did not finish", self.path)
+    def _lose(self, row: Row, then: Callable[[bool], None]) -> None:
+        if not self._num_lost_now:
+            log.error(
+                "usage database %s: over %d rows unwritten: the oldest are dropped, lost for "
+                "good (today's quota counts keep them until a restart)",
+                self.path,
+                MAX_UNWRITTEN_ROWS,
+            )
+        self._num_lost_now += 1
+        self.num_lost += 1
+        _run(then, row, False)
+
+    def _write(self) -> None:
+        """Check the file, then commit the unwritten rows in one transaction and let their
+        `done`s go; if that fails, keep them all for the next try."""
+        self._check_file()
+        if self.db is None or not self._unwritten:
             return
-        self.db.close()
+        entries = list(self._unwritten)
+        try:
+            recorded = self._insert([row for row, _ in entries])
+        except Exception as e:  # disk full, I/O error, locked: all kept, tried again
+            return self._broken(f"cannot write {self.path}: {_reason(e)}")
+        self._unwritten.clear()
+        self._fixed(len(entries))
+        for (row, then), ok in zip(entries, recorded, strict=True):
+            _run(then, row, ok)
+
+    def _insert(self, rows: list[Row]) -> list[bool]:
+        """Commit the rows; a row SQLite will never take (a bad value) is left out (False) and
+        logged, the others go in. Raises when the transaction as a whole fails."""
+        recorded = []
+        with self.db:
+            for row in rows:
+                try:
+                    self.db.execute(INSERT, row.values())
+                    recorded.append(True)
+                except Exception as e:
+                    if _is_storage_error(e):
+                        raise
+                    log.exception("usage database %s: %s not recorded", self.path, row.request_id)
+                    recorded.append(False)
+        return recorded
+
+    def _check_file(self) -> None:
+        """A database deleted or replaced under the server is said, and the one at `path` (a
+        new one if none is there) opened for the rows from now on."""
+        try:
+            found = _identity(self.path)
+        except OSError as e:
+            return self._broken(f"cannot check {self.path}: {_reason(e)}")
+        if self.db is not None and found == self._files[""]:
+            return
+        if self.db is not None:
+            what = "deleted" if found is None else "replaced by another file"
+            log.error(
+                "usage database %s was %s while serving: the rows recorded until now are not "
+                "in the database at that path any more (today's quota counts are kept in "
+                "memory, but a restart starts from what the database holds); opening %s",
+                self.path,
+                what,
+                "a new one" if found is None else "the file now there",
+            )
+            self._broken(f"{self.path} was {what} while serving", is_said=True)
+            _close_quietly(self.db)
+            self.db = None
+            self._remove_journals()
+        self._reopen()
+
+    def _remove_journals(self) -> None:
+        """The old database's WAL, left at the path, would be read into the file now there
+        (SQLite applies it to whatever it finds): remove it, and only if it is the old one."""
+        for suffix in JOURNALS:
+            journal = Path(f"{self.path}{suffix}")
+            with contextlib.suppress(OSError):
+                if self._files[suffix] is not None and _identity(journal) == self._files[suffix]:
+                    journal.unlink()
+
+    def _reopen(self) -> None:
+        try:
+            self.db = connect(self.path)
+            self._files = _identities(self.path)
+        except (UsageError, OSError) as e:
+            _close_quietly(self.db)
+            self.db = None
+            return self._broken(str(e))
+        if not self._unwritten:  # else the rows' commit says whether it can be written
+            self._fixed(0)
+
+    def _broken(self, problem: str, is_said: bool = False) -> None:
+        """The record cannot be written: one ERROR line when that starts (or changes why)."""
+        self._next_try = time.monotonic() + RETRY_S
+        if problem != self.problem and not is_said:
+            log.error(
+                "usage record: %s; %d rows kept in memory, tried again every %g s (the `done`s "
+                "of their requests say recorded: false; chats under a quota are refused)",
+                problem,
+                len(self._unwritten),
+                RETRY_S,
+            )
+        self.problem = problem
+
+    def _fixed(self, num_written: int) -> None:
+        """Written again: one WARNING line, with what was kept and what was lost."""
+        if self.problem:
+            lost = f"; {self._num_lost_now} rows were lost" if self._num_lost_now else ""
+            log.warning(
+                "usage record: %s is written again (%d rows kept in memory written%s)",
+                self.path,
+                num_written,
+                lost,
+            )
+        self.problem, self._num_lost_now = "", 0
+
+    def _finish(self) -> None:
+        """At close: the unwritten rows get CLOSE_TIMEOUT_S; what is left then is lost, and said."""
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        self._next_try = 0.0
+        while True:
+            if time.monotonic() >= self._next_try:
+                self._try_write()
+            if not self._unwritten or time.monotonic() >= deadline:
+                break
+            time.sleep(min(RETRY_S / 4, max(0.0, deadline - time.monotonic())))
+        if self._unwritten:
+            log.error(
+                "usage database %s: %d rows could not be written and are lost (%s); after a "
+                "restart today's quota counts lack them",
+                self.path,
+                len(self._unwritten),
+                self.problem,
+            )
+            self.num_lost += len(self._unwritten)
+            while self._unwritten:
+                row, then = self._unwritten.popleft()
+                _run(then, row, False)
+        _close_quietly(self.db)
+
+    def _access_log(self, row: Row) -> None:
+        if self._access is not None:
+            try:
+                self._access.info(self._access_line(row))
+            except Exception:
+                log.exception("access log: %s", row.request_id)
+
+    def close(self) -> int:
+        """Write what is queued (for up to CLOSE_TIMEOUT_S if the record is broken), then close;
+        a clean shutdown on a working disk loses nothing. Returns how many rows were lost."""
+        self._queue.put(None)
+        self._writer.join(CLOSE_TIMEOUT_S + 5)
+        if self._writer.is_alive():  # stuck in a system call: its rows die with the process
+            stuck = self.num_unwritten + self._queue.qsize() - 1
+            log.error("usage database %s: the writer is stuck; %d rows are lost", self.path, stuck)
+            return self.num_lost + stuck
         if self._access is not None:
             for handler in self._access.handlers:
                 handler.close()
+        return self.num_lost
 
     # --- today and quotas (event loop) ---
 
@@ -540,12 +707,18 @@ class Usage:
         return sorted(users, key=lambda u: (-u.counted_tokens, u.user))
 
     def allowance(self, user: str) -> int | None:
-        """Tokens a new request of the user's may generate: the quota left after what was used
-        and what the user's requests in flight may still generate; None without a quota."""
+        """Tokens a new request of the user's may use: the quota left after what was used and
+        what the user's requests in flight may still use (prompt and reply); None without one."""
         limit = self.daily_tokens(user)
         if not limit:
             return None
         return max(0, limit - self._used_today(user) - self._reserved.get(user, 0))
+
+    def left(self, user: str, held: int) -> int:
+        """What is left of the user's quota for a request holding `held` of it (below 0 when
+        the user's requests have used more than it)."""
+        others = self._reserved.get(user, 0) - held
+        return self.daily_tokens(user) - self._used_today(user) - others
 
     def _used_today(self, user: str) -> int:
         self._roll_day()
@@ -574,15 +747,77 @@ class Usage:
         quota = self.quota(user)
         if quota is None or self.allowance(user):
             return None
-        wait = max(1.0, datetime.datetime.fromisoformat(quota.resets_at).timestamp() - self.clock())
-        hours, minutes = int(wait // 3600), int(wait % 3600 // 60)
         pending = self._reserved.get(user, 0)
         held = f", up to {pending} more held by your requests in flight" if pending else ""
-        return (
-            f"your daily quota of {quota.daily_tokens} tokens is used up ({quota.used_today} "
-            f"today{held}); it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)",
-            wait,
+        why = (
+            f"your daily quota of {quota.daily_tokens} tokens is used up "
+            f"({quota.used_today} today{held})"
         )
+        return self._refusal(quota, why)
+
+    def prompt_refusal(self, user: str, num_tokens: int, held: int) -> tuple[str, float] | None:
+        """(why, seconds until the reset) when a prompt of `num_tokens` leaves nothing of the
+        user's quota to generate with (its own request holding `held` of it), else None."""
+        quota = self.quota(user)
+        if quota is None or num_tokens < (left := self.left(user, held)):
+            return None
+        others = self._reserved.get(user, 0) - held
+        more = f", {others} more held by your other requests in flight" if others > 0 else ""
+        why = (
+            f"your prompt of {num_tokens} tokens does not fit the {max(0, left)} tokens left of "
+            f"your daily quota of {quota.daily_tokens} ({quota.used_today} used today{more})"
+        )
+        return self._refusal(quota, why)
+
+    def _refusal(self, quota: Quota, why: str) -> tuple[str, float]:
+        wait = max(1.0, datetime.datetime.fromisoformat(quota.resets_at).timestamp() - self.clock())
+        hours, minutes = int(wait // 3600), int(wait % 3600 // 60)
+        return f"{why}; it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)", wait
+
+    def record_refusal(self, user: str) -> str | None:
+        """Why a chat of the user's is refused while the record cannot be written, else None:
+        a quota a restart would forget cannot be kept (users without one are served)."""
+        if not self.problem or not self.daily_tokens(user):
+            return None
+        return (
+            f"the usage record cannot be written ({self.problem}), and chats under a daily "
+            "quota are refused until it can; try again shortly"
+        )
+
+
+def _run(then: Callable[[bool], None], row: Row, recorded: bool) -> None:
+    try:
+        then(recorded)
+    except Exception:
+        log.exception("after recording %s", row.request_id)
+
+
+def _identities(path: Path) -> dict[str, tuple[int, int] | None]:
+    """The database's files: its own ("") and its journals'."""
+    return {suffix: _identity(Path(f"{path}{suffix}")) for suffix in ("", *JOURNALS)}
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at `path` (device, inode), None when there is none."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _is_storage_error(e: Exception) -> bool:
+    """The database or its disk failed (full, I/O, locked, corrupt), not the row."""
+    return isinstance(e, sqlite3.OperationalError | OSError) or type(e) is sqlite3.DatabaseError
+
+
+def _reason(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _close_quietly(db: sqlite3.Connection | None) -> None:
+    with contextlib.suppress(Exception):  # a database on a dead disk may fail even that
+        _close(db)
 
 
 def _ms(value: float | None) -> str:

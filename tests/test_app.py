@@ -292,6 +292,28 @@ def test_the_header_lists_a_split_models_devices_and_the_engines_problem(fake_sn
     asyncio.run(run())
 
 
+def test_the_header_says_when_the_usage_record_cannot_be_written(fake_snapshots):
+    """The stats frame carries the record's problem; the header shows it in red, then "live"
+    again once a frame without it comes."""
+    problem = "cannot write /var/lib/localserve/usage.sqlite3: database or disk is full"
+    last = fake_snapshots[-1]
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 30)) as pilot:
+            feed(app, Connected("ws://test"), Stats(last, usage_problem=problem))
+            await settle(pilot)
+            first = header_text(app)
+            assert first.startswith("● usage not recorded: cannot write /var/lib/localserve")
+            assert len(first) <= 120 and "fake" in first
+            assert any(span.style == "bold red" for span in app.query_one(HeaderBar).render().spans)
+            feed(app, Stats(last))
+            await settle(pilot)
+            assert header_text(app).startswith("● live")
+
+    asyncio.run(run())
+
+
 def test_the_devices_line_says_less_before_it_leaves_devices_out():
     many = SPLIT + tuple(
         Device(f"RPC{i}", f"10.0.0.{i}:50052", 1, 1.0, f"10.0.0.{i}:50052") for i in range(2, 9)

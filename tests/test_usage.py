@@ -3,8 +3,10 @@ log, `localserve usage`, and clear errors for a database that cannot be used."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import signal
@@ -15,12 +17,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 
+import msgspec
 import pytest
-from conftest import WS
+from conftest import WS, configured
 from helpers import FakeServer, wait_until
 
+from localserve import server as server_module
 from localserve import usage
 from localserve.cli import main
 from localserve.config import ConfigError, ServerConfig
@@ -46,11 +51,16 @@ def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw)
     return Row(**(fields | kw))
 
 
+def counted_tokens(usage: dict) -> int:
+    """What a quota counts of a `done` frame's usage."""
+    return usage["prompt_tokens"] - usage["cached_tokens"] + usage["completion_tokens"]
+
+
 def recorded(store: Usage, *rows: Row) -> None:
     """Record rows and wait until all are committed."""
     committed = threading.Semaphore(0)
     for r in rows:
-        store.record(r, committed.release)
+        store.record(r, lambda is_recorded: is_recorded and committed.release())
     for _ in rows:
         assert committed.acquire(timeout=10)
 
@@ -193,6 +203,7 @@ def test_every_request_of_a_soak_has_its_row(tmp_path):
             assert r.completion_tokens == done["usage"]["completion_tokens"]
             continue
         assert r.api == "websocket" and r.finish_reason == done["finish_reason"]
+        assert done["recorded"] is True
         u, t = done["usage"], done["timings"]
         assert (r.prompt_tokens, r.cached_tokens, r.completion_tokens) == (
             u["prompt_tokens"], u["cached_tokens"], u["completion_tokens"]
@@ -317,7 +328,7 @@ def test_a_bad_database_stops_the_server_at_start_up(tmp_path):
 @pytest.mark.model
 def test_a_killed_server_loses_no_finished_request(tmp_path):
     """SIGKILL in the middle of a soak, then a restart: every request whose `done` a client
-    got before the kill has its row."""
+    got before the kill, saying it was recorded, has its row."""
     proc, url = start_serve(tmp_path)
     got_done: list[str] = []
     lock = threading.Lock()
@@ -329,7 +340,7 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
             for i in range(1000):
                 rid = f"k{n}-{i}"
                 ws.chat(rid, f"Say something about {i}.", max_tokens=2 + i % 3)
-                if ws.until_done(rid, timeout=60)[-1]["type"] == "done":
+                if ws.until_done(rid, timeout=60)[-1]["recorded"]:  # it says it has its row
                     with lock:
                         got_done.append(rid)
         except Exception:  # the server is gone: this client is done
@@ -338,9 +349,11 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
     clients = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(4)]
     for c in clients:
         c.start()
-    wait_until(lambda: len(got_done) >= 80, 120, "80 replies")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    try:
+        wait_until(lambda: len(got_done) >= 80, 120, "80 replies")
+    finally:  # a failed test must not leave its server running
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
     for c in clients:
         c.join(30)
     with lock:
@@ -421,8 +434,8 @@ def test_other_files_in_its_place_are_clear_errors(tmp_path):
 
 
 def test_a_quota_caps_what_requests_in_flight_may_generate(tmp_path):
-    """Eight requests at once against a quota of 50: together they generate at most 50 tokens
-    (their prompts count on top)."""
+    """Eight requests at once against a quota of 50: together they use at most 50 tokens, their
+    prompts included (held from admission on)."""
     server = FakeServer(state_dir=str(tmp_path), daily_tokens=50, step_s=0.005)
     try:
         ws = WS(server.url)
@@ -433,9 +446,9 @@ def test_a_quota_caps_what_requests_in_flight_may_generate(tmp_path):
         seen = frames[:]
         while sum(f["type"] in ("done", "error") for f in seen) < 8:
             seen.append(ws.recv(30))
-        generated = sum(f["usage"]["completion_tokens"] for f in seen if f["type"] == "done")
+        counted = sum(counted_tokens(f["usage"]) for f in seen if f["type"] == "done")
         refused = [f for f in seen if f["type"] == "error"]
-        assert generated == 50 and refused and refused[0]["code"] == "quota_exceeded"
+        assert counted == 50 and refused and refused[0]["code"] == "quota_exceeded"
         assert "daily quota of 50 tokens is used up" in refused[0]["message"]
     finally:
         server.close()
@@ -456,13 +469,15 @@ def test_a_record_that_fails_never_holds_back_a_reply(tmp_path, monkeypatch):
         ws.hello("vic")
         for rid in ("good1", "bad", "good2"):
             ws.chat(rid, "hello", max_tokens=2)
-        done = set()
+        done = {}
         while len(done) < 3:  # every reply ends, the one whose record failed too
             frame = ws.recv(30)
             if frame["type"] == "done":
-                done.add(frame["id"])
+                done[frame["id"]] = frame["recorded"]
+        assert done == {"good1": True, "bad": False, "good2": True}  # and says which
         ws.chat("after", "hello", max_tokens=2)
-        assert ws.until_done("after")[-1]["type"] == "done"
+        assert ws.until_done("after")[-1]["recorded"] is True
+        assert server.server.usage.problem == ""  # a bad row is not a broken record
     finally:
         server.close()
     db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
@@ -482,3 +497,370 @@ def test_a_request_id_cannot_forge_access_log_lines(tmp_path):
         server.close()
     [line] = log.read_text().splitlines()
     assert '"wes"' in line and "\\n" in line
+
+
+# --- when the record cannot be written ------------------------------------------------------
+
+
+class Disk:
+    """A small tmpfs: a state directory on a disk that fills up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        """Write a file until the disk is full (as another program on the machine would)."""
+        with open(self.filler, "ab", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    where = tmp_path / "disk"
+    where.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)]
+    mounted = subprocess.run(command, capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (root only): {mounted.stderr.strip()}")
+    try:
+        yield Disk(where)
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def rows_where(store: Usage, client_id: str) -> list[Row]:
+    """The committed rows of a request, read as another process would."""
+    db = usage.connect(store.path, readonly=True)
+    try:
+        return usage.rows_of(db, "client_id = ?", [client_id])
+    finally:
+        db.close()
+
+
+def logged(caplog, level: int, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level and text in r.getMessage()]
+
+
+def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_disk, caplog):
+    """No `then` runs until its row is committed; the problem is said once; the counts hold
+    in memory and, once written, across a restart."""
+    caplog.set_level(logging.INFO, "localserve.usage")
+    config = ServerConfig(state_dir=str(small_disk.path), daily_tokens=1000)
+    store = Usage(config, "fake")
+    recorded(store, row("ann", prompt=10, cached=0, completion=5))
+    small_disk.fill()
+    outcomes: list[bool] = []
+    for i in range(5):
+        r = row("ann", request_id=f"1:full{i}", client_id=f"full{i}", prompt=20, cached=0)
+        store.record(r, outcomes.append)
+    wait_until(lambda: store.problem, 10, "the problem said")
+    assert "database or disk is full" in store.problem and str(store.path) in store.problem
+    time.sleep(2.5 * usage.RETRY_S)  # tried again and again: still no room
+    assert outcomes == [] and store.num_unwritten == 5 and not rows_where(store, "full0")
+    assert store.quota("ann").used_today == 15 + 5 * 25  # counted all the same
+    assert store.record_refusal("ann") and "cannot be written" in store.record_refusal("ann")
+    [broke] = logged(caplog, logging.ERROR, "usage record")  # one line, not one per row
+    assert "kept in memory" in broke
+    small_disk.free()
+    wait_until(lambda: outcomes == [True] * 5, 10, "the rows written once there is room")
+    assert store.problem == "" and store.record_refusal("ann") is None
+    [fixed] = logged(caplog, logging.WARNING, "written again")
+    assert "5 rows kept in memory written" in fixed
+    assert rows_where(store, "full4")
+    assert store.close() == 0
+    again = Usage(config, "fake")  # a restart: the counts come from the database, all of them
+    assert again.quota("ann").used_today == 140
+    again.close()
+
+
+def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
+    tmp_path, caplog, monkeypatch
+):
+    caplog.set_level(logging.INFO, "localserve.usage")
+    monkeypatch.setattr(usage, "CHECK_S", 0.05)  # the idle writer's look at the file
+    store = Usage(ServerConfig(state_dir=str(tmp_path), daily_tokens=1000), "fake")
+    problems: list[str] = []
+    broken = store._broken
+    monkeypatch.setattr(
+        store, "_broken", lambda why, **kw: (problems.append(why), broken(why, **kw))
+    )
+    recorded(store, row("ann", client_id="before", prompt=10, cached=0, completion=5))
+    for path in tmp_path.glob(f"{usage.DATABASE}*"):  # rm usage.sqlite3*
+        path.unlink()
+    wait_until(lambda: (tmp_path / usage.DATABASE).exists(), 10, "a new database")
+    assert problems == [f"{store.path} was deleted while serving"]
+    [said] = logged(caplog, logging.ERROR, "was deleted while serving")
+    assert "the rows recorded until now are not in the database" in said
+    wait_until(lambda: store.problem == "", 10, "writable again")
+    assert store.quota("ann").used_today == 15  # the counts in memory never go back
+    recorded(store, row("ann", client_id="after", prompt=10, cached=0, completion=7))
+    assert store.quota("ann").used_today == 32
+    assert rows_where(store, "after") and not rows_where(store, "before")
+
+    # replaced by something that is not a database: refused and said until it is gone
+    (tmp_path / "junk").write_bytes(b"not a database " * 300)
+    os.replace(tmp_path / "junk", store.path)
+    wait_until(lambda: "not a usable SQLite database" in store.problem, 10, "the junk noticed")
+    assert logged(caplog, logging.ERROR, "was replaced by another file while serving")
+    outcomes: list[bool] = []
+    store.record(row("ann", client_id="kept"), outcomes.append)
+    time.sleep(2 * usage.RETRY_S)
+    assert outcomes == [] and store.record_refusal("ann")
+    store.path.unlink()  # the operator moves the junk away: a new database, the kept row in it
+    wait_until(lambda: outcomes == [True], 10, "the kept row written")
+    assert store.problem == "" and rows_where(store, "kept")
+    store.close()
+
+
+def test_a_close_on_a_full_disk_is_bounded_and_says_what_it_loses(small_disk, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, "localserve.usage")
+    monkeypatch.setattr(usage, "MAX_UNWRITTEN_ROWS", 3)
+    monkeypatch.setattr(usage, "CLOSE_TIMEOUT_S", 1.0)
+    store = Usage(ServerConfig(state_dir=str(small_disk.path)), "fake")
+    small_disk.fill()
+    outcomes: list[bool] = []
+    for i in range(5):
+        store.record(row(request_id=f"1:r{i}"), outcomes.append)
+    wait_until(lambda: outcomes == [False, False], 10, "the two oldest dropped, over the bound")
+    assert store.num_unwritten == 3
+    start = time.monotonic()
+    assert store.close() == 5  # 2 over the bound, 3 at close
+    assert time.monotonic() - start < 1.0 + 1.0
+    assert outcomes == [False] * 5
+    assert len(logged(caplog, logging.ERROR, "over 3 rows unwritten")) == 1
+    assert logged(caplog, logging.ERROR, "3 rows could not be written and are lost")
+
+
+def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
+    """Done, cancelled, refused for its prompt, too long: what each request held of the quota
+    (its prompt and its max_tokens) is given back, and what it used is counted."""
+    server = FakeServer(state_dir=str(tmp_path), daily_tokens=1000, step_s=0.005, n_ctx=2048)
+    store = server.server.usage
+
+    def held() -> int:  # released on the loop before the `done` goes
+        return store._reserved.get("zed", 0)
+
+    try:
+        ws = WS(server.url)
+        ws.hello("zed")
+        ws.chat("done", "one two three", max_tokens=5)
+        used = counted_tokens(ws.until_done("done")[-1]["usage"])
+        assert held() == 0
+        ws.chat("cancel", "one two three", max_tokens=200, ignore_eos=True)
+        ws.until(lambda f: f["type"] == "token")
+        ws.send({"type": "cancel", "id": "cancel"})
+        used += counted_tokens(ws.until_done("cancel")[-1]["usage"])
+        assert held() == 0
+        ws.chat("long", "word " * 990, max_tokens=5)  # fits the context, not what is left
+        refused = ws.recv()
+        assert refused["code"] == "quota_exceeded" and "does not fit" in refused["message"]
+        assert held() == 0
+        ws.chat("huge", "word " * 2100)  # over the context
+        assert ws.recv()["code"] == "too_long" and held() == 0
+        assert store.quota("zed").used_today == used
+    finally:
+        server.close()
+
+
+def post(server, body: dict) -> tuple[int, Message, str]:
+    """POST /v1/chat/completions: the status, the headers and the body's text."""
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]} | body
+    request = urllib.request.Request(
+        server.http + "/v1/chat/completions", json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+def test_http_replies_say_when_their_row_is_not_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_module, "RECORD_WAIT_S", 0.2)
+    server = FakeServer(state_dir=str(tmp_path), daily_tokens_per_user={"quinn": 1000})
+    store = server.server.usage
+    is_failing = threading.Event()
+    is_failing.set()
+    insert = store._insert
+
+    def failing(rows):
+        if is_failing.is_set():
+            raise sqlite3.OperationalError("disk I/O error")
+        return insert(rows)
+
+    monkeypatch.setattr(store, "_insert", failing)
+    try:
+        status, _, text = post(server, {"user": "rae", "max_tokens": 3})
+        assert status == 200 and json.loads(text)["recorded"] is False
+        status, _, text = post(server, {"user": "rae", "max_tokens": 3, "stream": True})
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["recorded"] is False
+        assert all("recorded" not in json.loads(e) for e in events[:-2])
+        status, headers, text = post(server, {"user": "quinn", "max_tokens": 3})
+        assert status == 503 and int(headers["Retry-After"]) > 0
+        assert (
+            "usage record cannot be written (cannot write" in json.loads(text)["error"]["message"]
+        )
+        is_failing.clear()
+        wait_until(lambda: store.problem == "", 10, "written again")
+        assert len(usage.rows_of(store.db)) == 2  # the kept rows, on disk now
+        status, _, text = post(server, {"user": "quinn", "max_tokens": 3})
+        assert status == 200 and "recorded" not in json.loads(text)
+    finally:
+        server.close()
+
+
+# --- on the real server ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def usage_of(live, **config):
+    """The live server records into a Usage of its own meanwhile (its state dir, its quotas)."""
+    server = live.server
+    store = Usage(msgspec.structs.replace(server.config, **config), server.model_name)
+    old, server.usage = server.usage, store
+    try:
+        yield store
+    finally:
+        live.wait_idle()
+        wait_until(lambda: server._done_waiting == 0, 30, "every `done` sent")
+        server.usage = old
+        store.close()
+
+
+def frames_within(ws: WS, seconds: float) -> list[dict]:
+    """Whatever the server sends in the next `seconds`."""
+    frames, end = [], time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        try:
+            frames.append(ws.recv(left))
+        except TimeoutError:
+            break
+    return frames
+
+
+def healthz(live) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(live.http + "/healthz", timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+@pytest.mark.model
+def test_no_done_arrives_before_its_row_is_committed(live, connect, monkeypatch):
+    """The writer held: the reply's tokens come, its `done` does not; the moment it comes, the
+    row is in the database. Held past RECORD_WAIT_S, the `done` says it is not recorded."""
+    store = live.server.usage
+    gate = threading.Event()
+    insert = store._insert
+
+    def held(rows):
+        gate.wait(60)
+        return insert(rows)
+
+    monkeypatch.setattr(store, "_insert", held)
+    try:
+        ws = connect()
+        ws.hello("yan")
+        ws.chat("held", "Say hello.", max_tokens=4)
+        wait_until(lambda: live.server._done_waiting == 1, 60, "the reply generated")
+        assert "done" not in {f["type"] for f in frames_within(ws, 1.5)}
+        gate.set()
+        done = ws.until_done("held")[-1]
+        assert rows_where(store, "held"), "a `done` before its row was committed"
+        assert done["recorded"] is True
+
+        monkeypatch.setattr(server_module, "RECORD_WAIT_S", 0.5)
+        gate.clear()
+        ws.chat("late", "Say hello.", max_tokens=4)
+        done = ws.until_done("late")[-1]
+        assert done["recorded"] is False and not rows_where(store, "late")
+        gate.set()
+        wait_until(lambda: rows_where(store, "late"), 10, "the row written after all")
+    finally:
+        gate.set()
+
+
+@pytest.mark.model
+def test_a_full_disk_while_serving(live, connect, small_disk, monkeypatch):
+    """The state directory fills up while serving: `done`s say they are not recorded, /healthz
+    and the stats frame say why, chats under a quota are refused; once there is room the kept
+    rows are written, and the quota counts survive a restart."""
+    monkeypatch.setattr(server_module, "RECORD_WAIT_S", 1.0)
+    quotas = {"tara": 100_000}
+    with usage_of(live, state_dir=str(small_disk.path), daily_tokens_per_user=quotas) as store:
+        tara = connect()
+        assert tara.hello("tara")["quota"]["remaining"] == 100_000
+        tara.chat("a", "Say one word.", max_tokens=3)
+        dones = [tara.until_done("a")[-1]]
+        assert dones[0]["recorded"] is True and rows_where(store, "a")
+        small_disk.fill()
+        tara.chat("b", "Say two words.", max_tokens=3)
+        dones.append(tara.until_done("b")[-1])
+        assert dones[1]["recorded"] is False and not rows_where(store, "b")
+
+        status, health = healthz(live)
+        assert status == 503 and health["ok"] is False
+        assert "database or disk is full" in health["usage_problem"]
+        assert health["usage_unwritten"] == 1
+        monitor = connect()
+        monitor.hello("mona")
+        monitor.send({"type": "subscribe", "interval_ms": 50})
+        stats = monitor.until(lambda f: f["type"] == "stats")[-1]
+        assert "database or disk is full" in stats["usage_problem"]
+
+        tara.chat("c", "Again?", max_tokens=3)
+        refused = tara.recv()
+        assert (refused["type"], refused["code"], refused["id"]) == ("error", "unavailable", "c")
+        assert "usage record cannot be written" in refused["message"]
+        uri = connect()  # no quota: served, and told at once that it is not recorded
+        uri.hello("uri")
+        uri.chat("u", "Say one word.", max_tokens=3)
+        assert uri.until_done("u")[-1]["recorded"] is False
+
+        small_disk.free()
+        wait_until(lambda: store.problem == "", 10, "writable again")
+        assert rows_where(store, "b") and rows_where(store, "u")
+        assert healthz(live)[0] == 200
+        stats = monitor.until(lambda f: f["type"] == "stats" and not f["usage_problem"])[-1]
+        tara.chat("d", "Say one word.", max_tokens=3)
+        dones.append(tara.until_done("d")[-1])
+        assert dones[2]["recorded"] is True and rows_where(store, "d")
+        used = sum(counted_tokens(d["usage"]) for d in dones)
+        assert store.quota("tara").used_today == used
+    again = Usage(store.config, "gemma")  # a restart on the same directory
+    assert again.quota("tara").used_today == used
+    again.close()
+
+
+@pytest.mark.model
+def test_parallel_long_prompts_stay_within_a_quota(live, connect, tmp_path):
+    """Eight ~800-token prompts at once against a quota of 3,000: the prompts count from
+    admission on, so together they use at most the quota and one reply's max_tokens."""
+    max_tokens, text = 32, "The quick brown fox jumps over the lazy dog. " * 80
+    limits = dict(max_inflight_per_user=8, max_queued_per_user=8)
+    quota = dict(state_dir=str(tmp_path), daily_tokens_per_user={"pia": 3000})
+    with configured(live, **limits), usage_of(live, **quota) as store:
+        ws = connect()
+        ws.hello("pia")
+        for i in range(8):
+            ws.chat(f"p{i}", f"Request {i}. {text}", max_tokens=max_tokens, ignore_eos=True)
+        ends: dict[str, dict] = {}
+        while len(ends) < 8:
+            frame = ws.recv(120)
+            if frame["type"] in ("done", "error"):
+                ends[frame["id"]] = frame
+        dones = [f for f in ends.values() if f["type"] == "done"]
+        refused = [f for f in ends.values() if f["type"] == "error"]
+        assert len(dones) >= 2 and all(700 < d["usage"]["prompt_tokens"] < 1000 for d in dones)
+        used = sum(counted_tokens(d["usage"]) for d in dones)
+        assert used <= 3000 + max_tokens, f"{used} tokens against a quota of 3000"
+        assert refused and {f["code"] for f in refused} == {"quota_exceeded"}
+        assert store.quota("pia").used_today == used and store._reserved == {}

@@ -91,6 +91,7 @@ class MonitorApp(App):
         self.history: deque[Snapshot] = deque(maxlen=HISTORY_LENGTH)
         self.snapshot: Snapshot | None = None
         self.usage_today: list[UserUsage] = []  # as the newest stats frame had it
+        self.usage_problem = ""  # why the usage record cannot be written, as it had it
         self.show_events = False  # where only one fits: the event log instead of today's totals
         self._placed: tuple[bool, bool] | None = None  # today shown, events shown with it
         self.connected = False
@@ -141,7 +142,8 @@ class MonitorApp(App):
             self._main.set_class(True, "disconnected")
         elif isinstance(item, Stats | Snapshot):
             if isinstance(item, Stats):  # a bare snapshot leaves the totals as they were
-                self.usage_today, item = item.usage_today, item.snapshot
+                self.usage_today, self.usage_problem = item.usage_today, item.usage_problem
+                item = item.snapshot
             self.connected = True
             self.history.append(item)
             self.snapshot = item
@@ -169,7 +171,8 @@ class MonitorApp(App):
 
     def _render_header(self) -> None:
         status = "paused" if self.paused else self.status
-        self.query_one(HeaderBar).show(self.snapshot, self.connected and not self.paused, status)
+        connected = self.connected and not self.paused
+        self.query_one(HeaderBar).show(self.snapshot, connected, status, self.usage_problem)
 
     def _log_events(self, snap: Snapshot) -> None:
         log = self.query_one("#events", RichLog)

@@ -55,12 +55,15 @@ def user_color(user: str) -> str:
 
 class HeaderBar(Static):
     """Model, backend, slots, cells, policy and budget; connection state, or the engine's
-    problem. A model split across devices (RPC workers) gets a second line listing them."""
+    problem and the usage record's. A model split across devices (RPC workers) gets a second
+    line listing them."""
 
-    _state: tuple[Snapshot | None, bool, str] = (None, False, "")
+    _state: tuple[Snapshot | None, bool, str, str] = (None, False, "", "")
 
-    def show(self, snap: Snapshot | None, connected: bool, status: str) -> None:
-        self._state = (snap, connected, status)
+    def show(
+        self, snap: Snapshot | None, connected: bool, status: str, usage_problem: str = ""
+    ) -> None:
+        self._state = (snap, connected, status, usage_problem)
         self.set_class(snap is not None and has_device_line(snap), "two-lines")
         self.refresh()
 
@@ -73,15 +76,22 @@ SEPARATOR = " · "
 PROBLEM_MIN = 30  # columns the engine's problem may take at least, the model's name or not
 
 
-def header_text(snap: Snapshot | None, connected: bool, status: str, width: int) -> Text:
-    """The connection state (or, while connected, the engine's problem), then as many facts
-    about the server as fit in `width` columns (a fact that does not fit is left out, never
-    wrapped), each behind its own separator; then, for a split model, a line of its devices."""
+def header_text(
+    snap: Snapshot | None, connected: bool, status: str, usage_problem: str, width: int
+) -> Text:
+    """The connection state (or, while connected, the engine's and the usage record's
+    problems), then as many facts about the server as fit in `width` columns (a fact that does
+    not fit is left out, never wrapped), each behind its own separator; then, for a split
+    model, a line of its devices."""
     text = Text(no_wrap=True, overflow="crop")
-    problem = snap.engine_problem.strip() if connected and snap is not None else ""
-    if problem:
+    problems = []
+    if connected and snap is not None and snap.engine_problem.strip():
+        problems.append(f"engine down: {snap.engine_problem.strip()}")
+    if connected and snap is not None and usage_problem.strip():
+        problems.append(f"usage not recorded: {usage_problem.strip()}")
+    if problems:
         room = max(width - len(snap.model.model) - 4, PROBLEM_MIN)  # and " · " + the model's name
-        text.append(clip(f"● engine down: {problem}", room), style="bold red")
+        text.append(clip("● " + "; ".join(problems), room), style="bold red")
         text.append(" ·", style="grey50")
     elif connected:
         text.append("● live", style="bold green")
