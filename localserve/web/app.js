@@ -476,10 +476,15 @@
     let level = "ok";
     let why = "";
     if (h) {
-      parts.push(h.model, h.backend, `${h.running} running`, `${h.waiting} waiting`);
+      parts.push(h.model, h.backend);
+      if (h.running !== undefined) parts.push(`${h.running} running`, `${h.waiting} waiting`);
       if (h.kv_total) parts.push(`KV ${Math.round(100 * (h.kv_used - (h.kv_cached || 0)) / h.kv_total)}%`);
       const kvShare = h.kv_total ? (h.kv_used - (h.kv_cached || 0)) / h.kv_total : 0;
-      if (!h.ok) { level = "down"; why = "shutting down"; }
+      if (!h.ok) {  // the server says what is wrong: shutting down, the model, the record
+        level = "down";
+        const problem = h.problem || "shutting down";
+        why = problem.length > 140 ? problem.slice(0, 139) + "…" : problem;
+      }
       else if (h.waiting > 0) {
         level = "busy";
         if (kvShare >= 0.9) why = "busy: the KV cache is full";
