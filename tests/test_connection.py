@@ -18,7 +18,7 @@ from conftest import WS, configured
 from helpers import FakeServer, RawClient, Streamer, wait_until
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from localserve.auth import Access
 from localserve.connection import MAX_OUTBOX_FRAMES
@@ -603,8 +603,10 @@ def test_health_and_metrics_answer_when_the_connections_are_all_taken(fake, conn
     with configured(fake, max_connections=1):  # bob holds it
         assert urllib.request.urlopen(fake.http + "/healthz", timeout=10).status == 200
         assert urllib.request.urlopen(fake.http + "/metrics", timeout=10).status == 200
-        with pytest.raises(Exception, match="503"):
+        with pytest.raises(InvalidStatus) as refused:
             connect()
+        response = refused.value.response
+        assert response.status_code == 503 and response.headers["Retry-After"] == "5"
 
 
 def test_a_far_too_long_prompt_is_refused_before_all_of_it_is_tokenized(fake, connect, bob):

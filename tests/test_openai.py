@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -13,6 +15,7 @@ import urllib.parse
 import openai
 import pytest
 from conftest import WS, configured
+from helpers import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -262,6 +265,34 @@ def test_over_the_per_user_cap_is_429_with_retry_after(live):
             .choices
         )
         stream.close()
+    live.wait_idle()
+
+
+def test_a_whole_reply_the_engine_died_under_is_503_with_retry_after(live):
+    """The engine process killed under a whole (not streamed) reply: a 503 that says when."""
+    result = {}
+
+    def whole_reply() -> None:
+        try:
+            client(live).chat.completions.create(
+                model=MODEL,
+                messages=ask(),
+                max_tokens=2000,
+                user="orphan",
+                extra_body={"ignore_eos": True},
+            )
+        except openai.APIStatusError as e:
+            result["error"] = e
+
+    asker = threading.Thread(target=whole_reply)
+    asker.start()
+    wait_until(lambda: "orphan" in users_in_flight(live), 30, "the reply runs")
+    os.kill(live.engine._process.pid, signal.SIGKILL)
+    asker.join(60)
+    error = result["error"]
+    assert error.status_code == 503 and error.code == "engine_unavailable", error
+    assert error.response.headers["Retry-After"] == "5"
+    wait_until(lambda: not live.engine.problem, 120, "the engine is back")
     live.wait_idle()
 
 
