@@ -48,6 +48,7 @@ MIN_STATS_INTERVAL_MS = 50
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
 CLOSE_GOING_AWAY = 1001
 MAX_REASON_BYTES = 120  # a close frame's reason is at most 123 bytes
+FULL = "the server has all the connections it takes (max_connections); try again later"
 
 _decoder = msgspec.json.Decoder(ClientFrame)
 
@@ -204,10 +205,20 @@ class Connection:
             except (OSError, RuntimeError):  # disconnected, or closed meanwhile
                 return
 
+    @property
+    def is_silent(self) -> bool:
+        """Neither a user's nor a monitor's yet: it counts for no max_connections."""
+        return self.user is None and self._stats_task is None
+
+    def _spoke(self) -> None:
+        """A user or a monitor now: the transport no longer closes it to make room."""
+        if self._transport is not None:
+            self._transport.mark_in_use()
+
     async def _greet(self) -> None:
-        """Close a connection that is neither a user's nor a monitor's (it holds a slot)."""
+        """Close a connection that is neither a user's nor a monitor's (it holds a socket)."""
         await asyncio.sleep(HELLO_TIMEOUT_S)
-        if self.user is None and self._stats_task is None:
+        if self.is_silent:
             self.close(CLOSE_NOT_READING, f"no hello within {HELLO_TIMEOUT_S:g} s")
 
     async def flush(self, timeout: float) -> None:
@@ -257,7 +268,10 @@ class Connection:
         )
         if refused:
             return self.error("unauthorized", refused.message)
+        if self.server.is_full:
+            return self.error("busy", FULL)
         self.user = hello.user
+        self._spoke()
         self.send(self.server.welcome(hello.user))
 
     def _subscribe(self, sub: Subscribe) -> None:
@@ -267,12 +281,15 @@ class Connection:
         )
         if refused:  # an existing subscription goes on
             return self.error("unauthorized", refused.message)
+        if sub.interval_ms > 0 and self.is_silent and self.server.is_full:
+            return self.error("busy", FULL)
         if self._stats_task:
             self._stats_task.cancel()
             self._stats_task = None
         if sub.interval_ms > 0:
             interval = max(sub.interval_ms, MIN_STATS_INTERVAL_MS) / 1e3
             self._stats_task = asyncio.create_task(self._stream_stats(interval))
+            self._spoke()
 
     async def _stream_stats(self, interval_s: float) -> None:
         while not self.is_closed:

@@ -215,11 +215,20 @@ class Server:
     async def _websocket(self, scope, receive, send) -> None:
         if refusal := self._browser_refusal(scope):
             return await _deny(send, 403, refusal + "\n")
-        if len(self.connections) >= self.config.max_connections:
+        if self.is_full:
             return await _deny(send, 503, "too many connections; try again later\n", RETRY_FULL_S)
         conn = Connection(self, scope, receive, send, next(self.numbers))
         self.connections.add(conn)
         await conn.run()
+
+    @property
+    def is_full(self) -> bool:
+        """max_connections users and monitors are connected.
+
+        One that has said no hello counts for none: the socket caps bound those, and one
+        place's silent sockets must not keep everyone else out (transport.Limits).
+        """
+        return sum(not c.is_silent for c in self.connections) >= self.config.max_connections
 
     def drop(self, conn: Connection) -> None:
         """A closed connection: cancel its requests (their cells are freed at the next step).

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import selectors
 import socket
 import struct
 import threading
@@ -236,3 +237,75 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class Squatter:
+    """One local process holding `n` sockets it does nothing with; each one the server
+    closes is opened again at once, as an attacker would.
+
+    kind: "idle" (connected, nothing sent), "half-open" (a request head that never ends),
+    "silent-ws" (websockets that never say hello) or "mixed" (a third of each).
+    """
+
+    KINDS = ("idle", "half-open", "silent-ws")
+
+    def __init__(self, url: str, n: int = 100, kind: str = "mixed") -> None:
+        host, port = url.split("//")[-1].rstrip("/").split(":")
+        self.address = (host, int(port))
+        kinds = self.KINDS if kind == "mixed" else (kind,)
+        self.num_closed = 0  # by the server
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        for i in range(n):
+            self._open(kinds[i % len(kinds)])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _opening(self, kind: str) -> bytes:
+        if kind == "half-open":
+            return b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        if kind == "silent-ws":
+            key = base64.b64encode(os.urandom(16)).decode()
+            return (
+                f"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        return b""
+
+    def _open(self, kind: str) -> None:
+        while not self._stop.is_set():
+            try:
+                sock = socket.create_connection(self.address, timeout=2)
+                sock.sendall(self._opening(kind))
+                break
+            except OSError:
+                time.sleep(0.001)
+        else:
+            return
+        sock.setblocking(False)
+        self._selector.register(sock, selectors.EVENT_READ, kind)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(0.1):
+                try:
+                    gone = not key.fileobj.recv(65536)  # a 101, a ping: read, never answered
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    gone = True
+                if gone:
+                    self._selector.unregister(key.fileobj)
+                    key.fileobj.close()
+                    self.num_closed += 1
+                    self._open(key.data)
+
+    @property
+    def num_open(self) -> int:
+        return len(self._selector.get_map())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()

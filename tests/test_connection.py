@@ -609,6 +609,24 @@ def test_health_and_metrics_answer_when_the_connections_are_all_taken(fake, conn
         assert response.status_code == 503 and response.headers["Retry-After"] == "5"
 
 
+def test_connections_that_said_no_hello_count_for_no_max_connections(fake, connect, bob):
+    async def speaking() -> list:
+        return [c for c in fake.server.connections if not c.is_silent]
+
+    # bob's and the fuzzer's stay; the earlier tests' must be gone
+    stays = lambda: all(c.user in ("bob", "fuzz") for c in fake.call(speaking()))  # noqa: E731
+    wait_until(stays, 10, "the earlier tests' connections gone")
+    with configured(fake, max_connections=len(fake.call(speaking())) + 1):  # room for one
+        silent = [connect() for _ in range(3)]  # none of them counts yet
+        assert silent[0].hello("una")["type"] == "welcome"  # the second
+        refused = silent[1].hello("ulla")
+        assert refused["code"] == "busy" and "max_connections" in refused["message"]
+        silent[2].send({"type": "subscribe", "interval_ms": 100})
+        assert silent[2].recv()["code"] == "busy"
+        with pytest.raises(InvalidStatus):
+            connect()
+
+
 def test_a_far_too_long_prompt_is_refused_before_all_of_it_is_tokenized(fake, connect, bob):
     ws = connect()
     ws.hello("paste")

@@ -1,10 +1,12 @@
 """The guarded HTTP and websocket protocols (localserve/transport.py) on a server over the
-FakeRunner: pipelining, and the cap on one place's sockets. What a hostile client does to the
+FakeRunner: pipelining, the caps on one place's sockets (and their rule, on `Limits` alone),
+a squatter that must not keep others out. What a hostile client does to the
 real model's server is in test_hostile.py.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import select
 import socket
@@ -12,7 +14,10 @@ import urllib.request
 
 import pytest
 from conftest import configured
-from helpers import Streamer, wait_until
+from helpers import RawClient, Squatter, Streamer, wait_until
+
+from localserve.config import ServerConfig
+from localserve.transport import MIN_IDLE_S, Limits
 
 QUESTION = "What is the capital of France?"
 
@@ -61,19 +66,17 @@ def test_pipelined_requests_are_answered_whole_and_cancelled_with_their_connecti
 
 
 def test_one_place_cannot_take_every_socket(fake, bob):
-    with configured(fake, max_connections=2):  # one place: max_connections + 32 sockets
+    with configured(fake, max_connections=2):  # one place: 34 sockets, a burst up to 68
         host, port = fake.http.removeprefix("http://").split(":")
-        idle = []
-        for _ in range(2 + 40):
-            idle.append(socket.create_connection((host, int(port))))
+        idle = [socket.create_connection((host, int(port))) for _ in range(68 + 8)]
         cut: set[socket.socket] = set()
 
         def enough_cut() -> bool:
             readable, _, _ = select.select([s for s in idle if s not in cut], [], [], 0)
             cut.update(s for s in readable if _was_cut(s))
-            return len(cut) >= 8  # bob's websocket holds one of the 34
+            return len(cut) >= 8  # bob's websocket holds one of the 68
 
-        wait_until(enough_cut, 10, "the sockets over the cap cut")
+        wait_until(enough_cut, 5, "the sockets over twice the cap cut")
         for sock in idle:
             sock.close()
     wait_until(
@@ -81,6 +84,93 @@ def test_one_place_cannot_take_every_socket(fake, bob):
         15,
         "healthz answers again",
     )
+
+
+def test_past_the_cap_a_new_socket_closes_the_longest_idle_one():
+    limits, now, closed = _limits(max_connections=1)  # one place: 33 sockets
+    for i in range(33):
+        assert limits.open("p")
+        limits.idle("p", i, lambda i=i: closed.append(i))
+        now[0] += 0.01
+    limits.in_use("p", 0)  # a request in progress: never closed to make room
+    now[0] += MIN_IDLE_S
+    assert limits.open("p") and closed == [1]
+    limits.idle("p", 1, lambda: closed.append(1))  # idle again: now the newest
+    assert limits.open("p") and closed == [1, 2]
+    assert limits.open("elsewhere") and closed == [1, 2]  # other places are not touched
+    assert limits.num_evicted == 2
+
+
+def test_young_idle_sockets_are_spared_and_twice_the_cap_is_the_end():
+    """A client reconnecting at once must not cycle through a place's idle sockets faster than
+    a newcomer can send its request: a socket idle under MIN_IDLE_S is never closed for it."""
+    limits, now, closed = _limits(max_connections=1)
+    for i in range(66):
+        assert limits.open("p")
+        limits.idle("p", i, lambda i=i: closed.append(i))
+    assert not limits.open("p") and not closed  # 66 young ones: the 67th is refused
+    now[0] += MIN_IDLE_S
+    assert limits.open("p") and closed == [0]  # the longest idle makes room
+
+
+def test_every_place_together_is_capped_too():
+    limits, now, closed = _limits(max_connections=1)  # 33 a place, 66 in all, 132 at most
+    for i in range(66):
+        place = f"p{i % 2}"
+        assert limits.open(place)
+        limits.idle(place, i, lambda i=i: closed.append(i))
+    now[0] += MIN_IDLE_S
+    assert limits.open("third") and closed == [0]  # the place holding the most gives way
+
+
+def _limits(**config):
+    limits = Limits(lambda: ServerConfig(**config), 0)
+    now = [0.0]
+    limits.clock = lambda: now[0]
+    return limits, now, []
+
+
+def test_one_place_squatting_on_sockets_leaves_room_for_everyone_else(fake):
+    """100 sockets held by one local process (idle, half-open heads, silent websockets), each
+    reopened as soon as the server closes it: another local user (another loopback address,
+    the same place) still gets nearly every request through."""
+    squatter = Squatter(fake.http, 100, "mixed")
+    try:
+        wait_until(lambda: squatter.num_open == 100, 10, "the squatter holds its sockets")
+        health = sum(_healthz(fake.http, "127.0.0.2") for _ in range(40))
+        chats = sum(_hello_and_chat(fake.url, "127.0.0.2") for _ in range(40))
+    finally:
+        squatter.close()
+    assert health >= 38 and chats >= 38, (health, chats, squatter.num_closed)
+
+
+def _healthz(url: str, source: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5, source_address=(source, 0))
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def _hello_and_chat(url: str, source: str) -> bool:
+    try:
+        client = RawClient(url, source=source)
+        client.sock.settimeout(5)
+        client.send({"type": "hello", "user": "carol"})
+        if client.recv()["type"] != "welcome":
+            return False
+        messages = [{"role": "user", "content": QUESTION}]
+        client.send({"type": "chat", "id": "c", "max_tokens": 2, "messages": messages})
+        while (frame := client.recv())["type"] != "done":
+            pass
+        client.close()
+        return frame["finish_reason"] in ("stop", "length")
+    except (OSError, AssertionError):  # cut, refused (a 503), or late
+        return False
 
 
 def _was_cut(sock: socket.socket) -> bool:
