@@ -11,7 +11,8 @@ protocol; these subclasses add what one hostile client must not get past:
   requests read ahead;
 - websockets: a client that does not read the pongs the protocol writes for its pings is cut
   off; no pong within the keepalive closes with 1008 (not while the server itself holds reading
-  back); a closing handshake the client does not finish is cut off after CLOSE_TIMEOUT_S;
+  back); a closing handshake the client does not finish is cut off after CLOSE_TIMEOUT_S; a
+  malformed frame closes with the library's code (1007 for invalid UTF-8) and one log line;
 - sockets counted per place and in all (`Limits`): at a cap, the socket of that place idle the
   longest (no request in progress, or a websocket that has not said hello) is closed to make
   room, so one place's idle or half-open sockets cannot keep anyone else out.
@@ -49,6 +50,7 @@ SOCKET_SLACK = 32
 MIN_IDLE_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
 CLOSE_NOT_READING = 1008  # policy violation
+CLOSE_INVALID_DATA = 1007
 LOG_INTERVAL_S = 10.0  # one line per place and kind of trouble this often; the rest counted
 MAX_LOG_PLACES = 4096  # places remembered for that; the longest quiet forgotten first
 
@@ -435,6 +437,31 @@ class GuardedWebSocket(WebSocketsSansIOProtocol):
         self.close_sent = True
         self.transport.close()
         self.loop.call_later(self.close_timeout, self.transport.abort)
+
+    # malformed frames: the connection is closed, and the log gets one line, not a traceback
+
+    def send_receive_event_to_app(self) -> None:
+        # uvicorn logs a traceback at ERROR for each text message that is not UTF-8: check
+        # first (non-ASCII text is decoded twice, ~0.1 ms per 256 KiB)
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = b"".join(self.frames)
+            try:
+                if not data.isascii():
+                    data.decode()
+            except UnicodeDecodeError as e:
+                self.frames = []
+                self.conn.fail(CLOSE_INVALID_DATA, f"invalid UTF-8 at byte {e.start}")
+                return self.handle_parser_exception()
+        super().send_receive_event_to_app()
+
+    def handle_parser_exception(self) -> None:
+        close = self.conn.close_sent
+        if close is None:  # closing already: nothing more to say
+            return self.transport.close()
+        host = self.client[0] if self.client else "unknown"
+        message = f"{host}: malformed websocket frame ({close.reason}); closed, {close.code}"
+        self.limits.log.warning(self._place, "malformed", message)
+        super().handle_parser_exception()
 
     async def send(self, message) -> None:
         await super().send(message)

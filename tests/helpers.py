@@ -178,8 +178,14 @@ class RawClient:
     """
 
     def __init__(
-        self, url: str, rcvbuf: int = 4096, source: str | None = None, sndbuf: int | None = None
+        self,
+        url: str,
+        rcvbuf: int = 4096,
+        source: str | None = None,
+        sndbuf: int | None = None,
+        headers: str = "",
     ) -> None:
+        """`headers`: more handshake header lines, each ending in CRLF."""
         host, port = url.removeprefix("ws://").rstrip("/").split(":")
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -193,12 +199,13 @@ class RawClient:
         self.sock.sendall(
             f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+            f"Sec-WebSocket-Version: 13\r\n{headers}\r\n".encode()
         )
         head = b""
         while b"\r\n\r\n" not in head:
             head += self.sock.recv(1)
         assert head.startswith(b"HTTP/1.1 101"), head
+        self.head = head  # the server's handshake response
 
     def send(self, frame: dict | str, opcode: int = 0x1) -> bool:
         """One masked frame (a zero mask: valid, and no copying); False once refused."""
@@ -216,22 +223,46 @@ class RawClient:
         except OSError:  # reset, or the server stopped reading and closed
             return False
 
+    def send_raw(self, data: bytes) -> None:
+        """Bytes as they are: a malformed frame, or a frame's head alone."""
+        self.sock.sendall(data)
+
     def recv(self) -> dict:
-        """The next frame from the server (unmasked, unfragmented text: all it sends)."""
+        """The next frame from the server, which must be text (unmasked, unfragmented)."""
+        opcode, payload = self.recv_frame()
+        assert opcode == 0x1, (opcode, payload[:100])
+        return json.loads(payload)
+
+    def recv_frame(self) -> tuple[int, bytes]:
+        """The next frame from the server: its opcode and payload."""
         first, second = self._exactly(2)
         n = second & 0x7F
         if n == 126:
             (n,) = struct.unpack("!H", self._exactly(2))
         elif n == 127:
             (n,) = struct.unpack("!Q", self._exactly(8))
-        assert first & 0x0F == 0x1, first
-        return json.loads(self._exactly(n))
+        return first & 0x0F, self._exactly(n)
+
+    def close_frame(self, timeout: float = 10.0) -> tuple[int, str]:
+        """Read on to the server's close frame (skipping what comes before): code, reason.
+
+        Fails when the connection ends without one (a reset, or a close with no frame).
+        """
+        self.sock.settimeout(timeout)
+        while True:
+            opcode, payload = self.recv_frame()
+            if opcode == 0x8:
+                code = struct.unpack("!H", payload[:2])[0] if payload else 1005
+                return code, payload[2:].decode()
 
     def _exactly(self, n: int) -> bytes:
         data = b""
         while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            assert chunk, "connection closed"
+            try:
+                chunk = self.sock.recv(n - len(data))
+            except ConnectionResetError:
+                chunk = b""
+            assert chunk, "connection closed without a close frame"
             data += chunk
         return data
 

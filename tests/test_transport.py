@@ -1,6 +1,6 @@
 """The guarded HTTP and websocket protocols (localserve/transport.py) on a server over the
 FakeRunner: pipelining, the caps on one place's sockets (and their rule, on `Limits` alone),
-a squatter that must not keep others out. What a hostile client does to the
+a squatter that must not keep others out, malformed frames. What a hostile client does to the
 real model's server is in test_hostile.py.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import select
 import socket
 import urllib.request
@@ -17,7 +18,7 @@ from conftest import configured
 from helpers import RawClient, Squatter, Streamer, wait_until
 
 from localserve.config import ServerConfig
-from localserve.transport import MIN_IDLE_S, Limits
+from localserve.transport import LOG_INTERVAL_S, MIN_IDLE_S, Limits, PlaceLog
 
 QUESTION = "What is the capital of France?"
 
@@ -182,3 +183,58 @@ def _was_cut(sock: socket.socket) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+# --- malformed frames: the right close code, one line in the log ------------------------------
+
+MASK = b"\0\0\0\0"  # a zero mask: the payload goes as it is
+MALFORMED = [
+    (b"\x81\x82" + MASK + b"\xff\xfe", 1007, "invalid UTF-8 at byte 0"),  # text, not UTF-8
+    (b"\x81\x02hi", 1002, "incorrect masking"),  # a client's frame unmasked
+    (b"\xc1\x82" + MASK + b"hi", 1002, "reserved bits must be 0"),  # compressed, not agreed
+    (b"\x83\x82" + MASK + b"hi", 1002, "invalid opcode"),
+    (
+        b"\x88\x84" + MASK + b"\x03\xe8\xff\xfe",
+        1007,
+        "invalid start byte at position 0",
+    ),  # close reason
+]
+
+
+@pytest.mark.parametrize(("data", "code", "reason"), MALFORMED)
+def test_a_malformed_frame_closes_with_its_code_and_reason(fake, data, code, reason):
+    client = RawClient(fake.url)
+    client.send_raw(data)
+    assert client.close_frame() == (code, reason)
+    client.close()
+
+
+def test_malformed_frames_are_one_line_in_the_log_not_a_traceback_each(fake, caplog):
+    now = [0.0]
+    limits = fake.server.limits
+    real, limits.log = limits.log, PlaceLog(clock=lambda: now[0])
+    try:
+        with caplog.at_level(logging.INFO):
+            for data, code, _ in MALFORMED * 4:
+                client = RawClient(fake.url)
+                client.send_raw(data)
+                assert client.close_frame()[0] == code
+                client.close()
+            first = _warnings(caplog)
+            now[0] += LOG_INTERVAL_S  # the next one after the interval says what was held back
+            client = RawClient(fake.url)
+            client.send_raw(MALFORMED[0][0])
+            client.close_frame()
+    finally:
+        limits.log = real
+    lines = _warnings(caplog)
+    assert len(first) == 1 and len(lines) == 2, [r.getMessage() for r in lines]
+    assert "malformed websocket frame (invalid UTF-8 at byte 0); closed, 1007" in lines[0]
+    assert "(19 more like it from loopback in the last 10 s)" in lines[1]
+
+
+def _warnings(caplog) -> list[str]:
+    """The log's lines at WARNING and above; none may carry a traceback."""
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in records if r.exc_info or r.levelno >= logging.ERROR], records
+    return [r.getMessage() for r in records]
