@@ -203,7 +203,9 @@ class RawClient:
         )
         head = b""
         while b"\r\n\r\n" not in head:
-            head += self.sock.recv(1)
+            byte = self.sock.recv(1)
+            assert byte, f"closed during the handshake: {head!r}"
+            head += byte
         assert head.startswith(b"HTTP/1.1 101"), head
         self.head = head  # the server's handshake response
 

@@ -11,6 +11,7 @@ import json
 import logging
 import select
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -131,18 +132,23 @@ def _limits(**config):
     return limits, now, []
 
 
-def test_one_place_squatting_on_sockets_leaves_room_for_everyone_else(fake):
-    """100 sockets held by one local process (idle, half-open heads, silent websockets), each
-    reopened as soon as the server closes it: another local user (another loopback address,
-    the same place) still gets nearly every request through."""
-    squatter = Squatter(fake.http, 100, "mixed")
+@pytest.mark.parametrize("kind", [*Squatter.KINDS, "mixed"])
+def test_one_place_squatting_on_sockets_leaves_room_for_everyone_else(fake, kind):
+    """100 sockets held by one local process (idle, half-open heads, silent websockets, or a
+    third of each), each reopened as soon as the server closes it: another local user (another
+    loopback address, the same place) still gets nearly every request through."""
+    limits = fake.server.limits
+    squatter = Squatter(fake.http, 100, kind)
     try:
         wait_until(lambda: squatter.num_open == 100, 10, "the squatter holds its sockets")
+        time.sleep(MIN_IDLE_S)  # old enough to be closed for a newcomer
+        evicted = limits.num_evicted
         health = sum(_healthz(fake.http, "127.0.0.2") for _ in range(40))
         chats = sum(_hello_and_chat(fake.url, "127.0.0.2") for _ in range(40))
     finally:
         squatter.close()
     assert health >= 38 and chats >= 38, (health, chats, squatter.num_closed)
+    assert limits.num_evicted > evicted  # room was made, not only a burst let in
 
 
 def _healthz(url: str, source: str) -> bool:
