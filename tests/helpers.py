@@ -62,6 +62,18 @@ class PacedRunner(FakeRunner):
         return super().run(batch)
 
 
+@dataclass
+class WideRunner(PacedRunner):
+    """The paced fake runner with `width` bytes of text a token: replies that fill a socket
+    in a moment, as a fast model's would after a while."""
+
+    width: int = 2048
+
+    def piece(self, token: int) -> bytes:
+        piece = super().piece(token)
+        return piece * (self.width // len(piece)) if piece else piece
+
+
 class FakeServer:
     """localserve's Server on its own event-loop thread over the paced fake runner, assembled by
     `serving()` as the real one is."""

@@ -15,7 +15,7 @@ import urllib.request
 import msgspec
 import pytest
 from conftest import WS, configured
-from helpers import FakeServer, RawClient, Streamer, wait_until
+from helpers import FakeServer, RawClient, Streamer, WideRunner, wait_until
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -24,7 +24,6 @@ from localserve.auth import Access
 from localserve.connection import MAX_OUTBOX_FRAMES
 from localserve.protocol import Chat, ClientFrame, Subscribe
 from localserve.runner import DecodeError
-from localserve.transport import CLOSE_NOT_READING
 
 QUESTION = "What is the capital of France?"
 
@@ -91,25 +90,44 @@ def never_reading_client(server, frames: list[dict], timeout: float = 60.0) -> l
 
 
 def test_a_reader_that_stops_reading_is_closed_at_the_byte_limit_and_its_requests_cancelled():
-    """Four long replies, none read: their text is coalesced (one frame per request: their
-    16,000 tokens would pass the frame limit otherwise) until the bytes waiting pass
-    max_outbox_bytes. The limit is set below what a config file may say (256 KiB), for speed:
-    the mechanism is the same."""
-    server = FakeServer(
-        step_s=0, n_ctx=4 * 4200, n_seq_max=4, max_outbox_bytes=32 << 10, write_timeout_s=600
-    )
+    """Four long replies on a real socket that nobody reads: once the socket is full, their
+    text waits in the outbox, coalesced (one frame per request), until it passes
+    max_outbox_bytes (256 KiB). The close frame waits behind what the socket holds: the client
+    reads it once the server has given up."""
+    runner = WideRunner(n_ctx=4 * 4200, n_seq_max=4, step_s=0)
+    server = FakeServer(runner=runner, write_timeout_s=600)
     try:
-        chats = [chat(f"c{i}", f"story {i}", max_tokens=4096, ignore_eos=True) for i in range(4)]
-        sent = never_reading_client(server, [{"type": "hello", "user": "sponge"}, *chats])
-        kinds = [m["type"] for m in sent]
-        assert kinds == ["websocket.accept", "websocket.send", "websocket.close"]
-        assert json.loads(sent[1]["text"])["type"] == "welcome"  # the write that never ended
-        close = sent[2]
-        assert close["code"] == CLOSE_NOT_READING
-        assert close["reason"] == f"not reading: over {32 << 10} bytes unsent"
+        client = RawClient(server.url)
+        client.send({"type": "hello", "user": "sponge"})
+        for i in range(4):
+            client.send(chat(f"c{i}", f"story {i}", max_tokens=4096, ignore_eos=True))
+        wait_until(lambda: server.connections_of("sponge"), 10, "sponge connected")
+        wait_until(lambda: not server.connections_of("sponge"), 30, "sponge closed")
+        limit = server.config.max_outbox_bytes
+        assert client.close_frame() == (1008, f"not reading: over {limit} bytes unsent")
+        client.close()
         snap = server.wait_idle()  # every reply was cancelled, its cells freed
         assert snap.counters.finished == snap.counters.cancellations == 4
         assert not server.server.requests and not server.server.connections
+    finally:
+        server.close()
+
+
+def test_a_socket_that_takes_nothing_for_write_timeout_s_is_closed_with_1008():
+    """A reply that fills the socket within a moment, then the write waits: 1008 after
+    write_timeout_s, read from the socket. (A socket filled slower than the kernel's user
+    timeout, write_timeout_s + 2 s, is cut by the kernel first, with no close frame.)"""
+    runner = WideRunner(step_s=0.001)  # 2 MB of text a second
+    server = FakeServer(runner=runner, write_timeout_s=1.0, max_outbox_bytes=64 << 20)
+    try:
+        client = RawClient(server.url)
+        client.send({"type": "hello", "user": "clog"})
+        client.send(chat("c", "a long story", max_tokens=4000, ignore_eos=True))
+        wait_until(lambda: server.connections_of("clog"), 10, "clog connected")
+        wait_until(lambda: not server.connections_of("clog"), 30, "clog closed")
+        assert client.close_frame() == (1008, "not reading for 1 s")
+        client.close()
+        assert server.wait_idle().counters.cancellations == 1
     finally:
         server.close()
 
@@ -120,7 +138,7 @@ def test_a_reader_that_stops_reading_is_closed_at_the_frame_limit(fake):
     frames += [{"type": "cancel", "id": f"n{i}"} for i in range(n)]
     sent = never_reading_client(fake, frames)
     close = sent[-1]
-    assert close["type"] == "websocket.close" and close["code"] == CLOSE_NOT_READING
+    assert close["type"] == "websocket.close" and close["code"] == 1008
     assert close["reason"] == f"not reading: over {MAX_OUTBOX_FRAMES} frames unsent"
     assert not fake.connections_of("deaf")
 

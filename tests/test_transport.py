@@ -11,6 +11,7 @@ import json
 import logging
 import select
 import socket
+import struct
 import time
 import urllib.request
 
@@ -19,6 +20,7 @@ from conftest import configured
 from helpers import RawClient, Squatter, Streamer, wait_until
 
 from localserve.config import ServerConfig
+from localserve.server import FRAME_SLACK_BYTES
 from localserve.transport import LOG_INTERVAL_S, MIN_IDLE_S, Limits, PlaceLog
 
 QUESTION = "What is the capital of France?"
@@ -244,3 +246,27 @@ def _warnings(caplog) -> list[str]:
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [r for r in records if r.exc_info or r.levelno >= logging.ERROR], records
     return [r.getMessage() for r in records]
+
+
+# --- the frame limit and compression -----------------------------------------------------------
+
+
+def test_a_frame_past_max_frame_bytes_plus_64_kib_closes_with_1009(fake):
+    limit = fake.config.max_frame_bytes + FRAME_SLACK_BYTES
+    client = RawClient(fake.url, sndbuf=1 << 20)
+    client.send({"type": "hello", "user": "bulky"})
+    assert client.recv()["type"] == "welcome"
+    client.send("x" * limit)  # at the limit: read, and refused with an error frame
+    reply = client.recv()
+    assert reply["code"] == "bad_request" and "exceeds" in reply["message"]
+    client.send_raw(struct.pack("!BBQ", 0x81, 0x80 | 127, limit + 1) + MASK)  # its head alone
+    code, reason = client.close_frame()
+    assert code == 1009 and f"exceeds limit of {limit} bytes" in reason
+    client.close()
+
+
+def test_permessage_deflate_is_not_offered_even_when_asked_for(fake):
+    offer = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+    client = RawClient(fake.url, headers=offer)
+    assert b"sec-websocket-extensions" not in client.head.lower(), client.head
+    client.close()
