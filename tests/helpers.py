@@ -122,6 +122,14 @@ class FakeServer:
         self.runner.close()
 
 
+def prefilling(server, user: str):
+    """The user's row once its prefill has computed a chunk (it may start at a cached prefix)."""
+    rows = [s for s in server.snapshot().seqs if s.user == user]
+    return next(
+        (s for s in rows if s.phase == "prefill" and s.computed_tokens > s.cached_tokens), None
+    )
+
+
 def connections_of(server, prefix: str) -> list:
     """A live or fake server's connections whose user starts with `prefix` (on its loop)."""
 
