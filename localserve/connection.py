@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from localserve.admission import Refusal
-from localserve.auth import check_user_name
+from localserve.auth import address_group, check_user_name
 from localserve.events import Done
 from localserve.outbox import Outbox
 from localserve.protocol import (
@@ -159,20 +159,21 @@ class Connection:
         if self.is_closing:
             return
         self.is_closing = True
-        level = logging.INFO if code == CLOSE_GOING_AWAY else logging.WARNING
-        log.log(
-            level,
-            "connection %d (%s, %s): closing, %d: %s",
-            self.num,
-            self.user,
-            self.address,
-            code,
-            reason,
-        )
+        self._log_close(code, reason)
         if not flush:
             self.is_closed = True
             self.server.drop(self)  # their cells are freed at the next step
         self._close_task = asyncio.ensure_future(self._close(code, reason, flush))
+
+    def _log_close(self, code: int, reason: str) -> None:
+        message = f"connection {self.num} ({self.user}, {self.address}): closing, {code}: {reason}"
+        limits = self.server.limits
+        if code == CLOSE_GOING_AWAY:
+            log.info("%s", message)
+        elif self.user is None and limits is not None:  # anyone can cause these, at any rate
+            limits.log.warning(address_group(self.address), "closed before hello", message, log)
+        else:
+            log.warning("%s", message)
 
     async def _close(self, code: int, reason: str, flush: bool) -> None:
         if flush:  # let the client read why (errors before hello), briefly

@@ -66,7 +66,7 @@ class PlaceLog:
         self.clock = clock
         self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (time, held back)
 
-    def warning(self, place: str, kind: str, message: str) -> None:
+    def warning(self, place: str, kind: str, message: str, logger: logging.Logger = log) -> None:
         now, key = self.clock(), (place, kind)
         last, held = self._last.pop(key, (None, 0))
         if last is not None and now - last < LOG_INTERVAL_S:
@@ -74,7 +74,7 @@ class PlaceLog:
             return
         if held:
             message += f" ({held} more like it from {place} in the last {now - last:.0f} s)"
-        log.warning("%s", message)
+        logger.warning("%s", message)
         self._last[key] = (now, 0)
         if len(self._last) > MAX_LOG_PLACES:
             del self._last[next(iter(self._last))]

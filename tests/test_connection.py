@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -24,6 +25,7 @@ from localserve.auth import Access
 from localserve.connection import MAX_OUTBOX_FRAMES
 from localserve.protocol import Chat, ClientFrame, Subscribe
 from localserve.runner import DecodeError
+from localserve.transport import PlaceLog
 
 QUESTION = "What is the capital of France?"
 
@@ -482,6 +484,24 @@ def test_before_hello_a_connection_gets_three_errors_then_is_closed(fake, connec
     with pytest.raises(ConnectionClosed) as closed:
         ws.recv(5)
     assert closed.value.rcvd.code == 1008
+
+
+def test_connections_closed_before_hello_are_one_log_line_per_place(fake, caplog):
+    """Anyone can open connections and earn three errors on each: one line, not one each."""
+    limits = fake.server.limits
+    real, limits.log = limits.log, PlaceLog(clock=lambda: 0.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="localserve.connection"):
+            for _ in range(5):
+                client = RawClient(fake.url)
+                for _ in range(3):
+                    client.send("{not json")
+                assert client.close_frame() == (1008, "too many errors before hello")
+                client.close()
+    finally:
+        limits.log = real
+    lines = [r.getMessage() for r in caplog.records if r.name == "localserve.connection"]
+    assert len(lines) == 1 and "too many errors before hello" in lines[0], lines
 
 
 def test_inputs_that_used_to_end_in_1011_get_error_frames(fake, connect, bob):
