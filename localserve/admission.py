@@ -13,6 +13,9 @@ from typing import Protocol
 
 from localserve.events import Done
 
+# a client refused (or cut short) because the engine process is down may retry this soon after
+RETRY_UNAVAILABLE_S = 5
+
 
 class Sink(Protocol):
     """Who gets a request's events: a websocket connection or an HTTP reply."""

@@ -117,7 +117,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     write_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     # ... and so is one that does not answer a ping (sent this often) within this long.
     keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
-    max_connections: Positive = 64  # websockets; beyond it, a new one gets HTTP 503
+    max_connections: Positive = 64  # websockets past hello; beyond it, a new one gets 503
     # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
     # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10

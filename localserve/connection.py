@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from localserve.admission import Refusal
-from localserve.auth import check_user_name
+from localserve.auth import address_group, check_user_name
 from localserve.events import Done
 from localserve.outbox import Outbox
 from localserve.protocol import (
@@ -48,6 +48,7 @@ MIN_STATS_INTERVAL_MS = 50
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
 CLOSE_GOING_AWAY = 1001
 MAX_REASON_BYTES = 120  # a close frame's reason is at most 123 bytes
+FULL = "the server has all the connections it takes (max_connections); try again later"
 
 _decoder = msgspec.json.Decoder(ClientFrame)
 
@@ -159,20 +160,21 @@ class Connection:
         if self.is_closing:
             return
         self.is_closing = True
-        level = logging.INFO if code == CLOSE_GOING_AWAY else logging.WARNING
-        log.log(
-            level,
-            "connection %d (%s, %s): closing, %d: %s",
-            self.num,
-            self.user,
-            self.address,
-            code,
-            reason,
-        )
+        self._log_close(code, reason)
         if not flush:
             self.is_closed = True
             self.server.drop(self)  # their cells are freed at the next step
         self._close_task = asyncio.ensure_future(self._close(code, reason, flush))
+
+    def _log_close(self, code: int, reason: str) -> None:
+        message = f"connection {self.num} ({self.user}, {self.address}): closing, {code}: {reason}"
+        limits = self.server.limits
+        if code == CLOSE_GOING_AWAY:
+            log.info("%s", message)
+        elif self.user is None and limits is not None:  # anyone can cause these, at any rate
+            limits.log.warning(address_group(self.address), "closed before hello", message, log)
+        else:
+            log.warning("%s", message)
 
     async def _close(self, code: int, reason: str, flush: bool) -> None:
         if flush:  # let the client read why (errors before hello), briefly
@@ -205,10 +207,20 @@ class Connection:
             except (OSError, RuntimeError):  # disconnected, or closed meanwhile
                 return
 
+    @property
+    def is_silent(self) -> bool:
+        """Neither a user's nor a monitor's yet: it counts for no max_connections."""
+        return self.user is None and self._stats_task is None
+
+    def _spoke(self) -> None:
+        """A user or a monitor now: the transport no longer closes it to make room."""
+        if self._transport is not None:
+            self._transport.mark_in_use()
+
     async def _greet(self) -> None:
-        """Close a connection that is neither a user's nor a monitor's (it holds a slot)."""
+        """Close a connection that is neither a user's nor a monitor's (it holds a socket)."""
         await asyncio.sleep(HELLO_TIMEOUT_S)
-        if self.user is None and self._stats_task is None:
+        if self.is_silent:
             self.close(CLOSE_NOT_READING, f"no hello within {HELLO_TIMEOUT_S:g} s")
 
     async def flush(self, timeout: float) -> None:
@@ -258,7 +270,10 @@ class Connection:
         )
         if refused:
             return self.error("unauthorized", refused.message)
+        if self.server.is_full:
+            return self.error("busy", FULL)
         self.user = hello.user
+        self._spoke()
         self.send(self.server.welcome(hello.user))
 
     def _subscribe(self, sub: Subscribe) -> None:
@@ -268,12 +283,15 @@ class Connection:
         )
         if refused:  # an existing subscription goes on
             return self.error("unauthorized", refused.message)
+        if sub.interval_ms > 0 and self.is_silent and self.server.is_full:
+            return self.error("busy", FULL)
         if self._stats_task:
             self._stats_task.cancel()
             self._stats_task = None
         if sub.interval_ms > 0:
             interval = max(sub.interval_ms, MIN_STATS_INTERVAL_MS) / 1e3
             self._stats_task = asyncio.create_task(self._stream_stats(interval))
+            self._spoke()
 
     async def _stream_stats(self, interval_s: float) -> None:
         while not self.is_closed:

@@ -30,7 +30,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localserve.admission import Refusal
+from localserve.admission import RETRY_UNAVAILABLE_S, Refusal
 from localserve.auth import check_user_name
 from localserve.connection import MAX_ERROR_CHARS, client_address
 from localserve.events import Done
@@ -292,13 +292,9 @@ class _Api:
                 client_address(request.scope), "api key", user is not None, "invalid API key"
             )
             if refused is not None and refused.retry_after_s:
-                wait = {"Retry-After": str(math.ceil(refused.retry_after_s))}
+                wait = _retry_after(refused.retry_after_s)
                 raise ApiError(
-                    429,
-                    refused.message,
-                    "rate_limit_exceeded",
-                    kind="rate_limit_error",
-                    headers=wait,
+                    429, refused.message, "rate_limit_exceeded", None, "rate_limit_error", wait
                 )
             if refused is not None:
                 message = (
@@ -328,8 +324,7 @@ class _Api:
             )
         except Refusal as e:
             status, error_type, code = _REFUSALS.get(e.code, (500, "server_error", e.code))
-            wait = str(math.ceil(e.retry_after_s) or 1)
-            headers = {"Retry-After": wait} if status in (429, 503) else None
+            headers = _retry_after(e.retry_after_s) if status in (429, 503) else None
             param = ("messages" if kind == "chat" else "prompt") if e.code == "too_long" else None
             if e.code == "bad_request":
                 param = _param_of(e.message)
@@ -338,6 +333,11 @@ class _Api:
             return Response(status_code=499)
         reply.request = request_
         return reply
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    """The header every 429 and 503 carries (at least 1 s: some clients read 0 as at once)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
 def _sampling(body: _Common, max_tokens: int | None, server_max: int) -> SamplingFields:
@@ -655,15 +655,14 @@ class _Reply:
     def _failure(self, done: Done) -> ApiError:
         if done.finish_reason == "cancelled":
             if self.server.is_shutting_down:
+                message = "the server shut down before the reply was done"
                 return ApiError(
-                    503,
-                    "the server shut down before the reply was done",
-                    "shutting_down",
-                    kind="server_error",
+                    503, message, "shutting_down", None, "server_error", _retry_after(0)
                 )
             return ApiError(500, "the request was cancelled", "cancelled", kind="server_error")
         if done.error_code == "unavailable":  # the engine process stopped under it
-            return ApiError(503, done.error[:300], "engine_unavailable", kind="server_error")
+            wait = _retry_after(RETRY_UNAVAILABLE_S)
+            return ApiError(503, done.error[:300], "engine_unavailable", None, "server_error", wait)
         return ApiError(
             500,
             f"the engine failed this request: {done.error or 'error'}"[:300],

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from localserve import __version__, openai_api, page, prometheus
-from localserve.admission import Refusal, Request, Sink
+from localserve.admission import RETRY_UNAVAILABLE_S, Refusal, Request, Sink
 from localserve.auth import Access, AuthThrottle, address_group, browser_refusal
 from localserve.config import ModelConfig, ServerConfig
 from localserve.connection import CLOSE_GOING_AWAY, Connection, client_address
@@ -56,6 +56,7 @@ HEALTH_TIMEOUT_S = 2.0  # /healthz answers within this long, whatever the engine
 # (at once while the record is known to be broken): a reply never hangs on a dead disk.
 RECORD_WAIT_S = 3.0
 KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
+RETRY_FULL_S = 5  # Retry-After of the 503 for a websocket beyond max_connections
 
 _encoder = msgspec.json.Encoder()
 
@@ -219,11 +220,20 @@ class Server:
     async def _websocket(self, scope, receive, send) -> None:
         if refusal := self._browser_refusal(scope):
             return await _deny(send, 403, refusal + "\n")
-        if len(self.connections) >= self.config.max_connections:
-            return await _deny(send, 503, "too many connections; try again later\n")
+        if self.is_full:
+            return await _deny(send, 503, "too many connections; try again later\n", RETRY_FULL_S)
         conn = Connection(self, scope, receive, send, next(self.numbers))
         self.connections.add(conn)
         await conn.run()
+
+    @property
+    def is_full(self) -> bool:
+        """max_connections users and monitors are connected.
+
+        One that has said no hello counts for none: the socket caps bound those, and one
+        place's silent sockets must not keep everyone else out (transport.Limits).
+        """
+        return sum(not c.is_silent for c in self.connections) >= self.config.max_connections
 
     def drop(self, conn: Connection) -> None:
         """A closed connection: cancel its requests (their cells are freed at the next step).
@@ -593,19 +603,17 @@ class Server:
 
 def _unavailable(problem: str) -> Refusal:
     """The refusal while the engine process is down or reloading, with why."""
-    return Refusal("unavailable", f"the model is unavailable: {problem}. Try again shortly", 5)
+    message = f"the model is unavailable: {problem}. Try again shortly"
+    return Refusal("unavailable", message, RETRY_UNAVAILABLE_S)
 
 
-async def _deny(send, status: int, text: str) -> None:
+async def _deny(send, status: int, text: str, retry_after_s: int = 0) -> None:
     """Refuse a websocket upgrade with a plain HTTP answer."""
     body = text.encode()
-    await send(
-        {
-            "type": "websocket.http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8")],
-        }
-    )
+    headers = [(b"content-type", b"text/plain; charset=utf-8")]
+    if retry_after_s:
+        headers.append((b"retry-after", b"%d" % retry_after_s))
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})
 
 

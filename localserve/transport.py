@@ -11,7 +11,11 @@ protocol; these subclasses add what one hostile client must not get past:
   requests read ahead;
 - websockets: a client that does not read the pongs the protocol writes for its pings is cut
   off; no pong within the keepalive closes with 1008 (not while the server itself holds reading
-  back); a closing handshake the client does not finish is cut off after CLOSE_TIMEOUT_S.
+  back); a closing handshake the client does not finish is cut off after CLOSE_TIMEOUT_S; a
+  malformed frame closes with the library's code (1007 for invalid UTF-8) and one log line;
+- sockets counted per place and in all (`Limits`): at a cap, the socket of that place idle the
+  longest (no request in progress, or a websocket that has not said hello) is closed to make
+  room, so one place's idle or half-open sockets cannot keep anyone else out.
 
 The app reaches its connection's protocol through `scope["extensions"]["localserve"]`, to
 abort a connection that stopped reading (a close would wait for its buffer to drain).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -38,20 +43,57 @@ MAX_HEAD_BYTES = 64 << 10  # request line and headers
 HEAD_TIMEOUT_S = 10.0  # a request's head must arrive within this long
 MAX_PIPELINED = 16  # HTTP requests read ahead of the one being answered
 # open sockets, HTTP and websocket: max_connections + this from one place (auth.address_group),
-# twice that in all; a socket beyond is cut at once. Idle ones close within HEAD_TIMEOUT_S.
+# twice that in all. Beyond, each new socket closes the place's longest idle one (idle for
+# MIN_IDLE_S at least); twice over, with none to close, a new one is cut at once. Idle ones
+# close within HEAD_TIMEOUT_S (websockets HELLO_TIMEOUT_S) anyway.
 SOCKET_SLACK = 32
+MIN_IDLE_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
 CLOSE_NOT_READING = 1008  # policy violation
+CLOSE_INVALID_DATA = 1007
+LOG_INTERVAL_S = 10.0  # one line per place and kind of trouble this often; the rest counted
+MAX_LOG_PLACES = 4096  # places remembered for that; the longest quiet forgotten first
+
+
+class PlaceLog:
+    """Log lines about clients, at most one per place and kind every LOG_INTERVAL_S.
+
+    A client can cause a line per frame or per socket (thousands a second); the next line
+    says how many were held back.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # (time, held back)
+
+    def warning(self, place: str, kind: str, message: str, logger: logging.Logger = log) -> None:
+        now, key = self.clock(), (place, kind)
+        last, held = self._last.pop(key, (None, 0))
+        if last is not None and now - last < LOG_INTERVAL_S:
+            self._last[key] = (last, held + 1)
+            return
+        if held:
+            message += f" ({held} more like it from {place} in the last {now - last:.0f} s)"
+        logger.warning("%s", message)
+        self._last[key] = (now, 0)
+        if len(self._last) > MAX_LOG_PLACES:
+            del self._last[next(iter(self._last))]
 
 
 class Limits:
-    """What a connection may cost, read from the server's current configuration."""
+    """What a connection may cost, read from the server's current configuration; the sockets
+    open, by place, and which of them are idle (may be closed to make room)."""
 
     def __init__(self, config: Callable[[], ServerConfig], frame_slack_bytes: int) -> None:
         self._config = config
         self._slack = frame_slack_bytes
         self.num_sockets = 0  # open sockets, HTTP and websocket
         self.sockets: dict[str, int] = {}  # by place (auth.address_group)
+        # by place, longest idle first: each socket's transport, since when, how to close it
+        self._idle: dict[str, dict[object, tuple[float, Callable[[], None]]]] = {}
+        self.num_evicted = 0  # idle sockets closed to make room
+        self.clock = time.monotonic
+        self.log = PlaceLog()
 
     @property
     def max_read_rate(self) -> int:
@@ -73,19 +115,52 @@ class Limits:
         in the kernel, whatever user space still waits for: no socket outlives its client."""
         return round((self._config().write_timeout_s + CLOSE_TIMEOUT_S) * 1000)
 
-    def open(self, address: str) -> bool:
-        """Count a new socket; False when its place, or the server, has too many."""
-        c = self._config()
-        place = address_group(address)
-        per_place = c.max_connections + SOCKET_SLACK
-        if self.num_sockets >= 2 * per_place or self.sockets.get(place, 0) >= per_place:
+    def open(self, place: str) -> bool:
+        """Count a new socket: past a cap it closes an idle one; False past twice a cap."""
+        per_place = self._config().max_connections + SOCKET_SLACK
+        num_here = self.sockets.get(place, 0)
+        made_room = False
+        if num_here >= per_place:
+            made_room = self._evict(place)
+        elif self.num_sockets >= 2 * per_place:  # in all: the place holding the most gives way
+            made_room = self._evict(max(self.sockets, key=self.sockets.__getitem__))
+        if not made_room and (num_here >= 2 * per_place or self.num_sockets >= 4 * per_place):
             return False
         self.num_sockets += 1
-        self.sockets[place] = self.sockets.get(place, 0) + 1
+        self.sockets[place] = num_here + 1
         return True
 
-    def closed(self, address: str) -> None:
-        place = address_group(address)
+    def _evict(self, place: str) -> bool:
+        """Close the place's longest idle socket, if idle MIN_IDLE_S (it counts until gone).
+
+        A younger one is spared, or a client that reconnects at once would cycle through the
+        place's idle sockets faster than a newcomer can send its request or hello.
+        """
+        idle = self._idle.get(place)
+        if not idle:
+            return False
+        oldest = next(iter(idle))
+        since, close = idle[oldest]
+        if self.clock() - since < MIN_IDLE_S:
+            return False
+        self.in_use(place, oldest)
+        self.num_evicted += 1
+        self.log.warning(place, "evicted", f"{place}: too many sockets; the longest idle closed")
+        close()
+        return True
+
+    def idle(self, place: str, transport, close: Callable[[], None]) -> None:
+        """The socket waits for a request (or a hello): the newest idle of its place."""
+        self.in_use(place, transport)
+        self._idle.setdefault(place, {})[transport] = (self.clock(), close)
+
+    def in_use(self, place: str, transport) -> None:
+        idle = self._idle.get(place)
+        if idle is not None and idle.pop(transport, None) is not None and not idle:
+            del self._idle[place]
+
+    def closed(self, place: str, transport) -> None:
+        self.in_use(place, transport)
         self.num_sockets -= 1
         self.sockets[place] -= 1
         if not self.sockets[place]:
@@ -148,23 +223,25 @@ class GuardedHTTP(HttpToolsProtocol):
         self._head_too_large = False
         self._head_timer = None
         self._running = None  # the request being answered (uvicorn keeps only the newest)
-        self._address: str | None = None
+        self._place: str | None = None  # auth.address_group of the client's address
 
     def connection_made(self, transport) -> None:
-        self._address = _address(transport)
-        if not self.limits.open(self._address):
-            log.warning("%s: too many sockets from there (or in all); refused", self._address)
-            self._address = None
+        place = address_group(_address(transport))
+        if not self.limits.open(place):
+            message = f"{place}: too many sockets from there (or in all), none idle; refused"
+            self.limits.log.warning(place, "refused", message)
             transport.abort()
             return
+        self._place = place
         _fix_buffers(transport, self.limits)
         super().connection_made(transport)
         self._arm_head_timer()
+        self._idle()
 
     def connection_lost(self, exc) -> None:
-        if self._address is None:  # refused in connection_made
+        if self._place is None:  # refused in connection_made
             return
-        self.limits.closed(self._address)
+        self.limits.closed(self._place, self.transport)
         self._cancel_head_timer()
         super().connection_lost(exc)
         # uvicorn tells only the newest request that the client left: tell the one being
@@ -187,6 +264,10 @@ class GuardedHTTP(HttpToolsProtocol):
     def abort(self) -> None:
         """Cut the connection now (it stopped reading: a close would wait for it)."""
         self.transport.abort()
+
+    def _idle(self) -> None:
+        """No request in progress: at its place's cap, this socket may be closed for another."""
+        self.limits.idle(self._place, self.transport, self.transport.close)
 
     def resume_if_allowed(self) -> None:
         if not (self.flow.read_paused or self._rate.is_paused or self.transport.is_closing()):
@@ -226,6 +307,7 @@ class GuardedHTTP(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
+        self.limits.in_use(self._place, self.transport)
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:
             self.scope.setdefault("extensions", {})["localserve"] = self
@@ -238,6 +320,7 @@ class GuardedHTTP(HttpToolsProtocol):
         super().on_response_complete()
         if not starts_next and not self.transport.is_closing():
             self._arm_head_timer()
+            self._idle()
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
@@ -275,12 +358,24 @@ class GuardedWebSocket(WebSocketsSansIOProtocol):
         self.conn.events_received = counted_events
 
     def connection_made(self, transport) -> None:
-        self._address = _address(transport)  # counted by GuardedHTTP, which upgraded it
+        self._place = address_group(_address(transport))  # counted by GuardedHTTP, upgrading
         super().connection_made(transport)
+        # idle until the app says the client spoke (a hello): room for others at the cap
+        self.limits.idle(self._place, transport, self._evict)
 
     def connection_lost(self, exc) -> None:
-        self.limits.closed(self._address)
+        self.limits.closed(self._place, self.transport)
         super().connection_lost(exc)
+
+    def mark_in_use(self) -> None:
+        """The client said hello (or subscribed): never closed to make room for another."""
+        self.limits.in_use(self._place, self.transport)
+
+    def _evict(self) -> None:
+        if self.handshake_complete and not self.close_sent:
+            self._fail(CLOSE_NOT_READING, "too many sockets from your place; no hello on this one")
+        else:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -333,11 +428,40 @@ class GuardedWebSocket(WebSocketsSansIOProtocol):
         if self.close_sent or self.transport.is_closing():
             return
         log.warning("%s: no pong within %g s; closing (1008)", self.client, self.ping_timeout)
-        self.conn.fail(CLOSE_NOT_READING, f"no pong within {self.ping_timeout:g} s")
+        self._fail(CLOSE_NOT_READING, f"no pong within {self.ping_timeout:g} s")
+
+    def _fail(self, code: int, reason: str) -> None:
+        """Close with `code` whatever the app is doing; cut it off after close_timeout."""
+        self.conn.fail(code, reason)
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self.transport.close()
         self.loop.call_later(self.close_timeout, self.transport.abort)
+
+    # malformed frames: the connection is closed, and the log gets one line, not a traceback
+
+    def send_receive_event_to_app(self) -> None:
+        # uvicorn logs a traceback at ERROR for each text message that is not UTF-8: check
+        # first (non-ASCII text is decoded twice, ~0.1 ms per 256 KiB)
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = b"".join(self.frames)
+            try:
+                if not data.isascii():
+                    data.decode()
+            except UnicodeDecodeError as e:
+                self.frames = []
+                self.conn.fail(CLOSE_INVALID_DATA, f"invalid UTF-8 at byte {e.start}")
+                return self.handle_parser_exception()
+        super().send_receive_event_to_app()
+
+    def handle_parser_exception(self) -> None:
+        close = self.conn.close_sent
+        if close is None:  # closing already: nothing more to say
+            return self.transport.close()
+        host = self.client[0] if self.client else "unknown"
+        message = f"{host}: malformed websocket frame ({close.reason}); closed, {close.code}"
+        self.limits.log.warning(self._place, "malformed", message)
+        super().handle_parser_exception()
 
     async def send(self, message) -> None:
         await super().send(message)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -15,16 +16,16 @@ import urllib.request
 import msgspec
 import pytest
 from conftest import WS, configured
-from helpers import FakeServer, RawClient, Streamer, wait_until
+from helpers import FakeServer, RawClient, Streamer, WideRunner, wait_until
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from localserve.auth import Access
 from localserve.connection import MAX_OUTBOX_FRAMES
 from localserve.protocol import Chat, ClientFrame, Subscribe
 from localserve.runner import DecodeError
-from localserve.transport import CLOSE_NOT_READING
+from localserve.transport import PlaceLog
 
 QUESTION = "What is the capital of France?"
 
@@ -91,25 +92,44 @@ def never_reading_client(server, frames: list[dict], timeout: float = 60.0) -> l
 
 
 def test_a_reader_that_stops_reading_is_closed_at_the_byte_limit_and_its_requests_cancelled():
-    """Four long replies, none read: their text is coalesced (one frame per request: their
-    16,000 tokens would pass the frame limit otherwise) until the bytes waiting pass
-    max_outbox_bytes. The limit is set below what a config file may say (256 KiB), for speed:
-    the mechanism is the same."""
-    server = FakeServer(
-        step_s=0, n_ctx=4 * 4200, n_seq_max=4, max_outbox_bytes=32 << 10, write_timeout_s=600
-    )
+    """Four long replies on a real socket that nobody reads: once the socket is full, their
+    text waits in the outbox, coalesced (one frame per request), until it passes
+    max_outbox_bytes (256 KiB). The close frame waits behind what the socket holds: the client
+    reads it once the server has given up."""
+    runner = WideRunner(n_ctx=4 * 4200, n_seq_max=4, step_s=0)
+    server = FakeServer(runner=runner, write_timeout_s=600)
     try:
-        chats = [chat(f"c{i}", f"story {i}", max_tokens=4096, ignore_eos=True) for i in range(4)]
-        sent = never_reading_client(server, [{"type": "hello", "user": "sponge"}, *chats])
-        kinds = [m["type"] for m in sent]
-        assert kinds == ["websocket.accept", "websocket.send", "websocket.close"]
-        assert json.loads(sent[1]["text"])["type"] == "welcome"  # the write that never ended
-        close = sent[2]
-        assert close["code"] == CLOSE_NOT_READING
-        assert close["reason"] == f"not reading: over {32 << 10} bytes unsent"
+        client = RawClient(server.url)
+        client.send({"type": "hello", "user": "sponge"})
+        for i in range(4):
+            client.send(chat(f"c{i}", f"story {i}", max_tokens=4096, ignore_eos=True))
+        wait_until(lambda: server.connections_of("sponge"), 10, "sponge connected")
+        wait_until(lambda: not server.connections_of("sponge"), 30, "sponge closed")
+        limit = server.config.max_outbox_bytes
+        assert client.close_frame() == (1008, f"not reading: over {limit} bytes unsent")
+        client.close()
         snap = server.wait_idle()  # every reply was cancelled, its cells freed
         assert snap.counters.finished == snap.counters.cancellations == 4
         assert not server.server.requests and not server.server.connections
+    finally:
+        server.close()
+
+
+def test_a_socket_that_takes_nothing_for_write_timeout_s_is_closed_with_1008():
+    """A reply that fills the socket within a moment, then the write waits: 1008 after
+    write_timeout_s, read from the socket. (A socket filled slower than the kernel's user
+    timeout, write_timeout_s + 2 s, is cut by the kernel first, with no close frame.)"""
+    runner = WideRunner(step_s=0.001)  # 2 MB of text a second
+    server = FakeServer(runner=runner, write_timeout_s=1.0, max_outbox_bytes=64 << 20)
+    try:
+        client = RawClient(server.url)
+        client.send({"type": "hello", "user": "clog"})
+        client.send(chat("c", "a long story", max_tokens=4000, ignore_eos=True))
+        wait_until(lambda: server.connections_of("clog"), 10, "clog connected")
+        wait_until(lambda: not server.connections_of("clog"), 30, "clog closed")
+        assert client.close_frame() == (1008, "not reading for 1 s")
+        client.close()
+        assert server.wait_idle().counters.cancellations == 1
     finally:
         server.close()
 
@@ -120,7 +140,7 @@ def test_a_reader_that_stops_reading_is_closed_at_the_frame_limit(fake):
     frames += [{"type": "cancel", "id": f"n{i}"} for i in range(n)]
     sent = never_reading_client(fake, frames)
     close = sent[-1]
-    assert close["type"] == "websocket.close" and close["code"] == CLOSE_NOT_READING
+    assert close["type"] == "websocket.close" and close["code"] == 1008
     assert close["reason"] == f"not reading: over {MAX_OUTBOX_FRAMES} frames unsent"
     assert not fake.connections_of("deaf")
 
@@ -466,6 +486,24 @@ def test_before_hello_a_connection_gets_three_errors_then_is_closed(fake, connec
     assert closed.value.rcvd.code == 1008
 
 
+def test_connections_closed_before_hello_are_one_log_line_per_place(fake, caplog):
+    """Anyone can open connections and earn three errors on each: one line, not one each."""
+    limits = fake.server.limits
+    real, limits.log = limits.log, PlaceLog(clock=lambda: 0.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="localserve.connection"):
+            for _ in range(5):
+                client = RawClient(fake.url)
+                for _ in range(3):
+                    client.send("{not json")
+                assert client.close_frame() == (1008, "too many errors before hello")
+                client.close()
+    finally:
+        limits.log = real
+    lines = [r.getMessage() for r in caplog.records if r.name == "localserve.connection"]
+    assert len(lines) == 1 and "too many errors before hello" in lines[0], lines
+
+
 def test_inputs_that_used_to_end_in_1011_get_error_frames(fake, connect, bob):
     ws = connect()
     ws.send("[" * 2000 + "]" * 2000)  # a RecursionError while recovering the frame's id
@@ -603,7 +641,27 @@ def test_health_and_metrics_answer_when_the_connections_are_all_taken(fake, conn
     with configured(fake, max_connections=1):  # bob holds it
         assert urllib.request.urlopen(fake.http + "/healthz", timeout=10).status == 200
         assert urllib.request.urlopen(fake.http + "/metrics", timeout=10).status == 200
-        with pytest.raises(Exception, match="503"):
+        with pytest.raises(InvalidStatus) as refused:
+            connect()
+        response = refused.value.response
+        assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+
+
+def test_connections_that_said_no_hello_count_for_no_max_connections(fake, connect, bob):
+    async def speaking() -> list:
+        return [c for c in fake.server.connections if not c.is_silent]
+
+    # bob's and the fuzzer's stay; the earlier tests' must be gone
+    stays = lambda: all(c.user in ("bob", "fuzz") for c in fake.call(speaking()))  # noqa: E731
+    wait_until(stays, 10, "the earlier tests' connections gone")
+    with configured(fake, max_connections=len(fake.call(speaking())) + 1):  # room for one
+        silent = [connect() for _ in range(3)]  # none of them counts yet
+        assert silent[0].hello("una")["type"] == "welcome"  # the second
+        refused = silent[1].hello("ulla")
+        assert refused["code"] == "busy" and "max_connections" in refused["message"]
+        silent[2].send({"type": "subscribe", "interval_ms": 100})
+        assert silent[2].recv()["code"] == "busy"
+        with pytest.raises(InvalidStatus):
             connect()
 
 

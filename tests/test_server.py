@@ -8,6 +8,8 @@ import threading
 import time
 
 import pytest
+from helpers import prefilling, wait_until
+from websockets.exceptions import ConnectionClosed
 
 from localserve.prompt import PREAMBLE
 
@@ -60,6 +62,21 @@ def test_cancel_mid_stream_ends_with_cancelled(live, connect):
     done = ws.until_done("long")[-1]
     assert done["finish_reason"] == "cancelled"
     assert done["usage"]["completion_tokens"] < 500
+    live.wait_idle()
+
+
+def test_a_cancel_mid_prefill_ends_with_no_token_and_no_ttft(live, connect):
+    """The cancel lands while the prompt (~2,700 tokens: 11 chunks of 256) is prefilled."""
+    ws = connect()
+    ws.hello("ivan")
+    ws.chat("long", "tell me more " * 900, max_tokens=50)
+    row = wait_until(lambda: prefilling(live, "ivan"), 30, "its prefill under way")
+    ws.send({"type": "cancel", "id": "long"})
+    frames = ws.until_done("long")
+    done = frames[-1]
+    assert row.computed_tokens + 4 * 256 < row.prompt_tokens, row  # chunks to go when sent
+    assert done["finish_reason"] == "cancelled" and not tokens_of(frames, "long")
+    assert done["usage"]["completion_tokens"] == 0 and done["timings"]["ttft_ms"] is None
     live.wait_idle()
 
 
@@ -141,9 +158,16 @@ def test_serve_shuts_down_gracefully_on_sigterm(tmp_path):
         ws.chat("long", QUESTION, max_tokens=2000, ignore_eos=True, stop=[])
         ws.until(lambda f: f["type"] == "token")
         proc.send_signal(signal.SIGTERM)
+        notice = ws.until(lambda f: f["type"] == "notice", timeout=30)[-1]
+        assert notice["code"] == "shutting_down"
+        ws.chat("late", QUESTION, max_tokens=4)  # a new chat, while the long one goes on
         frames = ws.until_done("long", timeout=30)
-        assert any(f["type"] == "notice" and f["code"] == "shutting_down" for f in frames)
+        refused = [f for f in frames if f["type"] == "error" and f.get("id") == "late"]
+        assert refused and refused[0]["code"] == "shutting_down", frames[-3:]
         assert frames[-1]["finish_reason"] == "cancelled"  # past the 1 s grace period
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(10)
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1001, "server shutting down")
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:

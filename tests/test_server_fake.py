@@ -14,7 +14,7 @@ import threading
 import openai
 import pytest
 from conftest import WS
-from helpers import FakeServer
+from helpers import FakeServer, wait_until
 
 from localserve.fake_runner import BOS, FakeRunner
 from localserve.prompt import PromptBuilder, PromptTooLong
@@ -112,8 +112,37 @@ def test_a_shutting_down_server_answers_503_in_openai_shape(fake):
                 model="fake", messages=[{"role": "user", "content": "x"}]
             )
         assert e.value.status_code == 503 and e.value.code == "shutting_down"
+        assert e.value.response.headers["Retry-After"] == "1"
     finally:
         server.is_shutting_down = False
+
+
+def test_a_whole_reply_cut_short_by_the_shutdown_is_503_with_retry_after():
+    server = FakeServer(step_s=0.01, shutdown_grace_s=0.2)
+    try:
+        result = {}
+
+        def ask():
+            try:
+                api(server.thread).chat.completions.create(
+                    model="fake",
+                    messages=[{"role": "user", "content": "x"}],
+                    max_tokens=2000,
+                    extra_body={"ignore_eos": True},
+                )
+            except openai.APIStatusError as e:
+                result["error"] = e
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        wait_until(lambda: server.snapshot().running, 10, "the reply runs")
+        server.call(server.server.shutdown())  # the grace passes: the reply is cancelled
+        asker.join(10)
+        error = result["error"]
+        assert error.status_code == 503 and error.code == "shutting_down"
+        assert error.response.headers["Retry-After"] == "1"
+    finally:
+        server.close()
 
 
 def test_models_and_unknown_paths_on_the_fake(fake):
