@@ -22,7 +22,6 @@ older commit, for the figures before a change).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import socket
@@ -37,7 +36,7 @@ from pathlib import Path
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers import Squatter  # noqa: E402  (the tests' squatter)
+from helpers import Squatter, healthy_from  # noqa: E402  (the tests' squatter)
 
 PORT = 8797
 HOST = "127.0.0.1"
@@ -46,14 +45,7 @@ KINDS = (*Squatter.KINDS, "mixed")
 
 
 def healthz(timeout: float) -> bool:
-    conn = http.client.HTTPConnection(HOST, PORT, timeout=timeout, source_address=(USER_SOURCE, 0))
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
+    return healthy_from(f"http://{HOST}:{PORT}", USER_SOURCE, timeout)
 
 
 def chat(timeout: float) -> bool:

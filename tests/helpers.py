@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import http.client
 import json
 import os
 import selectors
@@ -51,6 +52,31 @@ async def async_wait_until(predicate, timeout: float = 30.0, what: str = "", pau
 
 
 @dataclass
+def healthy_from(url: str, source: str, timeout: float = 5.0) -> bool:
+    """Whether `GET /healthz` answers 200 to a client at this source address."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def ends_with_an_error(ws, within: float) -> dict:
+    """A stream's `error` (unavailable) and then its `done`, within the bound: the error."""
+    started = time.monotonic()
+    frames = ws.until(lambda f: f["type"] in ("error", "done"), timeout=within)
+    error = frames[-1]
+    assert error["type"] == "error" and error["code"] == "unavailable", error
+    done = ws.recv(timeout=5)
+    assert done["type"] == "done" and done["finish_reason"] == "error", done
+    assert time.monotonic() - started < within
+    return error
+
+
 class PacedRunner(FakeRunner):
     """The fake runner, but each step takes `step_s` of real time (as a model's would)."""
 

@@ -23,7 +23,7 @@ import urllib.request
 import msgspec
 import pytest
 from conftest import WS, live_config
-from helpers import wait_until
+from helpers import ends_with_an_error, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -156,18 +156,6 @@ def streams(served, users: tuple[str, ...], prompt: str = "Tell me a long story.
     for ws in clients:
         ws.until(lambda f: f["type"] == "queued")
     return clients
-
-
-def ends_with_an_error(ws: WS, within: float) -> dict:
-    """The stream's error (unavailable) and then its done, within the bound."""
-    started = time.monotonic()
-    frames = ws.until(lambda f: f["type"] in ("error", "done"), timeout=within)
-    error = frames[-1]
-    assert error["type"] == "error" and error["code"] == "unavailable", error
-    done = ws.recv(timeout=5)
-    assert done["type"] == "done" and done["finish_reason"] == "error", done
-    assert time.monotonic() - started < within
-    return error
 
 
 def healthy(served) -> bool:

@@ -15,7 +15,7 @@ import urllib.request
 import msgspec
 import pytest
 from conftest import WS, live_config
-from helpers import wait_until
+from helpers import ends_with_an_error, wait_until
 from test_rpc import Worker
 
 pytestmark = pytest.mark.model
@@ -106,17 +106,6 @@ def streaming(split, users=("alice", "bob")) -> list[WS]:
         ws.until(lambda f: f["type"] == "token" and len(f["text"]) > 0)
         ws.until(lambda f: f["type"] == "token")
     return clients
-
-
-def ends_with_an_error(ws: WS, within: float) -> dict:
-    started = time.monotonic()
-    frames = ws.until(lambda f: f["type"] in ("error", "done"), timeout=within)
-    error = frames[-1]
-    assert error["type"] == "error" and error["code"] == "unavailable", error
-    done = ws.recv(timeout=5)
-    assert done["type"] == "done" and done["finish_reason"] == "error"
-    assert time.monotonic() - started < within
-    return error
 
 
 def refused_while_down(split) -> dict:

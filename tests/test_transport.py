@@ -6,7 +6,6 @@ real model's server is in test_hostile.py.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import select
@@ -17,7 +16,7 @@ import urllib.request
 
 import pytest
 from conftest import configured
-from helpers import RawClient, Squatter, Streamer, wait_until
+from helpers import RawClient, Squatter, Streamer, healthy_from, wait_until
 
 from localserve.config import ServerConfig
 from localserve.server import FRAME_SLACK_BYTES
@@ -145,24 +144,12 @@ def test_one_place_squatting_on_sockets_leaves_room_for_everyone_else(fake, kind
         wait_until(lambda: squatter.num_open == 100, 10, "the squatter holds its sockets")
         time.sleep(MIN_IDLE_S)  # old enough to be closed for a newcomer
         evicted = limits.num_evicted
-        health = sum(_healthz(fake.http, "127.0.0.2") for _ in range(40))
+        health = sum(healthy_from(fake.http, "127.0.0.2") for _ in range(40))
         chats = sum(_hello_and_chat(fake.url, "127.0.0.2") for _ in range(40))
     finally:
         squatter.close()
     assert health >= 38 and chats >= 38, (health, chats, squatter.num_closed)
     assert limits.num_evicted > evicted  # room was made, not only a burst let in
-
-
-def _healthz(url: str, source: str) -> bool:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=5, source_address=(source, 0))
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
 
 
 def _hello_and_chat(url: str, source: str) -> bool:
