@@ -48,10 +48,6 @@ async def async_wait_until(predicate, timeout: float = 30.0, what: str = "", pau
     return value
 
 
-# --- a server on the FakeRunner -------------------------------------------------------------
-
-
-@dataclass
 def healthy_from(url: str, source: str, timeout: float = 5.0) -> bool:
     """Whether `GET /healthz` answers 200 to a client at this source address."""
     host, port = url.removeprefix("http://").split(":")
@@ -77,6 +73,10 @@ def ends_with_an_error(ws, within: float) -> dict:
     return error
 
 
+# --- a server on the FakeRunner -------------------------------------------------------------
+
+
+@dataclass
 class PacedRunner(FakeRunner):
     """The fake runner, but each step takes `step_s` of real time (as a model's would)."""
 
