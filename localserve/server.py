@@ -409,25 +409,8 @@ class Server:
             params = msgspec.structs.replace(params, max_tokens=min(params.max_tokens, allowance))
             self._hold(request, params.max_tokens)  # until the prompt's length is known
         try:
-            built = await prompt()
-            if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
-                params = msgspec.structs.replace(params, format_stop=built.stops)
-            if sink.is_closed or self.is_shutting_down:  # both may have come while tokenizing
-                self._close(request)
-                if self.is_shutting_down:
-                    raise Refusal("shutting_down", "the server is shutting down")
+            if not await self._enqueue(request, params, fields, allowance is not None, prompt):
                 return None
-            if allowance is not None:
-                params = self._hold_prompt(request, params, len(built.tokens))
-            self.engine.add_request(
-                engine_id,
-                built.tokens,
-                params,
-                user=user,
-                system_tokens=built.system_tokens,
-                system_is_global=built.is_default_system,
-                client_id=client_id,
-            )
         except EngineUnavailable as e:  # it went down while the prompt was built
             self._close(request)
             raise _unavailable(str(e)) from None
@@ -444,6 +427,37 @@ class Server:
             self._close(request)
             raise
         return request
+
+    async def _enqueue(
+        self,
+        request: Request,
+        params: SamplingParams,
+        fields: SamplingFields,
+        has_quota: bool,
+        prompt: Callable[[], Awaitable[Prompt]],
+    ) -> bool:
+        """Build the prompt and hand the request to the engine; False when its sink closed
+        meanwhile (it is closed here: nothing was queued)."""
+        built = await prompt()
+        if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
+            params = msgspec.structs.replace(params, format_stop=built.stops)
+        if request.sink.is_closed or self.is_shutting_down:  # both may come while tokenizing
+            self._close(request)
+            if self.is_shutting_down:
+                raise Refusal("shutting_down", "the server is shutting down")
+            return False
+        if has_quota:
+            params = self._hold_prompt(request, params, len(built.tokens))
+        self.engine.add_request(
+            request.engine_id,
+            built.tokens,
+            params,
+            user=request.user,
+            system_tokens=built.system_tokens,
+            system_is_global=built.is_default_system,
+            client_id=request.client_id,
+        )
+        return True
 
     def _hold(self, request: Request, tokens: int) -> None:
         """Reserve (or, negative, give back) tokens of the user's quota for this request."""
@@ -475,7 +489,7 @@ class Server:
         if problem := self.engine.problem:  # the engine process is down or restarting
             return _unavailable(problem)
         if self.usage is not None and (why := self.usage.record_refusal(user)):
-            return Refusal("unavailable", why, retry_after_s=5)
+            return Refusal("unavailable", why, retry_after_s=RETRY_UNAVAILABLE_S)
         if self.usage is not None and (over := self.usage.quota_refusal(user)):
             return Refusal("quota_exceeded", over[0], retry_after_s=over[1])
         if max_tokens > c.max_tokens:

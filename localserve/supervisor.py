@@ -426,7 +426,7 @@ class EngineProcess:
         (called with the lock held)."""
         if running_s < max(STUCK_PROBLEM_S, 2 * longest):
             return self._last
-        limit = self.config.server.step_timeout_s + LONGEST_STEP_FACTOR * longest
+        limit = self._step_limit(longest)
         problem = (
             f"a step has been running for {running_s:.0f} s (the longest before took "
             f"{longest:.2g} s); the engine is stopped at {limit:.3g} s"
@@ -570,7 +570,7 @@ class EngineProcess:
         """Why the serving engine must be stopped now; "" while all is well."""
         server = self.config.server
         started, longest = self._busy
-        limit = server.step_timeout_s + LONGEST_STEP_FACTOR * longest
+        limit = self._step_limit(longest)
         if self._fault:  # first: the process ends as the reader closes its end
             return self._fault
         if self._process.poll() is not None:
@@ -594,6 +594,10 @@ class EngineProcess:
             self._checked = now
             return self._gone_worker()
         return ""
+
+    def _step_limit(self, longest: float) -> float:
+        """How long a step may run before the engine process is stopped."""
+        return self.config.server.step_timeout_s + LONGEST_STEP_FACTOR * longest
 
     def _ping(self) -> None:
         """Ask the engine for a snapshot nobody waits for: its answer is the heartbeat."""

@@ -87,28 +87,23 @@ class Askers:
         self._monitor = WS(served.thread.url)
         self._monitor.send({"type": "subscribe", "interval_ms": 100})
         self._threads = [
-            threading.Thread(target=f, daemon=True)
-            for f in (self._poll_health, self._poll_metrics, self._read_stats)
+            threading.Thread(target=self._poll, args=("/healthz",), daemon=True),
+            threading.Thread(target=self._poll, args=("/metrics",), daemon=True),
+            threading.Thread(target=self._read_stats, daemon=True),
         ]
         for thread in self._threads:
             thread.start()
 
-    def _poll_health(self) -> None:
+    def _poll(self, path: str) -> None:
+        """GET the path every 0.2 s; each /healthz answer is kept with how long it took."""
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                status, body = get(self.http + "/healthz", timeout=30)
-                self.health.append((time.monotonic() - started, status, json.loads(body)))
+                status, body = get(self.http + path, timeout=60)
+                if path == "/healthz":
+                    self.health.append((time.monotonic() - started, status, json.loads(body)))
             except Exception as e:
-                self.failures.append(f"/healthz: {e!r}")
-            self._stop.wait(0.2)
-
-    def _poll_metrics(self) -> None:
-        while not self._stop.is_set():
-            try:
-                get(self.http + "/metrics", timeout=60)
-            except Exception as e:
-                self.failures.append(f"/metrics: {e!r}")
+                self.failures.append(f"{path}: {e!r}")
             self._stop.wait(0.2)
 
     def _read_stats(self) -> None:
