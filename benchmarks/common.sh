@@ -1,6 +1,6 @@
 # Shared by the benchmark scripts (sourced from the repository root).
 LS=.venv/bin/localserve
-MODEL=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
+MODEL=$(.venv/bin/python -c "from localserve.runners.models import ensure_embedded; print(ensure_embedded())")
 
 wait_for() {  # wait until an HTTP endpoint answers
   for _ in $(seq 240); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.5; done

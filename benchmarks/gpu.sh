@@ -67,7 +67,7 @@ if [ -z "${MODEL:-}" ]; then
     random=true
     [ -f "$MODEL" ] || $PY scripts/random_gguf.py "$META" "$MODEL" --gguf-py "$LLAMA_SRC/gguf-py"
   else
-    MODEL=$($PY -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
+    MODEL=$($PY -c "from localserve.runners.models import ensure_embedded; print(ensure_embedded())")
   fi
 fi
 cat >"$OUT/models.toml" <<EOF

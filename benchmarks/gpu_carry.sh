@@ -27,7 +27,7 @@ tar xzf "$src"/llama_cpp_python-0.3.36.tar.gz -C "$src"
       --exclude='ggml/src/ggml-cann' --exclude='ggml/src/ggml-musa' --exclude='ggml/src/ggml-webgpu' \
       --exclude='*/tests' -cJf - CMakeLists.txt cmake ggml src include common tools vendor gguf-py app scripts \
       LICENSE licenses ) >"$C/llama-src.tar.xz"
-model=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
+model=$(.venv/bin/python -c "from localserve.runners.models import ensure_embedded; print(ensure_embedded())")
 .venv/bin/python scripts/random_gguf.py --metadata-only "$model" "$C/meta.gguf" \
   --gguf-py "$src/llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py"
 platforms=()

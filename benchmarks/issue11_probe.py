@@ -16,14 +16,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from localserve import connection as C
-from localserve import server as S
-from localserve import transport as T
-from localserve.auth import Access
+from localserve.serve.websocket import connection as C
+from localserve.serve import server as S
+from localserve.serve import transport as T
+from localserve.ops.auth import Access
 from localserve.config import load_config
-from localserve.engine import Engine
-from localserve.events import Done, Token
-from localserve.models import open_runner
+from localserve.engine.engine import Engine
+from localserve.engine.events import Done, Token
+from localserve.runners.models import open_runner
 
 config = load_config(str(ROOT / "models.toml"))
 name = config.default

@@ -25,10 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localserve.bench_engine import bare_decode  # noqa: E402
+from localserve.bench.engine import bare_decode  # noqa: E402
 from localserve.config import ModelConfig  # noqa: E402
-from localserve.llama_runner import LlamaRunner  # noqa: E402
-from localserve.models import ensure_embedded  # noqa: E402
+from localserve.runners.llama import LlamaRunner  # noqa: E402
+from localserve.runners.models import ensure_embedded  # noqa: E402
 
 TYPES = ["f16", "q8_0", "q4_0"]
 PROMPTS = [
@@ -61,7 +61,7 @@ def greedy(runner: LlamaRunner, prompt: str, n: int) -> list[int]:
     import llama_cpp
     import numpy as np
 
-    from localserve.bench_engine import BareBatch
+    from localserve.bench.engine import BareBatch
 
     tokens = runner.tokenize(prompt)
     out, pos = [], len(tokens)

@@ -11,10 +11,10 @@ import time
 import llama_cpp
 import msgspec
 
-from localserve.bench_engine import BareBatch
+from localserve.bench.engine import BareBatch
 from localserve.config import load_config
-from localserve.models import open_runner
-from localserve.scenario import pages
+from localserve.runners.models import open_runner
+from localserve.bench.scenario import pages
 
 config = load_config("models.toml")
 if len(sys.argv) > 1:

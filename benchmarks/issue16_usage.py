@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from localserve import usage
+from localserve.ops import usage
 from localserve.config import ServerConfig
 
 

@@ -16,7 +16,7 @@ LS=.venv/bin/localserve
 CONVERSATIONS=${CONVERSATIONS:-4}
 TURNS=${TURNS:-5}
 LLAMA_SERVER=${LLAMA_SERVER:-/tmp/llama-build/bin/llama-server}
-MODEL=$(.venv/bin/python -c "from localserve.models import ensure_embedded; print(ensure_embedded())")
+MODEL=$(.venv/bin/python -c "from localserve.runners.models import ensure_embedded; print(ensure_embedded())")
 mkdir -p "$OUT"
 
 pid=

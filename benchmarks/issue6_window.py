@@ -16,11 +16,11 @@ import statistics
 import msgspec
 
 from localserve.config import load_config
-from localserve.engine import Engine
-from localserve.events import Done
-from localserve.models import open_runner
-from localserve.sampling_params import SamplingParams
-from localserve.scenario import pages
+from localserve.engine.engine import Engine
+from localserve.engine.events import Done
+from localserve.runners.models import open_runner
+from localserve.engine.sampling_params import SamplingParams
+from localserve.bench.scenario import pages
 
 REPEATS = 3
 

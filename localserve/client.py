@@ -14,7 +14,7 @@ import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from localserve.protocol import (
+from localserve.protocol.frames import (
     Cancel,
     Chat,
     ClientFrame,

@@ -2,7 +2,7 @@
 
 Config is data, validated where it is read: an unknown key, a wrong type or an impossible value
 raises `ConfigError` naming the key and the problem. Resolving a model to a file on disk lives in
-`localserve.models`.
+`localserve.runners.models`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import msgspec
 from websockets.sync.client import connect
 
 from localserve.config import load_config
-from localserve.serving import serving
+from localserve.serve.serving import serving
 
 
 def wait(predicate, timeout: float = 120.0) -> None:

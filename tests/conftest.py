@@ -11,11 +11,11 @@ import msgspec
 import pytest
 
 from localserve.config import SchedulerConfig
-from localserve.engine import Engine
-from localserve.events import Done, Event, Token
-from localserve.fake_runner import FakeRunner
-from localserve.sampling_params import SamplingParams
-from localserve.snapshot import build_snapshot
+from localserve.engine.engine import Engine
+from localserve.engine.events import Done, Event, Token
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.snapshot import build_snapshot
+from localserve.runners.fake import FakeRunner
 
 # Servers started by the tests keep their usage database and access logs here, never in the
 # developer's own state directory.
@@ -119,7 +119,7 @@ class LiveServer:
 @contextlib.contextmanager
 def configured(live, access=None, **limits):
     """Temporarily change the live server's limits or access rules (with a fresh throttle)."""
-    from localserve.auth import AuthThrottle
+    from localserve.ops.auth import AuthThrottle
 
     server = live.server
     old = server.config, server.access, server.throttle
@@ -155,7 +155,7 @@ def live_config():
 
 @pytest.fixture(scope="session")
 def live():
-    from localserve.serving import serving
+    from localserve.serve.serving import serving
 
     with serving(live_config(), thread=True) as served:
         yield LiveServer(served)
@@ -218,7 +218,7 @@ def connect(live):
 @pytest.fixture
 def fake_snapshots():
     """Deterministic snapshots of four people sharing a (fake) model, one per engine step."""
-    from localserve.sampling_params import SamplingParams
+    from localserve.engine.sampling_params import SamplingParams
 
     runner = FakeRunner(n_ctx=8192, n_seq_max=16, max_num_seqs=8, n_batch=512)
     engine = Engine(runner, clock=runner.clock)

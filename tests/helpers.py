@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from localserve.fake_runner import FakeRunner
+from localserve.runners.fake import FakeRunner
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "", interval: float = 0.01):
@@ -114,7 +114,7 @@ class FakeServer:
         **config,
     ) -> None:
         from localserve.config import Config, ModelConfig, ServerConfig
-        from localserve.serving import serving
+        from localserve.serve.serving import serving
 
         self.runner = runner or PacedRunner(n_ctx=n_ctx, n_seq_max=n_seq_max, step_s=step_s)
         self.config = ServerConfig(

@@ -1,4 +1,4 @@
-"""What a chat is on its way in (localserve/admission.py): a refusal carries the protocol's
+"""What a chat is on its way in (localserve/serve/admission.py): a refusal carries the protocol's
 error code, its message and how long to wait; the server's limits that raise it are tested
 through the server in test_connection.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from localserve.admission import Refusal, Request
+from localserve.serve.admission import Refusal, Request
 
 
 def test_a_refusal_carries_its_code_message_and_retry_after():

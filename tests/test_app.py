@@ -11,7 +11,8 @@ import pytest
 from helpers import async_wait_until
 from textual.widgets import Static
 
-from localserve.protocol import Device, Stats, UserUsage, Worker
+from localserve.protocol.frames import Stats, UserUsage
+from localserve.protocol.snapshot import Device, Worker
 from tui.app import HelpScreen, MonitorApp
 from tui.format import tokens
 from tui.source import Connected, Disconnected, QueueSource, WebSocketSource
@@ -499,7 +500,9 @@ def test_snapshot_with_usage_today(snap_compare, fake_snapshots, size):
 
 
 def test_importing_the_server_never_loads_textual():
-    code = "import localserve.server, localserve.cli, sys; assert 'textual' not in sys.modules"
+    code = (
+        "import localserve.serve.server, localserve.cli, sys; assert 'textual' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

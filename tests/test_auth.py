@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from localserve.auth import Access, AuthThrottle, load_users
 from localserve.config import ConfigError
+from localserve.ops.auth import Access, AuthThrottle, load_users
 
 
 class Clock:

@@ -29,7 +29,7 @@ from localserve.bench.workloads import (
     estimate_prompt_tokens,
     turn_messages,
 )
-from localserve.stats import percentile
+from localserve.engine.stats import percentile
 
 
 def result(sent: float, gaps: list[float], ttft: float, ok: bool = True, tokens=None):
@@ -257,7 +257,7 @@ def test_sweep_writes_json_markdown_and_an_svg_chart(tmp_path):
     import json
     import xml.etree.ElementTree as ET
 
-    from localserve.sweep import write_results
+    from localserve.bench.sweep import write_results
 
     points = [
         sweep_point(pol, "chat", c, tps * c, 100 * c, 20 + c)
@@ -290,7 +290,7 @@ def test_conversations_are_reproducible_and_read_the_text_part_by_part():
 
 
 def test_history_grows_to_about_2000_tokens_by_turn_5_and_each_prompt_extends_the_last():
-    from localserve.prompt import render_transcript
+    from localserve.serve.prompt import render_transcript
 
     reply = " ".join(["word"] * 40)  # a ~50-token reply
     for conv in build_conversations(4, 5, seed=1):

@@ -1,4 +1,4 @@
-"""The online step-cost model and the adaptive prefill budget (localserve/budget.py)."""
+"""The online step-cost model and the adaptive prefill budget (localserve/engine/budget.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from localserve.budget import MAX_TRACE, PRIOR, StepCostModel
+from localserve.engine.budget import MAX_TRACE, PRIOR, StepCostModel
 
 # a synthetic machine: step time = A + B * decode tokens + C * prefill tokens (seconds)
 A, B, C = 0.020, 0.003, 0.0005

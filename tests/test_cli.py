@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from localserve import cli
-from localserve.events import Done
+from localserve.engine.events import Done
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "localserve.commands"
@@ -144,10 +144,10 @@ def test_python_m_localserve_finds_the_tui_commands_through_the_entry_point(tmp_
 
 def test_serving_builds_and_tears_down_in_order(monkeypatch):
     """Server thread closed, then engine stopped, then runner closed; a lent runner stays open."""
-    import localserve.models
-    import localserve.serving as serving_module
+    import localserve.runners.models
+    import localserve.serve.serving as serving_module
     from localserve.config import Config, ModelConfig, ServerConfig
-    from localserve.fake_runner import FakeRunner
+    from localserve.runners.fake import FakeRunner
 
     order = []
 
@@ -166,7 +166,7 @@ def test_serving_builds_and_tears_down_in_order(monkeypatch):
             order.append("thread")
             super().close()
 
-    monkeypatch.setattr(localserve.models, "open_runner", lambda config, name: Runner())
+    monkeypatch.setattr(localserve.runners.models, "open_runner", lambda config, name: Runner())
     monkeypatch.setattr(serving_module, "Engine", Engine)
     monkeypatch.setattr(serving_module, "ServerThread", Thread)
     model = ModelConfig(chat_format="template")

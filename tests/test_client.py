@@ -9,7 +9,7 @@ import json
 import pytest
 
 from localserve.client import Client, chat
-from localserve.protocol import Chat, Error, Finished, Message, Notice, Queued, TokenDelta
+from localserve.protocol.frames import Chat, Error, Finished, Message, Notice, Queued, TokenDelta
 
 LIMITS = {
     "max_frame_bytes": 1 << 20,

@@ -1,4 +1,5 @@
-"""One websocket connection (localserve/connection.py) on a server over the FakeRunner: frames in,
+"""One websocket connection (localserve/serve/websocket/connection.py) on a server over the
+FakeRunner: frames in,
 errors out, limits, access, and clients that stop reading. Nothing here needs the model's text;
 the real-model paths are in test_server.py and test_hostile.py.
 """
@@ -21,11 +22,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from localserve.auth import Access
-from localserve.connection import MAX_OUTBOX_FRAMES
-from localserve.protocol import Chat, ClientFrame, Subscribe
-from localserve.runner import DecodeError
-from localserve.transport import PlaceLog
+from localserve.engine.runner import DecodeError
+from localserve.ops.auth import Access
+from localserve.protocol.frames import Chat, ClientFrame, Subscribe
+from localserve.serve.transport import PlaceLog
+from localserve.serve.websocket.connection import MAX_OUTBOX_FRAMES
 
 QUESTION = "What is the capital of France?"
 
@@ -491,7 +492,7 @@ def test_connections_closed_before_hello_are_one_log_line_per_place(fake, caplog
     limits = fake.server.limits
     real, limits.log = limits.log, PlaceLog(clock=lambda: 0.0)
     try:
-        with caplog.at_level(logging.WARNING, logger="localserve.connection"):
+        with caplog.at_level(logging.WARNING, logger="localserve.serve.websocket.connection"):
             for _ in range(5):
                 client = RawClient(fake.url)
                 for _ in range(3):
@@ -500,7 +501,9 @@ def test_connections_closed_before_hello_are_one_log_line_per_place(fake, caplog
                 client.close()
     finally:
         limits.log = real
-    lines = [r.getMessage() for r in caplog.records if r.name == "localserve.connection"]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "localserve.serve.websocket.connection"
+    ]
     assert len(lines) == 1 and "too many errors before hello" in lines[0], lines
 
 
@@ -624,9 +627,9 @@ def test_every_http_method_but_get_is_405(fake, method):
 
 
 def test_a_connection_must_say_hello_or_subscribe_soon(fake, monkeypatch, bob):
-    import localserve.connection
+    import localserve.serve.websocket.connection
 
-    monkeypatch.setattr(localserve.connection, "HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(localserve.serve.websocket.connection, "HELLO_TIMEOUT_S", 0.5)
     silent, monitor = WS(fake.url), WS(fake.url)
     monitor.send({"type": "subscribe", "interval_ms": 200})
     with pytest.raises(ConnectionClosed) as closed:

@@ -12,7 +12,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localserve.protocol import (
+from localserve.protocol.snapshot import (
     Counters,
     EventRow,
     ModelInfo,

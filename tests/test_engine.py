@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from localserve.engine import Engine
-from localserve.events import Done, EventRouter, Token
-from localserve.fake_runner import FakeRunner
-from localserve.sampling_params import SamplingParams
+from localserve.engine.engine import Engine
+from localserve.engine.events import Done, EventRouter, Token
+from localserve.engine.sampling_params import SamplingParams
+from localserve.runners.fake import FakeRunner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5)
 
@@ -59,7 +59,7 @@ def test_a_failing_decode_fails_only_that_batch_and_the_engine_goes_on():
         def run(self, batch):
             if self.fail_next:
                 self.fail_next = False
-                from localserve.runner import DecodeError
+                from localserve.engine.runner import DecodeError
 
                 raise DecodeError("llama_decode returned -3")
             return super().run(batch)
@@ -165,8 +165,8 @@ def test_a_request_whose_sampler_cannot_be_made_fails_alone(make_harness):
 
 
 def test_a_request_preempted_in_the_step_that_admitted_it_is_counted_once(make_harness):
-    from localserve.kv import KVPool
-    from localserve.snapshot import build_snapshot
+    from localserve.engine.kv import KVPool
+    from localserve.engine.snapshot import build_snapshot
 
     h = make_harness(n_ctx=512, n_seq_max=4)  # llama.cpp has 512 cells...
     h.engine.kv = h.engine.scheduler.kv = KVPool(2048, 4)  # ...the scheduler believes in 2048

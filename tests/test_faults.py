@@ -36,7 +36,7 @@ LONG_PROMPT = "Tell me everything about the history of the city of Paris. " * 15
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A server of its own (it is broken here many times), with quotas on."""
-    from localserve.serving import serving
+    from localserve.serve.serving import serving
 
     config = live_config()
     config.server = msgspec.structs.replace(
@@ -53,7 +53,7 @@ def served(tmp_path_factory):
 def impatient(monkeypatch):
     """Askers give up on a snapshot after 1 s (the server's own bound is 30 s): a fault must
     not cost anything when the answer, or the engine's end, comes after they gave up."""
-    monkeypatch.setattr("localserve.server.SNAPSHOT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("localserve.serve.server.SNAPSHOT_TIMEOUT_S", 1.0)
 
 
 @pytest.fixture

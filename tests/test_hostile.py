@@ -22,8 +22,8 @@ from helpers import RawClient, Streamer, connections_of, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localserve.server import FRAME_SLACK_BYTES
-from localserve.transport import CLOSE_TIMEOUT_S, FRAME_COST_BYTES
+from localserve.serve.server import FRAME_SLACK_BYTES
+from localserve.serve.transport import CLOSE_TIMEOUT_S, FRAME_COST_BYTES
 
 MAX_QUEUED_FRAMES = 1  # uvicorn's websocket protocol stops reading while a message waits
 
@@ -159,7 +159,7 @@ def inproc():
     """The live configuration with the engine in this process, where a patch reaches it."""
     from conftest import LiveServer, live_config
 
-    from localserve.serving import serving
+    from localserve.serve.serving import serving
 
     config = live_config()
     config.server = msgspec.structs.replace(config.server, engine_process=False)
@@ -171,7 +171,7 @@ def test_a_sampling_fault_fails_only_its_own_request(inproc):
     """NaN logits (a model fault confined to one sequence) end that request alone."""
     from conftest import WS
 
-    from localserve.sampling import Sampler
+    from localserve.runners.sampling import Sampler
 
     bob = Streamer(inproc, BOB_TOKENS)
     real = Sampler.sample

@@ -1,4 +1,4 @@
-"""The KV pool's accounting on its own (localserve/kv.py): cells, sequence ids, roots.
+"""The KV pool's accounting on its own (localserve/engine/kv.py): cells, sequence ids, roots.
 
 Prefix reuse through the engine is in test_prefix.py; the scheduler's use of the pool in
 test_scheduler.py.
@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from localserve.kv import KVPool, common_prefix
-from localserve.sampling_params import SamplingParams
-from localserve.sequence import Sequence
+from localserve.engine.kv import KVPool, common_prefix
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.sequence import Sequence
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 

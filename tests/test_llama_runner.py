@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from localserve.config import ModelConfig, SchedulerConfig
-from localserve.engine import Engine
-from localserve.events import Done, Preempted, Token
-from localserve.kv import KVPool
-from localserve.models import ensure_embedded
-from localserve.prompt import PREAMBLE
-from localserve.runner import apply_cell_ops
-from localserve.sampling_params import SamplingParams
-from localserve.scheduler import Batch, BatchItem
-from localserve.sequence import Sequence
+from localserve.engine.batch import Batch, BatchItem
+from localserve.engine.engine import Engine
+from localserve.engine.events import Done, Preempted, Token
+from localserve.engine.kv import KVPool
+from localserve.engine.runner import apply_cell_ops
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.sequence import Sequence
+from localserve.runners.models import ensure_embedded
+from localserve.serve.prompt import PREAMBLE
 
 pytestmark = pytest.mark.model
 
@@ -31,7 +31,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def runner():
-    from localserve.llama_runner import LlamaRunner
+    from localserve.runners.llama import LlamaRunner
 
     cfg = ModelConfig(
         embedded=True,
@@ -136,7 +136,7 @@ def test_stop_string_ends_generation_and_is_not_streamed(runner):
 
 def test_decode_out_of_cells_preempts_without_losing_work():
     # the scheduler believes in 4x more cells than llama.cpp has, so llama_decode returns 1
-    from localserve.llama_runner import LlamaRunner
+    from localserve.runners.llama import LlamaRunner
 
     cfg = ModelConfig(
         embedded=True, n_ctx=512, max_num_seqs=4, max_num_batched_tokens=256, n_threads=2
@@ -219,7 +219,7 @@ def test_reuse_gives_the_same_greedy_output_as_a_full_prefill(runner):
 @pytest.fixture(scope="module")
 def small():
     """512 cells, four running sequences, eight ids for cached prefixes."""
-    from localserve.llama_runner import LlamaRunner
+    from localserve.runners.llama import LlamaRunner
 
     cfg = ModelConfig(
         embedded=True,
@@ -290,7 +290,7 @@ def test_a_shared_system_prompt_shares_cells_in_llama_cpp(small):
 def test_a_q8_0_kv_cache_serves_real_requests_in_half_the_memory():
     """Quantized KV cells: concurrent requests complete, the cache holds half the bytes, and
     the accounting returns to zero."""
-    from localserve.llama_runner import LlamaRunner
+    from localserve.runners.llama import LlamaRunner
 
     def load(kv: str) -> LlamaRunner:
         cfg = ModelConfig(

@@ -1,10 +1,10 @@
-"""Latency windows, histograms, counters and step records (localserve/metrics.py)."""
+"""Latency windows, histograms, counters and step records (localserve/engine/metrics.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from localserve.metrics import (
+from localserve.engine.metrics import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
     LATENCY_BUCKETS,
@@ -15,9 +15,9 @@ from localserve.metrics import (
     build_1_2_5_buckets,
     percentiles,
 )
-from localserve.sampling_params import SamplingParams
-from localserve.sequence import FinishReason, Sequence
-from localserve.stats import percentile
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.sequence import FinishReason, Sequence
+from localserve.engine.stats import percentile
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""Model resolution and embedded-model assembly (localserve/models.py)."""
+"""Model resolution and embedded-model assembly (localserve/runners/models.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from localserve.config import ConfigError, ModelConfig
-from localserve.models import GGUF_MAGIC, _assemble, _is_verified, ensure_embedded, resolve_model
+from localserve.runners.models import (
+    GGUF_MAGIC,
+    _assemble,
+    _is_verified,
+    ensure_embedded,
+    resolve_model,
+)
 
 
 def no_progress(done: int, total: int) -> None:

@@ -19,8 +19,8 @@ from helpers import prefilling, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localserve.auth import Access
-from localserve.openai_api import DEFAULT_USER
+from localserve.ops.auth import Access
+from localserve.serve.openai.api import DEFAULT_USER
 
 pytestmark = pytest.mark.model
 

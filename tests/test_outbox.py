@@ -6,8 +6,8 @@ import asyncio
 
 import msgspec
 
-from localserve.outbox import Outbox
-from localserve.protocol import Error, Stats, TokenDelta
+from localserve.protocol.frames import Error, Stats, TokenDelta
+from localserve.serve.websocket.outbox import Outbox
 
 
 def drain(outbox: Outbox) -> list[dict]:

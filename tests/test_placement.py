@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from localserve import placement
-from localserve.placement import describe, gpu_without_offload, parse_log, split_devices
-from localserve.protocol import Device
+from localserve.protocol.snapshot import Device
+from localserve.runners import placement
+from localserve.runners.placement import describe, gpu_without_offload, parse_log, split_devices
 
 # the embedded model (Gemma 3 270M, 18 layers) loaded on the CPU: llama.cpp's debug lines name
 # the device of each layer, the output layer (18) last

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 
 from localserve.config import SchedulerConfig
-from localserve.events import Preempted
-from localserve.kv import MIN_REUSE_TOKENS
-from localserve.runner import apply_cell_ops
-from localserve.sampling_params import SamplingParams
+from localserve.engine.events import Preempted
+from localserve.engine.kv import MIN_REUSE_TOKENS
+from localserve.engine.runner import apply_cell_ops
+from localserve.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 

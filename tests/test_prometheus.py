@@ -1,11 +1,11 @@
-"""`/metrics` text (localserve/prometheus.py): a snapshot rendered in Prometheus's format."""
+"""`/metrics` text (localserve/ops/prometheus.py): a snapshot rendered in Prometheus's format."""
 
 from __future__ import annotations
 
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from localserve.prometheus import FINISHED_REASONS, HISTOGRAMS, PREFIX, render
+from localserve.ops.prometheus import FINISHED_REASONS, HISTOGRAMS, PREFIX, render
 
 
 def families(text: str) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localserve.prompt import PREAMBLE, TRANSCRIPT_STOPS, render_chat
+from localserve.serve.prompt import PREAMBLE, TRANSCRIPT_STOPS, render_chat
 
 
 def gemma_like(messages: list[dict[str, str]]) -> str:

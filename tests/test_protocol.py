@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from localserve.protocol import (
+from localserve.protocol.frames import (
     MAX_STATS_INTERVAL_MS,
     Cancel,
     Chat,

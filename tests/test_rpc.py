@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from localserve import rpc
+from localserve.runners import rpc
 
 LOCALSERVE = [sys.executable, "-m", "localserve"]
 PROMPT = "The capital of France is"

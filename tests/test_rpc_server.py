@@ -36,7 +36,7 @@ class Split:
     """Two workers and a server whose model has 12 of its 18 layers on them."""
 
     def __init__(self) -> None:
-        from localserve.serving import serving
+        from localserve.serve.serving import serving
 
         self.workers = [Worker(), Worker()]
         config = live_config()
@@ -91,7 +91,7 @@ def whole():
     """The model unsplit, started afresh: its cache then holds what the split one's does. (The
     session's live server holds what earlier tests left, and cells computed in other batches
     can differ in the last bits: enough to flip a near tie in a greedy reply.)"""
-    from localserve.serving import serving
+    from localserve.serve.serving import serving
 
     config = live_config()
     config.server = msgspec.structs.replace(config.server, usage=False)
@@ -225,7 +225,7 @@ def test_any_llama_cpp_abort_fails_only_the_replies_in_flight(tmp_path):
     """No workers: the engine process itself aborts mid-reply (as llama.cpp does on a failed
     assertion). Websocket and HTTP streams end with `unavailable`, the usage record keeps what
     they had, and the server serves again."""
-    from localserve.serving import serving
+    from localserve.serve.serving import serving
 
     config = live_config()
     config.server = msgspec.structs.replace(config.server, state_dir=str(tmp_path))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localserve.sampling import Sampler, SamplingError
-from localserve.sampling_params import MAX_CANDIDATES, MIN_TEMPERATURE, SamplingParams
+from localserve.engine.sampling_params import MAX_CANDIDATES, MIN_TEMPERATURE, SamplingParams
+from localserve.runners.sampling import Sampler, SamplingError
 
 
 def logits(n: int = 1000, seed: int = 0) -> np.ndarray:

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 from helpers import async_wait_until
 
-from localserve import scenario
-from localserve.scenario import PEOPLE, pages, pages_slice, plan_round, play
+from localserve.bench import scenario
+from localserve.bench.scenario import PEOPLE, pages, pages_slice, plan_round, play
 
 
 def test_pages_load_and_slice_deterministically_per_seed():

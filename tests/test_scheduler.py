@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from localserve.config import SchedulerConfig
-from localserve.events import Admitted, Preempted
+from localserve.engine.events import Admitted, Preempted
 
 
 def decoding_ids(h) -> set[str]:
@@ -308,7 +308,7 @@ def test_kv_accounting_matches_the_cache(make_harness):
 
 
 def test_cache_full_in_llama_shrinks_the_pool_and_everyone_completes(make_harness):
-    from localserve.kv import KVPool
+    from localserve.engine.kv import KVPool
 
     h = make_harness(n_ctx=512, n_seq_max=4)  # llama.cpp has 512 cells...
     sched = h.engine.scheduler
@@ -322,10 +322,10 @@ def test_cache_full_in_llama_shrinks_the_pool_and_everyone_completes(make_harnes
 
 
 def test_prompt_that_can_never_fit_is_refused_not_retried_forever():
-    from localserve.kv import KVPool
-    from localserve.sampling_params import SamplingParams
-    from localserve.scheduler import Scheduler
-    from localserve.sequence import Sequence
+    from localserve.engine.kv import KVPool
+    from localserve.engine.sampling_params import SamplingParams
+    from localserve.engine.scheduler import Scheduler
+    from localserve.engine.sequence import Sequence
 
     sched = Scheduler(SchedulerConfig(), KVPool(100, 2), max_num_seqs=2, max_num_batched_tokens=64)
     seq = Sequence("huge", [2] * 150, SamplingParams(temperature=0))

@@ -1,4 +1,4 @@
-"""Text streaming, sampling parameters and a sequence's life (localserve/sequence.py)."""
+"""Text streaming, sampling parameters and a sequence's life (localserve/engine/sequence.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import msgspec
 import pytest
 
-from localserve.sampling_params import SamplingParams
-from localserve.sequence import FinishReason, Sequence, Status
-from localserve.text_stream import TextStream
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.sequence import FinishReason, Sequence, Status
+from localserve.engine.text_stream import TextStream
 
 EOG = 1  # any token id: the runner tells end-of-generation through `is_eog`
 

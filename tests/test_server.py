@@ -11,7 +11,7 @@ import pytest
 from helpers import prefilling, wait_until
 from websockets.exceptions import ConnectionClosed
 
-from localserve.prompt import PREAMBLE
+from localserve.serve.prompt import PREAMBLE
 
 pytestmark = pytest.mark.model
 

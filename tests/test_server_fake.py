@@ -16,10 +16,10 @@ import pytest
 from conftest import WS
 from helpers import FakeServer, wait_until
 
-from localserve.fake_runner import BOS, FakeRunner
-from localserve.prompt import PromptBuilder, PromptTooLong
-from localserve.protocol import Chat, Message
-from localserve.sampling_params import sampling_params
+from localserve.engine.sampling_params import sampling_params
+from localserve.protocol.frames import Chat, Message
+from localserve.runners.fake import BOS, FakeRunner
+from localserve.serve.prompt import PromptBuilder, PromptTooLong
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_models_and_unknown_paths_on_the_fake(fake):
 
 
 def test_prompts_within_an_allowance_are_built_at_normal_priority():
-    from localserve import prompt as prompt_module
+    from localserve.serve import prompt as prompt_module
 
     runner = FakeRunner(n_ctx=100_000)
     now = [0.0]

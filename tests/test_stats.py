@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localserve.stats import percentile
+from localserve.engine.stats import percentile
 
 
 @pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])

@@ -1,4 +1,4 @@
-"""The guarded HTTP and websocket protocols (localserve/transport.py) on a server over the
+"""The guarded HTTP and websocket protocols (localserve/serve/transport.py) on a server over the
 FakeRunner: pipelining, the caps on one place's sockets (and their rule, on `Limits` alone),
 a squatter that must not keep others out, malformed frames. What a hostile client does to the
 real model's server is in test_hostile.py.
@@ -19,8 +19,8 @@ from conftest import configured
 from helpers import RawClient, Squatter, Streamer, healthy_from, wait_until
 
 from localserve.config import ServerConfig
-from localserve.server import FRAME_SLACK_BYTES
-from localserve.transport import LOG_INTERVAL_S, MIN_IDLE_S, Limits, PlaceLog
+from localserve.serve.server import FRAME_SLACK_BYTES
+from localserve.serve.transport import LOG_INTERVAL_S, MIN_IDLE_S, Limits, PlaceLog
 
 QUESTION = "What is the capital of France?"
 
@@ -36,9 +36,11 @@ def bob(fake):
 def test_pipelined_requests_are_answered_whole_and_cancelled_with_their_connection(
     fake, monkeypatch
 ):
-    import localserve.transport
+    import localserve.serve.transport
 
-    monkeypatch.setattr(localserve.transport, "HEAD_TIMEOUT_S", 0.5)  # shorter than each reply
+    monkeypatch.setattr(
+        localserve.serve.transport, "HEAD_TIMEOUT_S", 0.5
+    )  # shorter than each reply
     monkeypatch.setattr(fake.runner, "step_s", 0.02)  # 40 tokens: 0.8 s
     url = fake.http.removeprefix("http://")
     host, port = url.split(":")

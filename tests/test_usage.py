@@ -25,11 +25,11 @@ import pytest
 from conftest import WS, configured
 from helpers import FakeServer, wait_until
 
-from localserve import server as server_module
-from localserve import usage
 from localserve.cli import main
 from localserve.config import ConfigError, ServerConfig
-from localserve.usage import Row, Usage, UsageError
+from localserve.ops import usage
+from localserve.ops.usage import Row, Usage, UsageError
+from localserve.serve import server as server_module
 
 
 def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw) -> Row:
@@ -371,7 +371,7 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
 
 
 def test_the_chat_client_says_where_a_user_stands():
-    from localserve.protocol import Quota
+    from localserve.protocol.frames import Quota
     from tui.chat import quota_line
 
     quota = Quota(50_000, 12_345, 37_655, "2026-12-01T00:00:00+01:00")
@@ -549,7 +549,7 @@ def logged(caplog, level: int, text: str) -> list[str]:
 def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_disk, caplog):
     """No `then` runs until its row is committed; the problem is said once; the counts hold
     in memory and, once written, across a restart."""
-    caplog.set_level(logging.INFO, "localserve.usage")
+    caplog.set_level(logging.INFO, "localserve.ops.usage")
     config = ServerConfig(state_dir=str(small_disk.path), daily_tokens=1000)
     store = Usage(config, "fake")
     recorded(store, row("ann", prompt=10, cached=0, completion=5))
@@ -581,7 +581,7 @@ def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_dis
 def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
     tmp_path, caplog, monkeypatch
 ):
-    caplog.set_level(logging.INFO, "localserve.usage")
+    caplog.set_level(logging.INFO, "localserve.ops.usage")
     monkeypatch.setattr(usage, "CHECK_S", 0.05)  # the idle writer's look at the file
     store = Usage(ServerConfig(state_dir=str(tmp_path), daily_tokens=1000), "fake")
     problems: list[str] = []
@@ -618,7 +618,7 @@ def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
 
 
 def test_a_close_on_a_full_disk_is_bounded_and_says_what_it_loses(small_disk, caplog, monkeypatch):
-    caplog.set_level(logging.INFO, "localserve.usage")
+    caplog.set_level(logging.INFO, "localserve.ops.usage")
     monkeypatch.setattr(usage, "MAX_UNWRITTEN_ROWS", 3)
     monkeypatch.setattr(usage, "CLOSE_TIMEOUT_S", 1.0)
     store = Usage(ServerConfig(state_dir=str(small_disk.path)), "fake")

@@ -21,10 +21,10 @@ import msgspec
 import pytest
 from helpers import FakeServer, PacedRunner, wait_until
 
-from localserve.auth import Access
-from localserve.fake_runner import EOG
-from localserve.page import CSP
-from localserve.scheduler import Sampled
+from localserve.engine.batch import Sampled
+from localserve.ops.auth import Access
+from localserve.runners.fake import EOG
+from localserve.serve.page import CSP
 
 CHROMIUM = (
     os.environ.get("LOCALSERVE_CHROMIUM")

@@ -18,7 +18,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, RichLog, Static
 
-from localserve.protocol import Snapshot, Stats, UserUsage
+from localserve.protocol.frames import Stats, UserUsage
+from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis import diagnose
 from tui.source import Connected, Disconnected
 from tui.widgets import (

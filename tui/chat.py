@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import TextIO
 
 from localserve.client import Client, ClientError, ConnectionClosed, chat
-from localserve.protocol import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
+from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
 
 HELP = "/new starts over, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
 

@@ -47,10 +47,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     import msgspec
 
+    from localserve.bench.scenario import play
     from localserve.cli import log_to_file, prefix_cache_option, say_where
     from localserve.config import load_config
-    from localserve.scenario import play
-    from localserve.serving import serving
+    from localserve.serve.serving import serving
     from tui.app import MonitorApp
     from tui.source import WebSocketSource
 

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from localserve.client import Client, ClientError, ConnectionClosed
-from localserve.protocol import Error, Snapshot, Stats, Subscribe
+from localserve.protocol.frames import Error, Stats, Subscribe
+from localserve.protocol.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

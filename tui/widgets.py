@@ -11,8 +11,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from localserve.placement import device_label
-from localserve.protocol import Device, Percentiles, Snapshot, UserUsage, Worker
+from localserve.protocol.frames import UserUsage
+from localserve.protocol.snapshot import Device, Percentiles, Snapshot, Worker
+from localserve.runners.placement import device_label
 from tui.format import MISSING, clip, duration, pct, plural, rate, tokens
 
 USER_COLORS = [

@@ -42,7 +42,7 @@ from localserve.bench.workloads import (
     estimate_prompt_tokens,
     turn_messages,
 )
-from localserve.stats import percentile
+from localserve.engine.stats import percentile
 
 __all__ = [
     "KINDS",

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from localserve.bench.runs import ConversationResult
 from localserve.bench.targets import RequestResult
-from localserve.stats import percentile
+from localserve.engine.stats import percentile
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from localserve.bench.scenario import (
+    LONG_EXPLANATIONS,
+    SHORT_QUESTIONS,
+    SUMMARY_REQUESTS,
+    TOKENS_PER_WORD,
+    pages_slice,
+)
 from localserve.bench.targets import Request, RequestResult, Target
 from localserve.bench.workloads import (
     REPLY_TOKENS,
@@ -24,14 +31,7 @@ from localserve.bench.workloads import (
     arrival_times,
     turn_messages,
 )
-from localserve.scenario import (
-    LONG_EXPLANATIONS,
-    SHORT_QUESTIONS,
-    SUMMARY_REQUESTS,
-    TOKENS_PER_WORD,
-    pages_slice,
-)
-from localserve.stats import percentile
+from localserve.engine.stats import percentile
 
 LOAD_TEMPERATURE = 0.7  # single requests sample; conversations are greedy
 

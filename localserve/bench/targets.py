@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from localserve.client import Client, ClientError, ConnectionClosed, chat
-from localserve.prompt import TRANSCRIPT_STOPS, render_transcript
-from localserve.protocol import Chat, Error, Finished, Message, TokenDelta
+from localserve.protocol.frames import Chat, Error, Finished, Message, TokenDelta
+from localserve.serve.prompt import TRANSCRIPT_STOPS, render_transcript
 
 ENDPOINTS = ("completions", "chat")
 

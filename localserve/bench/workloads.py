@@ -18,8 +18,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from localserve.prompt import render_transcript
-from localserve.scenario import (
+from localserve.bench.scenario import (
     LONG_EXPLANATIONS,
     MEDIUM_QUESTIONS,
     SHORT_QUESTIONS,
@@ -28,6 +27,7 @@ from localserve.scenario import (
     pages,
     pages_slice,
 )
+from localserve.serve.prompt import render_transcript
 
 # kind -> (output tokens, prompt builder); a mix is a weighted choice of kinds
 KINDS = ("short", "long", "paste")

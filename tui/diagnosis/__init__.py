@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from localserve.protocol import Snapshot
+from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis.moment import now_lines, summary
 from tui.diagnosis.rules import RULES, Finding, reported
 from tui.diagnosis.signals import Signals, segment

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from localserve.protocol import Percentiles, Snapshot
+from localserve.protocol.snapshot import Percentiles, Snapshot
 from tui.diagnosis.thresholds import (
     COUNTER_WINDOW_S,
     ITL_RISE_MIN_S,

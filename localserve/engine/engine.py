@@ -1,0 +1,300 @@
+"""The engine: scheduler + runner on one dedicated thread, requests in, events out.
+
+The engine thread owns the llama.cpp context, the scheduler and the metrics. Other threads talk
+to it only through `add_request`, `cancel` and `snapshot` (commands on one queue) and receive
+events (localserve.engine.events) through the `on_events` callback, one list per step, called on the
+engine thread. `step()` runs one iteration synchronously, for tests and tools that drive the
+engine without its thread:
+
+    schedule -> run -> postprocess -> emit
+
+The scheduler builds the batch (with the KV cell operations its pool decided), the runner
+applies those and decodes, the scheduler accounts the sampled tokens and finished sequences,
+and emit turns the outcome into events and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import NamedTuple
+
+from localserve.config import SchedulerConfig
+from localserve.engine.batch import Batch, Sampled
+from localserve.engine.events import Admitted, Done, Event, EventSink, Preempted, Token
+from localserve.engine.kv import KVPool
+from localserve.engine.metrics import Metrics
+from localserve.engine.runner import DecodeError, KVCacheFull, Runner
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.sequence import FinishReason, Sequence, Status
+from localserve.engine.snapshot import build_snapshot
+from localserve.protocol.snapshot import Snapshot
+
+log = logging.getLogger("localserve.engine.engine")
+
+
+class StepTimings(NamedTuple):
+    """Where the last step spent its time, in seconds of the engine's clock (for benchmarks)."""
+
+    schedule_s: float = 0.0
+    run_s: float = 0.0  # the runner: cell operations, fill, decode, sampling
+    postprocess_s: float = 0.0
+    emit_s: float = 0.0
+
+
+def check_prompt(num_tokens: int, n_ctx: int) -> None:
+    """Raise ValueError (too_long) for a prompt the context cannot hold with one token more."""
+    if num_tokens >= n_ctx:
+        raise ValueError(f"too_long: the prompt has {num_tokens} tokens; the context holds {n_ctx}")
+
+
+class Engine:
+    """Continuous batching over one runner; thread-safe entry points, one engine thread."""
+
+    problem = ""  # why it does not serve ("" = it does): always "" in the server's own process
+
+    def __init__(
+        self,
+        runner: Runner,
+        config: SchedulerConfig | None = None,
+        max_num_batched_tokens: int | None = None,
+        on_events: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self.config = config or SchedulerConfig()
+        info = runner.info
+        c = self.config
+        reuse = c.prefix_caching and runner.supports_prefix_reuse
+        self.kv = KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes)
+        budget = min(max_num_batched_tokens or info.n_batch, info.n_batch)
+        max_num_seqs = info.max_num_seqs or info.n_seq_max
+        self.scheduler = Scheduler(c, self.kv, max_num_seqs, budget, clock)
+        for seq_id in range(info.n_seq_max):  # the pool starts empty: so must the cache
+            runner.free_seq(seq_id)
+        self.metrics = Metrics(clock, max_model_len=info.n_ctx, prefix_caching=reuse)
+        self.clock = clock
+        self.on_events: EventSink = on_events or (lambda events: None)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._seqs: dict[str, Sequence] = {}  # owned by the engine thread
+        self._ids: set[str] = set()  # request ids in flight, for duplicate checks
+        self._ids_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.timings = StepTimings()  # of the last step
+        # told True before each step of the engine thread and False after (the supervisor's
+        # watchdog times steps with it); None: nobody watches
+        self.watch: Callable[[bool], None] | None = None
+
+    # --- thread-safe entry points ----------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        user: str = "",
+        system_tokens: int = 0,
+        system_is_global: bool = False,
+        client_id: str | None = None,
+    ) -> None:
+        """Queue a request; raises ValueError for an empty, too long or duplicate one.
+
+        `system_tokens`: the prompt starts with a system prompt of this many tokens that other
+        requests may share (the user's own, or every user's with `system_is_global`).
+        `client_id`: the id its client knows it by, for the monitor (default: `request_id`).
+        """
+        n_ctx = self.runner.info.n_ctx
+        check_prompt(len(prompt_tokens), n_ctx)
+        seq = Sequence(request_id, prompt_tokens, params, user, self.clock(), n_ctx)
+        seq.system_tokens = min(system_tokens, len(prompt_tokens))
+        seq.system_is_global = system_is_global
+        seq.client_id = request_id if client_id is None else client_id
+        with self._ids_lock:
+            if request_id in self._ids:
+                raise ValueError(f"duplicate request id {request_id!r}")
+            self._ids.add(request_id)
+        self._commands.put(("add", seq))
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel at the next step (also mid-prefill); unknown or finished ids are ignored."""
+        self._commands.put(("cancel", request_id))
+
+    def snapshot(self) -> Future[Snapshot]:
+        """A Future of the next snapshot, built on the engine thread between steps."""
+        future: Future[Snapshot] = Future()
+        if self._thread is None:
+            future.set_result(build_snapshot(self))
+        else:
+            self._commands.put(("snapshot", future))
+        return future
+
+    def reject(self) -> None:
+        """Count a request the server turned away (busy, too long, ...)."""
+        self._commands.put(("reject", None))
+
+    # --- the thread ------------------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._loop, name="localserve-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread (in-flight requests are left as they are)."""
+        if self._thread is not None:
+            self._commands.put(("stop", None))
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self) -> None:
+        watch = self.watch or (lambda busy: None)
+        while not self._stopping:
+            try:
+                if not self.scheduler.has_work:
+                    command = self._commands.get()  # idle: sleep until something arrives
+                    watch(True)
+                    self._handle(*command)
+                watch(True)  # (the step is timed from here; handling a command counts too)
+                self.step()
+            except Exception:  # never die silently: fail what is running, keep serving
+                log.exception("engine step failed")
+                self._fail_all("internal error in the engine step")
+            finally:
+                watch(False)
+
+    # --- one iteration ---------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One iteration: drain commands, then schedule -> run -> postprocess -> emit."""
+        self._drain()
+        start = self.clock()
+        batch = self.scheduler.schedule()
+        scheduled = self.clock()
+        sampled = self._run(batch)
+        ran = self.clock()
+        self.scheduler.postprocess(batch, sampled, ran - start)
+        done = self.clock()
+        events = self._emit(batch, sampled, done - start)
+        if events:
+            self.on_events(events)
+        emitted = self.clock()
+        self.timings = StepTimings(scheduled - start, ran - scheduled, done - ran, emitted - done)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(*command)
+
+    def _handle(self, kind: str, arg) -> None:
+        if kind == "add":
+            self._seqs[arg.request_id] = arg
+            try:
+                arg.sampler = self.runner.new_sampler(arg.params)
+            except Exception as e:  # this request's settings: it fails alone
+                log.exception("request %s: no sampler", arg.request_id)
+                arg.finish(FinishReason.ERROR, self.clock(), f"sampling setup failed: {e}")
+                self.on_events([self._finish(arg)])
+                return
+            self.scheduler.add(arg)
+        elif kind == "cancel" and arg in self._seqs:
+            self.scheduler.cancel(self._seqs[arg])
+        elif kind == "snapshot":
+            if arg.set_running_or_notify_cancel():  # the asker may have given up (cancelled)
+                try:
+                    arg.set_result(build_snapshot(self))
+                except Exception as e:  # the asker must hear of it, not wait forever
+                    log.exception("snapshot failed")
+                    arg.set_exception(e)
+        elif kind == "reject":
+            self.metrics.on_rejected()
+        elif kind == "stop":
+            self._stopping = True
+
+    def _run(self, batch: Batch) -> list[Sampled]:
+        """The runner's step. When it computes nothing, the scheduler hears why and empties
+        the batch: no cells (preempt to fit) or a failed decode (those sequences end)."""
+        try:
+            return self.runner.run(batch)
+        except KVCacheFull:  # our accounting and llama.cpp disagree: believe llama.cpp
+            victims = self.scheduler.on_cache_full(batch)
+            log.warning(
+                "llama_decode found no KV cells: capacity now %d cells, preempted %s",
+                self.kv.num_cells,
+                victims,
+            )
+        except (DecodeError, ValueError) as e:
+            log.error("decode failed for %d sequences: %s", len(batch.items), e)
+            self.scheduler.on_failed(batch, str(e))
+        return []
+
+    def _emit(self, batch: Batch, sampled: list[Sampled], step_s: float) -> list[Event]:
+        """The step's outcome as events, in order, with the metrics that count them."""
+        for seq in batch.first_admitted:
+            self.metrics.on_admitted(seq)
+        events: list[Event] = [Admitted(seq.request_id) for seq in batch.admitted]
+        for seq in batch.preempted:
+            self.metrics.on_preempted(seq)
+            events.append(Preempted(seq.request_id))
+        events += [self._finish(seq) for seq in batch.finished]
+        if batch.items:
+            cost = self.scheduler.cost
+            prefill_s = cost.prefill_s(batch.num_decode_tokens, batch.num_prefill_tokens)
+            decode_s, num_sampled = self.runner.timings.decode_s, sum(not s.error for s in sampled)
+            self.metrics.on_step(
+                batch.num_decode_tokens,
+                batch.num_prefill_tokens,
+                step_s,
+                decode_s,
+                prefill_s,
+                num_sampled,
+            )
+        for s in sampled:
+            if s.error:
+                log.error("request %s failed: %s", s.seq.request_id, s.error)
+            else:
+                self.metrics.on_token(s.seq)
+                events.append(Token(s.seq.request_id, s.seq.take_text()))
+            if s.seq.is_finished:
+                events.append(self._finish(s.seq))
+        return events
+
+    def _finish(self, seq: Sequence) -> Done:
+        self.runner.free_sampler(seq.sampler)
+        seq.sampler = None
+        self._seqs.pop(seq.request_id, None)
+        with self._ids_lock:
+            self._ids.discard(seq.request_id)
+        self.metrics.on_finished(seq)
+        timings = {k: (None if math.isnan(v) else v) for k, v in seq.timings().items()}
+        return Done(
+            seq.request_id,
+            seq.finish_reason.value,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=seq.cached_tokens,
+            timings=timings,
+            error=seq.error,
+        )
+
+    def _fail_all(self, message: str) -> None:
+        """A step raised: running sequences fail, waiting ones are cancelled at the next step,
+        and those that finished in the broken step (Done not yet sent) get their Done now."""
+        seqs = list(self._seqs.values())
+        running = [s for s in seqs if s.status is Status.RUNNING]
+        self.scheduler.fail(running, message)
+        for seq in seqs:
+            if seq.status is not Status.FINISHED:
+                self.scheduler.cancel(seq)
+        events: list[Event] = [self._finish(s) for s in seqs if s.status is Status.FINISHED]
+        if events:
+            self.on_events(events)

@@ -1,0 +1,343 @@
+"""KV-cache accounting: the unified pool of cells as a capacity pool, sequence ids, cached prefixes.
+
+Token-level, like llama.cpp's unified cache: one cell per token position, and a cell may belong to
+several sequences at once (`llama_memory_seq_cp` only adds a sequence id to it). Three numbers:
+- used: cells that hold computed tokens, each counted once however many sequences share it;
+- committed: used plus cells promised to admitted prompts not yet prefilled;
+- total: the context size.
+A prompt is admitted only if it fits in uncommitted cells above the watermark, so a running
+prefill never runs out; decode growth takes free cells one at a time and may trigger preemption.
+
+Prefix caching: a finished sequence's cells stay in the cache as a `CachedPrefix` owned by its
+user, under its sequence id. A new request whose tokens start the same way takes the prefix over
+(its id, cells trimmed to the common part) and prefills only the rest. A system prompt shared by
+many requests is cached as a *system prompt* entry: prefilled once, kept under an id of its own
+and copied into each request that starts with it, so its cells are shared. Cached prefixes are
+evicted, least recently used first, whenever admission or decode growth needs cells or ids:
+before any live sequence is preempted. A system prompt entry is evicted only when no sequence
+and no cached prefix shares its cells.
+
+The pool only counts; the cell operations it decides (free, trim, copy) are queued, and the
+next batch carries them to the runner, which applies them in llama.cpp, in order, before it
+decodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from localserve.engine.sequence import Sequence
+
+MIN_REUSE_TOKENS = 16  # shorter common prefixes are not worth a sequence id or a lookup
+
+
+class CellOp(NamedTuple):
+    """A cell operation for llama.cpp: free a sequence, keep its first n positions, or copy them."""
+
+    kind: str  # "free" | "trim" | "copy"
+    seq_id: int
+    n: int = 0  # trim: positions to keep; copy: positions [0, n) to copy
+    dst: int = -1  # copy: the sequence that receives them
+
+
+@dataclass(eq=False)
+class CachedPrefix:
+    """Cells of tokens[0:len] kept under `seq_id`: a finished sequence's, or a system prompt's."""
+
+    seq_id: int
+    tokens: list[int]
+    owner: str | None  # the user whose requests may reuse it; None = every user
+    is_system: bool = False  # shared by copying (a system prompt), never taken over
+    system: CachedPrefix | None = None  # the system prompt its first `num_system` positions share
+    num_system: int = 0
+    refs: int = 0  # system prompts: sequences and cached prefixes sharing its cells
+    last_used: int = 0
+
+    @property
+    def num_own(self) -> int:
+        """Cells that go when it is evicted (shared ones stay with the system prompt)."""
+        return len(self.tokens) - self.num_system
+
+
+class Match(NamedTuple):
+    prefix: CachedPrefix
+    num_tokens: int  # positions [0, num_tokens) are reused
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class KVPool:
+    """Cell, sequence-id and cached-prefix accounting; pure Python, the runner moves the cells."""
+
+    def __init__(
+        self,
+        num_cells: int,
+        num_seq_ids: int,
+        watermark: float = 0.0,
+        prefix_caching: bool = False,
+        share_prefixes: str = "user",
+    ) -> None:
+        if num_cells < 1 or num_seq_ids < 1:
+            raise ValueError("KVPool needs at least one cell and one sequence id")
+        self.num_cells = num_cells
+        self.num_watermark_cells = int(num_cells * watermark)
+        self.num_used = 0
+        self.num_committed = 0
+        self.prefix_caching = prefix_caching
+        self.share_all = share_prefixes == "all"
+        self.prefixes: list[CachedPrefix] = []
+        self.num_evictions = 0
+        self._tick = 0  # LRU clock
+        self._free_ids = list(range(num_seq_ids - 1, -1, -1))  # pop() hands out 0 first
+        self._ops: list[CellOp] = []
+
+    @property
+    def num_free(self) -> int:
+        return self.num_cells - self.num_committed
+
+    @property
+    def num_free_seq_ids(self) -> int:
+        return len(self._free_ids)
+
+    @property
+    def num_cached(self) -> int:
+        """Cells that only cached prefixes hold: evicting every one of them would free these."""
+        return self._evictable(keep=None)[0]
+
+    # --- admission -------------------------------------------------------------------------
+
+    def match(self, seq: Sequence) -> Match | None:
+        """The cached prefix this sequence would reuse most of, among those it may see."""
+        if not self.prefix_caching or not self.prefixes:
+            return None
+        best: Match | None = None
+        limit = len(seq.tokens) - 1  # the last prompt token is computed again, for its logits
+        for prefix in self.prefixes:
+            if not (self.share_all or prefix.owner is None or prefix.owner == seq.user):
+                continue
+            n = min(common_prefix(prefix.tokens, seq.tokens), limit)
+            # longest wins; on a tie copy the system prompt: taking over the user's cached
+            # conversation would cut it back to the system prompt, and it may go on later
+            if n >= MIN_REUSE_TOKENS and (
+                best is None or (n, prefix.is_system) > (best.num_tokens, best.prefix.is_system)
+            ):
+                best = Match(prefix, n)
+        return best
+
+    def try_admit(self, seq: Sequence, match: Match | None, watermark: bool = True) -> bool:
+        """Admit if the prompt fits, evicting cached prefixes as needed; False if it cannot.
+
+        A match keeps its prefix (and system prompt) from eviction, cells the request does not share
+        included; if that is what stops it, the request is admitted without reuse instead.
+        """
+        if self._try_admit(seq, match, watermark):
+            return True
+        return match is not None and self._try_admit(seq, None, watermark)
+
+    def _try_admit(self, seq: Sequence, match: Match | None, watermark: bool) -> bool:
+        need_cells = len(seq.tokens) - (match.num_tokens if match else 0)
+        need_cells += self.num_watermark_cells if watermark else 0
+        freed = self._freed_by_takeover(match)
+        need_id = match is None or match.prefix.is_system
+        keep = match.prefix if match else None
+        cells, ids = self._evictable(keep)
+        if need_cells > self.num_free + freed + cells or need_id > len(self._free_ids) + ids:
+            return False
+        self._evict_until(need_cells - freed, int(need_id), keep)
+        self._admit(seq, match)
+        return True
+
+    def admit(self, seq: Sequence) -> None:
+        """Give the sequence an id and commit cells for every token it has (no reuse)."""
+        self._admit(seq, None)
+
+    def _admit(self, seq: Sequence, match: Match | None) -> None:
+        seq.num_cells = len(seq.tokens)
+        if match is None:
+            seq.seq_id = self._free_ids.pop()
+            seq.num_computed = seq.num_system = 0
+            self.num_committed += seq.num_cells
+            return
+        prefix, n = match
+        self._tick += 1
+        if prefix.is_system:  # share its cells: they gain this sequence's id
+            prefix.last_used = self._tick
+            prefix.refs += 1
+            seq.seq_id = self._free_ids.pop()
+            seq.system, seq.num_system = prefix, n
+            self._ops.append(CellOp("copy", prefix.seq_id, n, seq.seq_id))
+        else:  # take it over: its id, its cells up to the common part
+            self.prefixes.remove(prefix)
+            self._drop(self._freed_by_takeover(match))
+            seq.seq_id = prefix.seq_id
+            # n >= MIN_REUSE_TOKENS, so a prefix on a system prompt still shares some of its cells
+            seq.system, seq.num_system = prefix.system, min(prefix.num_system, n)
+            if n < len(prefix.tokens):
+                self._ops.append(CellOp("trim", prefix.seq_id, n))
+        seq.num_computed = n
+        self.num_committed += seq.num_cells - n
+
+    def _freed_by_takeover(self, match: Match | None) -> int:
+        """Cells freed when a taken-over prefix is trimmed to the common part."""
+        if match is None or match.prefix.is_system:
+            return 0
+        prefix, n = match
+        return prefix.num_own - (n - min(prefix.num_system, n))
+
+    # --- growth and progress ---------------------------------------------------------------
+
+    def ensure(self, seq: Sequence, num_tokens: int) -> bool:
+        """Commit cells so the sequence can hold `num_tokens`; evicts cached prefixes first.
+
+        False if the pool is out even with every cached prefix gone.
+        """
+        extra = num_tokens - seq.num_cells
+        if extra <= 0:
+            return True
+        if extra > self.num_free and not self._evict_until(extra, 0, keep=None):
+            return False
+        seq.num_cells += extra
+        self.num_committed += extra
+        return True
+
+    def computed(self, seq: Sequence, num_tokens: int) -> None:
+        """Record that `num_tokens` more of the sequence's tokens are now in the cache."""
+        seq.num_computed += num_tokens
+        self.num_used += num_tokens
+        hint = seq.system_tokens
+        if hint and seq.num_computed >= hint:
+            seq.system_tokens = 0  # one try: the prompt is in the cache now
+            if seq.system is None and self.prefix_caching:
+                self._cache_system_prompt(seq, hint)
+
+    def _cache_system_prompt(self, seq: Sequence, n: int) -> None:
+        """The sequence's first n cells (a system prompt) become an entry that others copy."""
+        if not self._free_ids or n < MIN_REUSE_TOKENS:
+            return
+        owner = None if seq.system_is_global else seq.user
+        tokens = seq.tokens[:n]
+        for prefix in self.prefixes:  # one entry per prompt and audience
+            if prefix.is_system and prefix.owner == owner and prefix.tokens == tokens:
+                return
+        self._tick += 1
+        seq_id = self._free_ids.pop()
+        entry = CachedPrefix(seq_id, tokens, owner, is_system=True, refs=1, last_used=self._tick)
+        self.prefixes.append(entry)
+        self._ops.append(CellOp("copy", seq.seq_id, n, entry.seq_id))
+        seq.system, seq.num_system = entry, n  # the cells now count as the entry's
+
+    # --- release ---------------------------------------------------------------------------
+
+    def release(self, seq: Sequence, keep: bool = False) -> None:
+        """Free what the sequence holds; with `keep`, its computed cells stay as a cached prefix."""
+        if seq.seq_id is None:
+            return
+        self.num_committed -= seq.num_cells - seq.num_computed  # promised, never computed
+        own = seq.num_computed - seq.num_system
+        if keep and self.prefix_caching and own > 0 and seq.num_computed >= MIN_REUSE_TOKENS:
+            self._tick += 1
+            self.prefixes.append(
+                CachedPrefix(
+                    seq.seq_id,
+                    seq.tokens[: seq.num_computed],
+                    seq.user,
+                    system=seq.system,
+                    num_system=seq.num_system,
+                    last_used=self._tick,
+                )
+            )
+        else:
+            self._drop(own)
+            if seq.system is not None:
+                seq.system.refs -= 1
+            self._free_id(seq.seq_id)
+        seq.seq_id, seq.system, seq.num_system, seq.num_cells = None, None, 0, 0
+
+    def evict_all(self) -> int:
+        """Drop every cached prefix that can go (llama.cpp found no room); returns how many."""
+        count = 0
+        while self._evict_one(keep=None):
+            count += 1
+        return count
+
+    # --- eviction --------------------------------------------------------------------------
+
+    def _evictable(self, keep: CachedPrefix | None) -> tuple[int, int]:
+        """(cells, ids) evicting every cached prefix but `keep` (and its system prompt) frees."""
+        cells = ids = 0
+        held_by_entries: dict[int, int] = {}
+        for prefix in self.prefixes:
+            if prefix.system is not None:
+                held_by_entries[id(prefix.system)] = held_by_entries.get(id(prefix.system), 0) + 1
+        pinned = keep.system if keep is not None else None
+        for prefix in self.prefixes:
+            if prefix is keep or prefix is pinned:
+                continue
+            if prefix.is_system and prefix.refs != held_by_entries.get(id(prefix), 0):
+                continue  # a live sequence shares its cells
+            cells += prefix.num_own
+            ids += 1
+        return cells, ids
+
+    def _evict_until(self, num_cells: int, num_ids: int, keep: CachedPrefix | None) -> bool:
+        """Evict least recently used prefixes until enough cells and ids are free."""
+        while self.num_free < num_cells or len(self._free_ids) < num_ids:
+            if not self._evict_one(keep):
+                return False
+        return True
+
+    def _evict_one(self, keep: CachedPrefix | None) -> bool:
+        pinned = keep.system if keep is not None else None
+        candidates = [
+            p
+            for p in self.prefixes
+            if p is not keep and p is not pinned and not (p.is_system and p.refs > 0)
+        ]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda p: p.last_used)
+        self.prefixes.remove(victim)
+        self._drop(victim.num_own)
+        if victim.system is not None:
+            victim.system.refs -= 1
+        self._free_id(victim.seq_id)
+        self.num_evictions += 1
+        return True
+
+    def _drop(self, num_cells: int) -> None:
+        """Computed cells leave the cache."""
+        self.num_used -= num_cells
+        self.num_committed -= num_cells
+
+    def _free_id(self, seq_id: int) -> None:
+        self._ops.append(CellOp("free", seq_id))
+        self._free_ids.append(seq_id)
+
+    # --- for the engine --------------------------------------------------------------------
+
+    def shrink(self, num_cells: int) -> None:
+        """Lower the capacity (llama.cpp found fewer cells than we counted)."""
+        self.num_cells = max(1, min(self.num_cells, num_cells))
+
+    @property
+    def has_ops(self) -> bool:
+        return bool(self._ops)
+
+    def take_ops(self) -> list[CellOp]:
+        """Cell operations decided since the last call, in order, for the runner to apply."""
+        ops, self._ops = self._ops, []
+        return ops

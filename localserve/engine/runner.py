@@ -1,0 +1,97 @@
+"""The one seam to the hardware: what the engine needs from a model runner.
+
+`localserve.runners.llama.LlamaRunner` implements it over llama.cpp; `localserve.runners.fake`
+has a deterministic fake for logic tests. Every llama_cpp call lives behind this protocol.
+
+A step is one call: `run(batch)` applies the KV cell operations the pool decided (free, trim,
+copy, in order), decodes the batch and returns one `Sampled` per sequence that wanted logits,
+with the token's text piece and whether it ends generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from localserve.engine.batch import Batch, Sampled
+from localserve.engine.kv import CellOp
+from localserve.engine.sampling_params import SamplingParams
+from localserve.protocol.snapshot import ModelInfo
+
+
+class KVCacheFull(Exception):
+    """llama_decode returned 1: no free KV slot for the batch; nothing was computed."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine process is down (llama.cpp aborted, a worker is gone) or restarting."""
+
+
+class DecodeError(Exception):
+    """llama_decode failed (aborted, invalid batch or a fatal error); the batch is lost."""
+
+
+class RunTimings(NamedTuple):
+    """Where the last `run` spent its time, in seconds (a public hook for benchmarks)."""
+
+    fill_s: float = 0.0  # copying the batch into llama.cpp's buffers
+    decode_s: float = 0.0  # inside llama_decode
+    sample_s: float = 0.0  # drawing the tokens
+
+
+class Runner(Protocol):
+    info: ModelInfo
+    timings: RunTimings  # of the last run()
+    supports_prefix_reuse: bool  # can a sequence be cut back to a prefix (trim_seq)?
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+    def new_sampler(self, params: SamplingParams) -> Any: ...
+
+    def free_sampler(self, sampler: Any) -> None: ...
+
+    def run(self, batch: Batch) -> list[Sampled]:
+        """Apply `batch.cell_ops` (first, whatever happens next: the pool already counts them
+        done), decode the batch, sample each item that wants logits.
+
+        Raises KVCacheFull (nothing computed; the cell operations stay applied), DecodeError or
+        ValueError (the batch is lost) and RuntimeError (a cell operation was refused).
+        """
+        ...
+
+    def free_seq(self, seq_id: int) -> None: ...
+
+    def trim_seq(self, seq_id: int, num_tokens: int) -> bool:
+        """Keep a sequence's positions [0, num_tokens); False if the memory cannot."""
+        ...
+
+    def copy_seq(self, src: int, dst: int, num_tokens: int) -> None:
+        """Share positions [0, num_tokens) of `src` with `dst` (free in a unified cache)."""
+        ...
+
+    def seq_num_cells(self, seq_id: int) -> int:
+        """Cells the cache holds for a sequence (from its position range)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def apply_cell_ops(runner: Runner, ops: list[CellOp]) -> None:
+    """Apply the pool's cell operations in the order they were decided.
+
+    All of them, even after a refusal (sequence ids get reused); then a refused trim (a memory
+    without partial removal) raises RuntimeError: the pool and the cache no longer agree.
+    """
+    refused = []
+    for op in ops:
+        if op.kind == "free":
+            runner.free_seq(op.seq_id)
+        elif op.kind == "copy":
+            runner.copy_seq(op.seq_id, op.dst, op.n)
+        elif not runner.trim_seq(op.seq_id, op.n):
+            refused.append(op)
+    if refused:
+        raise RuntimeError(f"llama.cpp could not trim sequences to a prefix: {refused}")

@@ -1,0 +1,339 @@
+"""The continuous-batching scheduler: which tokens go to the accelerator in the next step.
+
+Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
+1. cancelled sequences leave and free their cells;
+2. decode first: one token for every running sequence past its prompt, growing its cells,
+   evicting cached prefixes, then preempting the newest running sequence (by recompute), when
+   the pool is out;
+3. admission: waiting sequences enter round-robin across users, within the per-user cap, when
+   their prompt fits in uncommitted cells above the watermark; a sequence that starts with a
+   cached prefix it may see reuses those cells and prefills only the rest (localserve.engine.kv);
+4. prefill: chunks of prompts within `max_num_batched_tokens`, and while anyone decodes within
+   the adaptive budget that keeps the step near the ITL target (localserve.engine.budget); users
+   who got the least prefill recently go first, and within a user the shortest remaining prompt. A
+   prompt admitted in this step that fits whole has the step's prefill to itself (never two such
+   steps in a row): its first token waits for a short step, not for a chunk of a paste.
+   When several users' long prompts compete, or other users wait for room, the budget grows to
+   what gives every prompt being prefilled its first token within `ttft_target_ms` of its
+   arrival (earliest deadline first): past that point queue time, not smoothness, is what users
+   feel. One user's pastes alone never stretch the others' steps.
+The `static` policy admits only when the running set is empty, for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+from localserve.config import SchedulerConfig
+from localserve.engine.batch import Batch, BatchItem, Sampled
+from localserve.engine.budget import StepCostModel
+from localserve.engine.kv import KVPool
+from localserve.engine.sequence import FinishReason, Sequence, Status
+
+SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
+
+
+class Scheduler:
+    """Moves sequences between waiting and running and decides each step's batch."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVPool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.clock = clock
+        self.cost = StepCostModel()
+        self.running: list[Sequence] = []  # admission order: newest last
+        self.requeued: deque[Sequence] = deque()  # preempted; admitted before anyone else
+        self.waiting: dict[str, deque[Sequence]] = {}  # per user, arrival order
+        self._users: deque[str] = deque()  # round-robin order of users with waiting work
+        self._num_running: dict[str, int] = {}
+        self._served: dict[str, float] = {}  # recent prefill tokens per user (decaying)
+        self._cancelled: list[Sequence] = []
+        self._quick_step = False  # the last step's prefill was only newly admitted prompts
+        self.last_prefill_budget = max_num_batched_tokens
+
+    # --- requests in and out -------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence."""
+        if seq.user not in self.waiting:
+            self.waiting[seq.user] = deque()
+            self._users.append(seq.user)
+        self.waiting[seq.user].append(seq)
+
+    def cancel(self, seq: Sequence) -> None:
+        """Mark for removal; takes effect at the next schedule(), also mid-prefill."""
+        if not seq.is_finished and not seq.is_cancelled:
+            seq.is_cancelled = True
+            self._cancelled.append(seq)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.requeued) + sum(len(q) for q in self.waiting.values())
+
+    @property
+    def has_work(self) -> bool:
+        """Anything to run, cancel or apply (cell operations wait for the next batch)."""
+        return bool(
+            self.running or self.requeued or self.waiting or self._cancelled or self.kv.has_ops
+        )
+
+    def waiting_seqs(self) -> list[Sequence]:
+        """Waiting sequences in the order admission would take them (ignoring caps)."""
+        order = list(self.requeued)
+        queues = [list(self.waiting[u]) for u in self._users]
+        for i in range(max(map(len, queues), default=0)):
+            order += [q[i] for q in queues if i < len(q)]
+        return order
+
+    # --- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> Batch:
+        """Build the next step's batch."""
+        now = self.clock()
+        batch = Batch(finished=self._reap_cancelled(now))
+        self._schedule_decode(batch, now)
+        if not batch.preempted:  # cells are short: let running work drain first
+            self._admit(batch, now)
+        self._schedule_prefill(batch, now)
+        batch.cell_ops = self.kv.take_ops()  # everything decided since the last batch
+        return batch
+
+    def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> None:
+        """Account the step: computed cells, sampled tokens, finished and failed sequences."""
+        if batch.num_tokens:
+            self.cost.update(batch.num_decode_tokens, batch.num_prefill_tokens, step_s)
+        for item in batch.items:
+            self.kv.computed(item.seq, item.num_tokens)
+        now = self.clock()
+        for s in sampled:
+            if s.error:  # this sequence alone; the rest go on
+                self.fail([s.seq], f"sampling failed for this request: {s.error}")
+                continue
+            s.seq.append_token(s.token, s.piece, s.is_eog, now)
+            if s.seq.is_finished:
+                self._remove_running(s.seq, keep=True)
+
+    def fail(self, seqs: list[Sequence], message: str) -> None:
+        """End sequences with an error (an engine fault) and free their cells."""
+        now = self.clock()
+        for seq in seqs:
+            if seq.status is Status.RUNNING:
+                self._remove_running(seq)
+            seq.finish(FinishReason.ERROR, now, message)
+
+    def on_cache_full(self, batch: Batch) -> list[Sequence]:
+        """llama.cpp found no cells for `batch`: believe it, shrink the pool, preempt to fit.
+
+        Nothing in the batch was computed: it is emptied, and the preempted sequences (newest
+        first) join `batch.preempted`. Cached prefixes go first: if there were any, nobody is
+        preempted and the next step simply tries again.
+        """
+        victims = []
+        if not self.kv.evict_all():
+            self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
+            while self.running and self.kv.num_committed > self.kv.num_cells:
+                victims.append(self.running[-1])
+                self._preempt(victims[-1], self.clock())
+        batch.preempted += victims
+        _empty(batch)
+        return victims
+
+    def on_failed(self, batch: Batch, message: str) -> None:
+        """Decoding `batch` failed: its sequences end with the error (into `batch.finished`)."""
+        failed = list({id(item.seq): item.seq for item in batch.items}.values())
+        self.fail(failed, message)
+        batch.finished += failed
+        _empty(batch)
+
+    # --- phases ----------------------------------------------------------------------------
+
+    def _reap_cancelled(self, now: float) -> list[Sequence]:
+        reaped, self._cancelled = self._cancelled, []
+        for seq in reaped:
+            if seq.status is Status.RUNNING:
+                self._remove_running(seq, keep=True)  # what it computed may serve a retry
+            elif seq in self.requeued:
+                self.requeued.remove(seq)
+            else:
+                self._remove_waiting(seq)
+            seq.finish(FinishReason.CANCELLED, now)
+        return reaped
+
+    def _schedule_decode(self, batch: Batch, now: float) -> None:
+        # decode: one token per running sequence past its prompt, oldest first
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or seq.is_prefilling or seq.num_computed == 0:
+                continue
+            while not self.kv.ensure(seq, seq.num_computed + 1):  # evicts cached prefixes first
+                victim = self.running[-1]  # newest loses its cells, recomputed later
+                self._preempt(victim, now)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.items.append(BatchItem(seq, seq.num_computed, 1, True))
+                batch.num_decode_tokens += 1
+
+    def _admit(self, batch: Batch, now: float) -> None:
+        if self.config.policy == "static" and self.running:
+            return  # a fixed batch runs to the end of its slowest member
+        while len(self.running) < self.max_num_seqs:
+            seq = self._next_candidate()
+            if seq is None:
+                return
+            # with nothing running there is nothing to protect: no watermark
+            if not self.kv.try_admit(seq, self.kv.match(seq), watermark=bool(self.running)):
+                if not self.running and len(seq.tokens) > self.kv.num_cells:
+                    self._refuse(seq, now, batch)  # would never fit, even alone
+                    continue
+                return
+            self._take(seq)
+            if seq.num_preemptions == 0:
+                seq.cached_tokens = seq.num_computed  # reused from a cached prefix
+                batch.first_admitted.append(seq)
+            seq.status = Status.RUNNING
+            seq.mark_scheduled(now)
+            self.running.append(seq)
+            self._num_running[seq.user] = self._num_running.get(seq.user, 0) + 1
+            batch.admitted.append(seq)
+
+    def _schedule_prefill(self, batch: Batch, now: float) -> None:
+        # prefill: chunks within what is left of the step's token budget
+        in_batch = {id(item.seq) for item in batch.items}
+        prefills = [s for s in self.running if id(s) not in in_batch]
+        budget = self._prefill_budget(batch.num_decode_tokens, prefills, now)
+        self.last_prefill_budget = budget
+        prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
+        self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
+        # prompts admitted now that fit whole go first, alone: a new prompt's first token waits
+        # for a short step, not for a chunk of someone's paste (never two such steps in a row,
+        # so the paste always advances)
+        admitted = {id(s) for s in batch.admitted}
+        quick = {id(s) for s in prefills if id(s) in admitted and s.num_remaining <= budget}
+        if self._quick_step or sum(s.num_remaining for s in prefills if id(s) in quick) > budget:
+            quick = set()
+        self._quick_step = bool(quick)
+        if quick:
+            prefills = [s for s in prefills if id(s) in quick]
+        for seq in prefills:
+            if budget <= 0:
+                break
+            n = min(seq.num_remaining, budget)
+            batch.items.append(BatchItem(seq, seq.num_computed, n, n == seq.num_remaining))
+            batch.num_prefill_tokens += n
+            budget -= n
+            self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+
+    def _prefill_budget(self, num_decode: int, prefills: list[Sequence], now: float) -> int:
+        """The step's prompt tokens: what is left of the batch; while anyone decodes (continuous
+        policy) what keeps the step within the ITL target, or meets TTFT deadlines when several
+        long prompts compete or requests wait for room."""
+        budget = self.max_num_batched_tokens - num_decode
+        if not num_decode or self.config.policy != "continuous":
+            return budget
+        target = self.config.itl_target_ms / 1e3
+        floor = self.config.min_prefill_tokens
+        itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
+        # one user's paste (or pastes) never stalls the others' streams; several users' pastes,
+        # or others waiting for room, may: TTFT first
+        pasting = {s.user for s in prefills if s.num_remaining > itl_budget}
+        if len(pasting) > 1 or self._waiting_for_room(pasting):
+            rate = self._deadline_rate(prefills, now)
+            itl_budget = max(itl_budget, self.cost.chunk_for_rate(num_decode, rate, budget))
+        return min(budget, itl_budget)
+
+    def _waiting_for_room(self, pasting: set[str]) -> bool:
+        """Whether a user other than those whose prompts are being prefilled waits for room
+        (cells, slots), not for their own cap: only they are helped, and fairly, when those
+        prompts finish sooner."""
+        cap = self.config.max_running_per_user
+        if any(s.user not in pasting for s in self.requeued):
+            return True
+        return any(
+            user not in pasting and self._num_running.get(user, 0) < cap for user in self.waiting
+        )
+
+    def _deadline_rate(self, prefills: list[Sequence], now: float) -> float:
+        """Prompt tokens per second that give every prompt being prefilled its first token
+        within `ttft_target_ms` of its arrival (earliest deadline first); infinite once a
+        deadline is due before the step would end."""
+        target_s, step_s = self.config.ttft_target_ms / 1e3, self.config.itl_target_ms / 1e3
+        need, rate = 0, 0.0
+        for seq in sorted(prefills, key=lambda s: s.arrival_time):
+            need += seq.num_remaining
+            left = seq.arrival_time + target_s - now
+            if left <= step_s:
+                return math.inf
+            rate = max(rate, need / left)
+        return rate
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _next_candidate(self) -> Sequence | None:
+        """Preempted sequences first, then round-robin over users under their cap."""
+        if self.requeued:
+            return self.requeued[0]
+        cap = self.config.max_running_per_user
+        for _ in range(len(self._users)):
+            user = self._users[0]
+            if self._num_running.get(user, 0) < cap:
+                return self.waiting[user][0]
+            self._users.rotate(-1)
+        return None
+
+    def _take(self, seq: Sequence) -> None:
+        if self.requeued and self.requeued[0] is seq:
+            self.requeued.popleft()
+            return
+        self.waiting[seq.user].popleft()
+        self._users.rotate(-1)  # this user had its turn
+        if not self.waiting[seq.user]:
+            self._drop_user(seq.user)
+
+    def _refuse(self, seq: Sequence, now: float, batch: Batch) -> None:
+        self._take(seq)
+        message = f"needs {len(seq.tokens)} KV cells; the cache has {self.kv.num_cells}"
+        seq.finish(FinishReason.ERROR, now, message)
+        batch.finished.append(seq)
+
+    def _remove_waiting(self, seq: Sequence) -> None:
+        queue = self.waiting.get(seq.user)
+        if queue and seq in queue:
+            queue.remove(seq)
+            if not queue:
+                self._drop_user(seq.user)
+
+    def _drop_user(self, user: str) -> None:
+        del self.waiting[user]
+        self._users.remove(user)
+
+    def _remove_running(self, seq: Sequence, keep: bool = False) -> None:
+        """Out of the running set; with `keep` its cells stay as a cached prefix."""
+        self.running.remove(seq)
+        self._num_running[seq.user] -= 1
+        if not self._num_running[seq.user]:
+            del self._num_running[seq.user]
+        self.kv.release(seq, keep)
+
+    def _preempt(self, seq: Sequence, now: float) -> None:
+        self._remove_running(seq)
+        seq.mark_preempted(now)
+        self.requeued.appendleft(seq)
+
+
+def _empty(batch: Batch) -> None:
+    """Nothing of the batch was computed."""
+    batch.items = []
+    batch.num_decode_tokens = batch.num_prefill_tokens = 0

@@ -1,0 +1,90 @@
+"""The snapshot: one look at the engine, built on its thread between steps.
+
+Everything the monitor, the diagnosis and `/metrics` show comes from here, with the derived
+numbers (live cells, each row's own cells, a request's client id) computed once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from localserve.engine.sequence import Sequence
+from localserve.protocol.snapshot import SeqRow, Snapshot, WaitingRow
+
+if TYPE_CHECKING:
+    from localserve.engine.engine import Engine
+
+
+def build_snapshot(engine: Engine) -> Snapshot:
+    """Everything the monitor and /metrics show; call on the engine thread."""
+    m, sched, kv, now = engine.metrics, engine.scheduler, engine.kv, engine.clock()
+    cached = kv.num_cached
+    prompt_tps, gen_tps = m.throughput()
+    return Snapshot(
+        uptime_s=now - m.start_time,
+        model=engine.runner.info,
+        policy=engine.config.policy,
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        itl_target_s=engine.config.itl_target_ms / 1e3,
+        running=len(sched.running),
+        waiting=sched.num_waiting,
+        kv_used=kv.num_used,
+        kv_committed=kv.num_committed,
+        kv_total=kv.num_cells,
+        kv_cached=cached,
+        kv_live=max(0, kv.num_committed - cached),
+        kv_live_used=max(0, kv.num_used - cached),
+        cached_prefixes=len(kv.prefixes),
+        free_seq_ids=kv.num_free_seq_ids,
+        window_s=m.window_s,
+        **m.latency(),
+        prompt_tokens_per_s=prompt_tps,
+        generation_tokens_per_s=gen_tps,
+        steps=m.step_stats(sched.last_prefill_budget),
+        counters=msgspec.structs.replace(m.counters, prefix_evictions=kv.num_evictions),
+        seqs=[seq_row(s, now) for s in sched.running],
+        waiting_seqs=[waiting_row(i, s, now) for i, s in enumerate(sched.waiting_seqs(), 1)],
+        events=list(m.events),
+        histograms=m.export_histograms(),
+    )
+
+
+def seq_row(seq: Sequence, now: float) -> SeqRow:
+    ttft = seq.timings_s()[1]
+    first, last = seq.first_token_time, seq.last_token_time
+    n = seq.num_output_tokens
+    return SeqRow(
+        request_id=seq.request_id,
+        client_id=seq.client_id,
+        user=seq.user,
+        phase="prefill" if seq.is_prefilling or seq.num_computed == 0 else "decode",
+        prompt_tokens=seq.num_prompt_tokens,
+        computed_tokens=seq.num_computed,
+        output_tokens=n,
+        cells=seq.num_cells,
+        own_cells=seq.num_cells - seq.num_system,
+        own_computed=max(0, seq.num_computed - seq.num_system),
+        cached_tokens=seq.cached_tokens,
+        tokens_per_s=(n - 1) / (last - first) if n > 1 and last > first else None,
+        ttft_s=None if math.isnan(ttft) else ttft,
+        last_itl_s=seq.last_itl_s,
+        since_last_token_s=now - last if last is not None else None,
+        num_preemptions=seq.num_preemptions,
+    )
+
+
+def waiting_row(position: int, seq: Sequence, now: float) -> WaitingRow:
+    since = seq.queued_time if seq.queued_time is not None else now
+    return WaitingRow(
+        position=position,
+        request_id=seq.request_id,
+        client_id=seq.client_id,
+        user=seq.user,
+        prompt_tokens=seq.num_prompt_tokens,
+        waited_s=seq.queue_s + now - since,
+        is_preempted=seq.num_preemptions > 0,
+    )

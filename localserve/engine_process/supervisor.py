@@ -1,0 +1,857 @@
+"""The engine in a process of its own, watched: llama.cpp may abort or hang; the server stays up.
+
+llama.cpp ends its process when something goes badly wrong inside it (SIGABRT: an RPC worker
+that died, an assertion), and waits forever for an RPC worker that stopped answering. So `serve`
+runs the engine (the runner, the scheduler, the metrics: all of localserve.engine.engine) in a child
+process, and the server's process keeps what users see: connections, the queue's bounds, the
+usage record, the monitor. `EngineProcess` has the entry points `Server` uses of `Engine`
+(`add_request`, `cancel`, `reject`, `snapshot`, `on_events`); `Vocabulary` has those of the
+runner (`tokenize`, `apply_chat_template`, `info`, `where`): prompts are tokenized here, with a
+vocabulary-only load of the model, and only token ids cross.
+
+    server process                                  engine process (spawned)
+    Server -> EngineProcess --- Pipe, msgpack ---> reader -> Engine (its own thread) -> llama.cpp
+              ^ watchdog (step time, exit)  <--- events, snapshots --'
+
+The watchdog: the engine thread writes when each step starts into shared memory; a step that
+runs past `step_timeout_s` (or a load past `load_timeout_s`) gets the process killed. Whether it
+died or was killed, every request in flight gets its `done` with `finish_reason = "error"`
+(code `unavailable`), new chats are refused with `unavailable`, the snapshot says why
+(`engine_problem`, and each worker's state), and a new process loads the model again as soon as
+every RPC worker answers llama.cpp's hello (`rpc.probe`, in Python: it cannot abort us).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import logging
+import mmap
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import msgspec
+
+from localserve.config import Config, ConfigError
+from localserve.engine.engine import check_prompt
+from localserve.engine.events import Admitted, Done, Event, EventSink, Token
+from localserve.engine.runner import EngineUnavailable
+from localserve.engine.sampling_params import SamplingParams
+from localserve.protocol.snapshot import ModelInfo, Snapshot, Worker
+
+log = logging.getLogger("localserve.engine_process.supervisor")
+
+WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
+# a step may take step_timeout_s plus this many times the longest step so far (a slow machine's
+# full prefill chunk sets its own scale)
+LONGEST_STEP_FACTOR = 4
+STUCK_S = 2.0  # a snapshot asked during a step this long answers from the last one
+# ... and says the engine is stuck once the step has run this long and twice the longest before
+STUCK_PROBLEM_S = 5.0
+# while nothing comes from the engine for HEARTBEAT_S, the watchdog asks it for a snapshot; an
+# engine idle (no step running) that stays silent for SILENCE_S is stopped (SIGSTOP, a dead
+# reader: nothing else would notice)
+HEARTBEAT_S = 1.0
+SILENCE_S = 5.0
+WORKER_CHECK_S = 1.0  # while serving, a worker that refuses connections is gone: reload early
+PROBE_TIMEOUT_S = 2.0  # a worker that does not answer its hello in this long is "not answering"
+RETRY_S = (1.0, 2.0, 5.0, 10.0)  # between restart attempts while workers are missing
+
+
+# --- messages over the pipe (msgpack): server -> engine ----------------------------------------
+
+
+class Add(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    tokens: list[int]
+    params: SamplingParams
+    user: str
+    system_tokens: int
+    system_is_global: bool
+    client_id: str | None
+
+
+class Cancel(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+
+
+class Reject(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+class Ask(msgspec.Struct, tag=True, array_like=True):
+    number: int  # the snapshot's number: its answer carries it back
+
+
+class Stop(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+Command = Add | Cancel | Reject | Ask | Stop
+
+
+class _Start(msgspec.Struct):
+    """The first message: what to load."""
+
+    config: Config
+    name: str
+
+
+# --- engine -> server ---------------------------------------------------------------------------
+
+
+class Loaded(msgspec.Struct, tag=True):
+    info: ModelInfo
+    where: str  # the start-up block's lines
+
+
+class Failed(msgspec.Struct, tag=True):
+    message: str  # loading failed in Python (a missing file, a context llama.cpp refused)
+
+
+class Events(msgspec.Struct, tag=True):
+    events: list[Event]
+
+
+class Answer(msgspec.Struct, tag=True):
+    number: int
+    snapshot: Snapshot | None
+    error: str = ""
+
+
+Message = Loaded | Failed | Events | Answer
+
+
+@dataclass
+class _Flight:
+    """A request in the engine process, as far as this side knows it."""
+
+    prompt_tokens: int
+    added: float  # time.monotonic() here, as the timings below
+    admitted: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    completion_tokens: int = 0
+
+    def timings(self, now: float) -> dict[str, float | None]:
+        """The request's timings as seen from this side (for a `done` of our own)."""
+
+        def ms(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else (end - start) * 1e3
+
+        n, first, last = self.completion_tokens, self.first_token, self.last_token
+        return {
+            "queue_ms": ms(self.added, self.admitted),
+            "ttft_ms": ms(self.added, first),
+            "itl_ms": ms(first, last) / (n - 1) if n > 1 and first and last else None,
+            "e2e_ms": ms(self.added, now),
+        }
+
+
+class Vocabulary:
+    """The runner's text side, in the server's process: prompts become tokens here."""
+
+    def __init__(self, vocab, info: ModelInfo, where: str) -> None:
+        self._vocab = vocab  # llama_runner.VocabOnly
+        self.info = info
+        self.where_text = where  # the engine process's start-up block
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self._vocab.tokenize(text, add_special)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return self._vocab.apply_chat_template(messages)
+
+    def where(self) -> str:
+        return self.where_text
+
+    def close(self) -> None:
+        self._vocab.close()
+
+
+class EngineProcess:
+    """The engine in a supervised child process, with `Engine`'s entry points.
+
+    `start()` loads the model there (raising ConfigError when it cannot: an unreachable worker,
+    a file llama.cpp cannot read) and starts the watchdog; `stop()` ends both. Thread-safe.
+    """
+
+    def __init__(self, config: Config, name: str) -> None:
+        self.config, self.name = config, name
+        self.model = config.models[name]
+        self.on_events: EventSink = lambda events: None
+        self.runner: Vocabulary | None = None  # once started
+        self.problem = "starting"  # "" while it serves
+        self.workers = [Worker(endpoint, True) for endpoint in self.model.rpc_workers]
+        self.restarts = 0
+        # when the engine's running step started (0: none runs), in memory both processes map
+        self._clock_file = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
+        self._clock_file.truncate(16)
+        self._clock_map = mmap.mmap(self._clock_file.fileno(), 16)
+        # [0]: when the running step started (0: none runs); [1]: the longest step so far
+        self._busy = (ctypes.c_double * 2).from_buffer(self._clock_map)
+        self._lock = threading.Lock()  # the state below
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (conn, data) for the writer
+        self._sender: threading.Thread | None = None
+        self._send_lock = threading.Lock()  # writes to the pipe (never taken with _lock held)
+        self._process = None
+        self._conn = None
+        self._generation = 0  # of the process: a reader of an older one delivers nothing
+        self._loaded: Loaded | Failed | None = None
+        self._flights: dict[str, _Flight] = {}
+        self._asked: dict[int, Future[Snapshot]] = {}
+        self._numbers = itertools.count(1)
+        self._last: Snapshot | None = None
+        self._stopping = False
+        self._watchdog: threading.Thread | None = None
+        self._state = "down"  # loading | serving | down
+        self._since = 0.0  # when the state began
+        self._next_try = 0.0
+        self._attempts = 0  # restarts tried since it went down
+        self._why = ""  # why it went down (self.problem adds the workers that are missing)
+        self._fault = ""  # set by a reader that failed: the watchdog takes the engine down
+        # when the engine was last heard from, last seen in a step, pinged, its workers checked
+        self._heard = self._quiet_since = self._pinged = self._checked = 0.0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> EngineProcess:
+        from localserve.runners.llama import VocabOnly
+        from localserve.runners.models import resolve_model
+
+        path = resolve_model(self.name, self.model)  # the download is said here, not there
+        for worker in self._probe_all():
+            if not worker.up:
+                raise ConfigError(
+                    f"models.{self.name}.rpc_workers: RPC worker {worker.endpoint}: "
+                    f"{worker.detail}. Start `localserve worker` there (with --allow-network "
+                    "and --host for another machine) or remove it from the list"
+                )
+        self._start_sender()
+        self._launch()
+        deadline = time.monotonic() + self.config.server.load_timeout_s
+        while self._state == "loading" and time.monotonic() < deadline:
+            if self._loaded is not None or self._process.poll() is not None:
+                break
+            time.sleep(0.02)
+        loaded = self._loaded
+        if not isinstance(loaded, Loaded):
+            why = loaded.message if isinstance(loaded, Failed) else self._death()
+            self._kill()
+            self._outbox.put(None)  # the writer ends
+            raise ConfigError(f"models.{self.name}: the engine could not load the model: {why}")
+        self.runner = Vocabulary(VocabOnly(path, self.model), loaded.info, loaded.where)
+        self._serving()
+        self._last = self.snapshot().result(60)  # what a snapshot says while it is down
+        self._watchdog = threading.Thread(
+            target=self._watch, name="localserve-watchdog", daemon=True
+        )
+        self._watchdog.start()
+        return self
+
+    def _start_sender(self) -> None:
+        self._sender = threading.Thread(
+            target=self._send_loop, name="localserve-engine-writer", daemon=True
+        )
+        self._sender.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the engine process (requests in flight are left as they are) and the watchdog."""
+        with self._lock:  # from here on no new process is started (_launch looks under it)
+            self._stopping = True
+        self._send(self._conn, msgspec.msgpack.encode(Stop()))  # after what is queued
+        self._outbox.put(None)  # then the writer ends
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout)
+        self._kill()
+        if self._watchdog is not None:
+            self._watchdog.join(2)
+        if self._sender is not None:
+            self._sender.join(2)
+        if self.runner is not None:
+            self.runner.close()
+        del self._busy
+        self._clock_map.close()
+        self._clock_file.close()
+
+    def _launch(self) -> None:
+        """A new engine process, loading the model (its Loaded or Failed comes to the reader)."""
+        # a program of its own (`python -m localserve.engine_process.supervisor`), not
+        # multiprocessing: fork
+        # would copy the server's threads, spawn would import the caller's main module again
+        ours, theirs = socket.socketpair()
+        root = logging.getLogger()
+        files = [h.baseFilename for h in root.handlers if isinstance(h, logging.FileHandler)]
+        fds = (theirs.fileno(), self._clock_file.fileno())
+        levels = (root.level, logging.getLogger("llama_cpp").getEffectiveLevel())
+        numbers = (*fds, *levels, os.getpid())  # the pid: the child's check that we are there
+        argv = [sys.executable, "-m", "localserve.engine_process.supervisor", *map(str, numbers)]
+        # its output goes where ours does: the log file of a full-screen app, else stderr
+        output = open(files[0], "ab") if files else None  # noqa: SIM115 (closed below)
+        with self._lock:
+            if self._stopping:  # stop() came while the watchdog was probing the workers
+                ours.close()
+                theirs.close()
+                if output is not None:
+                    output.close()
+                return
+            self._busy[0] = self._busy[1] = 0.0
+            self._generation += 1
+            self._loaded = None
+            self._fault = ""
+            self._state, self._since = "loading", time.monotonic()
+            try:
+                self._process = subprocess.Popen(
+                    argv,
+                    pass_fds=fds,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output or sys.stderr.fileno(),
+                    stderr=output or None,
+                )
+            finally:
+                theirs.close()
+                if output is not None:
+                    output.close()
+            self._conn = Connection(ours.detach())
+            self._conn.send_bytes(msgspec.msgpack.encode(_Start(self.config, self.name)))
+        threading.Thread(
+            target=self._read,
+            args=(self._conn, self._generation),
+            name="localserve-engine-reader",
+            daemon=True,
+        ).start()
+
+    def _serving(self) -> None:
+        with self._lock:
+            self._state, self._since = "serving", time.monotonic()
+            self._heard = self._quiet_since = self._since
+            self.problem = ""
+            self.workers = [Worker(w.endpoint, True) for w in self.workers]
+        log.info("engine process %d serving %s", self._process.pid, self.name)
+
+    # --- the entry points the server uses ------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        user: str = "",
+        system_tokens: int = 0,
+        system_is_global: bool = False,
+        client_id: str | None = None,
+    ) -> None:
+        """As Engine.add_request; raises EngineUnavailable while the engine is down."""
+        check_prompt(len(prompt_tokens), self.runner.info.n_ctx)
+        add = Add(
+            request_id, prompt_tokens, params, user, system_tokens, system_is_global, client_id
+        )
+        data = msgspec.msgpack.encode(add)
+        with self._lock:
+            if self.problem:
+                raise EngineUnavailable(self.problem)
+            if request_id in self._flights:
+                raise ValueError(f"duplicate request id {request_id!r}")
+            self._flights[request_id] = _Flight(len(prompt_tokens), time.monotonic())
+            conn = self._conn
+        self._send(conn, data)  # if it died a moment ago, the watchdog fails the flight
+
+    def cancel(self, request_id: str) -> None:
+        self._command(Cancel(request_id))
+
+    def reject(self) -> None:
+        self._command(Reject())
+
+    def snapshot(self) -> Future[Snapshot]:
+        """A Future of the engine's next snapshot; while it is down, of the last one, emptied,
+        with what is wrong."""
+        future: Future[Snapshot] = Future()
+        started, longest = self._busy
+        with self._lock:
+            if self.problem:
+                future.set_result(self._down_snapshot())
+                return future
+            running_s = time.monotonic() - started if started else 0.0
+            if running_s > STUCK_S:  # no answer before the step ends: the last one, and why
+                future.set_result(self._stuck_snapshot(running_s, longest))
+                return future
+            number = next(self._numbers)
+            self._asked[number] = future
+            conn = self._conn
+        self._send(conn, msgspec.msgpack.encode(Ask(number)))  # if gone, _down answers it
+        return future
+
+    def _command(self, command: Command) -> None:
+        with self._lock:
+            conn = None if self.problem else self._conn
+        self._send(conn, msgspec.msgpack.encode(command))  # gone: nothing to cancel
+
+    def _send(self, conn: Connection | None, data: bytes) -> None:
+        """Queue a message for the engine process: the caller (the event loop, the watchdog)
+        never waits on a full pipe, as it would on a stopped (SIGSTOP) engine process."""
+        if conn is not None:
+            self._outbox.put((conn, data))
+
+    def _send_loop(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            self._write(*item)
+
+    def _write(self, conn: Connection | None, data: bytes) -> bool:
+        """Send to the engine process; False when it is gone. Never with _lock held: the reader
+        needs that lock to drain what the engine sends, and a full pipe each way would wait on
+        each other."""
+        if conn is None:
+            return False
+        with self._send_lock:
+            try:
+                conn.send_bytes(data)
+            except (OSError, ValueError):  # closed, or the process died
+                return False
+        return True
+
+    def _stuck_snapshot(self, running_s: float, longest: float) -> Snapshot:
+        """The last snapshot, saying so once the step running now is far past its usual time
+        (called with the lock held)."""
+        if running_s < max(STUCK_PROBLEM_S, 2 * longest):
+            return self._last
+        limit = self._step_limit(longest)
+        problem = (
+            f"a step has been running for {running_s:.0f} s (the longest before took "
+            f"{longest:.2g} s); the engine is stopped at {limit:.3g} s"
+        )
+        return msgspec.structs.replace(self._last, engine_problem=problem)
+
+    def _down_snapshot(self) -> Snapshot:
+        """The last snapshot with nothing running or waiting (called with the lock held)."""
+        last = self._last
+        assert last is not None, "a snapshot before the engine ever loaded"
+        return msgspec.structs.replace(
+            last,
+            running=0,
+            waiting=0,
+            kv_used=0,
+            kv_committed=0,
+            kv_cached=0,
+            kv_live=0,
+            kv_live_used=0,
+            cached_prefixes=0,
+            seqs=[],
+            waiting_seqs=[],
+            engine_problem=self.problem,
+            workers=list(self.workers),
+        )
+
+    # --- the reader: messages from the engine process -----------------------------------------
+
+    def _read(self, conn, generation: int) -> None:
+        """Hand on what the engine process sends. If this thread fails, the engine goes down
+        (the watchdog restarts it): nothing it sent would reach anyone again."""
+        decoder = msgspec.msgpack.Decoder(Message)
+        try:
+            while True:
+                try:
+                    data = conn.recv_bytes()
+                except (EOFError, OSError):  # the watchdog sees it end
+                    return
+                self._heard = time.monotonic()
+                self._handle(decoder.decode(data), generation)
+        except Exception as e:
+            log.exception("engine reader failed")
+            with self._lock:
+                if generation == self._generation:
+                    self._fault = f"the server stopped hearing the engine ({type(e).__name__}: {e})"
+        finally:
+            with self._send_lock:  # not while another thread writes to it
+                conn.close()
+
+    def _handle(self, message: Message, generation: int) -> None:
+        if isinstance(message, Events):
+            self._deliver(message.events, generation)
+        elif isinstance(message, Answer):
+            with self._lock:
+                future = self._asked.pop(message.number, None)
+                snap = message.snapshot
+                if snap is not None and generation == self._generation:
+                    snap = self._last = msgspec.structs.replace(snap, workers=list(self.workers))
+            if future is None:
+                return
+            if message.snapshot is None:
+                _settle(future, error=RuntimeError(message.error))
+            else:
+                _settle(future, snap)
+        elif generation == self._generation:
+            self._loaded = message
+
+    def _deliver(self, events: list[Event], generation: int) -> None:
+        """Hand events on, counting tokens (for a `done` of our own if the process dies)."""
+        with self._lock:
+            if generation != self._generation:
+                return  # its requests have had their `done` already
+            keep, ended = [], {}
+            now = time.monotonic()
+            for event in events:
+                flight = self._flights.get(event.request_id)
+                if flight is None:
+                    continue
+                if isinstance(event, Token):
+                    flight.completion_tokens += 1
+                    flight.first_token = flight.first_token or now
+                    flight.last_token = now
+                elif isinstance(event, Done):
+                    ended[event.request_id] = self._flights.pop(event.request_id)
+                elif isinstance(event, Admitted):
+                    flight.admitted = flight.admitted or now
+                keep.append(event)
+        if not keep:
+            return
+        try:
+            self.on_events(keep)
+        except Exception:  # their `done`s did not get through: the watchdog's will
+            with self._lock:
+                if generation == self._generation:
+                    self._flights.update(ended)
+            raise
+
+    # --- the watchdog -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            if self._stopping:
+                # not before the process has ended: it gets SIGKILL (PR_SET_PDEATHSIG) when the
+                # thread that started it ends, and after a restart that is this one
+                if self._process is None or self._process.poll() is not None:
+                    return
+                continue
+            try:
+                self._look()
+            except Exception:  # the watchdog must keep watching, whatever it met
+                log.exception("engine watchdog")
+
+    def _look(self) -> None:
+        """One look at the engine process: is it alive, within its step, answering?"""
+        server = self.config.server
+        now = time.monotonic()
+        process, state = self._process, self._state
+        if state == "serving":
+            if why := self._what_is_wrong(now):
+                self._kill()
+                self._down(why)
+        elif state == "loading":
+            if isinstance(self._loaded, Loaded):
+                loaded = self._loaded  # a worker may lend other devices now
+                self.runner.info, self.runner.where_text = loaded.info, loaded.where
+                self._serving()
+                self.restarts += 1
+                log.warning("engine process restarted; serving again")
+            elif isinstance(self._loaded, Failed) or process.poll() is not None:
+                why = self._loaded.message if self._loaded else self._death()
+                self._kill()
+                self._down(f"reloading failed: {why}")
+            elif now - self._since > server.load_timeout_s:
+                self._kill()
+                self._down(f"loading took longer than {server.load_timeout_s:g} s")
+        elif now >= self._next_try:
+            self._try_restart()
+
+    def _what_is_wrong(self, now: float) -> str:
+        """Why the serving engine must be stopped now; "" while all is well."""
+        server = self.config.server
+        started, longest = self._busy
+        limit = self._step_limit(longest)
+        if self._fault:  # first: the process ends as the reader closes its end
+            return self._fault
+        if self._process.poll() is not None:
+            return self._death()
+        if started and now - started > limit:
+            return (
+                f"a step took longer than {limit:.3g} s (step_timeout_s "
+                f"{server.step_timeout_s:g} + {LONGEST_STEP_FACTOR} × the longest "
+                f"step, {longest:.2g} s), so the engine process was stopped"
+            )
+        if started:  # a step runs: its time is watched above, not the silence
+            self._quiet_since = now
+            return ""
+        quiet = now - max(self._heard, self._quiet_since)
+        if quiet > SILENCE_S:
+            return f"the engine process stopped answering (silent for {quiet:.0f} s while idle)"
+        if quiet > HEARTBEAT_S and now - self._pinged > HEARTBEAT_S:
+            self._pinged = now
+            self._ping()
+        if min(now - self._quiet_since, now - self._checked) > WORKER_CHECK_S:  # idle
+            self._checked = now
+            return self._gone_worker()
+        return ""
+
+    def _step_limit(self, longest: float) -> float:
+        """How long a step may run before the engine process is stopped."""
+        return self.config.server.step_timeout_s + LONGEST_STEP_FACTOR * longest
+
+    def _ping(self) -> None:
+        """Ask the engine for a snapshot nobody waits for: its answer is the heartbeat."""
+        with self._lock:
+            number = next(self._numbers)
+            self._asked[number] = Future()
+            conn = self._conn
+        self._send(conn, msgspec.msgpack.encode(Ask(number)))
+
+    def _gone_worker(self) -> str:
+        """A worker whose port refuses connections has gone (llama.cpp would abort at the next
+        step): say so now. Only a refusal counts: a live worker serving our engine does not
+        answer anyone else's hello, and one that stopped (SIGSTOP) still accepts."""
+        from localserve.runners.rpc import refuses
+
+        for endpoint in self.model.rpc_workers:
+            if why := refuses(endpoint):
+                return f"RPC worker {endpoint}: {why}"
+        return ""
+
+    def _death(self) -> str:
+        """Why the engine process ended, in words."""
+        process = self._process
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(1)
+        code = process.returncode
+        if code is None:
+            return "the engine process stopped answering"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                name = signal.Signals(-code).name
+                if name == "SIGABRT":
+                    return "llama.cpp aborted the engine process (SIGABRT)"
+                return f"the engine process was killed ({name})"
+        return f"the engine process exited with status {code}"
+
+    def _kill(self) -> None:
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
+
+    def _down(self, why: str) -> None:
+        """The engine process is gone: say why, fail what was in flight, try again later."""
+        if self._stopping:
+            return
+        workers = self._probe_all()
+        with self._lock:
+            self._generation += 1  # the old reader delivers nothing more
+            self._why = why
+            problem = self._set_workers(workers)
+            # a restart whose load failed waits longer each time (a missing file, no memory:
+            # no use loading again every second); one that died while serving, 1 s
+            self._attempts = self._attempts + 1 if self._state == "loading" else 0
+            self._state, self._since = "down", time.monotonic()
+            self._next_try = self._since + RETRY_S[min(self._attempts, len(RETRY_S) - 1)]
+            flights, self._flights = self._flights, {}
+            asked, self._asked = self._asked, {}
+            self._conn = None  # the reader closes it when the process's end reaches it
+            down = self._down_snapshot()
+        log.error("engine down: %s; %d requests in flight fail", problem, len(flights))
+        message = f"the model stopped: {problem}. Try again shortly"
+        events: list[Event] = [_failed(rid, flight, message) for rid, flight in flights.items()]
+        try:  # first: nothing below may keep a request from ending
+            if events:
+                self.on_events(events)
+        finally:
+            for future in asked.values():
+                _settle(future, down)
+
+    def _try_restart(self) -> None:
+        workers = self._probe_all()
+        if not all(w.up for w in workers):
+            self._attempts += 1
+            wait = RETRY_S[min(self._attempts, len(RETRY_S) - 1)]
+            self._next_try = time.monotonic() + wait
+            with self._lock:
+                self._set_workers(workers)
+            return
+        with self._lock:
+            self._why = f"restarting after: {self._why}"
+            self._set_workers(workers)
+        log.warning("engine process: loading the model again")
+        self._launch()
+
+    def _set_workers(self, workers: list[Worker]) -> str:
+        """Workers as just probed; the problem says why it is down and who is missing (called
+        with the lock held)."""
+        self.workers = workers
+        gone = [f"RPC worker {w.endpoint}: {w.detail}" for w in workers if not w.up]
+        self.problem = "; ".join([self._why, *gone])
+        return self.problem
+
+    def _probe_all(self) -> list[Worker]:
+        from localserve.runners.rpc import probe
+
+        workers = []
+        for endpoint in self.model.rpc_workers:
+            why = probe(endpoint, PROBE_TIMEOUT_S)
+            workers.append(Worker(endpoint, why is None, why or ""))
+        return workers
+
+
+def _settle(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Resolve a Future another thread may have given up on (cancelled): never raises."""
+    try:
+        if not future.set_running_or_notify_cancel():
+            return  # the asker gave up: nobody is waiting for it
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except Exception:  # already resolved: nothing more to say to anyone
+        log.debug("a snapshot's Future was already resolved", exc_info=True)
+
+
+def _failed(request_id: str, flight: _Flight, message: str) -> Done:
+    timings = flight.timings(time.monotonic())
+    return Done(
+        request_id,
+        "error",
+        prompt_tokens=flight.prompt_tokens,
+        completion_tokens=flight.completion_tokens,
+        cached_tokens=0,
+        timings=timings,
+        error=message,
+        error_code="unavailable",
+    )
+
+
+# --- the engine process --------------------------------------------------------------------------
+
+
+def _engine_main(
+    conn: Connection, clock_fd: int, level: int, llama_level: int, parent: int
+) -> None:
+    """The child: load the model, run the engine, answer the pipe until told to stop."""
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the server decides
+    # when the engine ends (after its grace period), so the engine ignores both
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent(parent)
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would print gdb's attempt
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llama_cpp").setLevel(llama_level)  # as the server's (cli.py)
+    clock = mmap.mmap(clock_fd, 16)
+    busy = (ctypes.c_double * 2).from_buffer(clock)
+
+    from localserve.engine.engine import Engine
+    from localserve.runners.models import open_runner
+    from localserve.runners.rpc import add_worker
+
+    lock = threading.Lock()
+    encoder = msgspec.msgpack.Encoder()
+
+    def send(message: Message) -> None:
+        data = encoder.encode(message)
+        with lock:
+            try:
+                conn.send_bytes(data)
+            except OSError:  # the server is gone: so are we
+                os._exit(0)
+
+    start = msgspec.msgpack.decode(conn.recv_bytes(), type=_Start)
+    config, name = start.config, start.name
+    try:
+        for endpoint in config.models[name].rpc_workers:
+            add_worker(endpoint)  # an unreachable one aborts this process: the server says so
+        runner = open_runner(config, name)
+    except Exception as e:
+        logging.getLogger("localserve.engine_process.supervisor").exception(
+            "loading %s failed", name
+        )
+        send(Failed(str(e)))
+        return
+    engine = Engine(runner, config.scheduler, on_events=lambda events: send(Events(events)))
+
+    def watch(running: bool) -> None:
+        now = time.monotonic()
+        if running:
+            busy[0] = now
+        else:
+            busy[1] = max(busy[1], now - busy[0])
+            busy[0] = 0.0
+
+    engine.watch = watch
+    engine.start()
+    send(Loaded(runner.info, runner.where()))
+    _obey(conn, engine, send)
+
+
+def _obey(conn: Connection, engine, send: Callable[[Message], None]) -> None:
+    """The engine process's commands, one after another, until Stop or the server is gone."""
+    decoder = msgspec.msgpack.Decoder(Command)
+    while True:
+        try:
+            command = decoder.decode(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the server is gone
+        if isinstance(command, Add):
+            try:
+                engine.add_request(
+                    command.request_id,
+                    command.tokens,
+                    command.params,
+                    user=command.user,
+                    system_tokens=command.system_tokens,
+                    system_is_global=command.system_is_global,
+                    client_id=command.client_id,
+                )
+            except ValueError as e:  # checked on the server's side first: not expected here
+                flight = _Flight(len(command.tokens), time.monotonic())
+                done = _failed(command.request_id, flight, str(e))
+                send(Events([msgspec.structs.replace(done, error_code="internal")]))
+        elif isinstance(command, Cancel):
+            engine.cancel(command.request_id)
+        elif isinstance(command, Reject):
+            engine.reject()
+        elif isinstance(command, Ask):
+            engine.snapshot().add_done_callback(_answer(send, command.number))
+        else:
+            engine.stop()
+            engine.runner.close()
+            os._exit(0)
+
+
+def _answer(send, number: int):
+    """The callback that sends a snapshot's Future's outcome back as an Answer."""
+
+    def answer(future: Future) -> None:
+        try:
+            send(Answer(number, future.result()))
+        except Exception as e:
+            send(Answer(number, None, str(e)))
+
+    return answer
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the engine process gets SIGKILL when the server's process ends, however it ends
+    (strictly: when the server's thread that started it ends; the watchdog outlives it)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # the parent died before the line above: we were handed to another (init, a subreaper).
+    # Not `getppid() == 1`: the server itself is PID 1 as a container's entrypoint
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+# the engine process:
+# `python -m localserve.engine_process.supervisor CONN_FD CLOCK_FD LOG_LEVEL LLAMA_LOG_LEVEL
+# PARENT_PID`
+if __name__ == "__main__":
+    _engine_main(Connection(int(sys.argv[1])), *map(int, sys.argv[2:6]))

@@ -1,0 +1,3 @@
+"""What an operator runs the server with: the usage record and quotas, users and tokens,
+Prometheus metrics.
+"""

@@ -1,0 +1,147 @@
+"""`/metrics`: a Snapshot in Prometheus text format, with vLLM's names, meanings and buckets.
+
+Names carry the `localserve:` prefix as vLLM's carry `vllm:`, so a dashboard made for vLLM works
+once its prefix is changed (docs/grafana/localserve.json is one). Every series has the model
+name as a label; `request_success_total` also has `finished_reason`. Never the user: unbounded
+cardinality, and a privacy leak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from localserve.protocol.snapshot import Counters, Snapshot
+
+PREFIX = "localserve:"
+
+HISTOGRAMS = {
+    "time_to_first_token_seconds": "Time to first token (arrival to first token).",
+    "inter_token_latency_seconds": "Gap between successive tokens of a request.",
+    "request_queue_time_seconds": "Time waiting before first admission.",
+    "e2e_request_latency_seconds": "Arrival to finish.",
+    "request_time_per_output_token_seconds": "Mean inter-token gap of a finished request.",
+    "request_prefill_time_seconds": "First admission to first token of a finished request.",
+    "request_decode_time_seconds": "First to last token of a finished request.",
+    "request_inference_time_seconds": "First admission to last token of a finished request.",
+    "request_prompt_tokens": "Prompt tokens of a finished request.",
+    "request_generation_tokens": "Tokens generated for a finished request.",
+    "request_params_max_tokens": "The max_tokens parameter of a finished request.",
+    "request_max_num_generation_tokens": "Most tokens a finished request asked for (max_tokens).",
+    "iteration_tokens_total": "Tokens computed per engine step (prefill and decode).",
+}
+
+# vLLM's finished_reason values, each localserve finish reason under one (docs/metrics.md):
+# a cancelled request (by its client, a disconnect or a shutdown) is vLLM's "abort". Every value
+# is always exported, zeros included, so the series exist before the first such finish.
+FINISHED_REASONS: dict[str, Callable[[Counters], int]] = {
+    "stop": lambda c: c.finished_stop,
+    "length": lambda c: c.finished_length,
+    "abort": lambda c: c.cancellations,
+    "error": lambda c: c.errors,
+}
+
+
+# name, type, help, value: what each metric reads from a snapshot and the server's auth counts.
+# vLLM counts cached blocks nobody uses as free: usage is what live sequences hold, so a cache
+# kept full of reusable prefixes does not read as 100%.
+METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], float]]] = [
+    ("num_requests_running", "gauge", "Sequences in the running batch.",
+     lambda s, c, a: s.running),
+    ("num_requests_waiting", "gauge", "Requests waiting for admission.",
+     lambda s, c, a: s.waiting),
+    ("kv_cache_usage_perc", "gauge",
+     "KV cells live sequences hold, as a fraction of all cells (cached prefixes excluded).",
+     lambda s, c, a: s.kv_live_used / max(s.kv_total, 1)),
+    ("kv_cache_used_cells", "gauge", "KV cells holding computed tokens, cached prefixes included.",
+     lambda s, c, a: s.kv_used),
+    ("kv_cache_cached_cells", "gauge", "KV cells only cached prefixes hold (evicted on demand).",
+     lambda s, c, a: s.kv_cached),
+    ("kv_cache_committed_cells", "gauge", "KV cells used or promised to admitted prompts.",
+     lambda s, c, a: s.kv_committed),
+    ("kv_cache_total_cells", "gauge", "KV cells in the unified cache.",
+     lambda s, c, a: s.kv_total),
+    ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+     lambda s, c, a: c.prompt_tokens),
+    ("generation_tokens_total", "counter", "Generated tokens.",
+     lambda s, c, a: c.generation_tokens),
+    ("prefill_tokens_total", "counter", "Prompt tokens computed, recompute included.",
+     lambda s, c, a: c.prefill_tokens),
+    ("prefix_cache_entries", "gauge", "Cached prefixes kept for reuse.",
+     lambda s, c, a: s.cached_prefixes),
+    ("prefix_cache_queries_total", "counter",
+     "Prefix cache queries, in tokens: prompt tokens of admitted requests, looked up.",
+     lambda s, c, a: c.prefix_cache_queries),
+    ("prefix_cache_hits_total", "counter",
+     "Prefix cache hits, in tokens: prompt tokens reused from a cached prefix.",
+     lambda s, c, a: c.cached_tokens),
+    ("prefix_cache_hit_tokens_total", "counter",
+     "Prompt tokens reused from a cache (the same as prefix_cache_hits_total).",
+     lambda s, c, a: c.cached_tokens),
+    ("prefix_cache_hit_requests_total", "counter", "Requests that reused a cached prefix.",
+     lambda s, c, a: c.prefix_hits),
+    ("prefix_cache_evictions_total", "counter", "Cached prefixes evicted to make room.",
+     lambda s, c, a: c.prefix_evictions),
+    ("num_preemptions_total", "counter", "Sequences preempted for KV cells.",
+     lambda s, c, a: c.preemptions),
+    ("request_cancelled_total", "counter", "Requests cancelled.",
+     lambda s, c, a: c.cancellations),
+    ("request_rejected_total", "counter", "Requests turned away (busy, too long, ...).",
+     lambda s, c, a: c.rejections),
+    ("request_errors_total", "counter", "Requests failed by the engine.",
+     lambda s, c, a: c.errors),
+    ("engine_steps_total", "counter", "Engine iterations.",
+     lambda s, c, a: c.steps),
+    ("auth_failures_total", "counter", "Failed authentications (hello, subscribe, /metrics).",
+     lambda s, c, a: a.failures),
+    ("auth_throttled_total", "counter",
+     "Authentications refused whatever the token: too many failures from the address.",
+     lambda s, c, a: a.throttled),
+]  # fmt: skip
+
+
+class AuthCounts(NamedTuple):
+    failures: int = 0
+    throttled: int = 0
+
+
+def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> str:
+    """The whole exposition, ending with a newline (the auth counts are the server's)."""
+    label = f'model_name="{_escape(snap.model.model)}"'
+    auth = AuthCounts(auth_failures, auth_throttled)
+    out: list[str] = []
+    for name, kind, help_text, value in METRICS:
+        out.append(f"# HELP {PREFIX}{name} {help_text}")
+        out.append(f"# TYPE {PREFIX}{name} {kind}")
+        out.append(f"{PREFIX}{name}{{{label}}} {_number(value(snap, snap.counters, auth))}")
+    success = PREFIX + "request_success_total"
+    reasons = ", ".join(FINISHED_REASONS)
+    out += [
+        f"# HELP {success} Finished requests by finished_reason ({reasons}).",
+        f"# TYPE {success} counter",
+    ]
+    for reason, count in FINISHED_REASONS.items():
+        out.append(f'{success}{{{label},finished_reason="{reason}"}} {count(snap.counters)}')
+    for name, help_text in HISTOGRAMS.items():
+        if name in snap.histograms:  # a snapshot from an older engine may lack the newer ones
+            out += _histogram(name, help_text, label, snap.histograms[name])
+    return "\n".join(out) + "\n"
+
+
+def _histogram(name: str, help_text: str, label: str, h) -> list[str]:
+    full = PREFIX + name
+    lines = [f"# HELP {full} {help_text}", f"# TYPE {full} histogram"]
+    for bound, count in zip(h.buckets, h.counts, strict=True):
+        lines.append(f'{full}_bucket{{{label},le="{_number(bound)}"}} {count}')
+    lines.append(f'{full}_bucket{{{label},le="+Inf"}} {h.count}')
+    lines.append(f"{full}_sum{{{label}}} {_number(h.sum)}")
+    lines.append(f"{full}_count{{{label}}} {h.count}")
+    return lines
+
+
+def _number(x: float) -> str:
+    return repr(float(x)) if isinstance(x, float) else str(x)
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,171 @@
+"""The engine's snapshot schema: what the engine says about itself (a leaf module: msgspec only).
+
+Times in seconds; null where there is nothing to measure yet. The websocket `stats` frame
+(localserve.protocol.frames) carries it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Device(msgspec.Struct, frozen=True):
+    """A device holding part of the model: this machine's CPU or GPU, or an RPC worker's."""
+
+    name: str  # llama.cpp's device name: CPU, CUDA0, RPC1 (an RPC worker's: see endpoint)
+    description: str
+    layers: int  # repeating layers placed on it (the output layer not counted)
+    kv_mib: float  # its share of the KV cache (a layer's cells live with the layer)
+    endpoint: str = ""  # an RPC worker's host:port
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What the monitor's header shows about the model and the backend."""
+
+    model: str
+    backend: str  # "CPU", "CUDA", ...
+    n_ctx: int  # KV cells in the unified cache
+    n_seq_max: int  # llama.cpp sequence ids: running sequences plus cached prefixes
+    n_batch: int
+    n_vocab: int
+    n_layer: int
+    n_gpu_layers: int  # layers offloaded to the accelerator
+    n_threads: int
+    chat_template: str
+    max_num_seqs: int = 0  # sequences decoded together (0 in frames from older servers)
+    devices: tuple[Device, ...] = ()  # where the layers are (empty: all on the CPU)
+
+
+class Percentiles(msgspec.Struct):
+    """None while the window is empty."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    mean: float | None
+    count: int
+
+
+class Histogram(msgspec.Struct):
+    """Cumulative since start, Prometheus style: counts[i] observations <= buckets[i]."""
+
+    buckets: list[float]
+    counts: list[int]
+    sum: float
+    count: int
+
+
+class SeqRow(msgspec.Struct):
+    request_id: str  # the engine's
+    client_id: str  # the id its client gave it
+    user: str
+    phase: str  # "prefill" or "decode"
+    prompt_tokens: int
+    computed_tokens: int  # tokens whose KV is in the cache
+    output_tokens: int
+    cells: int  # cells committed to it
+    own_cells: int  # of those, the ones it does not share with a cached system prompt
+    own_computed: int  # of its computed tokens, the ones in its own cells
+    cached_tokens: int  # prompt tokens it reused from a cached prefix at admission
+    tokens_per_s: float | None  # None until there is something to measure
+    ttft_s: float | None
+    last_itl_s: float | None
+    since_last_token_s: float | None
+    num_preemptions: int
+
+
+class WaitingRow(msgspec.Struct):
+    position: int  # 1 = next to be admitted
+    request_id: str
+    client_id: str
+    user: str
+    prompt_tokens: int
+    waited_s: float
+    is_preempted: bool
+
+
+class StepStats(msgspec.Struct):
+    """Averages over the recent steps."""
+
+    num_steps: int
+    step_s: float | None  # mean wall time of a step; None before the first step
+    decode_tokens: float | None  # mean decode tokens per step
+    prefill_tokens: float | None  # mean prefill tokens per step
+    prefill_time_share: float | None  # share of step time predicted for prefill work
+    engine_share: float | None  # share of step time outside llama_decode (Python + sampling)
+    prefill_budget: int  # the adaptive budget of the last step
+
+
+class Counters(msgspec.Struct):
+    requests: int = 0  # admitted into the engine
+    finished: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefill_tokens: int = 0  # computed, recompute after preemption included
+    cached_tokens: int = 0  # prompt tokens reused from a cached prefix (first admissions)
+    prefix_hits: int = 0  # admissions that reused a cached prefix
+    prefix_evictions: int = 0  # cached prefixes dropped to make room
+    preemptions: int = 0
+    cancellations: int = 0
+    rejections: int = 0
+    errors: int = 0
+    steps: int = 0
+    # added later (0 in frames from older servers): finishes by reason (with cancellations and
+    # errors they add up to `finished`), and prompt tokens looked up in the prefix cache
+    finished_stop: int = 0
+    finished_length: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens of first admissions, while prefix caching is on
+
+
+class EventRow(msgspec.Struct):
+    t: float  # seconds since the engine started
+    kind: str
+    request_id: str
+    user: str
+    detail: str = ""
+
+
+class Worker(msgspec.Struct):
+    """An RPC worker the model is split across, as the server last found it."""
+
+    endpoint: str  # host:port
+    up: bool
+    detail: str = ""  # why not: "connection refused", "not answering", ...
+
+
+class Snapshot(msgspec.Struct):
+    """One look at the engine: what the monitor shows and `/metrics` exports."""
+
+    uptime_s: float
+    model: ModelInfo
+    policy: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    itl_target_s: float
+    running: int
+    waiting: int
+    kv_used: int  # cells holding computed tokens; a cell shared by sequences counts once
+    kv_committed: int  # used plus cells promised to admitted prompts
+    kv_total: int
+    kv_cached: int  # of kv_used: cells only cached prefixes hold (evicted first, on demand)
+    kv_live: int  # committed minus cached: what live sequences hold or are promised
+    kv_live_used: int  # used minus cached: computed cells live sequences hold
+    cached_prefixes: int  # finished conversations and system prompts kept in the cache
+    free_seq_ids: int
+    window_s: float
+    ttft: Percentiles
+    itl: Percentiles
+    queue: Percentiles
+    e2e: Percentiles
+    tpot: Percentiles
+    prompt_tokens_per_s: float
+    generation_tokens_per_s: float
+    steps: StepStats
+    counters: Counters
+    seqs: list[SeqRow]
+    waiting_seqs: list[WaitingRow]
+    events: list[EventRow]
+    histograms: dict[str, Histogram]
+    # the engine process: "" while it serves; else why it does not (a worker gone, restarting)
+    engine_problem: str = ""
+    workers: list[Worker] = msgspec.field(default_factory=list)  # the model's RPC workers

@@ -1,0 +1,188 @@
+"""A deterministic fake of the runner, for testing the scheduler and engine logic.
+
+It keeps llama.cpp's rules that matter to the engine: a sequence's tokens must continue at
+exactly pos_max + 1, the cache has `n_ctx` cells (KVCacheFull when a batch does not fit, state
+unchanged), a cell copied to another sequence is shared, not duplicated (it is freed when its
+last sequence lets go), and more than n_batch tokens or max_num_seqs logit rows would abort the
+real process (here an AssertionError). Each step advances a fake clock by a linear cost model,
+so timing logic is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localserve.engine.batch import Batch, Sampled
+from localserve.engine.runner import KVCacheFull, RunTimings, apply_cell_ops
+from localserve.engine.sampling_params import SamplingParams
+from localserve.protocol.snapshot import ModelInfo
+
+EOG = 1
+BOS = 2
+FIRST_WORD = 10
+
+
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class RunRecord:
+    """What one fake decode ran."""
+
+    num_decode: int
+    num_prefill: int
+    seq_ids: list[int]
+    request_ids: list[str]
+    num_tokens: list[int] = field(default_factory=list)  # per item
+
+
+@dataclass
+class FakeRunner:
+    n_ctx: int = 4096
+    n_seq_max: int = 8  # sequence ids
+    max_num_seqs: int | None = None  # running sequences (n_outputs_max); None = n_seq_max
+    n_batch: int = 512
+    n_vocab: int = 1000
+    clock: FakeClock = field(default_factory=FakeClock)
+    step_cost: tuple[float, float, float] = (0.010, 0.002, 0.001)  # base, per decode, per prefill
+    eog_every: int | None = None  # sample EOG when (last token + position) % eog_every == 0
+    steps: list[RunRecord] = field(default_factory=list)
+    timings: RunTimings = field(default_factory=RunTimings)
+    supports_prefix_reuse: bool = True
+    failing_requests: set[str] = field(default_factory=set)  # their sampling fails (a fault)
+
+    def __post_init__(self) -> None:
+        self.max_num_seqs = self.max_num_seqs or self.n_seq_max
+        self.cells: dict[int, dict[int, int]] = {}  # seq id -> {position: cell}
+        self.refs: dict[int, int] = {}  # cell -> sequences holding it
+        self._next_cell = 0
+        self.num_samplers = 0
+        self.info = ModelInfo(
+            model="fake",
+            backend="CPU",
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch,
+            n_vocab=self.n_vocab,
+            n_layer=1,
+            n_gpu_layers=0,
+            n_threads=1,
+            chat_template="fake",
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        words = [FIRST_WORD + sum(w.encode()) % (self.n_vocab - FIRST_WORD) for w in text.split()]
+        return ([BOS] if add_special else []) + words
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}> {m['content']} " for m in messages) + "<model> "
+
+    def piece(self, token: int) -> bytes:
+        return b"" if token < FIRST_WORD else f"w{token} ".encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def new_sampler(self, params: SamplingParams) -> Any:
+        self.num_samplers += 1
+        return {"seed": params.seed}
+
+    def free_sampler(self, sampler: Any) -> None:
+        if sampler is not None:
+            self.num_samplers -= 1
+
+    # --- the step --------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[Sampled]:
+        apply_cell_ops(self, batch.cell_ops)
+        if not batch.items:
+            return []
+        assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
+        rows = [item for item in batch.items if item.wants_logits]
+        assert len(rows) <= self.max_num_seqs, "llama.cpp would abort: outputs > n_outputs_max"
+        if self.num_cells_in_use + batch.num_tokens > self.n_ctx:
+            raise KVCacheFull("fake: no free cells")
+        for seq, start, k, _ in batch.items:
+            self._place(seq.seq_id, start, k)
+        a, b, c = self.step_cost
+        decode_s = a + b * batch.num_decode_tokens + c * batch.num_prefill_tokens
+        self.timings = RunTimings(decode_s=decode_s)
+        self.clock.now += decode_s
+        self.steps.append(
+            RunRecord(
+                batch.num_decode_tokens,
+                batch.num_prefill_tokens,
+                [item.seq.seq_id for item in batch.items],
+                [item.seq.request_id for item in batch.items],
+                [item.num_tokens for item in batch.items],
+            )
+        )
+        return [self._sample(item) for item in rows]
+
+    def _place(self, seq_id: int, start: int, k: int) -> None:
+        """New cells for positions [start, start + k), which must continue the sequence."""
+        held = self.cells.setdefault(seq_id, {})
+        expected = max(held) + 1 if held else 0
+        if start != expected:
+            raise ValueError(f"seq {seq_id}: batch starts at {start}, cache at {expected}")
+        for pos in range(start, start + k):
+            held[pos] = self._next_cell
+            self.refs[self._next_cell] = 1
+            self._next_cell += 1
+
+    def _sample(self, item) -> Sampled:
+        if item.seq.request_id in self.failing_requests:
+            return Sampled(item.seq, error="fake: the logits are not finite")
+        token = self._next_token(item.seq.tokens[-1], item.start + item.num_tokens)
+        return Sampled(item.seq, token, self.piece(token), token == EOG)
+
+    def _next_token(self, last: int, position: int) -> int:
+        if self.eog_every and (last + position) % self.eog_every == 0:
+            return EOG
+        return FIRST_WORD + (last * 31 + position * 17 + 7) % (self.n_vocab - FIRST_WORD)
+
+    # --- memory ----------------------------------------------------------------------------
+
+    @property
+    def num_cells_in_use(self) -> int:
+        """Distinct cells holding tokens (a shared cell counts once), as llama.cpp counts."""
+        return len(self.refs)
+
+    def free_seq(self, seq_id: int) -> None:
+        self.trim_seq(seq_id, 0)
+        self.cells.pop(seq_id, None)
+
+    def trim_seq(self, seq_id: int, num_tokens: int) -> bool:
+        held = self.cells.get(seq_id, {})
+        for pos in [p for p in held if p >= num_tokens]:
+            self._unref(held.pop(pos))
+        return True
+
+    def copy_seq(self, src: int, dst: int, num_tokens: int) -> None:
+        target = self.cells.setdefault(dst, {})
+        for pos, cell in self.cells.get(src, {}).items():
+            if pos < num_tokens and target.get(pos) != cell:
+                assert pos not in target, "fake: copying over a position the target holds"
+                target[pos] = cell
+                self.refs[cell] += 1
+
+    def _unref(self, cell: int) -> None:
+        self.refs[cell] -= 1
+        if not self.refs[cell]:
+            del self.refs[cell]
+
+    def seq_num_cells(self, seq_id: int) -> int:
+        return len(self.cells.get(seq_id, ()))
+
+    def close(self) -> None:
+        self.cells.clear()
+        self.refs.clear()

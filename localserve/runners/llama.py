@@ -1,0 +1,405 @@
+"""The llama.cpp runner: one context with a unified KV cache, raw llama_batch filling, sampling.
+
+Only the low-level API of llama-cpp-python 0.3.36 (the high-level helper classes assume
+one sequence). Two conditions abort the process inside llama.cpp (more than n_batch tokens in one
+decode, more logit rows than n_outputs_max); `run` checks both before every decode and raises
+ValueError instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from localserve.config import ModelConfig
+from localserve.engine.batch import Batch, Sampled
+from localserve.engine.runner import DecodeError, KVCacheFull, RunTimings, apply_cell_ops
+from localserve.engine.sampling_params import MIN_TEMPERATURE, SamplingParams
+from localserve.protocol.snapshot import ModelInfo
+from localserve.runners import rpc
+from localserve.runners.placement import describe, parse_log, split_devices
+from localserve.runners.sampling import Sampler, SamplingError
+
+log = logging.getLogger("localserve.engine.runner")
+llama_log = logging.getLogger("llama_cpp")
+
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_KV_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+}
+_SPLIT_MODES = {
+    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
+}
+# ggml's log levels (1 debug .. 4 error); its INFO is model-loading chatter, so it goes to DEBUG
+_LOG_LEVELS = {0: logging.DEBUG, 1: 5, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class _LogRouter:
+    """Route llama.cpp's log lines into Python logging (it writes to stderr otherwise)."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._level = logging.DEBUG
+        self.captured: list[str] | None = None  # lines kept while a model loads (placement)
+        self.callback = llama_cpp.llama_log_callback(self._on_log)  # keep a reference
+
+    def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        if level != 5:  # 5 = continuation of the previous line
+            self._level = _LOG_LEVELS.get(level, logging.INFO)
+        self._buffer += text.decode("utf-8", errors="replace")
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            if line.strip():
+                llama_log.log(self._level, line)
+                if self.captured is not None:
+                    self.captured.append(line)
+
+
+_router = _LogRouter()
+llama_cpp.llama_log_set(_router.callback, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def _model_params(cfg: ModelConfig):
+    """llama.cpp's model parameters, and the tensor_split array they point to (keep it)."""
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = cfg.n_gpu_layers
+    mparams.split_mode = _SPLIT_MODES[cfg.split_mode]
+    mparams.main_gpu = cfg.main_gpu
+    shares = None
+    if cfg.tensor_split:
+        n = llama_cpp.llama_max_devices()
+        shares = (ctypes.c_float * n)(*cfg.tensor_split[:n])
+        mparams.tensor_split = shares
+    mparams.use_mmap, mparams.use_mlock = cfg.use_mmap, cfg.use_mlock
+    # No repacked weight buffers: their AMX kernels die with SIGILL on VMs that report AMX in
+    # cpuid without enabling its tile state (seen on the CI machines).
+    mparams.use_extra_bufts = False
+    return mparams, shares
+
+
+class _Chain:
+    """A llama.cpp sampler chain (penalties need its token history)."""
+
+    def __init__(self, ptr) -> None:
+        self.ptr = ptr
+
+
+class _Text:
+    """Text in and out of tokens with a model's vocabulary and chat template (`vocab`,
+    `_template` are set by the class that loads the model)."""
+
+    vocab = None
+    _template: bytes | None = None
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 16
+        while True:
+            buf = (llama_cpp.llama_token * size)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
+            if n >= 0:
+                return buf[:n]
+            size = -n
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Format a chat with llama.cpp's built-in template (no Jinja)."""
+        if self._template is None:
+            raise ValueError("chat_template: the model has none; set one in models.toml")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = (llama_cpp.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            chat[i].role, chat[i].content = role, content
+        size = sum(len(c) for _, c in keep) * 2 + 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(
+                self._template, chat, len(keep), True, buf, size
+            )
+            if n < 0:
+                raise ValueError(f"chat_template: llama.cpp does not know {self._template!r}")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n
+
+
+class VocabOnly(_Text):
+    """A model's vocabulary and template alone (llama.cpp's vocab_only load: no weights, about
+    0.4 s and 90 MB for Gemma's 262k tokens): prompts are built where no model runs."""
+
+    def __init__(self, path: Path, cfg: ModelConfig) -> None:
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model:
+            raise ValueError(f"llama.cpp could not read the vocabulary of {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self._template = _chat_template(self.model, cfg)
+
+    def close(self) -> None:
+        if self.model is not None:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+def _chat_template(model, cfg: ModelConfig) -> bytes | None:
+    if cfg.chat_template:
+        return cfg.chat_template.encode()
+    return llama_cpp.llama_model_chat_template(model, None)  # None if the GGUF has none
+
+
+class LlamaRunner(_Text):
+    """Runs batches of decode tokens and prefill chunks on one llama.cpp context."""
+
+    def __init__(self, name: str, path: Path, cfg: ModelConfig) -> None:
+        _router.captured = []  # what llama.cpp says while loading: where everything went
+        try:
+            mparams, self._tensor_split = _model_params(cfg)
+            self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+            if not self.model:
+                raise ValueError(f"models.{name}.path: llama.cpp could not load {path}")
+            self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+            self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+            self.ctx = self._new_context(name, cfg)
+            self.placement = parse_log(_router.captured, cfg.flash_attn)
+        finally:
+            _router.captured = None
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)  # padded: read back the real values
+        self.n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self.n_seq_max = llama_cpp.llama_n_seq_max(self.ctx)  # running + cached prefixes
+        self.n_outputs_max = cfg.max_num_seqs  # logit rows the engine ever asks for
+        # recurrent state cannot be cut back to a prefix: no prefix reuse for those models
+        self.supports_prefix_reuse = not (
+            llama_cpp.llama_model_is_recurrent(self.model)
+            or llama_cpp.llama_model_is_hybrid(self.model)
+        )
+        self._template = _chat_template(self.model, cfg)
+        self.info = self._describe(name, cfg)
+        self._eog_ids = np.array(
+            [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)],
+            dtype=np.int32,
+        )
+        self._eog_set = frozenset(self._eog_ids.tolist())
+        self._pieces: dict[int, bytes] = {}
+        self._positions = np.arange(self.n_ctx, dtype=np.int32)
+        self._init_batch()
+        self.timings = RunTimings()
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    def _new_context(self, name: str, cfg: ModelConfig):
+        n_threads, n_threads_batch = cfg.threads()
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = cfg.n_ctx
+        p.n_batch = p.n_ubatch = cfg.max_num_batched_tokens
+        # sequence ids for the running set and for cached prefixes; only running ones sample
+        p.n_seq_max = cfg.max_num_seqs + cfg.max_cached_prefixes
+        # the default reserves n_ubatch rows of logits (514 MiB with Gemma's vocabulary);
+        # llama.cpp asserts at least n_seq_max rows, though only running sequences sample
+        p.n_outputs_max = p.n_seq_max
+        p.kv_unified = True
+        p.swa_full = True  # keep whole histories in sliding-window layers
+        p.n_threads, p.n_threads_batch = n_threads, n_threads_batch
+        p.flash_attn_type = _FLASH_ATTN[cfg.flash_attn]
+        p.type_k, p.type_v = _KV_TYPES[cfg.cache_type_k], _KV_TYPES[cfg.cache_type_v]
+        p.offload_kqv = cfg.offload_kqv
+        p.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.model, p)
+        if not ctx:
+            llama_cpp.llama_model_free(self.model)
+            if cfg.cache_type_v != "f16":
+                raise ValueError(
+                    f"models.{name}.cache_type_v: a {cfg.cache_type_v} V cache needs flash "
+                    "attention, which llama.cpp could not enable for this model on this device; "
+                    'use cache_type_v = "f16"'
+                )
+            raise ValueError(f"models.{name}: llama.cpp could not create a context (n_ctx?)")
+        return ctx
+
+    def where(self) -> str:
+        """The start-up block: backend and devices, layers, KV cache, flash attention."""
+        i = self.info
+        return describe(self.placement, i.backend, i.n_threads, i.n_layer, i.devices)
+
+    def _describe(self, name: str, cfg: ModelConfig) -> ModelInfo:
+        n_layer = llama_cpp.llama_model_n_layer(self.model)
+        offload = rpc.has_local_gpu()  # not llama_supports_gpu_offload(): true for RPC builds
+        system = llama_cpp.llama_print_system_info().decode(errors="replace")
+        backend = ("CUDA" if "CUDA" in system else "GPU") if offload else "CPU"
+        n_gpu = 0 if not offload else n_layer if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        return ModelInfo(
+            model=name,
+            backend=backend,
+            n_ctx=self.n_ctx,
+            n_seq_max=self.n_seq_max,
+            n_batch=self.n_batch,
+            n_vocab=self.n_vocab,
+            n_layer=n_layer,
+            n_gpu_layers=min(n_gpu, n_layer),
+            n_threads=cfg.threads()[0],
+            chat_template=(self._template or b"").decode(errors="replace"),
+            max_num_seqs=cfg.max_num_seqs,
+            # empty unless the layers are split or off the CPU
+            devices=split_devices(self.placement, {d.name: d.description for d in rpc.devices()}),
+        )
+
+    def _init_batch(self) -> None:
+        n = self.n_batch
+        self._batch = llama_cpp.llama_batch_init(n, 0, 1)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._logits = np.ctypeslib.as_array(b.logits, shape=(n,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        # point every token's seq_id list at one contiguous array, so numpy can fill it
+        self._seq = np.zeros(n, dtype=np.int32)
+        # the original addresses (as ints: indexing gives views) are restored before freeing
+        self._seq_addrs = [ctypes.cast(b.seq_id[i], ctypes.c_void_p).value for i in range(n)]
+        self._point_seq_ids([self._seq.ctypes.data + 4 * i for i in range(n)])
+
+    def _point_seq_ids(self, addrs: list[int]) -> None:
+        ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
+        for i, addr in enumerate(addrs):
+            self._batch.seq_id[i] = ctypes.cast(addr, ptr)
+
+    def piece(self, token: int) -> bytes:
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog_set
+
+    # --- sampling --------------------------------------------------------------------------
+
+    def new_sampler(self, params: SamplingParams) -> Sampler | _Chain:
+        """numpy sampling on the logits; llama.cpp's chain only for penalties (repeat, frequency,
+        presence), which need the token history."""
+        if not params.has_penalties:
+            return Sampler(params, self._eog_ids)
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if params.ignore_eos and len(self._eog_ids):
+            biases = (llama_cpp.llama_logit_bias * len(self._eog_ids))()
+            for i, t in enumerate(self._eog_ids.tolist()):
+                biases[i].token, biases[i].bias = t, float("-inf")
+            add(chain, llama_cpp.llama_sampler_init_logit_bias(self.n_vocab, len(biases), biases))
+        penalties = llama_cpp.llama_sampler_init_penalties(
+            self.n_vocab,
+            params.repeat_last_n,
+            params.repeat_penalty,
+            params.frequency_penalty,
+            params.presence_penalty,
+        )
+        add(chain, penalties)
+        if params.temperature < MIN_TEMPERATURE:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+            return _Chain(chain)
+        add(chain, llama_cpp.llama_sampler_init_top_k(params.num_candidates))
+        add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
+        add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        return _Chain(chain)
+
+    def free_sampler(self, sampler) -> None:
+        if isinstance(sampler, _Chain):
+            llama_cpp.llama_sampler_free(sampler.ptr)
+
+    def _sample(self, row: int, seq) -> Sampled:
+        """One sequence's token; a failure is returned for that sequence alone, never raised."""
+        try:
+            if isinstance(seq.sampler, _Chain):
+                token = llama_cpp.llama_sampler_sample(seq.sampler.ptr, self.ctx, row)
+            else:
+                ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+                token = seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+        except Exception as e:  # numpy or ctypes: this sequence's problem only
+            why = str(e) if isinstance(e, SamplingError) else f"sampling failed: {e}"
+            return Sampled(seq, error=why)
+        if not 0 <= token < self.n_vocab:
+            return Sampled(seq, error=f"sampling gave token {token}, outside the vocabulary")
+        return Sampled(seq, token, self.piece(token), token in self._eog_set)
+
+    # --- the step --------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> list[Sampled]:
+        """Apply the cell operations, fill the llama_batch, decode, sample the logit rows."""
+        apply_cell_ops(self, batch.cell_ops)
+        if not batch.items:
+            return []
+        start = time.perf_counter()
+        rows = self._fill(batch)
+        filled = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.ctx, self._batch)  # releases the GIL
+        decoded = time.perf_counter()
+        if rc == 1:
+            raise KVCacheFull("llama_decode: no free KV cells for this batch")
+        if rc != 0:
+            raise DecodeError(f"llama_decode returned {rc}")
+        sampled = [self._sample(row, seq) for row, seq in rows]
+        self.timings = RunTimings(filled - start, decoded - filled, time.perf_counter() - decoded)
+        return sampled
+
+    def _fill(self, batch: Batch) -> list[tuple[int, object]]:
+        if batch.num_tokens > self.n_batch:  # llama.cpp would abort the process
+            raise ValueError(f"batch of {batch.num_tokens} tokens exceeds n_batch {self.n_batch}")
+        n = 0
+        rows = []
+        for seq, start, k, wants_logits in batch.items:
+            self._tok[n : n + k] = seq.tokens[start : start + k]
+            self._pos[n : n + k] = self._positions[start : start + k]
+            self._seq[n : n + k] = seq.seq_id
+            self._logits[n : n + k] = 0
+            n += k
+            if wants_logits:
+                self._logits[n - 1] = 1
+                rows.append((n - 1, seq))
+        if len(rows) > self.n_outputs_max:  # the other abort
+            raise ValueError(f"{len(rows)} logit rows exceed n_outputs_max {self.n_outputs_max}")
+        self._batch.n_tokens = n
+        return rows
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def free_seq(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+
+    def trim_seq(self, seq_id: int, num_tokens: int) -> bool:
+        """Keep positions [0, num_tokens) of a sequence; False if the memory cannot."""
+        return llama_cpp.llama_memory_seq_rm(self.mem, seq_id, num_tokens, -1)
+
+    def copy_seq(self, src: int, dst: int, num_tokens: int) -> None:
+        """Share positions [0, num_tokens) of `src` with `dst` (the cells gain an id)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, num_tokens)
+
+    def seq_num_cells(self, seq_id: int) -> int:
+        lo = llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id)
+        hi = llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
+        return 0 if hi < 0 else hi - lo + 1
+
+    def close(self) -> None:
+        if self.ctx is None:
+            return
+        self._point_seq_ids(self._seq_addrs)
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+        self.ctx = None

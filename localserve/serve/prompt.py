@@ -1,0 +1,229 @@
+"""The prompt builder: chats to prompt text (per the model's `chat_format`), then to tokens.
+
+- "template": llama.cpp's built-in chat template (by name from models.toml, or the GGUF's own).
+- "transcript": a plain dialogue that a *base* model continues sensibly. The embedded Gemma 3
+  270M is a base model: given its chat template it echoes the question back in a loop, given a
+  transcript it answers ("User: What is the capital of France? / Assistant: The capital of
+  France is Paris."). Generation stops where the model starts the user's next turn.
+
+`PromptBuilder` renders and tokenizes off the event loop (in a thread at normal priority while
+a small allowance lasts, else in a small pool of low-priority threads), says once
+(`PromptTooLong`) when a prompt does not fit the context, and finds the system prompt's tokens
+that requests may share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from localserve.engine.kv import common_prefix
+
+ROLES = ("system", "user", "assistant")
+PREAMBLE = (
+    "The following is a conversation between a curious user and a knowledgeable, helpful "
+    "assistant. The assistant answers clearly and truthfully."
+)
+TRANSCRIPT_STOPS = ("\nUser:",)
+MAX_CACHED_SYSTEM_CHARS = 16 << 10  # system prompts up to this long are cached (rendered, tokens)
+_SPEAKERS = {"user": "User", "assistant": "Assistant"}
+
+
+def check_messages(messages: Sequence[tuple[str, str]]) -> None:
+    """Raise ValueError for an empty chat or an unknown role."""
+    if not messages:
+        raise ValueError("messages: at least one message is needed")
+    for i, (role, _) in enumerate(messages):
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)}")
+
+
+def render_transcript(messages: Sequence[tuple[str, str]]) -> str:
+    """A 'User: / Assistant:' dialogue ending with an open assistant turn."""
+    system = [content for role, content in messages if role == "system"]
+    lines = ["\n".join(system) if system else PREAMBLE, ""]
+    lines += [f"{_SPEAKERS[r]}: {c.strip()}" for r, c in messages if r != "system"]
+    lines.append("Assistant:")
+    return "\n".join(lines)
+
+
+class Rendered(NamedTuple):
+    text: str
+    stops: tuple[str, ...]  # stop strings the format needs
+    # text[:system_chars] is the system prompt's part: requests that share it may share its KV
+    system_chars: int
+    is_default_system: bool  # that part is the server's own (configured or the preamble)
+
+
+def render_chat(
+    messages: Sequence[tuple[str, str]],
+    chat_format: str,
+    apply_template: Callable[[list[dict[str, str]]], str],
+    system_prompt: str | None = None,
+) -> Rendered:
+    """The prompt text of a chat; `system_prompt` is the default for chats without one."""
+    check_messages(messages)
+    system = [c for r, c in messages if r == "system"]
+    is_default = not system or system == [system_prompt]
+    if not system and system_prompt is not None:
+        messages = [("system", system_prompt), *messages]
+    if chat_format == "transcript":
+        text = render_transcript(messages)
+        head = "\n".join(system) if system else PREAMBLE if system_prompt is None else system_prompt
+        return Rendered(text, TRANSCRIPT_STOPS, len(head) + 2, is_default)
+    text = apply_template([{"role": r, "content": c} for r, c in messages])
+    return Rendered(text, (), _system_chars(messages, text, apply_template), is_default)
+
+
+def _system_chars(messages, text: str, apply_template) -> int:
+    """Where the system part of a templated prompt ends (0 without a system message).
+
+    Templates place the system prompt differently (a turn of its own, or inside the first user
+    turn), so render it before two different user messages: the common start is the part every
+    chat with this system prompt shares.
+    """
+    system = tuple(c for r, c in messages if r == "system")
+    if not system or messages[0][0] != "system":
+        return 0
+    # the cache holds its keys: only short system prompts go in (it is bounded in bytes)
+    cached = sum(map(len, system)) <= MAX_CACHED_SYSTEM_CHARS
+    head = (_template_head if cached else _template_head.__wrapped__)(system, apply_template)
+    return len(head) if text.startswith(head) else 0
+
+
+@functools.lru_cache(maxsize=64)  # the same system prompt comes with every chat
+def _template_head(system: tuple[str, ...], apply_template) -> str:
+    chats = (
+        [*({"role": "system", "content": c} for c in system), {"role": "user", "content": x}]
+        for x in ("a", "b")
+    )
+    return os.path.commonprefix([apply_template(chat) for chat in chats])
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+PROBE_CHARS_PER_TOKEN = 8  # a prompt this many chars a token long is probed before tokenizing
+TOKENIZER_THREADS = 2  # chats are rendered and tokenized here, never on the event loop
+TOKENIZER_NICENESS = 19  # ... at the lowest priority: llama.cpp's threads come first
+# ... except while an allowance of characters lasts (refilled each second, at most one second's
+# worth saved): those go to one thread at normal priority. At nice 19 a 3,000-token paste waited
+# about a second for its 12 ms of tokenizing while two llama.cpp threads kept both cores busy
+# (docs/benchmarks.md); the allowance bounds what a flood of prompts can take from the steps.
+PROMPT_CHARS_PER_S = 32 << 10
+
+
+class PromptTooLong(ValueError):
+    """The formatted prompt does not fit in the context."""
+
+    def __init__(self, num_tokens: int, n_ctx: int, at_least: bool = False) -> None:
+        self.num_tokens, self.n_ctx = num_tokens, n_ctx
+        over = "over " if at_least else ""
+        super().__init__(f"the prompt has {over}{num_tokens} tokens; the context holds {n_ctx}")
+
+
+class Prompt(NamedTuple):
+    tokens: list[int]
+    stops: tuple[str, ...]  # the format's own stop strings
+    system_tokens: int  # the first ones are a system prompt that other requests may share
+    is_default_system: bool  # the server's own system prompt: shared with every user
+
+
+class PromptBuilder:
+    """Render and tokenize in threads (low priority past an allowance); one too-long check."""
+
+    def __init__(
+        self,
+        tokenize: Callable[[str], list[int]],
+        apply_template: Callable[[list[dict[str, str]]], str],
+        n_ctx: int,
+        chat_format: str,
+        system_prompt: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tokenize = tokenize
+        self.apply_template = apply_template
+        self.n_ctx = n_ctx
+        self.chat_format = chat_format
+        self.system_prompt = system_prompt
+        # the same system prompt comes with every chat: tokenize it once (thread-safe cache)
+        self._system_tokens = functools.lru_cache(maxsize=64)(tokenize)
+        self._pool = ThreadPoolExecutor(
+            TOKENIZER_THREADS, "localserve-tokenize", initializer=_lower_priority
+        )
+        self._now = ThreadPoolExecutor(1, "localserve-tokenize-now")  # within the allowance
+        self.clock = clock
+        self._allowance = float(PROMPT_CHARS_PER_S)  # characters
+        self._refilled = clock()
+
+    async def chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
+        """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat."""
+        size = sum(len(content) for _, content in messages) + len(self.system_prompt or "")
+        return await self._run(self._chat, messages, size)
+
+    async def text(self, text: str) -> Prompt:
+        """A raw prompt (OpenAI's completions): the text as it is, nothing shared."""
+        return await self._run(self._text, text, len(text))
+
+    def shutdown(self) -> None:
+        for pool in (self._now, self._pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, fn, arg, size: int) -> Prompt:
+        pool = self._now if self._take_allowance(size) else self._pool
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, arg)
+
+    def _take_allowance(self, size: int) -> bool:
+        """Whether `size` characters still fit this second's normal-priority allowance."""
+        now = self.clock()
+        refill = (now - self._refilled) * PROMPT_CHARS_PER_S
+        self._allowance = min(PROMPT_CHARS_PER_S, self._allowance + refill)
+        self._refilled = now
+        if size > self._allowance:
+            return False
+        self._allowance -= size
+        return True
+
+    def _chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
+        r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
+        tokens = self._tokens(r.text)
+        # the system prompt's tokens as the prompt has them (a word may straddle the boundary)
+        system_text = r.text[: r.system_chars]
+        cached = len(system_text) <= MAX_CACHED_SYSTEM_CHARS  # the cache is bounded in bytes
+        tokenize = self._system_tokens if cached else self.tokenize
+        system = tokenize(system_text) if system_text else []
+        return Prompt(tokens, r.stops, common_prefix(system, tokens), r.is_default_system)
+
+    def _text(self, text: str) -> Prompt:
+        if not text:
+            raise ValueError("prompt: must not be empty")
+        return Prompt(self._tokens(text), (), 0, False)
+
+    def _tokens(self, text: str) -> list[int]:
+        """The one too-long check: the prompt must leave a cell for the reply."""
+        n_ctx, probe = self.n_ctx, self.n_ctx * PROBE_CHARS_PER_TOKEN
+        if len(text) > probe and len(head := self.tokenize(text[:probe])) > n_ctx:
+            # far too long: no need to tokenize all of it (up to max_frame_bytes) to say so
+            raise PromptTooLong(len(head), n_ctx, at_least=True)
+        tokens = self.tokenize(text)
+        if len(tokens) >= n_ctx:
+            raise PromptTooLong(len(tokens), n_ctx)
+        return tokens
+
+
+def _lower_priority() -> None:
+    """Run this (tokenizer) thread at the lowest CPU priority.
+
+    llama.cpp's threads meet at a barrier after every operation: a thread that loses its core
+    to other work stalls the whole step. With two cores and two llama.cpp threads, tokenizing a
+    pasted 250 KB prompt at normal priority stretched decode steps from 11 ms to over a second;
+    at this priority they stay under 35 ms (benchmarks/issue10_hostile.py).
+    """
+    with contextlib.suppress(OSError, AttributeError):  # Linux: per thread; elsewhere: as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), TOKENIZER_NICENESS)

@@ -1,0 +1,75 @@
+"""`serving()`: a model served, from a config to a listening server, and back down in order.
+
+One assembly for `localserve serve`, `demo` and `sweep` and for the tests' live server: the
+runner (llama.cpp) is loaded, an engine started on it, a Server wired to both and, when asked,
+started on its own event-loop thread. On the way out the server stops first (in-flight replies
+get the configured grace), then the engine, then the runner is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from localserve.config import Config
+from localserve.engine.engine import Engine
+from localserve.engine.runner import Runner
+from localserve.engine_process.supervisor import EngineProcess
+from localserve.ops.auth import Access
+from localserve.ops.usage import Usage
+from localserve.serve.server import Server, ServerThread
+
+
+@dataclass
+class Serving:
+    """What `serving()` built; `thread` is None unless it was asked to listen on a thread."""
+
+    name: str  # the model's name in the config
+    runner: Runner
+    engine: Engine | EngineProcess
+    server: Server
+    thread: ServerThread | None = None
+
+
+@contextlib.contextmanager
+def serving(
+    config: Config,
+    model: str | None = None,
+    *,
+    access: Access | None = None,
+    runner: Runner | None = None,
+    thread: bool = False,
+) -> Iterator[Serving]:
+    """Serve `model` (the config's default when None) as `config` says.
+
+    access: who may connect (default: anyone, no tokens). runner: an already loaded runner to
+    reuse, which then stays open afterwards (the sweep runs several engines on one model).
+    thread: start listening on 127.0.0.1, any free port, on a thread of its own (`.thread.url`);
+    otherwise the caller runs the server (`server.run(serving.server, host, port)`).
+    """
+    from localserve.runners.models import open_runner  # loads llama.cpp: only when needed
+
+    name = model or config.default
+    with contextlib.ExitStack() as stack:
+        usage = None
+        if config.server.usage:  # first: a bad database is said before the model loads
+            usage = Usage(config.server, name)
+            stack.callback(usage.close)  # last: after the server has sent every `done`
+        if runner is None and config.server.engine_process:  # watched, in a process of its own
+            engine = EngineProcess(config, name).start()
+            stack.callback(engine.stop)
+            runner = engine.runner
+        else:
+            if runner is None:
+                runner = open_runner(config, name)
+                stack.callback(runner.close)
+            engine = Engine(runner, config.scheduler).start()
+            stack.callback(engine.stop)
+        access = access or Access({})
+        server = Server(engine, runner, config.models[name], config.server, access, usage)
+        served = Serving(name, runner, engine, server)
+        if thread:
+            served.thread = ServerThread(server)
+            stack.callback(served.thread.close)
+        yield served

@@ -1,0 +1,1 @@
+"""The websocket front-end: one `Connection` per socket and its bounded outbox."""

@@ -1,0 +1,349 @@
+"""One websocket connection: its user, its requests, its outbox (docs/protocol.md).
+
+Frames are decoded by one reused msgspec decoder into the closed union of client frames; every
+problem with a frame is an `error` frame and the connection goes on. The server routes engine
+events to the connection that owns the request (`on_token`, `on_queued`, `on_done`); token text
+waiting for a slow reader is coalesced in the outbox, which is bounded in frames and bytes.
+The connection runs on uvicorn's websocket protocol (see transport.py) through plain ASGI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from localserve.engine.events import Done
+from localserve.ops.auth import address_group, check_user_name
+from localserve.protocol.frames import (
+    Cancel,
+    Chat,
+    ClientFrame,
+    Error,
+    Finished,
+    Hello,
+    Queued,
+    Subscribe,
+    Timings,
+    Usage,
+)
+from localserve.serve.admission import Refusal
+from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S
+from localserve.serve.websocket.outbox import Outbox
+
+if TYPE_CHECKING:
+    from localserve.serve.admission import Request
+    from localserve.serve.server import Server
+
+log = logging.getLogger("localserve.serve.websocket.connection")
+
+MAX_ID_LENGTH = 128
+MAX_ERRORS_BEFORE_HELLO = 3  # then the connection is closed: no guessing, no free echo service
+MAX_OUTBOX_FRAMES = 1024  # a client that stops reading is disconnected, not buffered forever
+MAX_ERROR_CHARS = 200  # an error message quotes at most this much of what the client sent
+MIN_STATS_INTERVAL_MS = 50
+HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
+CLOSE_GOING_AWAY = 1001
+MAX_REASON_BYTES = 120  # a close frame's reason is at most 123 bytes
+FULL = "the server has all the connections it takes (max_connections); try again later"
+
+_decoder = msgspec.json.Decoder(ClientFrame)
+
+
+class _IdOnly(msgspec.Struct):
+    id: str | None = None
+
+
+class Connection:
+    """One websocket: its user, its requests, its outbox."""
+
+    def __init__(self, server: Server, scope, receive, send, num: int) -> None:
+        self.server = server
+        self.num = num
+        self.address = client_address(scope)
+        self._receive, self._send = receive, send
+        self._transport = scope.get("extensions", {}).get("localserve")
+        self.user: str | None = None
+        self.requests: dict[str, Request] = {}  # by the client's id
+        self.outbox = Outbox()
+        self.is_closed = False  # nothing more is sent
+        self.is_closing = False  # nothing more is read
+        self.num_errors_before_hello = 0
+        self._stats_task: asyncio.Task | None = None
+        self._close_task: asyncio.Future | None = None
+
+    async def run(self) -> None:
+        await self._send({"type": "websocket.accept"})
+        tasks = [asyncio.create_task(c) for c in (self._write(), self._greet())]
+        try:
+            while not self.is_closing:
+                message = await self._receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message["type"] == "websocket.receive" and not self.is_closing:
+                    text = message.get("text")
+                    await self._guarded(text if text is not None else message.get("bytes", b""))
+        finally:
+            if self._close_task is not None:  # the close code the server chose goes out first
+                with contextlib.suppress(Exception):
+                    await self._close_task
+            self.is_closed = self.is_closing = True
+            for task in tasks:
+                task.cancel()
+            if self._stats_task:
+                self._stats_task.cancel()
+            self.server.drop(self)
+
+    async def _guarded(self, message: str | bytes) -> None:
+        """Handle a frame; whatever goes wrong is an `internal` error, never a dead connection."""
+        try:
+            await self.handle(message)
+        except Exception:
+            log.exception("connection %d (%s): handling a frame failed", self.num, self.user)
+            self.error("internal", "the server failed to handle this frame (logged)")
+
+    # --- frames out -------------------------------------------------------------------------
+
+    def send(self, frame) -> None:
+        if self.is_closed:
+            return
+        self.outbox.put(frame)
+        self._check_backlog()
+
+    def error(self, code: str, message: str, client_id: str | None = None) -> None:
+        """An error frame; it quotes at most MAX_ERROR_CHARS of the client's input."""
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS] + "…"
+        if client_id is not None and not 0 < len(client_id) <= MAX_ID_LENGTH:
+            client_id = None  # never echo an id the server would not accept
+        self.send(Error(code, message, client_id))
+        if self.user is None:
+            self.num_errors_before_hello += 1
+            if self.num_errors_before_hello >= MAX_ERRORS_BEFORE_HELLO:
+                self.close(CLOSE_NOT_READING, "too many errors before hello", flush=True)
+
+    def _check_backlog(self) -> None:
+        outbox, limit = self.outbox, self.server.config.max_outbox_bytes
+        if len(outbox) > MAX_OUTBOX_FRAMES:
+            self.close(CLOSE_NOT_READING, f"not reading: over {MAX_OUTBOX_FRAMES} frames unsent")
+        elif outbox.num_bytes > limit:
+            self.close(CLOSE_NOT_READING, f"not reading: over {limit} bytes unsent")
+
+    # the engine's events for this connection's requests (the server routes them here)
+
+    def on_token(self, request: Request, text: str) -> None:
+        if not self.is_closed:
+            self.outbox.put_text(request.client_id, text)
+            self._check_backlog()
+
+    def on_queued(self, request: Request, position: int) -> None:
+        self.send(Queued(request.client_id, position))
+
+    def on_done(self, request: Request, done: Done) -> None:
+        if self.requests.get(request.client_id) is request:
+            del self.requests[request.client_id]
+        if done.finish_reason == "error":
+            self.error(done.error_code, done.error or "engine error", request.client_id)
+        usage = Usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+        t = done.timings
+        timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"])
+        recorded = request.is_recorded
+        self.send(Finished(request.client_id, done.finish_reason, usage, timings, recorded))
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def close(self, code: int, reason: str, flush: bool = False) -> None:
+        """Close now: requests are cancelled at once, the socket within CLOSE_TIMEOUT_S."""
+        if self.is_closing:
+            return
+        self.is_closing = True
+        self._log_close(code, reason)
+        if not flush:
+            self.is_closed = True
+            self.server.drop(self)  # their cells are freed at the next step
+        self._close_task = asyncio.ensure_future(self._close(code, reason, flush))
+
+    def _log_close(self, code: int, reason: str) -> None:
+        message = f"connection {self.num} ({self.user}, {self.address}): closing, {code}: {reason}"
+        limits = self.server.limits
+        if code == CLOSE_GOING_AWAY:
+            log.info("%s", message)
+        elif self.user is None and limits is not None:  # anyone can cause these, at any rate
+            limits.log.warning(address_group(self.address), "closed before hello", message, log)
+        else:
+            log.warning("%s", message)
+
+    async def _close(self, code: int, reason: str, flush: bool) -> None:
+        if flush:  # let the client read why (errors before hello), briefly
+            await self.flush(CLOSE_TIMEOUT_S / 2)
+            self.is_closed = True
+        reason = reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._send({"type": "websocket.close", "code": code, "reason": reason})
+        except TimeoutError:
+            self.abort()  # it reads nothing, not even the close frame
+        except (OSError, RuntimeError):
+            pass  # gone already
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def _write(self) -> None:
+        timeout = self.server.config.write_timeout_s
+        while True:
+            data = await self.outbox.get()
+            if self.is_closed:
+                return
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._send({"type": "websocket.send", "text": data.decode()})
+            except TimeoutError:
+                return self.close(CLOSE_NOT_READING, f"not reading for {timeout:g} s")
+            except (OSError, RuntimeError):  # disconnected, or closed meanwhile
+                return
+
+    @property
+    def is_silent(self) -> bool:
+        """Neither a user's nor a monitor's yet: it counts for no max_connections."""
+        return self.user is None and self._stats_task is None
+
+    def _spoke(self) -> None:
+        """A user or a monitor now: the transport no longer closes it to make room."""
+        if self._transport is not None:
+            self._transport.mark_in_use()
+
+    async def _greet(self) -> None:
+        """Close a connection that is neither a user's nor a monitor's (it holds a socket)."""
+        await asyncio.sleep(HELLO_TIMEOUT_S)
+        if self.is_silent:
+            self.close(CLOSE_NOT_READING, f"no hello within {HELLO_TIMEOUT_S:g} s")
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (a little) until everything queued has been handed to the socket."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not self.outbox.is_empty and not self.is_closed:
+                    await asyncio.sleep(0.01)
+
+    # --- frames in --------------------------------------------------------------------------
+
+    async def handle(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            return self.error("bad_request", "binary frames are not supported; send JSON text")
+        limit = self.server.config.max_frame_bytes
+        size = len(message) if len(message) * 4 <= limit else len(message.encode())
+        if size > limit:
+            return self.error("bad_request", f"frame of {size} bytes exceeds {limit}")
+        try:
+            frame = _decoder.decode(message)
+        except msgspec.DecodeError as e:
+            return self.error("bad_request", f"invalid frame: {e}", _recover_id(message))
+        except RecursionError:
+            return self.error("bad_request", "invalid frame: JSON nested too deeply")
+        if isinstance(frame, Hello):
+            self._hello(frame)
+        elif isinstance(frame, Subscribe):
+            self._subscribe(frame)
+        elif self.user is None:
+            self.error("unauthorized", "say hello first", getattr(frame, "id", None))
+        elif isinstance(frame, Chat):
+            await self._chat(frame)
+        elif isinstance(frame, Cancel):
+            self._cancel(frame)
+
+    def _hello(self, hello: Hello) -> None:
+        if self.user is not None:
+            return self.error("bad_request", f"already said hello as {self.user!r}")
+        if not check_user_name(hello.user):
+            return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
+        access = self.server.access
+        allowed = access.allows_user(hello.user, hello.token)
+        # unknown names share one key: inventing names must not push real users' entries out
+        credential = f"user {hello.user}" if hello.user in access.users else "unknown user"
+        refused = self.server.authenticate(
+            self.address, credential, allowed, "unknown user or wrong token"
+        )
+        if refused:
+            return self.error("unauthorized", refused.message)
+        if self.server.is_full:
+            return self.error("busy", FULL)
+        self.user = hello.user
+        self._spoke()
+        self.send(self.server.welcome(hello.user))
+
+    def _subscribe(self, sub: Subscribe) -> None:
+        allowed = self.server.access.allows_monitor(sub.token)
+        refused = self.server.authenticate(
+            self.address, "monitor", allowed, "stats need the server's monitor token"
+        )
+        if refused:  # an existing subscription goes on
+            return self.error("unauthorized", refused.message)
+        if sub.interval_ms > 0 and self.is_silent and self.server.is_full:
+            return self.error("busy", FULL)
+        if self._stats_task:
+            self._stats_task.cancel()
+            self._stats_task = None
+        if sub.interval_ms > 0:
+            interval = max(sub.interval_ms, MIN_STATS_INTERVAL_MS) / 1e3
+            self._stats_task = asyncio.create_task(self._stream_stats(interval))
+            self._spoke()
+
+    async def _stream_stats(self, interval_s: float) -> None:
+        while not self.is_closed:
+            try:
+                self.outbox.put_stats(await self.server.stats_frame())
+            except Exception:  # the engine failed a snapshot: try again at the next tick
+                log.exception("connection %d: no stats this time", self.num)
+            self._check_backlog()
+            await asyncio.sleep(interval_s)
+
+    async def _chat(self, chat: Chat) -> None:
+        if not chat.id or len(chat.id) > MAX_ID_LENGTH:
+            return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters", chat.id)
+        # in flight: still being tokenized, running, or its `done` not sent yet (usage record)
+        if f"{self.num}:{chat.id}" in self.server.requests or chat.id in self.requests:
+            message = f"id {chat.id!r} is already in flight on this connection"
+            return self.error("bad_request", message, chat.id)
+        messages = [(m.role, m.content) for m in chat.messages]
+        try:
+            request = await self.server.submit(
+                self,
+                self.user,
+                chat.id,
+                f"{self.num}:{chat.id}",
+                chat,
+                lambda: self.server.prompts.chat(messages),
+            )
+        except Refusal as e:
+            return self.error(e.code, e.message, chat.id)
+        if request is not None:
+            self.requests[chat.id] = request
+            self.on_queued(request, self.server.counts.waiting)
+
+    def _cancel(self, cancel: Cancel) -> None:
+        if len(cancel.id) > MAX_ID_LENGTH:
+            return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters")
+        request = self.requests.get(cancel.id)
+        if request is None:  # also the answer for another connection's ids: nothing leaks
+            return self.error("unknown_id", f"no request {cancel.id!r} in flight here", cancel.id)
+        self.server.engine.cancel(request.engine_id)
+
+
+def client_address(scope) -> str:
+    """The client's IP address (the throttle's key)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def _recover_id(message: str) -> str | None:
+    """The `id` of a frame that failed validation, so the error can name the request."""
+    try:
+        found = msgspec.json.decode(message, type=_IdOnly)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return found.id

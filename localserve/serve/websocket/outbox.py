@@ -1,0 +1,103 @@
+"""The stream writer: frames waiting for one websocket, bounded in frames and in bytes.
+
+Frames are encoded when they are queued, so `num_bytes` is what they hold. Token text for a
+request is merged into one waiting frame (a slow reader gets fewer, larger frames, never more
+of them); only the newest stats frame is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import msgspec
+
+from localserve.protocol.frames import TokenDelta
+
+_encoder = msgspec.json.Encoder()
+
+
+_TOKEN_FRAME_BYTES = len(_encoder.encode(TokenDelta("", "")))  # without its id and text
+
+
+class _Text:
+    """A token frame still open for more text, and the bytes counted for it."""
+
+    __slots__ = ("frame", "num_bytes")
+
+    def __init__(self, frame: TokenDelta, num_bytes: int) -> None:
+        self.frame = frame
+        self.num_bytes = num_bytes
+
+
+class _Slot:
+    """An encoded frame that a newer one may replace while it waits (stats)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class Outbox:
+    """Frames waiting to be written, counted in frames and in bytes."""
+
+    def __init__(self) -> None:
+        self._frames: deque[bytes | _Text | _Slot] = deque()
+        self._open_text: dict[str, _Text] = {}
+        self._stats: _Slot | None = None
+        self._ready = asyncio.Event()
+        self.num_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def put(self, frame) -> None:
+        data = _encoder.encode(frame)
+        self._push(data, len(data))
+
+    def put_text(self, client_id: str, text: str) -> None:
+        size = len(_encoder.encode(text)) - 2  # as JSON (escapes included), less the quotes
+        pending = self._open_text.get(client_id)
+        if pending is not None:  # coalesce: the client has not read the last delta yet
+            pending.frame.text += text
+            pending.num_bytes += size
+            self.num_bytes += size
+            return
+        frame = TokenDelta(client_id, text)
+        size += _TOKEN_FRAME_BYTES + len(client_id.encode())
+        self._open_text[client_id] = pending = _Text(frame, size)
+        self._push(pending, size)
+
+    def put_stats(self, data: bytes) -> None:
+        """An encoded stats frame; only the newest snapshot is worth sending."""
+        if self._stats is None:
+            self._stats = _Slot(data)
+            self._push(self._stats, len(data))
+        else:
+            self.num_bytes += len(data) - len(self._stats.data)
+            self._stats.data = data
+
+    def _push(self, item: bytes | _Text | _Slot, num_bytes: int) -> None:
+        self._frames.append(item)
+        self.num_bytes += num_bytes
+        self._ready.set()
+
+    async def get(self) -> bytes:
+        while not self._frames:
+            self._ready.clear()
+            await self._ready.wait()
+        item = self._frames.popleft()
+        if isinstance(item, _Text):
+            del self._open_text[item.frame.id]
+            self.num_bytes -= item.num_bytes
+            return _encoder.encode(item.frame)
+        if isinstance(item, _Slot):
+            self._stats = None
+            item = item.data
+        self.num_bytes -= len(item)
+        return item
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._frames
