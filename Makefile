@@ -26,11 +26,13 @@ run: setup
 test: setup
 	$(PY) -m ruff check localserve tui tests scripts
 	$(PY) -m ruff format --check localserve tui tests scripts
+	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md: no circle, no upward import
 	scripts/install_chromium.sh
 	$(PY) -m pytest
 
 lint: setup
 	$(PY) -m ruff check localserve tui tests scripts
+	$(VENV)/bin/lint-imports
 
 format: setup
 	$(PY) -m ruff format localserve tui tests scripts
