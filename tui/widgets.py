@@ -13,7 +13,6 @@ from textual.widgets import DataTable, Label, Sparkline, Static
 
 from localserve.protocol.frames import UserUsage
 from localserve.protocol.snapshot import Device, Percentiles, Snapshot, Worker
-from localserve.runners.placement import device_label
 from tui.format import MISSING, clip, duration, pct, plural, rate, tokens
 
 USER_COLORS = [
@@ -140,8 +139,8 @@ def devices_text(devices: Sequence[Device], workers: Sequence[Worker], width: in
     down = {w.endpoint for w in workers if not w.up}
     listed = {d.endpoint for d in devices}
     forms = (  # the most said that fits
-        lambda d: f"{device_label(d)} {d.layers}L, KV {d.kv_mib:,.0f} MiB",
-        lambda d: f"{device_label(d)} {d.layers}L",
+        lambda d: f"{d.label} {d.layers}L, KV {d.kv_mib:,.0f} MiB",
+        lambda d: f"{d.label} {d.layers}L",
         lambda d: f"{d.name} {d.layers}L",
     )
     extra = [

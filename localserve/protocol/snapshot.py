@@ -18,6 +18,11 @@ class Device(msgspec.Struct, frozen=True):
     kv_mib: float  # its share of the KV cache (a layer's cells live with the layer)
     endpoint: str = ""  # an RPC worker's host:port
 
+    @property
+    def label(self) -> str:
+        """The device as a person tells it apart: "CPU", "CUDA0", "RPC1 10.0.0.2:50052"."""
+        return f"{self.name} {self.endpoint}" if self.endpoint else self.name
+
 
 class ModelInfo(msgspec.Struct, frozen=True):
     """What the monitor's header shows about the model and the backend."""

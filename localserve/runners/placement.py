@@ -167,16 +167,11 @@ def describe(
     )
 
 
-def device_label(d: Device) -> str:
-    """A device as a person tells it apart: "CPU", "CUDA0", "RPC1 10.0.0.2:50052"."""
-    return f"{d.name} {d.endpoint}" if d.endpoint else d.name
-
-
 def _device_lines(devices: tuple[Device, ...], n_layer: int) -> list[str]:
     """A table under "per device:": name (and endpoint), layers, KV, description."""
     if not devices:
         return []
-    labels = [device_label(d) for d in devices]
+    labels = [d.label for d in devices]
     shares = [f"{d.layers}/{n_layer} layers" for d in devices]
     kvs = [f"{d.kv_mib:,.0f} MiB KV" for d in devices]
     wide = [max(len(x) for x in column) for column in (labels, shares, kvs)]
