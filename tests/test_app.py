@@ -501,7 +501,8 @@ def test_snapshot_with_usage_today(snap_compare, fake_snapshots, size):
 
 def test_importing_the_server_never_loads_textual():
     code = (
-        "import localserve.serve.server, localserve.cli, sys; assert 'textual' not in sys.modules"
+        "import localserve.serve.server, localserve.cli, sys; "
+        "assert 'textual' not in sys.modules and 'tui' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

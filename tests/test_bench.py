@@ -531,9 +531,9 @@ def test_bench_cli_runs_the_load_against_a_peer(tmp_path, capsys):
 
 
 def test_bench_cli_max_tokens_caps_single_workloads_and_conversations():
-    from localserve.cli import _parser, main
+    from localserve.cli import build_parser, main
 
-    p = _parser()
+    p = build_parser()
     assert p.parse_args(["bench"]).max_tokens is None
     assert p.parse_args(["bench", "--workload", "chat", "--max-tokens", "96"]).max_tokens == 96
     with FakeOpenAI() as fake:
@@ -589,7 +589,8 @@ def test_bench_cli_writes_the_conversation_report(tmp_path, capsys):
 
 
 def test_no_prefix_cache_turns_prefix_caching_off():
-    from localserve.cli import _parser, prefix_cache_option
+    from localserve.cli import build_parser
+    from localserve.cli.shared import prefix_cache_option
     from localserve.config import Config
 
     config = Config()
@@ -597,5 +598,5 @@ def test_no_prefix_cache_turns_prefix_caching_off():
     off = prefix_cache_option(config, True)
     assert off.scheduler.prefix_caching is False and config.scheduler.prefix_caching
     assert prefix_cache_option(config, False) is config
-    assert _parser().parse_args(["serve", "--no-prefix-cache"]).no_prefix_cache
-    assert not _parser().parse_args(["serve"]).no_prefix_cache
+    assert build_parser().parse_args(["serve", "--no-prefix-cache"]).no_prefix_cache
+    assert not build_parser().parse_args(["serve"]).no_prefix_cache

@@ -1,5 +1,5 @@
-"""The command line: every subcommand parses, tui's commands arrive through the entry point,
-localserve never imports tui, `serving()` builds and tears down in order; no model needed."""
+"""The command line: every subcommand parses, localserve imports tui only inside the commands
+that open it, `serving()` builds and tears down in order; no model needed."""
 
 from __future__ import annotations
 
@@ -7,18 +7,16 @@ import ast
 import os
 import subprocess
 import sys
-import tomllib
 import urllib.request
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
 from localserve import cli
+from localserve.cli import generate
 from localserve.engine.events import Done
 
 ROOT = Path(__file__).resolve().parent.parent
-GROUP = "localserve.commands"
 COMMANDS = {
     "usage",
     "worker",
@@ -34,28 +32,20 @@ COMMANDS = {
 }
 
 
-def declared() -> dict[str, str]:
-    """The commands pyproject.toml declares for other packages: name -> "module:function"."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project["entry-points"][GROUP]
+# the modules that open tui's apps, and may import tui inside their command functions
+OPENS_TUI = {"demo.py", "monitor.py", "chat.py"}
 
 
 def parser():
-    """The whole parser, with the declared commands whether or not this checkout is installed."""
-    adds = [EntryPoint(name, value, GROUP).load() for name, value in declared().items()]
-    return cli._parser(adds)
+    """The whole parser."""
+    return cli.build_parser()
 
 
 def subcommands(p) -> dict:
     return next(a for a in p._actions if a.dest == "==SUPPRESS==" and a.choices).choices
 
 
-def test_the_tui_commands_are_declared_as_entry_points():
-    assert declared() == {
-        "demo": "tui.cli:add_demo",
-        "monitor": "tui.cli:add_monitor",
-        "chat": "tui.cli:add_chat",
-    }
+def test_every_command_is_on_the_command_line():
     assert set(subcommands(parser())) == COMMANDS
 
 
@@ -76,7 +66,7 @@ def test_no_prefix_cache_on_serve_and_demo():
 
 @pytest.mark.parametrize("command", ["chat", "monitor"])
 def test_chat_and_monitor_take_the_url_the_same_ways(command, capsys):
-    from tui.cli import DEFAULT_URL, server_url
+    from localserve.cli.shared import DEFAULT_URL, server_url
 
     url = "ws://10.0.0.2:9000"
     for argv, expected in [([], DEFAULT_URL), ([url], url), (["--url", url], url)]:
@@ -95,40 +85,50 @@ class Info:
 
 
 def test_the_timing_line_says_what_it_measured(capsys):
-    cli._print_timings(Info, done(ttft_ms=12.4, itl_ms=4.0, e2e_ms=20.0), 0.5)
+    generate._print_timings(Info, done(ttft_ms=12.4, itl_ms=4.0, e2e_ms=20.0), 0.5)
     line = capsys.readouterr().err.splitlines()[-1]
     assert line == "TTFT 12 ms, ITL 4.0 ms (250.0 tokens/s), total 0.50 s"
 
 
 def test_the_timing_line_survives_a_missing_ttft(capsys):
-    cli._print_timings(Info, done(queue_ms=None, ttft_ms=None, itl_ms=None, e2e_ms=None), 0.1)
+    generate._print_timings(Info, done(queue_ms=None, ttft_ms=None, itl_ms=None, e2e_ms=None), 0.1)
     err = capsys.readouterr().err
     assert "finish=length prompt=5 tokens, generated=3 tokens" in err
     assert err.splitlines()[-1] == "TTFT – ms, ITL – ms (– tokens/s), total 0.10 s"
-    cli._print_timings(Info, done(), 0.1)  # no timings at all
+    generate._print_timings(Info, done(), 0.1)  # no timings at all
     assert "TTFT – ms" in capsys.readouterr().err
 
 
-def test_localserve_never_imports_tui():
+def tui_imports(tree: ast.AST) -> list[ast.stmt]:
+    """The import statements under `tree` that import tui or one of its modules."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n == "tui" or n.startswith("tui.") for n in names):
+            found.append(node)
+    return found
+
+
+def test_localserve_imports_tui_only_inside_the_commands_that_open_it():
+    cli_dir = ROOT / "localserve" / "cli"
     for path in (ROOT / "localserve").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            assert not any(n == "tui" or n.startswith("tui.") for n in names), path
+        tree = ast.parse(path.read_text())
+        if path.parent != cli_dir or path.name not in OPENS_TUI:
+            assert not tui_imports(tree), path
+            continue
+        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        inside = {id(i) for f in functions for i in tui_imports(f)}
+        assert all(id(i) in inside for i in tui_imports(tree)), path
 
 
-def test_python_m_localserve_finds_the_tui_commands_through_the_entry_point(tmp_path):
-    """An install's metadata, made from pyproject.toml, on the path before the real one."""
-    dist = tmp_path / "meta" / "localserve-0.1.0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: localserve\nVersion: 0.1.0\n")
-    lines = [f"[{GROUP}]"] + [f"{name} = {value}" for name, value in declared().items()]
-    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    env = os.environ | {"PYTHONPATH": f"{tmp_path / 'meta'}:{ROOT}"}
+def test_python_m_localserve_lists_every_command(tmp_path):
+    """This checkout's command line, run as `python -m localserve`."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
 
     def localserve(*argv: str) -> str:
         command = [sys.executable, "-m", "localserve", *argv]

@@ -1,0 +1,24 @@
+"""`localserve bench-engine`: the engine's decode throughput against bare llama_decode."""
+
+from __future__ import annotations
+
+import argparse
+
+from localserve.cli.shared import add_model_argument
+from localserve.config import load_config
+
+
+def add(sub) -> None:
+    b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
+    add_model_argument(b)
+    b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
+    b.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
+    b.add_argument("--out", help="write the results as JSON here")
+    b.set_defaults(run=cmd_bench_engine)
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from localserve.bench.engine import run_benchmark
+
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    return run_benchmark(load_config(args.config), args.model, concurrency, args.tokens, args.out)

@@ -1,0 +1,43 @@
+"""`localserve models`: the configured models, where their files are, and the llama.cpp build."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from localserve.cli.shared import gpu_warning
+from localserve.config import load_config
+
+
+def add(sub) -> None:
+    m = sub.add_parser("models", help="list configured models; assemble the embedded one")
+    m.set_defaults(run=cmd_models)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from localserve.runners.models import resolve_model
+
+    config = load_config(args.config)
+    for name, model in config.models.items():
+        mark = "*" if name == config.default else " "
+        path = resolve_model(name, model)
+        print(f"{mark} {name:20} {path}  n_ctx={model.n_ctx} max_num_seqs={model.max_num_seqs}")
+    print(_build_line())
+    warning = gpu_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    return 0
+
+
+def _build_line() -> str:
+    """Which llama.cpp is installed: what it can offload to (without loading a model)."""
+    import llama_cpp
+
+    from localserve.runners.rpc import has_local_gpu, supports_rpc
+
+    system = llama_cpp.llama_print_system_info().decode(errors="replace")
+    rpc = ", RPC backend" if supports_rpc() else ""
+    if not has_local_gpu():
+        return f"llama.cpp: CPU build (no GPU offload{rpc})"
+    kind = "CUDA" if "CUDA" in system else "GPU"
+    return f"llama.cpp: {kind} build (layers can be offloaded{rpc})"

@@ -1,0 +1,52 @@
+"""`localserve serve`: the websocket chat server, with the OpenAI API, /healthz and /metrics."""
+
+from __future__ import annotations
+
+import argparse
+
+from localserve.cli.shared import (
+    NO_PREFIX_CACHE_HELP,
+    add_model_argument,
+    prefix_cache_option,
+    say_where,
+    team_options,
+)
+from localserve.config import ConfigError, load_config
+
+
+def add(sub) -> None:
+    s = sub.add_parser("serve", help="the websocket chat server (and /healthz, /metrics)")
+    add_model_argument(s)
+    s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
+    s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")
+    s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
+    s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
+    s.add_argument("--monitor-token", help="require this token for stats subscriptions")
+    s.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
+    s.add_argument("--state-dir", help="usage database and access log (default [server] state_dir)")
+    s.add_argument(
+        "--access-log", help='"off", or a file (default: off on loopback, else in the state dir)'
+    )
+    s.set_defaults(run=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from localserve.ops.auth import Access, load_daily_tokens, load_users
+    from localserve.serve.server import run
+    from localserve.serve.serving import serving
+
+    config = prefix_cache_option(load_config(args.config), args.no_prefix_cache)
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    access = Access(load_users(args.users), args.monitor_token)
+    daily_tokens = load_daily_tokens(args.users)
+    if unknown := sorted(set(daily_tokens) - set(access.users)):
+        raise ConfigError(f"{args.users}: daily_tokens for users it does not have: {unknown}")
+    config.server = team_options(config.server, args, daily_tokens)
+    access.check_bind(host, args.open)  # before the model loads: fail fast
+    with serving(config, args.model, access=access) as served:
+        say_where(served.runner)
+        asyncio.run(run(served.server, host, port))
+    return 0
