@@ -1,7 +1,7 @@
 """Issue 14: the cost of one step of three decoding streams plus a prompt chunk of k tokens at a
 given depth, on the bench's bare llama_batch (median of five), for the embedded model.
 
-    .venv/bin/python benchmarks/issue14_chunks.py [flash_attn: auto|on|off]
+    .venv/bin/python benchmarks/prefill_chunk_cost.py [flash_attn: auto|on|off]
 """
 
 import statistics

@@ -10,7 +10,7 @@ context (n_ctx 8192, 16 sequences, batch 512, flash attention auto). Figures:
 - greedy agreement with f16: a fixed set of prompts, each decoded alone for 48 greedy tokens;
   the share of prompts whose tokens are identical, and the mean length of the common prefix.
 
-Run: `.venv/bin/python benchmarks/issue12_kv.py [--rounds 3]`; JSON to bench-results/.
+Run: `.venv/bin/python benchmarks/kv_cache_types.py [--rounds 3]`; JSON to bench-results/.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def main() -> None:
         print(f"| {kind} | {r['kv_mib']:.0f} | {r['rss_growth_mib']:.0f} | {s1} | {s16} | "
               f"{same} | {prefix} |")
     print(f"control: f16 decoded twice gives identical tokens for {result['f16_again_identical']}")
-    out = ROOT / "bench-results" / "issue12_kv.json"
+    out = ROOT / "bench-results" / "kv_cache_types.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     for runner in runners.values():

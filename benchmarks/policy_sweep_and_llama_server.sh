@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first-party experiment (docs/benchmarks.md): sweeps, continuous vs static, and llama-server
 # side by side on the same model, threads, slots and context. Run on a quiet machine:
-#   LLAMA_SERVER=/path/to/llama-server bash benchmarks/issue5.sh
+#   LLAMA_SERVER=/path/to/llama-server bash benchmarks/policy_sweep_and_llama_server.sh
 # llama-server is built from the llama.cpp sources vendored in the llama-cpp-python 0.3.36
 # source package (see docs/benchmarks.md for the exact commands).
 set -euo pipefail

@@ -6,14 +6,14 @@
 #   split    engine_process = true, the layers split over two `localserve worker`s on loopback
 #            (--threads 1 each), the main process with n_threads = 1 (three processes, 2 cores)
 # Each is benched at 1 user and at 8 users (`bench --workload short --ignore-eos`).
-#   bash benchmarks/issue17.sh    # defaults: ROUNDS=4 N1=12 N8=32 TOKENS=64 PORT=8781 (~9 min)
+#   bash benchmarks/engine_process_boundary.sh    # defaults: ROUNDS=4 N1=12 N8=32 TOKENS=64 PORT=8781 (~9 min)
 # Four rounds, not two: on a shared machine another process's load stalls runs at random.
-# then `.venv/bin/python benchmarks/issue17_report.py bench-results/issue17` prints the tables
+# then `.venv/bin/python benchmarks/engine_process_boundary_report.py bench-results/engine_process_boundary` prints the tables
 # again (the script prints them at the end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results/issue17}
+OUT=${OUT:-bench-results/engine_process_boundary}
 ROUNDS=${ROUNDS:-4}
 N1=${N1:-12}      # requests at 1 user
 N8=${N8:-32}      # requests at 8 users
@@ -153,4 +153,4 @@ for round in $(seq "$ROUNDS"); do
   for name in $order; do run "$name" "$round"; done
 done
 
-"$PY" benchmarks/issue17_report.py "$OUT"
+"$PY" benchmarks/engine_process_boundary_report.py "$OUT"

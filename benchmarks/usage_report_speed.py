@@ -1,6 +1,6 @@
 """How fast the usage record answers with 100,000 rows (issue 16).
 
-    .venv/bin/python benchmarks/issue16_usage.py [--rows 100000]
+    .venv/bin/python benchmarks/usage_report_speed.py [--rows 100000]
 
 Builds a database of `--rows` requests spread over 20 users and the last 30 days in a temporary
 state directory, then times what reads it: the server's start-up (today's totals per user, for

@@ -1,6 +1,6 @@
 """Issue 17's tables: each run's figures, then the servers' ratios, paired within a round.
 
-    .venv/bin/python benchmarks/issue17_report.py bench-results/issue17
+    .venv/bin/python benchmarks/engine_process_boundary_report.py bench-results/engine_process_boundary
 
 Reads NAME-rROUND-cC.json (`localserve bench --out`), NAME in inproc, process, split.
 On a shared machine another process's load shows up as stalls (token gaps of seconds, as when
@@ -110,4 +110,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench-results/issue17")
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-results/engine_process_boundary")

@@ -1,6 +1,6 @@
 """What committing a request's usage row before its `done` costs a client (issue 16).
 
-    .venv/bin/python benchmarks/issue16_done_latency.py [--requests 300]
+    .venv/bin/python benchmarks/usage_done_latency.py [--requests 300]
 
 One client, one request at a time, on the FakeRunner (so the engine costs next to nothing):
 the time from sending `chat` to receiving `done`, with the usage record on (a temporary state

@@ -20,8 +20,8 @@ Latency cells read "p50 over all rounds (lowest-highest per-round p50)", SSE "me
 a wide spread means the machine was noisy.
 Server CPU per op is the server's on-CPU time (/proc/<pid>/task/*/schedstat, ns) over the
 timed ops: what the server itself pays, apart from client and scheduler time in the round trip.
-Run: `.venv/bin/python benchmarks/issue11_stacks.py [--rounds 6]` (aiohttp is not a dependency:
-`.venv/bin/pip install aiohttp` first); JSON goes to bench-results/issue11_stacks.json.
+Run: `.venv/bin/python benchmarks/http_stack_choice.py [--rounds 6]` (aiohttp is not a dependency:
+`.venv/bin/pip install aiohttp` first); JSON goes to bench-results/http_stack_choice.json.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import msgspec
 
 HOST = "127.0.0.1"
 NAMES = {"A": "websockets", "B": "uvicorn+starlette", "C": "aiohttp"}
-OUT = Path(__file__).resolve().parent.parent / "bench-results" / "issue11_stacks.json"
+OUT = Path(__file__).resolve().parent.parent / "bench-results" / "http_stack_choice.json"
 enc, dec = msgspec.json.Encoder(), msgspec.json.Decoder()
 
 WS_MSG = enc.encode({"type": "chat", "id": "r-000001", "user": "bob", "temperature": 0.7,

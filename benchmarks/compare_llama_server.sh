@@ -11,8 +11,8 @@
 #     websocket protocol, llama-server at -b 128, 512 and 2048 (ubatch = batch);
 #  3. the mixed workload (32 requests, 8 users, websocket), continuous against static batching;
 #  4. the engine against a bare llama_decode loop (`bench-engine --concurrency 1,16 --tokens 96`).
-# Then markdown tables from the JSON in OUT (default bench-results/issue14). Run on a quiet machine:
-#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/issue14.sh
+# Then markdown tables from the JSON in OUT (default bench-results/compare_llama_server). Run on a quiet machine:
+#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/compare_llama_server.sh
 # Without LLAMA_SERVER the llama-server runs are skipped. Other settings (environment):
 #   ROUNDS=2          rounds; odd rounds run the servers in one order, even rounds in reverse
 #   BEFORE=<dir>      also localserve from another checkout, labelled "before", e.g.
@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/common.sh
 HERE=$PWD
 PY=${PY:-$HERE/.venv/bin/python}
-OUT=${OUT:-bench-results/issue14}
+OUT=${OUT:-bench-results/compare_llama_server}
 ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-1 2 3 4}
 BATCHES=${BATCHES:-128 512 2048}

@@ -2,7 +2,7 @@
 3,000-token paste is prefilled; each question's client TTFT and the server's own timings.
 
     localserve serve --port 8765 &   # a fresh server (prefix reuse would serve repeats)
-    .venv/bin/python benchmarks/issue14_late.py [ws://127.0.0.1:8765]
+    .venv/bin/python benchmarks/late_question_ttft.py [ws://127.0.0.1:8765]
 """
 
 import asyncio

@@ -3,11 +3,11 @@
 # localserve's websocket protocol, its /v1/chat/completions, its /v1/completions, and
 # llama-server's /v1/completions (same model, context, slots, threads, batch). Rounds alternate
 # the three localserve paths on one server process; llama-server runs after it.
-#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/issue11.sh
+#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/http_vs_websocket.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results/issue11}
+OUT=${OUT:-bench-results/http_vs_websocket}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 

@@ -16,7 +16,7 @@ kind: the user's successes out of the requests, their latency (median, slowest),
 the server closed a squatter's socket. `--server-tree DIR` serves from another checkout (an
 older commit, for the figures before a change).
 
-`.venv/bin/python benchmarks/issue25_sockets.py [--kinds idle,mixed] [--server-tree DIR]`
+`.venv/bin/python benchmarks/socket_squatter.py [--kinds idle,mixed] [--server-tree DIR]`
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def measure(kind: str | None, args) -> dict:
 
 
 def start_server(args) -> subprocess.Popen:
-    state = tempfile.mkdtemp(prefix="issue25-")
+    state = tempfile.mkdtemp(prefix="socket_squatter-")
     env = os.environ | {"LOCALSERVE_STATE_DIR": state}
     if args.server_tree:
         env["PYTHONPATH"] = args.server_tree

@@ -18,7 +18,7 @@ same number of replies, alternating the scenarios twice:
 
 For each: bob's replies (all must be whole), TTFT and ITL percentiles, his longest gap, the
 server's resident memory growth, and how many attacking connections the server dropped.
-Run on a quiet machine: `.venv/bin/python benchmarks/issue10_hostile.py [--replies 12]`.
+Run on a quiet machine: `.venv/bin/python benchmarks/hostile_user.py [--replies 12]`.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def percentile(xs: list[float], q: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replies", type=int, default=12, help="bob's replies per scenario run")
-    parser.add_argument("--out", default="bench-results/issue10.json")
+    parser.add_argument("--out", default="bench-results/hostile_user.json")
     parser.add_argument("--server-tree", help="serve from this checkout (e.g. an older commit)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ kept for cached prefixes widen the window for everyone. This measures one fresh 
 2,000-token conversations were kept as cached prefixes (~6,000 of 8,192 cells), and the same
 with prefix caching off (their cells freed). Run on a quiet machine:
 
-    .venv/bin/python benchmarks/issue6_window.py
+    .venv/bin/python benchmarks/prefix_cache_window_cost.py
 """
 
 from __future__ import annotations

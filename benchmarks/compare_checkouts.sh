@@ -3,11 +3,11 @@
 # before (BEFORE, a checkout of the commit before the step) and after (this checkout), in
 # alternating rounds on one machine. The same client (this checkout's `localserve bench`)
 # measures both servers.
-#   git worktree add /tmp/before ecf2b14 && BEFORE=/tmp/before bash benchmarks/issue13.sh
+#   git worktree add /tmp/before ecf2b14 && BEFORE=/tmp/before bash benchmarks/compare_checkouts.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results/issue13}
+OUT=${OUT:-bench-results/compare_checkouts}
 ROUNDS=${ROUNDS:-2}
 BEFORE=${BEFORE:?a checkout of the code before the change}
 PY=$PWD/.venv/bin/python
