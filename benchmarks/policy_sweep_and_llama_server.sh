@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# The first-party experiment (docs/benchmarks.md): sweeps, continuous vs static, and llama-server
-# side by side on the same model, threads, slots and context. Run on a quiet machine:
-#   LLAMA_SERVER=/path/to/llama-server bash benchmarks/policy_sweep_and_llama_server.sh
+# Does continuous batching beat static batching as users are added, and does localserve beat
+# llama-server on the same model, threads, slots and context? (issue 5, the first-party experiment)
+#   1. `localserve sweep --workloads chat,mixed --concurrency 1,2,4,8,16`: an in-process server
+#      per scheduling policy (continuous, static), REQUESTS requests per point (default 8);
+#   2. `localserve serve`, then llama-server (common.sh's flags), each measured by the same
+#      `localserve bench`: the mixed workload (32 requests, 8 users, ignore_eos, goodput against
+#      TTFT 10 s and TPOT 250 ms) and the origin scenario (`bench --origin`).
+# Run on a quiet machine (without LLAMA_SERVER the llama-server runs are skipped):
+#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/policy_sweep_and_llama_server.sh
+# Prints the sweep's table and each server's mixed-workload summary. Into OUT (default
+# bench-results/policy_sweep_and_llama_server): sweep.json, sweep.md, sweep.svg (throughput
+# against TTFT and ITL p99), NAME-mixed.json/.txt and NAME-origin.json per server, the logs.
 # llama-server is built from the llama.cpp sources vendored in the llama-cpp-python 0.3.36
-# source package (see docs/benchmarks.md for the exact commands).
+# source package (docs/benchmarks.md has the commands). Figures: docs/benchmarks.md, "The
+# first-party experiment: continuous vs static, and llama-server (issue 5)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results}
+OUT=${OUT:-bench-results/policy_sweep_and_llama_server}
 REQUESTS=${REQUESTS:-8}
 mkdir -p "$OUT"
 
