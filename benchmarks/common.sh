@@ -1,4 +1,8 @@
-# Shared by the benchmark scripts (sourced from the repository root).
+# Shared by the benchmark scripts: `source benchmarks/common.sh` from the repository root.
+# Measures nothing itself. It sets LS (the checkout's localserve command) and MODEL (the
+# embedded model's GGUF, assembled if missing), and defines wait_for URL (until an HTTP endpoint
+# answers, 2 minutes at most) and llama_server PORT [BATCH] (llama-server on that model with
+# localserve's serve settings; needs LLAMA_SERVER, the path of a llama-server binary).
 LS=.venv/bin/localserve
 MODEL=$(.venv/bin/python -c "from localserve.runners.models import ensure_embedded; print(ensure_embedded())")
 

@@ -14,6 +14,9 @@
 # against the bare llama_decode loop; (4) a short continuous-vs-static sweep; (5) localserve
 # and llama-server, each serving the same model, context (8192), slots (16) and batch (512):
 # the origin scenario and 16 users of short questions through the same client.
+# Prints the build's system info and progress lines; summary.md holds two tables (engine / bare
+# per concurrency; each server's throughput, TTFT, ITL and origin figures). Figures:
+# docs/benchmarks.md, "The prepared GPU benchmark (issue 12)".
 #
 # Inputs (environment): LLAMA_SRC (llama.cpp sources; default: the vendor/llama.cpp of the
 # llama-cpp-python source package, from pip's download), BUILD (build directory, reused when it

@@ -10,6 +10,8 @@
 #   .gpu-carry/run.sh            the command to run there
 # Then, with the device tool: run(command="bash .gpu-carry/run.sh", carry=[".gpu-carry"]).
 #   bash benchmarks/gpu_carry.sh
+# Measures nothing itself; prints the size of each packed part. run.sh leaves gpu.sh's results
+# in $OUT/gpu (default /tmp/gpu-out/gpu).
 # To try it here first, also carry what the H200's image already has: PYVER=3.11 EXTRA="numpy
 # anyio h11 click idna sniffio typing_extensions jinja2 markupsafe", then
 # GPU=cpu bash .gpu-carry/run.sh.

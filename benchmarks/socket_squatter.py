@@ -1,4 +1,4 @@
-"""One local process squatting on sockets against every other local user (issue 25).
+"""Can one local process squatting on sockets shut out every other local user? (issue 25)
 
 Starts `localserve serve` (the embedded model, default settings, a fresh state directory) as its
 own process. A squatter, one local process, holds --sockets sockets (100) of one kind and opens
@@ -16,7 +16,10 @@ kind: the user's successes out of the requests, their latency (median, slowest),
 the server closed a squatter's socket. `--server-tree DIR` serves from another checkout (an
 older commit, for the figures before a change).
 
-`.venv/bin/python benchmarks/issue25_sockets.py [--kinds idle,mixed] [--server-tree DIR]`
+    .venv/bin/python benchmarks/socket_squatter.py [--kinds idle,mixed] [--server-tree DIR]
+
+Prints one markdown table, a row per kind (and "none", no squatter). Figures:
+docs/benchmarks.md, "One place squatting on sockets (issue 25)".
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def measure(kind: str | None, args) -> dict:
 
 
 def start_server(args) -> subprocess.Popen:
-    state = tempfile.mkdtemp(prefix="issue25-")
+    state = tempfile.mkdtemp(prefix="socket_squatter-")
     env = os.environ | {"LOCALSERVE_STATE_DIR": state}
     if args.server_tree:
         env["PYTHONPATH"] = args.server_tree

@@ -1,7 +1,7 @@
 """What a quantized KV cache does on this machine: memory, decode step time, greedy agreement.
 
-For each KV cell type (f16, q8_0, q4_0) the embedded model is loaded with the server's default
-context (n_ctx 8192, 16 sequences, batch 512, flash attention auto). Figures:
+Issue 12. For each KV cell type (f16, q8_0, q4_0) the embedded model is loaded with the
+server's default context (n_ctx 8192, 16 sequences, batch 512, flash attention auto). Figures:
 
 - memory: the KV cache's size as llama.cpp allocates it (its own log line), and the process's
   RSS growth while loading that runner;
@@ -10,7 +10,14 @@ context (n_ctx 8192, 16 sequences, batch 512, flash attention auto). Figures:
 - greedy agreement with f16: a fixed set of prompts, each decoded alone for 48 greedy tokens;
   the share of prompts whose tokens are identical, and the mean length of the common prefix.
 
-Run: `.venv/bin/python benchmarks/issue12_kv.py [--rounds 3]`; JSON to bench-results/.
+Run (one process holds three runners of the embedded model):
+
+    .venv/bin/python benchmarks/kv_cache_types.py [--rounds 3]
+
+Prints one markdown table, a row per cell type (KV MiB, RSS growth, each round's step time at 1
+and 16 sequences, greedy agreement with f16 and the mean common prefix), and the control line
+(f16 decoded twice); JSON to bench-results/kv_cache_types.json.
+Figures: docs/benchmarks.md, "Quantized KV cells: q8_0 and q4_0 against f16 (issue 12)".
 """
 
 from __future__ import annotations
@@ -118,7 +125,7 @@ def main() -> None:
         print(f"| {kind} | {r['kv_mib']:.0f} | {r['rss_growth_mib']:.0f} | {s1} | {s16} | "
               f"{same} | {prefix} |")
     print(f"control: f16 decoded twice gives identical tokens for {result['f16_again_identical']}")
-    out = ROOT / "bench-results" / "issue12_kv.json"
+    out = ROOT / "bench-results" / "kv_cache_types.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     for runner in runners.values():

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Issue 13: the structural step changes no figure. The engine benchmark and the origin scenario,
-# before (BEFORE, a checkout of the commit before the step) and after (this checkout), in
-# alternating rounds on one machine. The same client (this checkout's `localserve bench`)
-# measures both servers.
-#   git worktree add /tmp/before ecf2b14 && BEFORE=/tmp/before bash benchmarks/issue13.sh
+# Does a change move the engine's figures or the origin scenario's? (issue 13: a structural step
+# that must change no figure) The engine benchmark (`bench-engine --concurrency 1,16 --tokens
+# 48`) and the origin scenario (`serve`, then `bench --origin`), before (BEFORE, a checkout of
+# the commit before the change) and after (this checkout), in ROUNDS alternating rounds (default
+# 2) on one machine. Each side runs from its own checkout's sources; the same client (this
+# checkout's `localserve bench`) measures both servers.
+#   git worktree add /tmp/before <commit> && BEFORE=/tmp/before bash benchmarks/compare_checkouts.sh
+# Prints two tables, one row per side and round: engine / bare at 1 and 16 sequences with the
+# engine's tok/s at 16, then the origin scenario's worst stream gap, late and idle question TTFT
+# and paste TTFT. JSON and logs in OUT (default bench-results/compare_checkouts).
+# Figures: docs/benchmarks.md, "The structural step changes no figure (issue 13)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results/issue13}
+OUT=${OUT:-bench-results/compare_checkouts}
 ROUNDS=${ROUNDS:-2}
 BEFORE=${BEFORE:?a checkout of the code before the change}
 PY=$PWD/.venv/bin/python

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Issue 17: what the engine's process boundary costs, and what a split over two loopback RPC
-# workers costs. Three servers on the embedded model, in alternating rounds on one machine:
+# What does the engine's process boundary cost, and what does a split over two loopback RPC
+# workers cost? (issue 17) Three servers on the embedded model, in alternating rounds on one
+# machine:
 #   inproc   unsplit, [server] engine_process = false (the engine in the server's process)
 #   process  unsplit, engine_process = true (the default: the engine in a supervised child)
 #   split    engine_process = true, the layers split over two `localserve worker`s on loopback
 #            (--threads 1 each), the main process with n_threads = 1 (three processes, 2 cores)
 # Each is benched at 1 user and at 8 users (`bench --workload short --ignore-eos`).
-#   bash benchmarks/issue17.sh    # defaults: ROUNDS=4 N1=12 N8=32 TOKENS=64 PORT=8781 (~9 min)
+#   bash benchmarks/engine_process_boundary.sh
+# Defaults: ROUNDS=4 N1=12 N8=32 TOKENS=64 PORT=8781 (about 9 minutes).
 # Four rounds, not two: on a shared machine another process's load stalls runs at random.
-# then `.venv/bin/python benchmarks/issue17_report.py bench-results/issue17` prints the tables
-# again (the script prints them at the end).
+# At the end it prints engine_process_boundary_report.py's tables: each run's TTFT, ITL, TPOT,
+# tok/s and stalls, then process/inproc, split/process and split/inproc ratios paired within a
+# round; again later with
+#   .venv/bin/python benchmarks/engine_process_boundary_report.py bench-results/engine_process_boundary
+# JSON, bench output and server and worker logs in OUT (default
+# bench-results/engine_process_boundary). Figures: docs/benchmarks.md, "The engine process and
+# a model split over RPC workers (issue 17)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results/issue17}
+OUT=${OUT:-bench-results/engine_process_boundary}
 ROUNDS=${ROUNDS:-4}
 N1=${N1:-12}      # requests at 1 user
 N8=${N8:-32}      # requests at 8 users
@@ -153,4 +160,4 @@ for round in $(seq "$ROUNDS"); do
   for name in $order; do run "$name" "$round"; done
 done
 
-"$PY" benchmarks/issue17_report.py "$OUT"
+"$PY" benchmarks/engine_process_boundary_report.py "$OUT"

@@ -1,7 +1,19 @@
-"""Issue 14: the cost of one step of three decoding streams plus a prompt chunk of k tokens at a
-given depth, on the bench's bare llama_batch (median of five), for the embedded model.
+"""What does a prompt chunk of k tokens add to a step of three decoding streams, at a given depth?
 
-    .venv/bin/python benchmarks/issue14_chunks.py [flash_attn: auto|on|off]
+One step of three decoding streams (at depth 300) plus a chunk of k prompt tokens at depth 200,
+800 and 1,500 into a paste, on the bench's bare llama_batch (`localserve.bench.engine.BareBatch`,
+median of five), for models.toml's default model (run from the repository root), with
+flash attention as configured or as given:
+
+    .venv/bin/python benchmarks/prefill_chunk_cost.py [flash_attn: auto|on|off]
+
+Prints a line per depth: the three decodes alone, then the step in ms for each k (32 ... 256).
+
+A one-off probe whose decision is made (issue 14): a batch of 64 rows or more costs ~30 ms more
+than one of 63 (CPU flash attention changes path there), so the step-cost model prices a token
+by batch size, learned online (docs/benchmarks.md, "Performance, round two (issue 14)", "What
+changed" and "The probes"). Kept because the cliff belongs to the llama.cpp build and the
+machine: rerun it after upgrading llama.cpp or on new hardware to see where the step jumps.
 """
 
 import statistics
@@ -12,9 +24,9 @@ import llama_cpp
 import msgspec
 
 from localserve.bench.engine import BareBatch
+from localserve.bench.scenario import pages
 from localserve.config import load_config
 from localserve.runners.models import open_runner
-from localserve.bench.scenario import pages
 
 config = load_config("models.toml")
 if len(sys.argv) > 1:

@@ -16,9 +16,15 @@ same number of replies, alternating the scenarios twice:
   pings    a connection that sends pings as fast as it can and never reads a pong;
   pastes   four connections pasting 250 KB prompts (far over the context) back to back.
 
-For each: bob's replies (all must be whole), TTFT and ITL percentiles, his longest gap, the
-server's resident memory growth, and how many attacking connections the server dropped.
-Run on a quiet machine: `.venv/bin/python benchmarks/issue10_hostile.py [--replies 12]`.
+Run on a quiet machine (`--server-tree DIR` serves from another checkout, for the figures
+before a change):
+
+    .venv/bin/python benchmarks/hostile_user.py [--replies 12] [--server-tree DIR]
+
+Prints one markdown table, a row per scenario: bob's replies whole (all must be), his TTFT p50,
+ITL p50 and p99, his longest gap, the server's resident memory growth, and how many attacking
+connections the server dropped; the same as JSON to --out (bench-results/hostile_user.json).
+Figures: docs/benchmarks.md, "One hostile user: what everyone else feels (issue 10)".
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from pathlib import Path
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_hostile import RawClient  # noqa: E402  (the tests' bare-socket client)
+from helpers import RawClient  # noqa: E402  (the tests' bare-socket client)
 
 PORT = 8799
 SEA = [{"role": "user", "content": "Tell me about the sea."}]
@@ -214,7 +220,7 @@ def percentile(xs: list[float], q: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replies", type=int, default=12, help="bob's replies per scenario run")
-    parser.add_argument("--out", default="bench-results/issue10.json")
+    parser.add_argument("--out", default="bench-results/hostile_user.json")
     parser.add_argument("--server-tree", help="serve from this checkout (e.g. an older commit)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent

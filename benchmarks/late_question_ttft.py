@@ -1,8 +1,15 @@
-"""Issue 14: ten short questions on an idle server, then ten more while three people stream and a
-3,000-token paste is prefilled; each question's client TTFT and the server's own timings.
+"""How much later is a short question's first token while a paste is prefilled? (issue 14)
 
-    localserve serve --port 8765 &   # a fresh server (prefix reuse would serve repeats)
-    .venv/bin/python benchmarks/issue14_late.py [ws://127.0.0.1:8765]
+Ten short questions on an idle server, then ten more while three people stream and a
+3,000-token paste is prefilled: the origin scenario's late question, ten times instead of once.
+Against a server already running (a fresh one: prefix reuse would serve the repeats):
+
+    localserve serve --port 8765 &
+    .venv/bin/python benchmarks/late_question_ttft.py [ws://127.0.0.1:8765]
+
+Prints, per late question, its client TTFT and the server's queue time and TTFT; then the
+paste's TTFT, the idle and late TTFTs with their medians, and late / idle.
+Figures: docs/benchmarks.md, "Performance, round two (issue 14)", goal 2.
 """
 
 import asyncio

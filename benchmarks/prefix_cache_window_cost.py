@@ -4,9 +4,14 @@ llama.cpp attends over every cell up to the highest one in use (masking the othe
 kept for cached prefixes widen the window for everyone. This measures one fresh request (a
 2,000-token prompt, 64 greedy tokens) on an empty cache and after three other users' finished
 2,000-token conversations were kept as cached prefixes (~6,000 of 8,192 cells), and the same
-with prefix caching off (their cells freed). Run on a quiet machine:
+with prefix caching off (their cells freed). One warm-up, then the three cases interleaved,
+REPEATS (3) times, in this process on the models.toml default model. Run on a quiet machine:
 
-    .venv/bin/python benchmarks/issue6_window.py
+    .venv/bin/python benchmarks/prefix_cache_window_cost.py
+
+Prints one markdown table: per case, the fresh request's TTFT and TPOT (medians).
+Figures: docs/benchmarks.md, "Prefix caching: multi-turn TTFT (issue 6)", "What cached
+prefixes cost others".
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ import statistics
 
 import msgspec
 
+from localserve.bench.scenario import pages
 from localserve.config import load_config
 from localserve.engine.engine import Engine
 from localserve.engine.events import Done
-from localserve.runners.models import open_runner
 from localserve.engine.sampling_params import SamplingParams
-from localserve.bench.scenario import pages
+from localserve.runners.models import open_runner
 
 REPEATS = 3
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 14: localserve and llama-server side by side on one machine, in rounds that alternate
-# which server goes first. The same client (this checkout's `localserve bench`) measures every
-# server; each run is a fresh server process unless said otherwise.
+# Where does localserve stand against llama-server, and against an earlier checkout of itself?
+# (issue 14, performance round two) localserve and llama-server side by side on one machine, in
+# rounds that alternate which server goes first. The same client (this checkout's `localserve
+# bench`) measures every server; each run is a fresh server process unless said otherwise.
 #  1. closed-loop chat throughput and tails: `bench --workload chat --max-tokens 96 --ignore-eos`
 #     at 1, 8 and 16 users (12, 48, 64 requests): localserve over its websocket protocol (which
 #     shares the transcript's preamble as a system prompt), llama-server -b 512 through
@@ -11,8 +12,10 @@
 #     websocket protocol, llama-server at -b 128, 512 and 2048 (ubatch = batch);
 #  3. the mixed workload (32 requests, 8 users, websocket), continuous against static batching;
 #  4. the engine against a bare llama_decode loop (`bench-engine --concurrency 1,16 --tokens 96`).
-# Then markdown tables from the JSON in OUT (default bench-results/issue14). Run on a quiet machine:
-#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/issue14.sh
+# Then it prints four markdown tables (one per part) from the JSON in OUT (default
+# bench-results/compare_llama_server). Figures: docs/benchmarks.md, "Performance, round two
+# (issue 14)". Run on a quiet machine:
+#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/compare_llama_server.sh
 # Without LLAMA_SERVER the llama-server runs are skipped. Other settings (environment):
 #   ROUNDS=2          rounds; odd rounds run the servers in one order, even rounds in reverse
 #   BEFORE=<dir>      also localserve from another checkout, labelled "before", e.g.
@@ -32,7 +35,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/common.sh
 HERE=$PWD
 PY=${PY:-$HERE/.venv/bin/python}
-OUT=${OUT:-bench-results/issue14}
+OUT=${OUT:-bench-results/compare_llama_server}
 ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-1 2 3 4}
 BATCHES=${BATCHES:-128 512 2048}

@@ -1,11 +1,14 @@
 """How fast the usage record answers with 100,000 rows (issue 16).
 
-    .venv/bin/python benchmarks/issue16_usage.py [--rows 100000]
+    .venv/bin/python benchmarks/usage_report_speed.py [--rows 100000]
 
 Builds a database of `--rows` requests spread over 20 users and the last 30 days in a temporary
 state directory, then times what reads it: the server's start-up (today's totals per user, for
 quotas), `localserve usage` for today, 7 days, 30 days and one user, each the median of 5 runs,
 and the whole `localserve usage --since 30d` command as a process.
+
+Prints the database's build time and size, then one line per query with its time in ms.
+Figures: docs/benchmarks.md, "The usage record (issue 16)".
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from localserve.ops import usage
 from localserve.config import ServerConfig
+from localserve.ops import usage
 
 
 def build(path: Path, rows: int, now: float) -> None:

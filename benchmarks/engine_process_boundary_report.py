@@ -1,6 +1,12 @@
-"""Issue 17's tables: each run's figures, then the servers' ratios, paired within a round.
+"""engine_process_boundary.sh's tables: each run's figures, then the ratios, paired in a round.
 
-    .venv/bin/python benchmarks/issue17_report.py bench-results/issue17
+Measures nothing: it reads what engine_process_boundary.sh wrote (issue 17) and prints it.
+
+    .venv/bin/python benchmarks/engine_process_boundary_report.py [OUT]
+
+OUT defaults to bench-results/engine_process_boundary. Prints, per number of users, a table of
+each server's runs (ok/failed, stalls, TTFT p50/p90, ITL p50, TPOT p50, tok/s, C/TPOT), then one
+table of ratios (process/inproc, split/process, split/inproc).
 
 Reads NAME-rROUND-cC.json (`localserve bench --out`), NAME in inproc, process, split.
 On a shared machine another process's load shows up as stalls (token gaps of seconds, as when
@@ -110,4 +116,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench-results/issue17")
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench-results/engine_process_boundary")

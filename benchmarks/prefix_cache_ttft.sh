@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Prefix caching (issue 6): TTFT of turn 5 of a conversation with ~2,000 tokens of history, with
-# and without reuse, and the same against llama-server. Run on a quiet machine:
-#   bash benchmarks/issue6.sh            (LLAMA_SERVER=/path/to/llama-server to use another build)
+# How much does prefix caching cut a returning user's TTFT? (issue 6) The TTFT of turn 5 of a
+# conversation with ~2,000 tokens of history, with and without reuse, and the same against
+# llama-server. Run on a quiet machine:
+#   bash benchmarks/prefix_cache_ttft.sh   (LLAMA_SERVER=/path/to/llama-server for another build)
 # Each conversation reads localserve/data/pages.md part by part (~350 tokens a turn plus a
 # question), resending the whole history each turn; greedy, replies of at most 64 tokens.
 #   1. `localserve serve` (prefix caching on), then each last turn replayed cold (`--cold`:
 #      as another user, who may not reuse the conversation's cells) — with/without in one run;
 #   2. `localserve serve --no-prefix-cache`: every turn prefills its whole prompt;
-#   3. llama-server with the flags of benchmarks/issue5.sh (it keeps each slot's prompt:
-#      `cache_prompt` is on by default), the cold replay with `cache_prompt: false`.
+#   3. llama-server with common.sh's flags (it keeps each slot's prompt: `cache_prompt` is on
+#      by default), the cold replay with `cache_prompt: false`; skipped if LLAMA_SERVER (default
+#      /tmp/llama-build/bin/llama-server) is not there.
+# Settings: CONVERSATIONS (4), TURNS (5), OUT (bench-results/prefix_cache_ttft). Prints each
+# run's per-turn summary, then a table of the last turn's TTFT (with reuse, without, cold, and
+# llama-server's) and whether turn 5 with reuse took at most 30% of without; the table also goes
+# to OUT/summary.md, the runs' JSON, logs and the cached run's /metrics counters beside it.
+# Figures: docs/benchmarks.md, "Prefix caching: multi-turn TTFT (issue 6)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench-results/issue6}
+OUT=${OUT:-bench-results/prefix_cache_ttft}
 LS=.venv/bin/localserve
 CONVERSATIONS=${CONVERSATIONS:-4}
 TURNS=${TURNS:-5}

@@ -1,5 +1,10 @@
 """Which HTTP stack should serve our websocket protocol and the OpenAI API on one port (issue 11)?
 
+A one-off whose decision is made: uvicorn (httptools, websockets-sansio) with Starlette, chosen
+in issue 11 from these figures (docs/benchmarks.md, "Choosing the stack"). Kept because it
+imports nothing of localserve (it cannot go stale with the code) and is the way to revisit the
+choice when a candidate's version moves; nothing else depends on it.
+
 Candidates, each run as its own server subprocess pinned to CPU 0 (the client is pinned to CPU 1):
 
   A  websockets asyncio server alone: the old stack; websocket metrics only (it has no POST).
@@ -20,8 +25,14 @@ Latency cells read "p50 over all rounds (lowest-highest per-round p50)", SSE "me
 a wide spread means the machine was noisy.
 Server CPU per op is the server's on-CPU time (/proc/<pid>/task/*/schedstat, ns) over the
 timed ops: what the server itself pays, apart from client and scheduler time in the round trip.
-Run: `.venv/bin/python benchmarks/issue11_stacks.py [--rounds 6]` (aiohttp is not a dependency:
-`.venv/bin/pip install aiohttp` first); JSON goes to bench-results/issue11_stacks.json.
+
+Run (aiohttp is not a dependency: `.venv/bin/pip install aiohttp` first):
+
+    .venv/bin/python benchmarks/http_stack_choice.py [--rounds 6]
+
+Prints one markdown table (a row per metric, a column per candidate) and a line with message
+sizes, load and duration; the summaries and per-round figures go to
+bench-results/http_stack_choice.json.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ import msgspec
 
 HOST = "127.0.0.1"
 NAMES = {"A": "websockets", "B": "uvicorn+starlette", "C": "aiohttp"}
-OUT = Path(__file__).resolve().parent.parent / "bench-results" / "issue11_stacks.json"
+OUT = Path(__file__).resolve().parent.parent / "bench-results" / "http_stack_choice.json"
 enc, dec = msgspec.json.Encoder(), msgspec.json.Decoder()
 
 WS_MSG = enc.encode({"type": "chat", "id": "r-000001", "user": "bob", "temperature": 0.7,

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Issue 11: the cost of the HTTP path. The same client (`localserve bench`) and workload against
-# localserve's websocket protocol, its /v1/chat/completions, its /v1/completions, and
-# llama-server's /v1/completions (same model, context, slots, threads, batch). Rounds alternate
-# the three localserve paths on one server process; llama-server runs after it.
-#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/issue11.sh
+# What does the HTTP path cost against the websocket path, and against llama-server? (issue 11)
+# The same client (`localserve bench`) and workload (`short`, ignore_eos; 12 requests at 1 user,
+# 64 at 16) against localserve's websocket protocol, its /v1/chat/completions, its
+# /v1/completions, and llama-server's /v1/completions (same model, context, slots, threads,
+# batch). ROUNDS rounds (default 2) alternate the three localserve paths on one server process;
+# llama-server runs after it (skipped without LLAMA_SERVER).
+#   LLAMA_SERVER=/tmp/llama-build/bin/llama-server bash benchmarks/http_vs_websocket.sh
+# Prints one table: per path and number of users, each round's output tok/s, TTFT and ITL p50 /
+# p99, and failures. JSON and logs in OUT (default bench-results/http_vs_websocket).
+# Figures: docs/benchmarks.md, "The HTTP path against the websocket path, and against
+# llama-server" (issue 11).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/common.sh
-OUT=${OUT:-bench-results/issue11}
+OUT=${OUT:-bench-results/http_vs_websocket}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 
