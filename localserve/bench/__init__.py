@@ -24,8 +24,8 @@ from localserve.bench.report import (
 )
 from localserve.bench.runs import ConversationResult
 from localserve.bench.targets import (
+    BenchRequest,
     OpenAITarget,
-    Request,
     RequestResult,
     Target,
     WebSocketTarget,
@@ -51,7 +51,7 @@ __all__ = [
     "Conversation",
     "ConversationResult",
     "OpenAITarget",
-    "Request",
+    "BenchRequest",
     "RequestResult",
     "RequestSpec",
     "Target",

@@ -23,7 +23,7 @@ from localserve.bench.scenario import (
     TOKENS_PER_WORD,
     pages_slice,
 )
-from localserve.bench.targets import Request, RequestResult, Target
+from localserve.bench.targets import BenchRequest, RequestResult, Target
 from localserve.bench.workloads import (
     REPLY_TOKENS,
     Conversation,
@@ -47,10 +47,10 @@ class ConversationResult:
     cold: RequestResult | None = None  # the last turn again, without reuse (cold replay)
 
 
-def single(spec: RequestSpec, ignore_eos: bool, seed: int) -> Request:
+def single(spec: RequestSpec, ignore_eos: bool, seed: int) -> BenchRequest:
     """A workload's request as sent: one user message, sampled."""
     messages = (("user", spec.prompt),)
-    return Request(spec.kind, messages, spec.max_tokens, LOAD_TEMPERATURE, seed, ignore_eos)
+    return BenchRequest(spec.kind, messages, spec.max_tokens, LOAD_TEMPERATURE, seed, ignore_eos)
 
 
 class _Progress:
@@ -143,8 +143,8 @@ async def run_conversations(
         await target.send("warmup", single(RequestSpec("short", SHORT_QUESTIONS[0], 8), True, seed))
 
     async def play(i: int) -> None:
-        def request(messages: list[tuple[str, str]], kind: str, reuse: bool = True) -> Request:
-            return Request(kind, tuple(messages), max_tokens, 0.0, seed + i, ignore_eos, reuse)
+        def request(messages: list[tuple[str, str]], kind: str, reuse: bool = True) -> BenchRequest:
+            return BenchRequest(kind, tuple(messages), max_tokens, 0.0, seed + i, ignore_eos, reuse)
 
         await _play(target, conversations[i], results[i], request, cold, progress)
 
@@ -157,7 +157,7 @@ async def _play(
     target: Target,
     conv: Conversation,
     out: ConversationResult,
-    request: Callable[..., Request],
+    request: Callable[..., BenchRequest],
     cold: bool,
     progress: _Progress,
 ) -> None:

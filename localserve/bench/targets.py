@@ -1,6 +1,6 @@
 """Where the load generator sends its chats, and what it measures of each one.
 
-A `Target` takes a `Request` (messages and sampling, the same for every server) and returns a
+A `Target` takes a `BenchRequest` (messages and sampling, the same for every server) and returns a
 `RequestResult` (timestamps taken on the client, usage as the server reports it). Two kinds:
 
 - `WebSocketTarget`: localserve's own protocol, one connection per user;
@@ -31,7 +31,7 @@ ENDPOINTS = ("completions", "chat")
 
 
 @dataclass(frozen=True)
-class Request:
+class BenchRequest:
     """One chat, as any target sends it."""
 
     kind: str  # the workload's label for it ("short", "turn-3", "cold", ...)
@@ -81,7 +81,7 @@ class RequestResult:
 class Session(Protocol):
     """The turns of one conversation, sent in order."""
 
-    async def ask(self, request: Request) -> tuple[RequestResult, str]:
+    async def ask(self, request: BenchRequest) -> tuple[RequestResult, str]:
         """Send one request and wait for it to end: its result and the reply's text."""
         ...
 
@@ -89,7 +89,7 @@ class Session(Protocol):
 class Target(Protocol):
     """A server under load. Failures come back as results with an `error`, never raised."""
 
-    async def send(self, user: str, request: Request) -> RequestResult:
+    async def send(self, user: str, request: BenchRequest) -> RequestResult:
         """One request on its own connection, under `user`."""
         ...
 
@@ -112,7 +112,7 @@ class WebSocketTarget:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    async def send(self, user: str, request: Request) -> RequestResult:
+    async def send(self, user: str, request: BenchRequest) -> RequestResult:
         async with self.session(user) as session:
             result, _ = await session.ask(request, rid="r")
         return result
@@ -134,7 +134,7 @@ class WebSocketSession:
         self.url, self.user = url, user
         self.client: Client | None = None
 
-    async def ask(self, request: Request, rid: str | None = None) -> tuple[RequestResult, str]:
+    async def ask(self, request: BenchRequest, rid: str | None = None) -> tuple[RequestResult, str]:
         """Send the request as a chat (its id `rid`, else its kind), timed from the chat frame
         to its done frame; a failed connection is a result with the exception's name."""
         try:
@@ -149,7 +149,7 @@ class WebSocketSession:
             await self.client.close()
 
 
-def _chat(request: Request, rid: str) -> Chat:
+def _chat(request: BenchRequest, rid: str) -> Chat:
     return Chat(
         id=rid,
         messages=[Message(role, content) for role, content in request.messages],
@@ -201,7 +201,7 @@ class OpenAITarget:
             raise ValueError(f"--endpoint: {endpoint!r} is not one of {', '.join(ENDPOINTS)}")
         self.url, self.endpoint = url, endpoint
 
-    async def send(self, user: str, request: Request) -> RequestResult:
+    async def send(self, user: str, request: BenchRequest) -> RequestResult:
         result, _ = await self._post(request, user)
         return result
 
@@ -209,7 +209,7 @@ class OpenAITarget:
     async def session(self, user: str) -> AsyncIterator[OpenAISession]:
         yield OpenAISession(self)
 
-    async def _post(self, request: Request, user: str | None) -> tuple[RequestResult, str]:
+    async def _post(self, request: BenchRequest, user: str | None) -> tuple[RequestResult, str]:
         body = self.body(request)
         if user is not None:
             body["user"] = user
@@ -219,7 +219,7 @@ class OpenAITarget:
     def path(self) -> str:
         return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
 
-    def body(self, request: Request) -> dict:
+    def body(self, request: BenchRequest) -> dict:
         """The JSON body of a streaming request, usage included."""
         body: dict = {
             "max_tokens": request.max_tokens,
@@ -245,7 +245,7 @@ class OpenAISession:
     def __init__(self, target: OpenAITarget) -> None:
         self.target = target
 
-    async def ask(self, request: Request) -> tuple[RequestResult, str]:
+    async def ask(self, request: BenchRequest) -> tuple[RequestResult, str]:
         return await self.target._post(request, None)
 
 

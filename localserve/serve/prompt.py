@@ -223,7 +223,7 @@ def _lower_priority() -> None:
     llama.cpp's threads meet at a barrier after every operation: a thread that loses its core
     to other work stalls the whole step. With two cores and two llama.cpp threads, tokenizing a
     pasted 250 KB prompt at normal priority stretched decode steps from 11 ms to over a second;
-    at this priority they stay under 35 ms (benchmarks/issue10_hostile.py).
+    at this priority they stay under 35 ms (benchmarks/hostile_user.py).
     """
     with contextlib.suppress(OSError, AttributeError):  # Linux: per thread; elsewhere: as is
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), TOKENIZER_NICENESS)
