@@ -138,7 +138,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     access_log_format: Literal["plain", "json"] = "plain"
     access_log_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 10 << 20
     access_log_backups: Annotated[int, msgspec.Meta(ge=0, le=100)] = 5
-    # The engine (llama.cpp) runs in a process of its own, watched (supervisor.py): when it
+    # The engine (llama.cpp) runs in a process of its own, watched (engine_process/): when it
     # dies or a step takes longer than step_timeout_s + 4 x its longest step so far (or loading,
     # load_timeout_s), requests in flight fail, new ones are refused, and it is restarted once
     # its RPC workers answer.

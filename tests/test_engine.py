@@ -136,12 +136,15 @@ def test_a_snapshot_nobody_waits_for_any_more_harms_no_request(make_harness):
     """A monitor that disconnects while its snapshot is queued cancels the Future."""
     from concurrent.futures import Future
 
+    from localserve.engine.client import TakeSnapshot
+    from localserve.engine.engine import QueuedCommand
+
     h = make_harness()
     h.add("a", 20, max_tokens=6)
     h.step()
     abandoned: Future = Future()
     abandoned.cancel()
-    h.engine._commands.put(("snapshot", abandoned))
+    h.engine._commands.put(QueuedCommand(TakeSnapshot(), reply=abandoned))
     h.run()
     assert h.done("a").finish_reason == "length" and h.done("a").completion_tokens == 6
 
@@ -206,3 +209,18 @@ def test_a_fault_sends_done_to_requests_that_finished_in_the_broken_step():
         assert done.finish_reason == "cancelled"
     finally:
         engine.stop()
+
+
+def test_the_engine_on_a_thread_and_in_a_process_are_both_engine_clients():
+    """The server is handed either: both have every member of the EngineClient protocol."""
+    from localserve.config import builtin_config
+    from localserve.engine.client import EngineClient
+    from localserve.engine_process.client import EngineProcess
+
+    assert isinstance(Engine(FakeRunner()), EngineClient)
+    config = builtin_config()
+    process = EngineProcess(config, config.default)  # not started: no process, no model
+    try:
+        assert isinstance(process, EngineClient)
+    finally:
+        process._step_clock.close()

@@ -241,9 +241,9 @@ def test_the_engine_stopped_mid_step(served, invariant):
     """SIGSTOP during a long prefill: the watchdog's step limit ends it."""
     with asking(served) as askers:
         clients = streams(served, ("alice", "bob"), LONG_PROMPT)
-        wait_until(lambda: served.engine._busy[0], 10, "a step runs", interval=0.001)
+        wait_until(lambda: served.engine._step_clock.started, 10, "a step runs", interval=0.001)
         os.kill(engine_pid(served), signal.SIGSTOP)
-        longest = served.engine._busy[1]
+        longest = served.engine._step_clock.longest
         within = STEP_TIMEOUT_S + 4 * longest + 10
         for ws in clients:
             ends_with_an_error(ws, within)

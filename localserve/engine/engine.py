@@ -1,8 +1,9 @@
 """The engine: scheduler + runner on one dedicated thread, requests in, events out.
 
 The engine thread owns the llama.cpp context, the scheduler and the metrics. Other threads talk
-to it only through `add_request`, `cancel` and `snapshot` (commands on one queue) and receive
-events (localserve.engine.events) through the `on_events` callback, one list per step, called on the
+to it only through the entry points of `EngineClient` (localserve.engine.client: `add_request`,
+`cancel`, `reject`, `snapshot`, all commands on one queue) and receive events
+(localserve.engine.events) through the `on_events` callback, one list per step, called on the
 engine thread. `step()` runs one iteration synchronously, for tests and tools that drive the
 engine without its thread:
 
@@ -26,11 +27,20 @@ from typing import NamedTuple
 
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, Sampled
+from localserve.engine.client import (
+    AddRequest,
+    CancelRequest,
+    CountRejection,
+    EngineClient,
+    EngineCommand,
+    RequestCommand,
+    StopEngine,
+    TakeSnapshot,
+)
 from localserve.engine.events import Admitted, Done, Event, EventSink, Preempted, Token
 from localserve.engine.kv import KVPool
 from localserve.engine.metrics import Metrics
 from localserve.engine.runner import DecodeError, KVCacheFull, Runner
-from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.snapshot import build_snapshot
@@ -54,7 +64,15 @@ def check_prompt(num_tokens: int, n_ctx: int) -> None:
         raise ValueError(f"too_long: the prompt has {num_tokens} tokens; the context holds {n_ctx}")
 
 
-class Engine:
+class QueuedCommand(NamedTuple):
+    """A command on its way to the engine thread, with what the caller's side made of it."""
+
+    command: EngineCommand
+    seq: Sequence | None = None  # an AddRequest's sequence, built (and checked) by the caller
+    reply: Future[Snapshot] | None = None  # where a TakeSnapshot's snapshot goes
+
+
+class Engine(EngineClient):
     """Continuous batching over one runner; thread-safe entry points, one engine thread."""
 
     problem = ""  # why it does not serve ("" = it does): always "" in the server's own process
@@ -88,43 +106,30 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.timings = StepTimings()  # of the last step
-        # told True before each step of the engine thread and False after (the supervisor's
+        # told True before each step of the engine thread and False after (the engine process's
         # watchdog times steps with it); None: nobody watches
         self.watch: Callable[[bool], None] | None = None
 
-    # --- thread-safe entry points ----------------------------------------------------------
+    # --- thread-safe entry points (add_request, cancel and reject come from EngineClient) ---
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        user: str = "",
-        system_tokens: int = 0,
-        system_is_global: bool = False,
-        client_id: str | None = None,
-    ) -> None:
-        """Queue a request; raises ValueError for an empty, too long or duplicate one.
+    def submit(self, command: RequestCommand) -> None:
+        """Queue a command for the engine thread; an AddRequest raises ValueError for an empty,
+        too long or duplicate request."""
+        seq = self._new_sequence(command) if isinstance(command, AddRequest) else None
+        self._commands.put(QueuedCommand(command, seq=seq))
 
-        `system_tokens`: the prompt starts with a system prompt of this many tokens that other
-        requests may share (the user's own, or every user's with `system_is_global`).
-        `client_id`: the id its client knows it by, for the monitor (default: `request_id`).
-        """
+    def _new_sequence(self, add: AddRequest) -> Sequence:
         n_ctx = self.runner.info.n_ctx
-        check_prompt(len(prompt_tokens), n_ctx)
-        seq = Sequence(request_id, prompt_tokens, params, user, self.clock(), n_ctx)
-        seq.system_tokens = min(system_tokens, len(prompt_tokens))
-        seq.system_is_global = system_is_global
-        seq.client_id = request_id if client_id is None else client_id
+        check_prompt(len(add.prompt_tokens), n_ctx)
+        seq = Sequence(add.request_id, add.prompt_tokens, add.params, add.user, self.clock(), n_ctx)
+        seq.system_tokens = min(add.system_tokens, len(add.prompt_tokens))
+        seq.system_is_global = add.system_is_global
+        seq.client_id = add.request_id if add.client_id is None else add.client_id
         with self._ids_lock:
-            if request_id in self._ids:
-                raise ValueError(f"duplicate request id {request_id!r}")
-            self._ids.add(request_id)
-        self._commands.put(("add", seq))
-
-    def cancel(self, request_id: str) -> None:
-        """Cancel at the next step (also mid-prefill); unknown or finished ids are ignored."""
-        self._commands.put(("cancel", request_id))
+            if add.request_id in self._ids:
+                raise ValueError(f"duplicate request id {add.request_id!r}")
+            self._ids.add(add.request_id)
+        return seq
 
     def snapshot(self) -> Future[Snapshot]:
         """A Future of the next snapshot, built on the engine thread between steps."""
@@ -132,12 +137,8 @@ class Engine:
         if self._thread is None:
             future.set_result(build_snapshot(self))
         else:
-            self._commands.put(("snapshot", future))
+            self._commands.put(QueuedCommand(TakeSnapshot(), reply=future))
         return future
-
-    def reject(self) -> None:
-        """Count a request the server turned away (busy, too long, ...)."""
-        self._commands.put(("reject", None))
 
     # --- the thread ------------------------------------------------------------------------
 
@@ -149,7 +150,7 @@ class Engine:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine thread (in-flight requests are left as they are)."""
         if self._thread is not None:
-            self._commands.put(("stop", None))
+            self._commands.put(QueuedCommand(StopEngine()))
             self._thread.join(timeout)
             self._thread = None
 
@@ -160,7 +161,7 @@ class Engine:
                 if not self.scheduler.has_work:
                     command = self._commands.get()  # idle: sleep until something arrives
                     watch(True)
-                    self._handle(*command)
+                    self._handle(command)
                 watch(True)  # (the step is timed from here; handling a command counts too)
                 self.step()
             except Exception:  # never die silently: fail what is running, keep serving
@@ -193,32 +194,39 @@ class Engine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            self._handle(*command)
+            self._handle(command)
 
-    def _handle(self, kind: str, arg) -> None:
-        if kind == "add":
-            self._seqs[arg.request_id] = arg
-            try:
-                arg.sampler = self.runner.new_sampler(arg.params)
-            except Exception as e:  # this request's settings: it fails alone
-                log.exception("request %s: no sampler", arg.request_id)
-                arg.finish(FinishReason.ERROR, self.clock(), f"sampling setup failed: {e}")
-                self.on_events([self._finish(arg)])
-                return
-            self.scheduler.add(arg)
-        elif kind == "cancel" and arg in self._seqs:
-            self.scheduler.cancel(self._seqs[arg])
-        elif kind == "snapshot":
-            if arg.set_running_or_notify_cancel():  # the asker may have given up (cancelled)
-                try:
-                    arg.set_result(build_snapshot(self))
-                except Exception as e:  # the asker must hear of it, not wait forever
-                    log.exception("snapshot failed")
-                    arg.set_exception(e)
-        elif kind == "reject":
+    def _handle(self, queued: QueuedCommand) -> None:
+        command = queued.command
+        if isinstance(command, AddRequest):
+            self._admit(queued.seq)
+        elif isinstance(command, CancelRequest) and command.request_id in self._seqs:
+            self.scheduler.cancel(self._seqs[command.request_id])
+        elif isinstance(command, TakeSnapshot):
+            self._answer(queued.reply)
+        elif isinstance(command, CountRejection):
             self.metrics.on_rejected()
-        elif kind == "stop":
+        elif isinstance(command, StopEngine):
             self._stopping = True
+
+    def _admit(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        try:
+            seq.sampler = self.runner.new_sampler(seq.params)
+        except Exception as e:  # this request's settings: it fails alone
+            log.exception("request %s: no sampler", seq.request_id)
+            seq.finish(FinishReason.ERROR, self.clock(), f"sampling setup failed: {e}")
+            self.on_events([self._finish(seq)])
+            return
+        self.scheduler.add(seq)
+
+    def _answer(self, reply: Future[Snapshot]) -> None:
+        if reply.set_running_or_notify_cancel():  # the asker may have given up (cancelled)
+            try:
+                reply.set_result(build_snapshot(self))
+            except Exception as e:  # the asker must hear of it, not wait forever
+                log.exception("snapshot failed")
+                reply.set_exception(e)
 
     def _run(self, batch: Batch) -> list[Sampled]:
         """The runner's step. When it computes nothing, the scheduler hears why and empties

@@ -22,10 +22,6 @@ class KVCacheFull(Exception):
     """llama_decode returned 1: no free KV slot for the batch; nothing was computed."""
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine process is down (llama.cpp aborted, a worker is gone) or restarting."""
-
-
 class DecodeError(Exception):
     """llama_decode failed (aborted, invalid batch or a fatal error); the batch is lost."""
 

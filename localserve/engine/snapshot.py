@@ -7,18 +7,32 @@ numbers (live cells, each row's own cells, a request's client id) computed once.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 
+from localserve.config import SchedulerConfig
+from localserve.engine.kv import KVPool
+from localserve.engine.metrics import Metrics
+from localserve.engine.runner import Runner
+from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import Sequence
 from localserve.protocol.snapshot import SeqRow, Snapshot, WaitingRow
 
-if TYPE_CHECKING:
-    from localserve.engine.engine import Engine
+
+class SnapshotSource(Protocol):
+    """What a snapshot reads of the engine (localserve.engine.engine.Engine has all of it)."""
+
+    runner: Runner
+    config: SchedulerConfig
+    kv: KVPool
+    scheduler: Scheduler
+    metrics: Metrics
+    clock: Callable[[], float]
 
 
-def build_snapshot(engine: Engine) -> Snapshot:
+def build_snapshot(engine: SnapshotSource) -> Snapshot:
     """Everything the monitor and /metrics show; call on the engine thread."""
     m, sched, kv, now = engine.metrics, engine.scheduler, engine.kv, engine.clock()
     cached = kv.num_cached

@@ -29,7 +29,9 @@ CPU, GPU, IGPU, ACCEL = 0, 1, 2, 3  # enum ggml_backend_dev_type
 TYPE_NAMES = {CPU: "CPU", GPU: "GPU", IGPU: "iGPU", ACCEL: "accelerator"}
 
 
-class Device(NamedTuple):
+class BackendDevice(NamedTuple):
+    """One device of llama.cpp's registry (ggml's backend devices): a local one or a worker's."""
+
     name: str  # "CPU", "CUDA0", "RPC0", ...
     description: str
     kind: str  # CPU, GPU, iGPU, accelerator
@@ -69,7 +71,7 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
-def devices() -> list[Device]:
+def devices() -> list[BackendDevice]:
     """Every device llama.cpp knows now: local ones, and remote ones once workers are added."""
     lib = _ggml()
     found = []
@@ -78,7 +80,7 @@ def devices() -> list[Device]:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         found.append(
-            Device(
+            BackendDevice(
                 lib.ggml_backend_dev_name(dev).decode(errors="replace"),
                 (lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
                 TYPE_NAMES.get(lib.ggml_backend_dev_type(dev), "other"),

@@ -32,9 +32,10 @@ from starlette.routing import Route
 
 from localserve import __version__
 from localserve.config import ModelConfig, ServerConfig
+from localserve.engine.client import EngineUnavailable
 from localserve.engine.engine import Engine
 from localserve.engine.events import Admitted, Done, Event, Preempted, Token
-from localserve.engine.runner import EngineUnavailable, Runner
+from localserve.engine.runner import Runner
 from localserve.engine.sampling_params import SamplingParams, sampling_params
 from localserve.ops import prometheus
 from localserve.ops.auth import Access, AuthThrottle, address_group, browser_refusal

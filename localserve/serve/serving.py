@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from localserve.config import Config
 from localserve.engine.engine import Engine
 from localserve.engine.runner import Runner
-from localserve.engine_process.supervisor import EngineProcess
+from localserve.engine_process.client import EngineProcess
 from localserve.ops.auth import Access
 from localserve.ops.usage import Usage
 from localserve.serve.server import Server, ServerThread

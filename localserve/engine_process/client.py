@@ -1,43 +1,30 @@
-"""The engine in a process of its own, watched: llama.cpp may abort or hang; the server stays up.
+"""The server's side of the engine process: `EngineProcess`, an `EngineClient`, and its watchdog.
 
-llama.cpp ends its process when something goes badly wrong inside it (SIGABRT: an RPC worker
-that died, an assertion), and waits forever for an RPC worker that stopped answering. So `serve`
-runs the engine (the runner, the scheduler, the metrics: all of localserve.engine.engine) in a child
-process, and the server's process keeps what users see: connections, the queue's bounds, the
-usage record, the monitor. `EngineProcess` has the entry points `Server` uses of `Engine`
-(`add_request`, `cancel`, `reject`, `snapshot`, `on_events`); `Vocabulary` has those of the
-runner (`tokenize`, `apply_chat_template`, `info`, `where`): prompts are tokenized here, with a
-vocabulary-only load of the model, and only token ids cross.
+`EngineProcess` starts the engine process (`localserve.engine_process.child`), sends it the
+engine's commands and hands on what it sends back: events to `on_events`, snapshots to the
+Futures that asked for them. It keeps its own account of each request in flight, so that when
+the process dies every one of them still gets its `done`. `Vocabulary` is the runner's text
+side here: prompts are tokenized in the server's process, with a vocabulary-only load of the
+model, and only token ids cross.
 
-    server process                                  engine process (spawned)
-    Server -> EngineProcess --- Pipe, msgpack ---> reader -> Engine (its own thread) -> llama.cpp
-              ^ watchdog (step time, exit)  <--- events, snapshots --'
-
-The watchdog: the engine thread writes when each step starts into shared memory; a step that
-runs past `step_timeout_s` (or a load past `load_timeout_s`) gets the process killed. Whether it
-died or was killed, every request in flight gets its `done` with `finish_reason = "error"`
-(code `unavailable`), new chats are refused with `unavailable`, the snapshot says why
-(`engine_problem`, and each worker's state), and a new process loads the model again as soon as
-every RPC worker answers llama.cpp's hello (`rpc.probe`, in Python: it cannot abort us).
+Its watchdog (a thread of its own) reads the step clock the engine writes, hears the engine's
+answers, and takes the engine down and up again: it acts on the process's state under the same
+lock as the entry points and the reader, so it lives beside them, in this class.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import logging
-import mmap
 import os
 import queue
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -45,13 +32,28 @@ from multiprocessing.connection import Connection
 import msgspec
 
 from localserve.config import Config, ConfigError
+from localserve.engine.client import (
+    AddRequest,
+    EngineClient,
+    EngineUnavailable,
+    RequestCommand,
+    StopEngine,
+    TakeSnapshot,
+)
 from localserve.engine.engine import check_prompt
 from localserve.engine.events import Admitted, Done, Event, EventSink, Token
-from localserve.engine.runner import EngineUnavailable
-from localserve.engine.sampling_params import SamplingParams
+from localserve.engine_process.messages import (
+    EngineEvents,
+    EngineMessage,
+    Loaded,
+    LoadFailed,
+    LoadModel,
+    SnapshotAnswer,
+)
+from localserve.engine_process.step_clock import StepClock
 from localserve.protocol.snapshot import ModelInfo, Snapshot, Worker
 
-log = logging.getLogger("localserve.engine_process.supervisor")
+log = logging.getLogger("localserve.engine_process.client")
 
 WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
 # a step may take step_timeout_s plus this many times the longest step so far (a slow machine's
@@ -70,72 +72,8 @@ PROBE_TIMEOUT_S = 2.0  # a worker that does not answer its hello in this long is
 RETRY_S = (1.0, 2.0, 5.0, 10.0)  # between restart attempts while workers are missing
 
 
-# --- messages over the pipe (msgpack): server -> engine ----------------------------------------
-
-
-class Add(msgspec.Struct, tag=True, array_like=True):
-    request_id: str
-    tokens: list[int]
-    params: SamplingParams
-    user: str
-    system_tokens: int
-    system_is_global: bool
-    client_id: str | None
-
-
-class Cancel(msgspec.Struct, tag=True, array_like=True):
-    request_id: str
-
-
-class Reject(msgspec.Struct, tag=True, array_like=True):
-    pass
-
-
-class Ask(msgspec.Struct, tag=True, array_like=True):
-    number: int  # the snapshot's number: its answer carries it back
-
-
-class Stop(msgspec.Struct, tag=True, array_like=True):
-    pass
-
-
-Command = Add | Cancel | Reject | Ask | Stop
-
-
-class _Start(msgspec.Struct):
-    """The first message: what to load."""
-
-    config: Config
-    name: str
-
-
-# --- engine -> server ---------------------------------------------------------------------------
-
-
-class Loaded(msgspec.Struct, tag=True):
-    info: ModelInfo
-    where: str  # the start-up block's lines
-
-
-class Failed(msgspec.Struct, tag=True):
-    message: str  # loading failed in Python (a missing file, a context llama.cpp refused)
-
-
-class Events(msgspec.Struct, tag=True):
-    events: list[Event]
-
-
-class Answer(msgspec.Struct, tag=True):
-    number: int
-    snapshot: Snapshot | None
-    error: str = ""
-
-
-Message = Loaded | Failed | Events | Answer
-
-
 @dataclass
-class _Flight:
+class RequestInFlight:
     """A request in the engine process, as far as this side knows it."""
 
     prompt_tokens: int
@@ -181,8 +119,8 @@ class Vocabulary:
         self._vocab.close()
 
 
-class EngineProcess:
-    """The engine in a supervised child process, with `Engine`'s entry points.
+class EngineProcess(EngineClient):
+    """The engine in a supervised child process, behind the same interface as `Engine`.
 
     `start()` loads the model there (raising ConfigError when it cannot: an unreachable worker,
     a file llama.cpp cannot read) and starts the watchdog; `stop()` ends both. Thread-safe.
@@ -196,12 +134,8 @@ class EngineProcess:
         self.problem = "starting"  # "" while it serves
         self.workers = [Worker(endpoint, True) for endpoint in self.model.rpc_workers]
         self.restarts = 0
-        # when the engine's running step started (0: none runs), in memory both processes map
-        self._clock_file = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
-        self._clock_file.truncate(16)
-        self._clock_map = mmap.mmap(self._clock_file.fileno(), 16)
-        # [0]: when the running step started (0: none runs); [1]: the longest step so far
-        self._busy = (ctypes.c_double * 2).from_buffer(self._clock_map)
+        # when the engine's running step started and the longest step, written by the engine
+        self._step_clock = StepClock.create()
         self._lock = threading.Lock()  # the state below
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (conn, data) for the writer
         self._sender: threading.Thread | None = None
@@ -209,8 +143,8 @@ class EngineProcess:
         self._process = None
         self._conn = None
         self._generation = 0  # of the process: a reader of an older one delivers nothing
-        self._loaded: Loaded | Failed | None = None
-        self._flights: dict[str, _Flight] = {}
+        self._loaded: Loaded | LoadFailed | None = None
+        self._flights: dict[str, RequestInFlight] = {}
         self._asked: dict[int, Future[Snapshot]] = {}
         self._numbers = itertools.count(1)
         self._last: Snapshot | None = None
@@ -248,7 +182,7 @@ class EngineProcess:
             time.sleep(0.02)
         loaded = self._loaded
         if not isinstance(loaded, Loaded):
-            why = loaded.message if isinstance(loaded, Failed) else self._death()
+            why = loaded.message if isinstance(loaded, LoadFailed) else self._death()
             self._kill()
             self._outbox.put(None)  # the writer ends
             raise ConfigError(f"models.{self.name}: the engine could not load the model: {why}")
@@ -271,7 +205,7 @@ class EngineProcess:
         """End the engine process (requests in flight are left as they are) and the watchdog."""
         with self._lock:  # from here on no new process is started (_launch looks under it)
             self._stopping = True
-        self._send(self._conn, msgspec.msgpack.encode(Stop()))  # after what is queued
+        self._send(self._conn, msgspec.msgpack.encode(StopEngine()))  # after what is queued
         self._outbox.put(None)  # then the writer ends
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -283,22 +217,21 @@ class EngineProcess:
             self._sender.join(2)
         if self.runner is not None:
             self.runner.close()
-        del self._busy
-        self._clock_map.close()
-        self._clock_file.close()
+        self._step_clock.close()
 
     def _launch(self) -> None:
-        """A new engine process, loading the model (its Loaded or Failed comes to the reader)."""
-        # a program of its own (`python -m localserve.engine_process.supervisor`), not
-        # multiprocessing: fork
-        # would copy the server's threads, spawn would import the caller's main module again
+        """A new engine process, loading the model (its Loaded or LoadFailed comes to the
+        reader)."""
+        # a program of its own (`python -m localserve.engine_process.child`), not
+        # multiprocessing: fork would copy the server's threads, spawn would import the
+        # caller's main module again
         ours, theirs = socket.socketpair()
         root = logging.getLogger()
         files = [h.baseFilename for h in root.handlers if isinstance(h, logging.FileHandler)]
-        fds = (theirs.fileno(), self._clock_file.fileno())
+        fds = (theirs.fileno(), self._step_clock.fileno())
         levels = (root.level, logging.getLogger("llama_cpp").getEffectiveLevel())
         numbers = (*fds, *levels, os.getpid())  # the pid: the child's check that we are there
-        argv = [sys.executable, "-m", "localserve.engine_process.supervisor", *map(str, numbers)]
+        argv = [sys.executable, "-m", "localserve.engine_process.child", *map(str, numbers)]
         # its output goes where ours does: the log file of a full-screen app, else stderr
         output = open(files[0], "ab") if files else None  # noqa: SIM115 (closed below)
         with self._lock:
@@ -308,7 +241,7 @@ class EngineProcess:
                 if output is not None:
                     output.close()
                 return
-            self._busy[0] = self._busy[1] = 0.0
+            self._step_clock.reset()
             self._generation += 1
             self._loaded = None
             self._fault = ""
@@ -326,7 +259,7 @@ class EngineProcess:
                 if output is not None:
                     output.close()
             self._conn = Connection(ours.detach())
-            self._conn.send_bytes(msgspec.msgpack.encode(_Start(self.config, self.name)))
+            self._conn.send_bytes(msgspec.msgpack.encode(LoadModel(self.config, self.name)))
         threading.Thread(
             target=self._read,
             args=(self._conn, self._generation),
@@ -342,44 +275,36 @@ class EngineProcess:
             self.workers = [Worker(w.endpoint, True) for w in self.workers]
         log.info("engine process %d serving %s", self._process.pid, self.name)
 
-    # --- the entry points the server uses ------------------------------------------------------
+    # --- the entry points the server uses (add_request, cancel, reject: EngineClient's) ---
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        user: str = "",
-        system_tokens: int = 0,
-        system_is_global: bool = False,
-        client_id: str | None = None,
-    ) -> None:
-        """As Engine.add_request; raises EngineUnavailable while the engine is down."""
-        check_prompt(len(prompt_tokens), self.runner.info.n_ctx)
-        add = Add(
-            request_id, prompt_tokens, params, user, system_tokens, system_is_global, client_id
-        )
+    def submit(self, command: RequestCommand) -> None:
+        """As Engine.submit; an AddRequest raises EngineUnavailable while the engine is down
+        (a cancel or a rejection is dropped then: the engine has nothing to cancel or count)."""
+        if isinstance(command, AddRequest):
+            self._add(command)
+            return
+        with self._lock:
+            conn = None if self.problem else self._conn
+        self._send(conn, msgspec.msgpack.encode(command))
+
+    def _add(self, add: AddRequest) -> None:
+        check_prompt(len(add.prompt_tokens), self.runner.info.n_ctx)
         data = msgspec.msgpack.encode(add)
         with self._lock:
             if self.problem:
                 raise EngineUnavailable(self.problem)
-            if request_id in self._flights:
-                raise ValueError(f"duplicate request id {request_id!r}")
-            self._flights[request_id] = _Flight(len(prompt_tokens), time.monotonic())
+            if add.request_id in self._flights:
+                raise ValueError(f"duplicate request id {add.request_id!r}")
+            flight = RequestInFlight(len(add.prompt_tokens), time.monotonic())
+            self._flights[add.request_id] = flight
             conn = self._conn
         self._send(conn, data)  # if it died a moment ago, the watchdog fails the flight
-
-    def cancel(self, request_id: str) -> None:
-        self._command(Cancel(request_id))
-
-    def reject(self) -> None:
-        self._command(Reject())
 
     def snapshot(self) -> Future[Snapshot]:
         """A Future of the engine's next snapshot; while it is down, of the last one, emptied,
         with what is wrong."""
         future: Future[Snapshot] = Future()
-        started, longest = self._busy
+        started, longest = self._step_clock.read()
         with self._lock:
             if self.problem:
                 future.set_result(self._down_snapshot())
@@ -391,13 +316,8 @@ class EngineProcess:
             number = next(self._numbers)
             self._asked[number] = future
             conn = self._conn
-        self._send(conn, msgspec.msgpack.encode(Ask(number)))  # if gone, _down answers it
+        self._send(conn, msgspec.msgpack.encode(TakeSnapshot(number)))  # gone: _down answers
         return future
-
-    def _command(self, command: Command) -> None:
-        with self._lock:
-            conn = None if self.problem else self._conn
-        self._send(conn, msgspec.msgpack.encode(command))  # gone: nothing to cancel
 
     def _send(self, conn: Connection | None, data: bytes) -> None:
         """Queue a message for the engine process: the caller (the event loop, the watchdog)
@@ -459,7 +379,7 @@ class EngineProcess:
     def _read(self, conn, generation: int) -> None:
         """Hand on what the engine process sends. If this thread fails, the engine goes down
         (the watchdog restarts it): nothing it sent would reach anyone again."""
-        decoder = msgspec.msgpack.Decoder(Message)
+        decoder = msgspec.msgpack.Decoder(EngineMessage)
         try:
             while True:
                 try:
@@ -467,7 +387,7 @@ class EngineProcess:
                 except (EOFError, OSError):  # the watchdog sees it end
                     return
                 self._heard = time.monotonic()
-                self._handle(decoder.decode(data), generation)
+                self._on_message(decoder.decode(data), generation)
         except Exception as e:
             log.exception("engine reader failed")
             with self._lock:
@@ -477,10 +397,10 @@ class EngineProcess:
             with self._send_lock:  # not while another thread writes to it
                 conn.close()
 
-    def _handle(self, message: Message, generation: int) -> None:
-        if isinstance(message, Events):
+    def _on_message(self, message: EngineMessage, generation: int) -> None:
+        if isinstance(message, EngineEvents):
             self._deliver(message.events, generation)
-        elif isinstance(message, Answer):
+        elif isinstance(message, SnapshotAnswer):
             with self._lock:
                 future = self._asked.pop(message.number, None)
                 snap = message.snapshot
@@ -557,7 +477,7 @@ class EngineProcess:
                 self._serving()
                 self.restarts += 1
                 log.warning("engine process restarted; serving again")
-            elif isinstance(self._loaded, Failed) or process.poll() is not None:
+            elif isinstance(self._loaded, LoadFailed) or process.poll() is not None:
                 why = self._loaded.message if self._loaded else self._death()
                 self._kill()
                 self._down(f"reloading failed: {why}")
@@ -570,7 +490,7 @@ class EngineProcess:
     def _what_is_wrong(self, now: float) -> str:
         """Why the serving engine must be stopped now; "" while all is well."""
         server = self.config.server
-        started, longest = self._busy
+        started, longest = self._step_clock.read()
         limit = self._step_limit(longest)
         if self._fault:  # first: the process ends as the reader closes its end
             return self._fault
@@ -606,7 +526,7 @@ class EngineProcess:
             number = next(self._numbers)
             self._asked[number] = Future()
             conn = self._conn
-        self._send(conn, msgspec.msgpack.encode(Ask(number)))
+        self._send(conn, msgspec.msgpack.encode(TakeSnapshot(number)))
 
     def _gone_worker(self) -> str:
         """A worker whose port refuses connections has gone (llama.cpp would abort at the next
@@ -662,7 +582,7 @@ class EngineProcess:
             down = self._down_snapshot()
         log.error("engine down: %s; %d requests in flight fail", problem, len(flights))
         message = f"the model stopped: {problem}. Try again shortly"
-        events: list[Event] = [_failed(rid, flight, message) for rid, flight in flights.items()]
+        events: list[Event] = [_unavailable_done(rid, f, message) for rid, f in flights.items()]
         try:  # first: nothing below may keep a request from ending
             if events:
                 self.on_events(events)
@@ -716,7 +636,8 @@ def _settle(future: Future, result=None, error: BaseException | None = None) -> 
         log.debug("a snapshot's Future was already resolved", exc_info=True)
 
 
-def _failed(request_id: str, flight: _Flight, message: str) -> Done:
+def _unavailable_done(request_id: str, flight: RequestInFlight, message: str) -> Done:
+    """The `done` of a request the engine process took with it when it ended."""
     timings = flight.timings(time.monotonic())
     return Done(
         request_id,
@@ -728,130 +649,3 @@ def _failed(request_id: str, flight: _Flight, message: str) -> Done:
         error=message,
         error_code="unavailable",
     )
-
-
-# --- the engine process --------------------------------------------------------------------------
-
-
-def _engine_main(
-    conn: Connection, clock_fd: int, level: int, llama_level: int, parent: int
-) -> None:
-    """The child: load the model, run the engine, answer the pipe until told to stop."""
-    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the server decides
-    # when the engine ends (after its grace period), so the engine ignores both
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent(parent)
-    os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort would print gdb's attempt
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("llama_cpp").setLevel(llama_level)  # as the server's (cli.py)
-    clock = mmap.mmap(clock_fd, 16)
-    busy = (ctypes.c_double * 2).from_buffer(clock)
-
-    from localserve.engine.engine import Engine
-    from localserve.runners.models import open_runner
-    from localserve.runners.rpc import add_worker
-
-    lock = threading.Lock()
-    encoder = msgspec.msgpack.Encoder()
-
-    def send(message: Message) -> None:
-        data = encoder.encode(message)
-        with lock:
-            try:
-                conn.send_bytes(data)
-            except OSError:  # the server is gone: so are we
-                os._exit(0)
-
-    start = msgspec.msgpack.decode(conn.recv_bytes(), type=_Start)
-    config, name = start.config, start.name
-    try:
-        for endpoint in config.models[name].rpc_workers:
-            add_worker(endpoint)  # an unreachable one aborts this process: the server says so
-        runner = open_runner(config, name)
-    except Exception as e:
-        logging.getLogger("localserve.engine_process.supervisor").exception(
-            "loading %s failed", name
-        )
-        send(Failed(str(e)))
-        return
-    engine = Engine(runner, config.scheduler, on_events=lambda events: send(Events(events)))
-
-    def watch(running: bool) -> None:
-        now = time.monotonic()
-        if running:
-            busy[0] = now
-        else:
-            busy[1] = max(busy[1], now - busy[0])
-            busy[0] = 0.0
-
-    engine.watch = watch
-    engine.start()
-    send(Loaded(runner.info, runner.where()))
-    _obey(conn, engine, send)
-
-
-def _obey(conn: Connection, engine, send: Callable[[Message], None]) -> None:
-    """The engine process's commands, one after another, until Stop or the server is gone."""
-    decoder = msgspec.msgpack.Decoder(Command)
-    while True:
-        try:
-            command = decoder.decode(conn.recv_bytes())
-        except (EOFError, OSError):
-            os._exit(0)  # the server is gone
-        if isinstance(command, Add):
-            try:
-                engine.add_request(
-                    command.request_id,
-                    command.tokens,
-                    command.params,
-                    user=command.user,
-                    system_tokens=command.system_tokens,
-                    system_is_global=command.system_is_global,
-                    client_id=command.client_id,
-                )
-            except ValueError as e:  # checked on the server's side first: not expected here
-                flight = _Flight(len(command.tokens), time.monotonic())
-                done = _failed(command.request_id, flight, str(e))
-                send(Events([msgspec.structs.replace(done, error_code="internal")]))
-        elif isinstance(command, Cancel):
-            engine.cancel(command.request_id)
-        elif isinstance(command, Reject):
-            engine.reject()
-        elif isinstance(command, Ask):
-            engine.snapshot().add_done_callback(_answer(send, command.number))
-        else:
-            engine.stop()
-            engine.runner.close()
-            os._exit(0)
-
-
-def _answer(send, number: int):
-    """The callback that sends a snapshot's Future's outcome back as an Answer."""
-
-    def answer(future: Future) -> None:
-        try:
-            send(Answer(number, future.result()))
-        except Exception as e:
-            send(Answer(number, None, str(e)))
-
-    return answer
-
-
-def _die_with_parent(parent: int) -> None:
-    """Linux: the engine process gets SIGKILL when the server's process ends, however it ends
-    (strictly: when the server's thread that started it ends; the watchdog outlives it)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    # the parent died before the line above: we were handed to another (init, a subreaper).
-    # Not `getppid() == 1`: the server itself is PID 1 as a container's entrypoint
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-# the engine process:
-# `python -m localserve.engine_process.supervisor CONN_FD CLOCK_FD LOG_LEVEL LLAMA_LOG_LEVEL
-# PARENT_PID`
-if __name__ == "__main__":
-    _engine_main(Connection(int(sys.argv[1])), *map(int, sys.argv[2:6]))
