@@ -97,7 +97,7 @@ class LiveServer:
         self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
 
     def snapshot(self):
-        return self.call(self.server.snapshot())
+        return self.call(self.server.snapshots.fetch())
 
     def wait_idle(self, timeout: float = 30.0):
         """Wait until nothing runs or waits and only cached prefixes hold cells; return it."""
@@ -121,15 +121,15 @@ def configured(live, access=None, **limits):
     """Temporarily change the live server's limits or access rules (with a fresh throttle)."""
     from localserve.ops.auth import AuthThrottle
 
-    server = live.server
-    old = server.config, server.access, server.throttle
+    server, admission = live.server, live.server.admission
+    old = server.config, admission.access, admission.throttle
     server.config = msgspec.structs.replace(server.config, **limits)
-    server.access = access or server.access
-    server.throttle = AuthThrottle(server.config.max_auth_failures_per_minute)
+    admission.access = access or admission.access
+    admission.throttle = AuthThrottle(server.config.max_auth_failures_per_minute)
     try:
         yield server
     finally:
-        server.config, server.access, server.throttle = old
+        server.config, admission.access, admission.throttle = old
 
 
 def live_config():

@@ -128,7 +128,7 @@ class FakeServer:
         self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
 
     def snapshot(self):
-        return self.call(self.server.snapshot())
+        return self.call(self.server.snapshots.fetch())
 
     def wait_idle(self, timeout: float = 30.0):
         """Wait until nothing runs or waits and only cached prefixes hold cells; return it."""

@@ -86,7 +86,7 @@ def never_reading_client(server, frames: list[dict], timeout: float = 60.0) -> l
         for frame in frames:
             incoming.put_nowait({"type": "websocket.receive", "text": json.dumps(frame)})
         scope = {"type": "websocket", "path": "/", "headers": [], "client": ("127.0.0.1", 5)}
-        await asyncio.wait_for(server.server.asgi(scope, receive, send), timeout)
+        await asyncio.wait_for(server.server.app(scope, receive, send), timeout)
         return sent
 
     return server.call(session(), timeout=timeout + 5)
@@ -111,7 +111,7 @@ def test_a_reader_that_stops_reading_is_closed_at_the_byte_limit_and_its_request
         client.close()
         snap = server.wait_idle()  # every reply was cancelled, its cells freed
         assert snap.counters.finished == snap.counters.cancellations == 4
-        assert not server.server.requests and not server.server.connections
+        assert not server.server.admission.requests and not server.server.connections
     finally:
         server.close()
 
@@ -446,8 +446,8 @@ def test_soak_twenty_clients_two_hundred_requests(fake):
     snap = fake.wait_idle()
     assert snap.kv_used == snap.kv_committed == snap.kv_cached
     server = fake.server
-    assert not server.requests and server.counts.waiting == 0
-    assert not server.counts.inflight_per_user and not fake.engine._seqs
+    assert not server.admission.requests and server.admission.counts.waiting == 0
+    assert not server.admission.counts.inflight_per_user and not fake.engine._seqs
     # closed connections finish their handlers
     wait_until(lambda: fake.call(_count_tasks()) <= tasks_before, 30, "handlers finished")
 
@@ -538,19 +538,19 @@ def test_non_ascii_tokens_are_compared_as_bytes(fake, connect, bob):
 
 def test_a_failure_while_handling_a_frame_is_an_internal_error(fake, connect, bob):
     server = fake.server
-    real = server.submit
+    real = server.admission.submit
 
     async def broken(*args):
         raise RuntimeError("boom")
 
     ws = connect()
     ws.hello("ivy")
-    server.submit = broken
+    server.admission.submit = broken
     try:
         ws.chat("x", QUESTION)
         reply = ws.recv()
     finally:
-        server.submit = real
+        server.admission.submit = real
     assert reply["type"] == "error" and reply["code"] == "internal"
     ws.chat("y", QUESTION, max_tokens=2)  # the connection lives on
     assert ws.until_done("y")[-1]["finish_reason"] in ("stop", "length")
@@ -575,8 +575,9 @@ def test_failed_authentication_is_throttled_per_address_and_user(fake, connect, 
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(good, timeout=10)
         assert refused.value.code == 429 and int(refused.value.headers["Retry-After"]) > 0
-        assert server.throttle.num_failures == 10 and server.throttle.num_throttled == 2
-        server.throttle.clock = lambda: time.monotonic() + 61  # a minute later
+        throttle = server.admission.throttle
+        assert throttle.num_failures == 10 and throttle.num_throttled == 2
+        throttle.clock = lambda: time.monotonic() + 61  # a minute later
         assert connect().hello("kate", "correct-horse")["type"] == "welcome"
         text = urllib.request.urlopen(good, timeout=10).read().decode()
         assert 'localserve:auth_failures_total{model_name="fake"} 10' in text
@@ -598,7 +599,7 @@ def test_guessing_from_other_loopback_addresses_counts_as_one_place(fake, bob):
         for i in range(3):
             assert hello(f"127.0.0.{i + 2}", f"guess-{i}")["code"] == "unauthorized"
         assert "try again in" in hello("127.0.0.9", "correct-horse")["message"]
-        assert server.throttle.num_failures == 3
+        assert server.admission.throttle.num_failures == 3
 
 
 def test_metrics_follow_the_stats_rule(fake, bob):

@@ -53,7 +53,7 @@ def served(tmp_path_factory):
 def impatient(monkeypatch):
     """Askers give up on a snapshot after 1 s (the server's own bound is 30 s): a fault must
     not cost anything when the answer, or the engine's end, comes after they gave up."""
-    monkeypatch.setattr("localserve.serve.server.SNAPSHOT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("localserve.serve.snapshots.SNAPSHOT_TIMEOUT_S", 1.0)
 
 
 @pytest.fixture
@@ -195,12 +195,12 @@ def invariant(served, died):
             ws.close()
 
     def settled() -> bool:
-        c = server.counts
-        return not (server.requests or c.waiting or c.waiting_per_user or c.inflight_per_user)
+        c, requests = server.admission.counts, server.admission.requests
+        return not (requests or c.waiting or c.waiting_per_user or c.inflight_per_user)
 
     wait_until(settled, 10, "the server's counts back to zero")
     assert not server.usage._reserved, server.usage._reserved
-    snap = served.thread.call(server.snapshot())
+    snap = served.thread.call(server.snapshots.fetch())
     assert (snap.running, snap.waiting, snap.kv_live) == (0, 0, 0)
     assert not engine._flights and len(engine._asked) <= 2
     names = {t.name for t in threading.enumerate()}

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localserve.ops.auth import Access
-from localserve.serve.openai.api import DEFAULT_USER
+from localserve.serve.openai.validation import DEFAULT_USER
 
 pytestmark = pytest.mark.model
 

@@ -105,7 +105,7 @@ def test_openai_unsupported_fields_are_named_on_the_fake(fake):
 
 def test_a_shutting_down_server_answers_503_in_openai_shape(fake):
     server = fake.server
-    server.is_shutting_down = True
+    server.admission.is_shutting_down = True
     try:
         with pytest.raises(openai.InternalServerError) as e:
             api(fake).chat.completions.create(
@@ -114,7 +114,7 @@ def test_a_shutting_down_server_answers_503_in_openai_shape(fake):
         assert e.value.status_code == 503 and e.value.code == "shutting_down"
         assert e.value.response.headers["Retry-After"] == "1"
     finally:
-        server.is_shutting_down = False
+        server.admission.is_shutting_down = False
 
 
 def test_a_whole_reply_cut_short_by_the_shutdown_is_503_with_retry_after():

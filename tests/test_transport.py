@@ -1,7 +1,7 @@
 """The guarded HTTP and websocket protocols (localserve/serve/transport.py) on a server over the
-FakeRunner: pipelining, the caps on one place's sockets (and their rule, on `Limits` alone),
-a squatter that must not keep others out, malformed frames. What a hostile client does to the
-real model's server is in test_hostile.py.
+FakeRunner: pipelining, the caps on one place's sockets (and their rule, on `ConnectionLimits`
+alone), a squatter that must not keep others out, malformed frames. What a hostile client does
+to the real model's server is in test_hostile.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from helpers import RawClient, Squatter, Streamer, healthy_from, wait_until
 
 from localserve.config import ServerConfig
 from localserve.serve.server import FRAME_SLACK_BYTES
-from localserve.serve.transport import LOG_INTERVAL_S, MIN_IDLE_S, Limits, PlaceLog
+from localserve.serve.transport import LOG_INTERVAL_S, MIN_IDLE_S, ConnectionLimits, PlaceLog
 
 QUESTION = "What is the capital of France?"
 
@@ -129,7 +129,7 @@ def test_every_place_together_is_capped_too():
 
 
 def _limits(**config):
-    limits = Limits(lambda: ServerConfig(**config), 0)
+    limits = ConnectionLimits(lambda: ServerConfig(**config), 0)
     now = [0.0]
     limits.clock = lambda: now[0]
     return limits, now, []

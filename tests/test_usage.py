@@ -29,7 +29,7 @@ from localserve.cli import main
 from localserve.config import ConfigError, ServerConfig
 from localserve.ops import usage
 from localserve.ops.usage import Row, Usage, UsageError
-from localserve.serve import server as server_module
+from localserve.serve import routing as routing_module
 
 
 def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw) -> Row:
@@ -682,7 +682,7 @@ def post(server, body: dict) -> tuple[int, Message, str]:
 
 
 def test_http_replies_say_when_their_row_is_not_recorded(tmp_path, monkeypatch):
-    monkeypatch.setattr(server_module, "RECORD_WAIT_S", 0.2)
+    monkeypatch.setattr(routing_module, "RECORD_WAIT_S", 0.2)
     server = FakeServer(state_dir=str(tmp_path), daily_tokens_per_user={"quinn": 1000})
     store = server.server.usage
     is_failing = threading.Event()
@@ -729,7 +729,7 @@ def usage_of(live, **config):
         yield store
     finally:
         live.wait_idle()
-        wait_until(lambda: server._done_waiting == 0, 30, "every `done` sent")
+        wait_until(lambda: server.router.num_unsent_dones == 0, 30, "every `done` sent")
         server.usage = old
         store.close()
 
@@ -770,14 +770,14 @@ def test_no_done_arrives_before_its_row_is_committed(live, connect, monkeypatch)
         ws = connect()
         ws.hello("yan")
         ws.chat("held", "Say hello.", max_tokens=4)
-        wait_until(lambda: live.server._done_waiting == 1, 60, "the reply generated")
+        wait_until(lambda: live.server.router.num_unsent_dones == 1, 60, "the reply generated")
         assert "done" not in {f["type"] for f in frames_within(ws, 1.5)}
         gate.set()
         done = ws.until_done("held")[-1]
         assert rows_where(store, "held"), "a `done` before its row was committed"
         assert done["recorded"] is True
 
-        monkeypatch.setattr(server_module, "RECORD_WAIT_S", 0.5)
+        monkeypatch.setattr(routing_module, "RECORD_WAIT_S", 0.5)
         gate.clear()
         ws.chat("late", "Say hello.", max_tokens=4)
         done = ws.until_done("late")[-1]
@@ -793,7 +793,7 @@ def test_a_full_disk_while_serving(live, connect, small_disk, monkeypatch):
     """The state directory fills up while serving: `done`s say they are not recorded, /healthz
     and the stats frame say why, chats under a quota are refused; once there is room the kept
     rows are written, and the quota counts survive a restart."""
-    monkeypatch.setattr(server_module, "RECORD_WAIT_S", 1.0)
+    monkeypatch.setattr(routing_module, "RECORD_WAIT_S", 1.0)
     quotas = {"tara": 100_000}
     with usage_of(live, state_dir=str(small_disk.path), daily_tokens_per_user=quotas) as store:
         tara = connect()

@@ -380,9 +380,9 @@ def test_conversations_are_kept_and_each_turn_sends_the_whole_history(browser, s
 
 
 def test_a_token_server_asks_for_the_token_and_refuses_a_wrong_one(browser, fake_server):
-    server = fake_server.server
-    old = server.access
-    server.access = Access({"dave": "dave-secret-token"})
+    admission = fake_server.server.admission
+    old = admission.access
+    admission.access = Access({"dave": "dave-secret-token"})
     try:
         dave = Person.open(browser, fake_server, None)
         page = dave.page
@@ -401,7 +401,7 @@ def test_a_token_server_asks_for_the_token_and_refuses_a_wrong_one(browser, fake
         dave.problems = [p for p in dave.problems if "WebSocket" not in p]  # the refused one
         dave.close()
     finally:
-        server.access = old
+        admission.access = old
 
 
 # --- with the real model ------------------------------------------------------------------------
@@ -517,9 +517,9 @@ def test_two_tabs_keep_both_conversations(browser, scripted):
 
 
 def test_a_shared_browser_shows_each_name_only_its_own_conversations(browser, fake_server):
-    server = fake_server.server
-    old = server.access
-    server.access = Access({"kim": "kim-secret-token", "lee": "lee-secret-token"})
+    admission = fake_server.server.admission
+    old = admission.access
+    admission.access = Access({"kim": "kim-secret-token", "lee": "lee-secret-token"})
     try:
         kim = Person.open(browser, fake_server, "kim", "kim-secret-token")
         kim.say("kim's secret plans")
@@ -543,7 +543,7 @@ def test_a_shared_browser_shows_each_name_only_its_own_conversations(browser, fa
         kim.problems = [p for p in kim.problems if "WebSocket" not in p]
         kim.close()
     finally:
-        server.access = old
+        admission.access = old
 
 
 def test_the_page_tells_a_user_about_their_quota(browser, scripted, tmp_path):

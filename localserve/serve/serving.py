@@ -1,9 +1,10 @@
 """`serving()`: a model served, from a config to a listening server, and back down in order.
 
 One assembly for `localserve serve`, `demo` and `sweep` and for the tests' live server: the
-runner (llama.cpp) is loaded, an engine started on it, a Server wired to both and, when asked,
-started on its own event-loop thread. On the way out the server stops first (in-flight replies
-get the configured grace), then the engine, then the runner is closed.
+runner (llama.cpp) is loaded, an engine started on it, a `Server` (server.py) wired to both
+and, when asked, started as a `ServerThread` on its own event loop. What was built comes back
+as a `ServedModel`. On the way out the server stops first (in-flight replies get the
+configured grace), then the engine, then the runner is closed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from localserve.serve.server import Server, ServerThread
 
 
 @dataclass
-class Serving:
+class ServedModel:
     """What `serving()` built; `thread` is None unless it was asked to listen on a thread."""
 
     name: str  # the model's name in the config
@@ -40,13 +41,13 @@ def serving(
     access: Access | None = None,
     runner: Runner | None = None,
     thread: bool = False,
-) -> Iterator[Serving]:
+) -> Iterator[ServedModel]:
     """Serve `model` (the config's default when None) as `config` says.
 
     access: who may connect (default: anyone, no tokens). runner: an already loaded runner to
     reuse, which then stays open afterwards (the sweep runs several engines on one model).
     thread: start listening on 127.0.0.1, any free port, on a thread of its own (`.thread.url`);
-    otherwise the caller runs the server (`server.run(serving.server, host, port)`).
+    otherwise the caller runs the server (`server.run(served.server, host, port)`).
     """
     from localserve.runners.models import open_runner  # loads llama.cpp: only when needed
 
@@ -68,7 +69,7 @@ def serving(
             stack.callback(engine.stop)
         access = access or Access({})
         server = Server(engine, runner, config.models[name], config.server, access, usage)
-        served = Serving(name, runner, engine, server)
+        served = ServedModel(name, runner, engine, server)
         if thread:
             served.thread = ServerThread(server)
             stack.callback(served.thread.close)

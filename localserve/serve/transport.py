@@ -13,12 +13,13 @@ protocol; these subclasses add what one hostile client must not get past:
   off; no pong within the keepalive closes with 1008 (not while the server itself holds reading
   back); a closing handshake the client does not finish is cut off after CLOSE_TIMEOUT_S; a
   malformed frame closes with the library's code (1007 for invalid UTF-8) and one log line;
-- sockets counted per place and in all (`Limits`): at a cap, the socket of that place idle the
-  longest (no request in progress, or a websocket that has not said hello) is closed to make
-  room, so one place's idle or half-open sockets cannot keep anyone else out.
+- sockets counted per place and in all (`ConnectionLimits`): at a cap, the socket of that
+  place idle the longest (no request in progress, or a websocket that has not said hello) is
+  closed to make room, so one place's idle or half-open sockets cannot keep anyone else out.
 
 The app reaches its connection's protocol through `scope["extensions"]["localserve"]`, to
-abort a connection that stopped reading (a close would wait for its buffer to drain).
+abort a connection that stopped reading (a close would wait for its buffer to drain). Who is
+on the other end, as every front-end reads it, is here too: `client_address`, `bearer_token`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from starlette.requests import HTTPConnection
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
@@ -80,7 +82,7 @@ class PlaceLog:
             del self._last[next(iter(self._last))]
 
 
-class Limits:
+class ConnectionLimits:
     """What a connection may cost, read from the server's current configuration; the sockets
     open, by place, and which of them are idle (may be closed to make room)."""
 
@@ -194,7 +196,19 @@ class _ReadRate:
         self.protocol.resume_if_allowed()
 
 
-def _fix_buffers(transport, limits: Limits) -> None:
+def client_address(scope) -> str:
+    """The client's IP address (the throttle's key)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def bearer_token(request: HTTPConnection) -> str | None:
+    """The token of an `Authorization: Bearer` header (an API key, the monitor token)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _fix_buffers(transport, limits: ConnectionLimits) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BYTES)
@@ -215,7 +229,7 @@ class _HeadTooLarge(Exception):
 class GuardedHTTP(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bounded head, a deadline and a read rate."""
 
-    def __init__(self, *args, limits: Limits, **kwargs) -> None:
+    def __init__(self, *args, limits: ConnectionLimits, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
         self._rate = _ReadRate(self, limits.max_read_rate)
@@ -341,7 +355,7 @@ class GuardedHTTP(HttpToolsProtocol):
 class GuardedWebSocket(WebSocketsSansIOProtocol):
     """uvicorn's websocket protocol (on `websockets`' Sans-I/O core), bounded."""
 
-    def __init__(self, *args, limits: Limits, **kwargs) -> None:
+    def __init__(self, *args, limits: ConnectionLimits, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
         self.close_timeout = CLOSE_TIMEOUT_S

@@ -1,1 +1,2 @@
-"""The websocket front-end: one `Connection` per socket and its bounded outbox."""
+"""The websocket front-end: one `Connection` per socket, its bounded outbox, and `Connections`,
+the registry of them all (their cap, the welcome, the stats frame they share)."""

@@ -1,10 +1,12 @@
 """One websocket connection: its user, its requests, its outbox (docs/protocol.md).
 
 Frames are decoded by one reused msgspec decoder into the closed union of client frames; every
-problem with a frame is an `error` frame and the connection goes on. The server routes engine
-events to the connection that owns the request (`on_token`, `on_queued`, `on_done`); token text
-waiting for a slow reader is coalesced in the outbox, which is bounded in frames and bytes.
-The connection runs on uvicorn's websocket protocol (see transport.py) through plain ASGI.
+problem with a frame is an `error` frame and the connection goes on. Chats go to admission
+through its `Frontdoor`; the server routes engine events to the connection that owns the
+request (`on_token`, `on_queued`, `on_done`); token text waiting for a slow reader is coalesced
+in the outbox, which is bounded in frames and bytes. What connections share (their cap, the
+stats frame) is `Connections`. The connection runs on uvicorn's websocket protocol (see
+transport.py) through plain ASGI.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -30,20 +31,16 @@ from localserve.protocol.frames import (
     Timings,
     Usage,
 )
-from localserve.serve.admission import Refusal
-from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S
+from localserve.serve.admission import MAX_ERROR_CHARS, Frontdoor, Refusal, Request
+from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S, client_address
+from localserve.serve.websocket.connections import Connections
 from localserve.serve.websocket.outbox import Outbox
-
-if TYPE_CHECKING:
-    from localserve.serve.admission import Request
-    from localserve.serve.server import Server
 
 log = logging.getLogger("localserve.serve.websocket.connection")
 
 MAX_ID_LENGTH = 128
 MAX_ERRORS_BEFORE_HELLO = 3  # then the connection is closed: no guessing, no free echo service
 MAX_OUTBOX_FRAMES = 1024  # a client that stops reading is disconnected, not buffered forever
-MAX_ERROR_CHARS = 200  # an error message quotes at most this much of what the client sent
 MIN_STATS_INTERVAL_MS = 50
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
 CLOSE_GOING_AWAY = 1001
@@ -60,8 +57,11 @@ class _IdOnly(msgspec.Struct):
 class Connection:
     """One websocket: its user, its requests, its outbox."""
 
-    def __init__(self, server: Server, scope, receive, send, num: int) -> None:
-        self.server = server
+    def __init__(
+        self, door: Frontdoor, connections: Connections, scope, receive, send, num: int
+    ) -> None:
+        self.door = door
+        self.connections = connections
         self.num = num
         self.address = client_address(scope)
         self._receive, self._send = receive, send
@@ -95,7 +95,7 @@ class Connection:
                 task.cancel()
             if self._stats_task:
                 self._stats_task.cancel()
-            self.server.drop(self)
+            self.connections.drop(self)
 
     async def _guarded(self, message: str | bytes) -> None:
         """Handle a frame; whatever goes wrong is an `internal` error, never a dead connection."""
@@ -126,7 +126,7 @@ class Connection:
                 self.close(CLOSE_NOT_READING, "too many errors before hello", flush=True)
 
     def _check_backlog(self) -> None:
-        outbox, limit = self.outbox, self.server.config.max_outbox_bytes
+        outbox, limit = self.outbox, self.door.config.max_outbox_bytes
         if len(outbox) > MAX_OUTBOX_FRAMES:
             self.close(CLOSE_NOT_READING, f"not reading: over {MAX_OUTBOX_FRAMES} frames unsent")
         elif outbox.num_bytes > limit:
@@ -163,16 +163,16 @@ class Connection:
         self._log_close(code, reason)
         if not flush:
             self.is_closed = True
-            self.server.drop(self)  # their cells are freed at the next step
+            self.connections.drop(self)  # their cells are freed at the next step
         self._close_task = asyncio.ensure_future(self._close(code, reason, flush))
 
     def _log_close(self, code: int, reason: str) -> None:
         message = f"connection {self.num} ({self.user}, {self.address}): closing, {code}: {reason}"
-        limits = self.server.limits
+        place_log = self.connections.place_log
         if code == CLOSE_GOING_AWAY:
             log.info("%s", message)
-        elif self.user is None and limits is not None:  # anyone can cause these, at any rate
-            limits.log.warning(address_group(self.address), "closed before hello", message, log)
+        elif self.user is None and place_log is not None:  # anyone can cause these, at any rate
+            place_log.warning(address_group(self.address), "closed before hello", message, log)
         else:
             log.warning("%s", message)
 
@@ -194,7 +194,7 @@ class Connection:
             self._transport.abort()
 
     async def _write(self) -> None:
-        timeout = self.server.config.write_timeout_s
+        timeout = self.door.config.write_timeout_s
         while True:
             data = await self.outbox.get()
             if self.is_closed:
@@ -235,7 +235,7 @@ class Connection:
     async def handle(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
             return self.error("bad_request", "binary frames are not supported; send JSON text")
-        limit = self.server.config.max_frame_bytes
+        limit = self.door.config.max_frame_bytes
         size = len(message) if len(message) * 4 <= limit else len(message.encode())
         if size > limit:
             return self.error("bad_request", f"frame of {size} bytes exceeds {limit}")
@@ -261,29 +261,29 @@ class Connection:
             return self.error("bad_request", f"already said hello as {self.user!r}")
         if not check_user_name(hello.user):
             return self.error("bad_request", "user: 1-64 printable characters, no outer spaces")
-        access = self.server.access
+        access = self.door.access
         allowed = access.allows_user(hello.user, hello.token)
         # unknown names share one key: inventing names must not push real users' entries out
         credential = f"user {hello.user}" if hello.user in access.users else "unknown user"
-        refused = self.server.authenticate(
+        refused = self.door.authenticate(
             self.address, credential, allowed, "unknown user or wrong token"
         )
         if refused:
             return self.error("unauthorized", refused.message)
-        if self.server.is_full:
+        if self.connections.is_full:
             return self.error("busy", FULL)
         self.user = hello.user
         self._spoke()
-        self.send(self.server.welcome(hello.user))
+        self.send(self.connections.welcome(hello.user))
 
     def _subscribe(self, sub: Subscribe) -> None:
-        allowed = self.server.access.allows_monitor(sub.token)
-        refused = self.server.authenticate(
+        allowed = self.door.access.allows_monitor(sub.token)
+        refused = self.door.authenticate(
             self.address, "monitor", allowed, "stats need the server's monitor token"
         )
         if refused:  # an existing subscription goes on
             return self.error("unauthorized", refused.message)
-        if sub.interval_ms > 0 and self.is_silent and self.server.is_full:
+        if sub.interval_ms > 0 and self.is_silent and self.connections.is_full:
             return self.error("busy", FULL)
         if self._stats_task:
             self._stats_task.cancel()
@@ -296,7 +296,7 @@ class Connection:
     async def _stream_stats(self, interval_s: float) -> None:
         while not self.is_closed:
             try:
-                self.outbox.put_stats(await self.server.stats_frame())
+                self.outbox.put_stats(await self.connections.stats_frame())
             except Exception:  # the engine failed a snapshot: try again at the next tick
                 log.exception("connection %d: no stats this time", self.num)
             self._check_backlog()
@@ -306,24 +306,20 @@ class Connection:
         if not chat.id or len(chat.id) > MAX_ID_LENGTH:
             return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters", chat.id)
         # in flight: still being tokenized, running, or its `done` not sent yet (usage record)
-        if f"{self.num}:{chat.id}" in self.server.requests or chat.id in self.requests:
+        engine_id = f"{self.num}:{chat.id}"
+        if self.door.is_in_flight(engine_id) or chat.id in self.requests:
             message = f"id {chat.id!r} is already in flight on this connection"
             return self.error("bad_request", message, chat.id)
         messages = [(m.role, m.content) for m in chat.messages]
         try:
-            request = await self.server.submit(
-                self,
-                self.user,
-                chat.id,
-                f"{self.num}:{chat.id}",
-                chat,
-                lambda: self.server.prompts.chat(messages),
+            request = await self.door.submit(
+                self, self.user, chat.id, engine_id, chat, lambda prompts: prompts.chat(messages)
             )
         except Refusal as e:
             return self.error(e.code, e.message, chat.id)
         if request is not None:
             self.requests[chat.id] = request
-            self.on_queued(request, self.server.counts.waiting)
+            self.on_queued(request, self.door.num_waiting)
 
     def _cancel(self, cancel: Cancel) -> None:
         if len(cancel.id) > MAX_ID_LENGTH:
@@ -331,13 +327,7 @@ class Connection:
         request = self.requests.get(cancel.id)
         if request is None:  # also the answer for another connection's ids: nothing leaks
             return self.error("unknown_id", f"no request {cancel.id!r} in flight here", cancel.id)
-        self.server.engine.cancel(request.engine_id)
-
-
-def client_address(scope) -> str:
-    """The client's IP address (the throttle's key)."""
-    client = scope.get("client")
-    return str(client[0]) if client else "unknown"
+        self.door.cancel(request)
 
 
 def _recover_id(message: str) -> str | None:

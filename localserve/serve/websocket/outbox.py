@@ -20,7 +20,7 @@ _encoder = msgspec.json.Encoder()
 _TOKEN_FRAME_BYTES = len(_encoder.encode(TokenDelta("", "")))  # without its id and text
 
 
-class _Text:
+class _OpenText:
     """A token frame still open for more text, and the bytes counted for it."""
 
     __slots__ = ("frame", "num_bytes")
@@ -43,8 +43,8 @@ class Outbox:
     """Frames waiting to be written, counted in frames and in bytes."""
 
     def __init__(self) -> None:
-        self._frames: deque[bytes | _Text | _Slot] = deque()
-        self._open_text: dict[str, _Text] = {}
+        self._frames: deque[bytes | _OpenText | _Slot] = deque()
+        self._open_text: dict[str, _OpenText] = {}
         self._stats: _Slot | None = None
         self._ready = asyncio.Event()
         self.num_bytes = 0
@@ -66,7 +66,7 @@ class Outbox:
             return
         frame = TokenDelta(client_id, text)
         size += _TOKEN_FRAME_BYTES + len(client_id.encode())
-        self._open_text[client_id] = pending = _Text(frame, size)
+        self._open_text[client_id] = pending = _OpenText(frame, size)
         self._push(pending, size)
 
     def put_stats(self, data: bytes) -> None:
@@ -78,7 +78,7 @@ class Outbox:
             self.num_bytes += len(data) - len(self._stats.data)
             self._stats.data = data
 
-    def _push(self, item: bytes | _Text | _Slot, num_bytes: int) -> None:
+    def _push(self, item: bytes | _OpenText | _Slot, num_bytes: int) -> None:
         self._frames.append(item)
         self.num_bytes += num_bytes
         self._ready.set()
@@ -88,7 +88,7 @@ class Outbox:
             self._ready.clear()
             await self._ready.wait()
         item = self._frames.popleft()
-        if isinstance(item, _Text):
+        if isinstance(item, _OpenText):
             del self._open_text[item.frame.id]
             self.num_bytes -= item.num_bytes
             return _encoder.encode(item.frame)

@@ -1,0 +1,111 @@
+"""What operators ask the server: `GET /healthz` (load in totals, open to anyone) and
+`GET /metrics` (Prometheus text, behind the monitor token like the stats frames).
+
+/healthz answers within HEALTH_TIMEOUT_S whatever the engine does, and says what is wrong (the
+engine not answering, an engine or usage-record problem, a shutdown) with a 503; the chat page
+shows it as the server's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+
+import msgspec
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from localserve.engine.runner import Runner
+from localserve.ops import prometheus
+from localserve.ops.usage import Usage
+from localserve.serve.admission import Admission
+from localserve.serve.snapshots import Snapshots
+from localserve.serve.transport import bearer_token, client_address
+
+HEALTH_TIMEOUT_S = 2.0  # /healthz answers within this long, whatever the engine does
+
+
+class Health:
+    """The /healthz and /metrics endpoints."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        snapshots: Snapshots,
+        runner: Runner,
+        usage: Callable[[], Usage | None],
+    ) -> None:
+        self.admission = admission
+        self.snapshots = snapshots
+        self.runner = runner
+        self._usage = usage
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage record whose problems /healthz reports (the server's current one)."""
+        return self._usage()
+
+    def routes(self) -> list[Route]:
+        return [Route("/healthz", self.healthz), Route("/metrics", self.metrics)]
+
+    async def healthz(self, request: HttpRequest) -> Response:
+        """Load in totals only (no user's requests): open to anyone, the chat page's status.
+        Within HEALTH_TIMEOUT_S whatever the engine does: an engine that does not answer in
+        that long is a problem, said with the last snapshot that came."""
+        late = ""
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                snap = await self.snapshots.fetch()
+        except TimeoutError:
+            snap = self.snapshots.last
+            late = f"the engine has not answered for {HEALTH_TIMEOUT_S:g} s"
+        usage_problem = self.usage.problem if self.usage is not None else ""
+        problems = [p for p in (late, snap and snap.engine_problem, usage_problem) if p]
+        if self.admission.is_shutting_down:
+            problems.insert(0, "shutting down")
+        info = self.runner.info
+        body = {
+            "ok": not problems,
+            "model": info.model,
+            "backend": info.backend,
+            "tokens": self.admission.access.requires_tokens,
+        }
+        if snap is not None:
+            body |= {
+                "running": snap.running,
+                "waiting": snap.waiting,
+                "max_running": snap.max_num_seqs,
+                "kv_used": snap.kv_used,
+                "kv_cached": snap.kv_cached,
+                "kv_total": snap.kv_total,
+            }
+        if problems or (snap is not None and snap.workers):  # what is wrong; each worker
+            body["problem"] = "; ".join(problems)
+            body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers] if snap else []
+        if usage_problem:  # rows kept in memory, not on disk
+            body["usage_problem"] = usage_problem
+            body["usage_unwritten"] = self.usage.num_unwritten
+        headers = {"Retry-After": "5"} if problems else None
+        return JSONResponse(body, 503 if problems else 200, headers)
+
+    async def metrics(self, request: HttpRequest) -> Response:
+        """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
+        admission = self.admission
+        allowed = admission.access.allows_monitor(bearer_token(request))
+        refused = admission.authenticate(
+            client_address(request.scope),
+            "monitor",
+            allowed,
+            "/metrics needs the monitor token (Bearer)",
+        )
+        if refused is not None:
+            if refused.retry_after_s:
+                wait = {"Retry-After": str(math.ceil(refused.retry_after_s))}
+                return PlainTextResponse(refused.message + "\n", 429, wait)
+            challenge = {"WWW-Authenticate": 'Bearer realm="localserve"'}
+            return PlainTextResponse(refused.message + "\n", 401, challenge)
+        t = admission.throttle
+        text = prometheus.render(await self.snapshots.fetch(), t.num_failures, t.num_throttled)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

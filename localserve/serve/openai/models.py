@@ -1,0 +1,45 @@
+"""`GET /v1/models` and `GET /v1/models/{model}`: the one model this server has.
+
+Both need the same API key as the other endpoints on a server with tokens; an unknown model is
+a 404 that names the one there is.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+
+from localserve.serve.admission import Frontdoor
+from localserve.serve.openai.validation import check_model, identify
+
+_encoder = msgspec.json.Encoder()
+
+
+class Models:
+    """The models endpoints; `created` is when the server started."""
+
+    def __init__(self, door: Frontdoor, created: int) -> None:
+        self.door = door
+        self.created = created
+
+    async def list_models(self, request: HttpRequest) -> Response:
+        identify(self.door, request, None)
+        return _json({"object": "list", "data": [self._card()]})
+
+    async def get_model(self, request: HttpRequest) -> Response:
+        identify(self.door, request, None)
+        check_model(self.door, request.path_params["model"])
+        return _json(self._card())
+
+    def _card(self) -> dict:
+        return {
+            "id": self.door.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "localserve",
+        }
+
+
+def _json(body) -> Response:
+    return Response(_encoder.encode(body), media_type="application/json")

@@ -1,0 +1,121 @@
+"""What every OpenAI request is checked for before admission: its body, its model, its user.
+
+The body is read bounded in bytes (max_frame_bytes) and in time (BODY_TIMEOUT_S) and decoded
+into its endpoint's type; the model, when named, must be this server's. The API key
+(`Authorization: Bearer`) names the user on a server with tokens (failures throttled like any
+token check); on an open server the `user` field does (DEFAULT_USER when absent). Fields that
+would change the output and are not supported are refused with a 400 that names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
+
+from localserve.ops.auth import check_user_name
+from localserve.protocol.frames import SAMPLING_FIELDS, SamplingFields
+from localserve.serve.admission import Frontdoor
+from localserve.serve.openai.errors import CHALLENGE, ApiError, retry_after, unsupported
+from localserve.serve.openai.types import RequestFields
+from localserve.serve.transport import bearer_token, client_address
+
+DEFAULT_USER = "api"  # the user of an open server's HTTP requests that name none
+BODY_TIMEOUT_S = 30.0  # a request body must arrive within this long
+
+Body = TypeVar("Body", bound=RequestFields)
+
+
+async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
+    """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
+    limit = door.config.max_frame_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise ApiError(413, f"request body over {limit} bytes", "request_too_large")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"request body over {limit} bytes", "request_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408, f"request body not received within {BODY_TIMEOUT_S:g} s", "timeout"
+        ) from None
+    except ClientDisconnect:
+        raise ApiError(400, "the client left before its body arrived", "gone") from None
+    try:
+        body = msgspec.json.decode(b"".join(chunks), type=kind)
+    except msgspec.ValidationError as e:
+        raise ApiError(400, f"invalid request: {e}", "invalid_value", _param(e)) from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise ApiError(400, f"invalid JSON body: {e}", "invalid_json") from None
+    check_model(door, body.model)
+    return body
+
+
+def check_model(door: Frontdoor, model: str | None) -> None:
+    """A 404 unless `model` is None or this server's."""
+    if model is not None and model != door.model_name:
+        message = (
+            f"the model {model[:100]!r} does not exist here; this server has "
+            f"{door.model_name!r} (GET /v1/models)"
+        )
+        raise ApiError(404, message, "model_not_found", "model")
+
+
+def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> str:
+    """The user: the API key's owner (a server with tokens), else the `user` field."""
+    access = door.access
+    if access.requires_tokens:
+        user = access.user_for_token(bearer_token(request))
+        refused = door.authenticate(
+            client_address(request.scope), "api key", user is not None, "invalid API key"
+        )
+        if refused is not None and refused.retry_after_s:
+            wait = retry_after(refused.retry_after_s)
+            raise ApiError(
+                429, refused.message, "rate_limit_exceeded", None, "rate_limit_error", wait
+            )
+        if refused is not None:
+            message = (
+                "invalid API key: give a user's token as the API key "
+                "(Authorization: Bearer <token>)"
+            )
+            raise ApiError(401, message, "invalid_api_key", headers=CHALLENGE)
+        return user
+    name = DEFAULT_USER if named is None else named
+    if not check_user_name(name):
+        raise ApiError(
+            400, "user: 1-64 printable characters, no outer spaces", "invalid_value", "user"
+        )
+    return name
+
+
+def sampling_fields(body: RequestFields, max_tokens: int | None, server_max: int) -> SamplingFields:
+    """The one sampling definition from an OpenAI body: fields not given keep the defaults."""
+    given = {name: getattr(body, name, None) for name in SAMPLING_FIELDS}
+    given["max_tokens"] = server_max if max_tokens is None else max_tokens
+    if isinstance(body.stop, str):
+        given["stop"] = [body.stop]
+    return SamplingFields(**{k: v for k, v in given.items() if v is not None})
+
+
+def refuse_unsupported(body: RequestFields) -> None:
+    """The fields both endpoints refuse (each endpoint checks its own too)."""
+    if body.n not in (None, 1):
+        raise unsupported("n", "more than one choice")
+    if body.logit_bias:
+        raise unsupported("logit_bias", "a logit bias")
+
+
+def _param(error: msgspec.ValidationError) -> str | None:
+    """The field a msgspec error names (`... - at `$.messages[0].role``)."""
+    text = str(error)
+    _, sep, path = text.rpartition("at `$.")
+    return path.rstrip("`") if sep else None

@@ -1,0 +1,39 @@
+"""The engine's snapshots, shared: however many ask at once, the engine makes one.
+
+/healthz, /metrics and every monitor's stats frames ask for the engine's state; askers who come
+while a snapshot is on its way wait for that one, so any number of them cost the engine at most
+one snapshot per step. An engine that gives none within SNAPSHOT_TIMEOUT_S has a problem: the
+askers get a TimeoutError, and `last` is the one that came before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from localserve.engine.client import EngineClient
+from localserve.protocol.snapshot import Snapshot
+
+SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
+
+
+class Snapshots:
+    """The engine's next snapshot, one for all who ask while it is on its way."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+        self.last: Snapshot | None = None  # the last one that came
+        self._coming: asyncio.Future[Snapshot] | None = None  # on its way from the engine
+
+    async def fetch(self) -> Snapshot:
+        """The engine's next snapshot, shared with everyone who asks while it comes."""
+        if self._coming is None:
+            self._coming = asyncio.ensure_future(self._fetch())
+        return await asyncio.shield(self._coming)  # one asker giving up cancels nothing
+
+    async def _fetch(self) -> Snapshot:
+        try:
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):  # a stuck engine must not hang us
+                snap = self.last = await asyncio.wrap_future(self.engine.snapshot())
+                return snap
+        finally:
+            self._coming = None

@@ -1,0 +1,144 @@
+"""The server's websocket connections together: their cap, and what they share.
+
+`Connections` holds every open connection: it says when max_connections users and monitors are
+connected, cancels a closed connection's requests, and tells them all at shutdown. What every
+connection would otherwise build for itself is built here once: the welcome frame's terms and
+the stats frame, encoded once for every monitor from the latest shared snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import msgspec
+
+from localserve import __version__
+from localserve.engine.runner import Runner
+from localserve.ops.usage import Usage
+from localserve.protocol.frames import Limits, Stats, Welcome
+from localserve.protocol.snapshot import Snapshot
+from localserve.serve.admission import Frontdoor, Request
+from localserve.serve.snapshots import Snapshots
+from localserve.serve.transport import ConnectionLimits, PlaceLog
+
+_encoder = msgspec.json.Encoder()
+
+
+class Member(Protocol):
+    """What the registry needs of one connection (websocket/connection.py's `Connection`)."""
+
+    requests: dict[str, Request]
+
+    @property
+    def is_silent(self) -> bool: ...
+
+    def send(self, frame) -> None: ...
+    def close(self, code: int, reason: str, flush: bool = False) -> None: ...
+    async def flush(self, timeout: float) -> None: ...
+
+
+class Connections:
+    """The open websocket connections, their cap, the welcome and the shared stats frame."""
+
+    def __init__(
+        self,
+        door: Frontdoor,
+        snapshots: Snapshots,
+        runner: Runner,
+        usage: Callable[[], Usage | None],
+    ) -> None:
+        self._door = door
+        self._snapshots = snapshots
+        self._runner = runner
+        self._usage = usage
+        self._members: set[Member] = set()
+        self.limits: ConnectionLimits | None = None  # the server's sockets, once it listens
+        # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
+        self._stats_frame: tuple[Snapshot | None, tuple[int, str], bytes] = (None, (0, ""), b"")
+
+    @property
+    def usage(self) -> Usage | None:
+        """The quotas and the day's usage the frames show (the server's current record)."""
+        return self._usage()
+
+    def __iter__(self) -> Iterator[Member]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, member: Member) -> None:
+        self._members.add(member)
+
+    def drop(self, member: Member) -> None:
+        """A closed connection: cancel its requests (their cells are freed at the next step).
+
+        Called when it is closed, and again when its handler ends: cancelling twice is harmless.
+        """
+        self._members.discard(member)
+        for request in member.requests.values():
+            self._door.cancel(request)
+
+    @property
+    def is_full(self) -> bool:
+        """max_connections users and monitors are connected.
+
+        One that has said no hello counts for none: the socket caps bound those, and one
+        place's silent sockets must not keep everyone else out (transport.ConnectionLimits).
+        """
+        return sum(not m.is_silent for m in self._members) >= self._door.config.max_connections
+
+    @property
+    def place_log(self) -> PlaceLog | None:
+        """The server's log of trouble by place (one line per place and kind), once it listens."""
+        return self.limits.log if self.limits is not None else None
+
+    def welcome(self, user: str) -> Welcome:
+        """The answer to a user's hello: the model, the limits, the user's quota."""
+        c = self._door.config
+        limits = Limits(
+            c.max_frame_bytes,
+            c.max_tokens,
+            c.max_inflight_per_user,
+            c.max_queued_per_user,
+            c.max_queued,
+        )
+        info = self._runner.info
+        usage = self.usage
+        quota = usage.quota(user) if usage is not None else None
+        return Welcome(
+            self._door.model_name,
+            info.n_ctx,
+            limits,
+            __version__,
+            backend=info.backend,
+            quota=quota,
+        )
+
+    async def stats_frame(self) -> bytes:
+        """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
+        snap = await self._snapshots.fetch()
+        usage = self.usage
+        version = (usage.version, usage.problem) if usage is not None else (0, "")
+        built_from, built_version, frame = self._stats_frame
+        if built_from is not snap or built_version != version:
+            today = usage.today() if usage is not None else []
+            frame = _encoder.encode(Stats(snap, today, usage_problem=version[1]))
+            self._stats_frame = (snap, version, frame)
+        return frame
+
+    # --- shutdown -------------------------------------------------------------------------------
+
+    def tell_all(self, frame) -> None:
+        for member in list(self._members):
+            member.send(frame)
+
+    async def flush_all(self, timeout: float) -> None:
+        """Wait (a little) until every connection has handed what it queued to its socket."""
+        await asyncio.gather(*(member.flush(timeout) for member in self._members))
+
+    def close_all(self, code: int, reason: str) -> None:
+        for member in list(self._members):
+            member.close(code, reason)
