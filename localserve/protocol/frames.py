@@ -114,7 +114,9 @@ class TokenDelta(msgspec.Struct, tag="token"):
     text: str  # one or more tokens' text (coalesced when the client reads slowly)
 
 
-class Usage(msgspec.Struct):
+class ReplyUsage(msgspec.Struct):
+    """The token counts of one reply, in its `done` frame."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -130,7 +132,7 @@ class Timings(msgspec.Struct):
 class Finished(msgspec.Struct, tag="done"):
     id: str
     finish_reason: str  # stop | length | cancelled | error
-    usage: Usage
+    usage: ReplyUsage
     timings: Timings
     recorded: bool = True  # its usage row committed (older servers: always claimed)
 

@@ -27,9 +27,9 @@ from localserve.protocol.frames import (
     Finished,
     Hello,
     Queued,
+    ReplyUsage,
     Subscribe,
     Timings,
-    Usage,
 )
 from localserve.serve.admission import MAX_ERROR_CHARS, Frontdoor, Refusal, Request
 from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S, client_address
@@ -147,7 +147,7 @@ class Connection:
             del self.requests[request.client_id]
         if done.finish_reason == "error":
             self.error(done.error_code, done.error or "engine error", request.client_id)
-        usage = Usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+        usage = ReplyUsage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
         t = done.timings
         timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"])
         recorded = request.is_recorded
