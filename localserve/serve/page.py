@@ -1,4 +1,4 @@
-"""The chat page: static files shipped inside the package (localserve/web/), served at `/`.
+"""The chat page: static files shipped inside the package (localserve/serve/web/), served at `/`.
 
 No build step, no CDN, no external fonts: the HTML, CSS and JavaScript below and the vendored
 Markdown parser and sanitizer (web/vendor/, see its README) are read once and served from
