@@ -529,7 +529,7 @@ class Usage:
             )
         self._num_lost_now += 1
         self.num_lost += 1
-        _run(then, row, False)
+        _tell_recorded(then, row, False)
 
     def _write(self) -> None:
         """Check the file, then commit the unwritten rows in one transaction and let their
@@ -545,7 +545,7 @@ class Usage:
         self._unwritten.clear()
         self._fixed(len(entries))
         for (row, then), ok in zip(entries, recorded, strict=True):
-            _run(then, row, ok)
+            _tell_recorded(then, row, ok)
 
     def _insert(self, rows: list[Row]) -> list[bool]:
         """Commit the rows; a row SQLite will never take (a bad value) is left out (False) and
@@ -654,7 +654,7 @@ class Usage:
             self.num_lost += len(self._unwritten)
             while self._unwritten:
                 row, then = self._unwritten.popleft()
-                _run(then, row, False)
+                _tell_recorded(then, row, False)
         _close_quietly(self.db)
 
     def _access_log(self, row: Row) -> None:
@@ -785,7 +785,7 @@ class Usage:
         )
 
 
-def _run(then: Callable[[bool], None], row: Row, recorded: bool) -> None:
+def _tell_recorded(then: Callable[[bool], None], row: Row, recorded: bool) -> None:
     try:
         then(recorded)
     except Exception:

@@ -87,14 +87,14 @@ def _model_params(cfg: ModelConfig):
     return mparams, shares
 
 
-class _Chain:
+class _SamplerChain:
     """A llama.cpp sampler chain (penalties need its token history)."""
 
     def __init__(self, ptr) -> None:
         self.ptr = ptr
 
 
-class _Text:
+class _TokenText:
     """Text in and out of tokens with a model's vocabulary and chat template (`vocab`,
     `_template` are set by the class that loads the model)."""
 
@@ -132,7 +132,7 @@ class _Text:
             size = n
 
 
-class VocabOnly(_Text):
+class VocabOnly(_TokenText):
     """A model's vocabulary and template alone (llama.cpp's vocab_only load: no weights, about
     0.4 s and 90 MB for Gemma's 262k tokens): prompts are built where no model runs."""
 
@@ -157,7 +157,7 @@ def _chat_template(model, cfg: ModelConfig) -> bytes | None:
     return llama_cpp.llama_model_chat_template(model, None)  # None if the GGUF has none
 
 
-class LlamaRunner(_Text):
+class LlamaRunner(_TokenText):
     """Runs batches of decode tokens and prefill chunks on one llama.cpp context."""
 
     def __init__(self, name: str, path: Path, cfg: ModelConfig) -> None:
@@ -288,7 +288,7 @@ class LlamaRunner(_Text):
 
     # --- sampling --------------------------------------------------------------------------
 
-    def new_sampler(self, params: SamplingParams) -> Sampler | _Chain:
+    def new_sampler(self, params: SamplingParams) -> Sampler | _SamplerChain:
         """numpy sampling on the logits; llama.cpp's chain only for penalties (repeat, frequency,
         presence), which need the token history."""
         if not params.has_penalties:
@@ -310,23 +310,23 @@ class LlamaRunner(_Text):
         add(chain, penalties)
         if params.temperature < MIN_TEMPERATURE:
             add(chain, llama_cpp.llama_sampler_init_greedy())
-            return _Chain(chain)
+            return _SamplerChain(chain)
         add(chain, llama_cpp.llama_sampler_init_top_k(params.num_candidates))
         add(chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         add(chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(chain, llama_cpp.llama_sampler_init_temp(params.temperature))
         seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
         add(chain, llama_cpp.llama_sampler_init_dist(seed))
-        return _Chain(chain)
+        return _SamplerChain(chain)
 
     def free_sampler(self, sampler) -> None:
-        if isinstance(sampler, _Chain):
+        if isinstance(sampler, _SamplerChain):
             llama_cpp.llama_sampler_free(sampler.ptr)
 
     def _sample(self, row: int, seq) -> Sampled:
         """One sequence's token; a failure is returned for that sequence alone, never raised."""
         try:
-            if isinstance(seq.sampler, _Chain):
+            if isinstance(seq.sampler, _SamplerChain):
                 token = llama_cpp.llama_sampler_sample(seq.sampler.ptr, self.ctx, row)
             else:
                 ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
