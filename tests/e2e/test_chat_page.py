@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 import pytest
-from helpers import FakeServer, PacedRunner, wait_until
 
 from localserve.engine.batch import Sampled
 from localserve.ops.auth import Access
 from localserve.runners.fake import EOG
 from localserve.serve.page import CSP
+from tests.support.fakes import FakeServer, PacedRunner
+from tests.support.waiting import wait_until
 
 CHROMIUM = (
     os.environ.get("LOCALSERVE_CHROMIUM")
@@ -432,7 +433,7 @@ def test_two_people_stream_at_the_same_time(browser, live):
 def test_queue_position_then_stop_frees_the_cells(browser, live):
     """Eight of the server's places taken and one request waiting: the page says "2nd in
     line"; once it runs, Stop ends it as cancelled and its cells are freed."""
-    from conftest import WS
+    from tests.support.live import WS
 
     fillers = [WS(live.url), WS(live.url)]
     assert fillers[0].hello("fill-a")["type"] == "welcome"
@@ -464,7 +465,7 @@ def test_queue_position_then_stop_frees_the_cells(browser, live):
 
 
 def test_a_busy_server_says_so_and_retry_sends_again(browser, scripted):
-    from conftest import WS
+    from tests.support.live import WS
 
     server = scripted(["word "] * 150, max_inflight_per_user=1)
     other_tab = WS(server.url)  # henry's other client has his one request in flight

@@ -22,8 +22,10 @@ import urllib.request
 
 import msgspec
 import pytest
-from conftest import WS, live_config
-from helpers import ends_with_an_error, wait_until
+
+from tests.support.clients import ends_with_an_error
+from tests.support.live import WS, live_config
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model
 

@@ -14,12 +14,12 @@ import time
 
 import msgspec
 import pytest
-from conftest import live_config
-from helpers import wait_until
+
+from tests.support.live import live_config
+from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_engine_starts_when_the_server_is_pid_1():
@@ -31,8 +31,7 @@ def test_the_engine_starts_when_the_server_is_pid_1():
     script = textwrap.dedent(
         """
         import os, sys
-        sys.path.insert(0, "tests")
-        from conftest import live_config
+        from tests.support.live import live_config
         from localserve.engine_process.client import EngineProcess
         assert os.getpid() == 1
         config = live_config()

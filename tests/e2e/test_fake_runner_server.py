@@ -13,13 +13,14 @@ import threading
 
 import openai
 import pytest
-from conftest import WS
-from helpers import FakeServer, wait_until
 
 from localserve.engine.sampling_params import sampling_params
 from localserve.protocol.frames import Chat, Message
 from localserve.runners.fake import BOS, FakeRunner
 from localserve.serve.prompt import PromptBuilder, PromptTooLong
+from tests.support.fakes import FakeServer
+from tests.support.live import WS
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

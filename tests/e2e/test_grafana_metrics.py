@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
-from pathlib import Path
 
 import pytest
-from conftest import WS
 from prometheus_client.parser import text_string_to_metric_families
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "localserve.json"
+from tests.support.live import WS
+from tests.support.paths import ROOT
+
+DASHBOARD = ROOT / "docs" / "grafana" / "localserve.json"
 METRIC = re.compile(r"\b(localserve:[A-Za-z_][A-Za-z0-9_]*)(\{[^}]*\})?")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}

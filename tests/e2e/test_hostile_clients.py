@@ -17,13 +17,15 @@ import time
 
 import msgspec
 import pytest
-from conftest import WS, configured
-from helpers import RawClient, Streamer, connections_of, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localserve.serve.server import FRAME_SLACK_BYTES
 from localserve.serve.transport import CLOSE_TIMEOUT_S, FRAME_COST_BYTES
+from tests.support.clients import RawClient, Streamer
+from tests.support.fakes import connections_of
+from tests.support.live import WS, configured
+from tests.support.waiting import wait_until
 
 MAX_QUEUED_FRAMES = 1  # uvicorn's websocket protocol stops reading while a message waits
 
@@ -157,9 +159,8 @@ class TestSamplingFuzz:
 @pytest.fixture(scope="module")
 def inproc():
     """The live configuration with the engine in this process, where a patch reaches it."""
-    from conftest import LiveServer, live_config
-
     from localserve.serve.serving import serving
+    from tests.support.live import LiveServer, live_config
 
     config = live_config()
     config.server = msgspec.structs.replace(config.server, engine_process=False)
@@ -169,9 +170,8 @@ def inproc():
 
 def test_a_sampling_fault_fails_only_its_own_request(inproc):
     """NaN logits (a model fault confined to one sequence) end that request alone."""
-    from conftest import WS
-
     from localserve.runners.sampling import Sampler
+    from tests.support.live import WS
 
     bob = Streamer(inproc, BOB_TOKENS)
     real = Sampler.sample

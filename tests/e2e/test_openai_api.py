@@ -14,13 +14,14 @@ import urllib.parse
 
 import openai
 import pytest
-from conftest import WS, configured
-from helpers import prefilling, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localserve.ops.auth import Access
 from localserve.serve.openai.validation import DEFAULT_USER
+from tests.support.fakes import prefilling
+from tests.support.live import WS, configured
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model
 

@@ -14,9 +14,11 @@ import urllib.request
 
 import msgspec
 import pytest
-from conftest import WS, live_config
-from helpers import ends_with_an_error, wait_until
-from test_rpc import Worker
+
+from tests.support.clients import ends_with_an_error
+from tests.support.live import WS, live_config
+from tests.support.waiting import wait_until
+from tests.support.workers import Worker
 
 pytestmark = pytest.mark.model
 
@@ -202,7 +204,7 @@ def test_an_unreachable_worker_at_start_up_is_an_error_naming_it(tmp_path):
     import subprocess
     import sys
 
-    from test_rpc import free_port
+    from tests.support.workers import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"  # nobody listens there
     config = tmp_path / "models.toml"

@@ -22,14 +22,15 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import WS, configured
-from helpers import FakeServer, wait_until
 
 from localserve.cli import main
 from localserve.config import ConfigError, ServerConfig
 from localserve.ops import usage
 from localserve.ops.usage import Row, Usage, UsageError
 from localserve.serve import routing as routing_module
+from tests.support.fakes import FakeServer
+from tests.support.live import WS, configured
+from tests.support.waiting import wait_until
 
 
 def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw) -> Row:

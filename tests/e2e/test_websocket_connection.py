@@ -16,8 +16,6 @@ import urllib.request
 
 import msgspec
 import pytest
-from conftest import WS, configured
-from helpers import FakeServer, RawClient, Streamer, WideRunner, wait_until
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -27,6 +25,10 @@ from localserve.ops.auth import Access
 from localserve.protocol.frames import Chat, ClientFrame, Subscribe
 from localserve.serve.transport import PlaceLog
 from localserve.serve.websocket.connection import MAX_OUTBOX_FRAMES
+from tests.support.clients import RawClient, Streamer
+from tests.support.fakes import FakeServer, WideRunner
+from tests.support.live import WS, configured
+from tests.support.waiting import wait_until
 
 QUESTION = "What is the capital of France?"
 

@@ -8,10 +8,11 @@ import threading
 import time
 
 import pytest
-from helpers import prefilling, wait_until
 from websockets.exceptions import ConnectionClosed
 
 from localserve.serve.prompt import PREAMBLE
+from tests.support.fakes import prefilling
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model
 
@@ -135,7 +136,7 @@ def test_serve_shuts_down_gracefully_on_sigterm(tmp_path):
     import subprocess
     import sys
 
-    from conftest import WS
+    from tests.support.live import WS
 
     config = tmp_path / "models.toml"
     # the template format adds no stop string: the reply runs until cancelled

@@ -7,10 +7,10 @@ import random
 
 import msgspec
 import pytest
-from helpers import async_wait_until
 
 from localserve.bench import scenario
 from localserve.bench.scenario import PEOPLE, pages, pages_slice, plan_round, play
+from tests.support.waiting import async_wait_until
 
 
 def test_pages_load_and_slice_deterministically_per_seed():

@@ -8,15 +8,14 @@ import os
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from localserve import cli
 from localserve.cli import generate
 from localserve.engine.events import Done
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {
     "usage",
     "worker",

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_llama.py"
+from tests.support.paths import ROOT
+
+SCRIPT = ROOT / "scripts" / "build_llama.py"
 
 
 @pytest.fixture(scope="module")

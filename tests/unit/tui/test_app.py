@@ -8,11 +8,11 @@ import sys
 
 import msgspec
 import pytest
-from helpers import async_wait_until
 from textual.widgets import Static
 
 from localserve.protocol.frames import Stats, UserUsage
 from localserve.protocol.snapshot import Device, Worker
+from tests.support.waiting import async_wait_until
 from tui.app import HelpScreen, MonitorApp
 from tui.format import tokens
 from tui.source import Connected, Disconnected, QueueSource, WebSocketSource
@@ -509,8 +509,7 @@ def test_importing_the_server_never_loads_textual():
 
 @pytest.mark.model
 def test_monitor_sees_a_running_sequence_on_a_real_server(live):
-    from conftest import WS
-
+    from tests.support.live import WS
     from tui.source import WebSocketSource
 
     async def run():

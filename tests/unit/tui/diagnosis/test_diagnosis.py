@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,9 +22,8 @@ from localserve.protocol.snapshot import (
     WaitingRow,
     Worker,
 )
+from tests.support.paths import ROOT
 from tui.diagnosis import HEADLINE_MAX, LEVELS, Diagnosis, diagnose
-
-ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = ModelInfo(
     model="test-model",

@@ -1,0 +1,40 @@
+"""Fixtures of the end-to-end tests: localserve's server on the paced fake runner (`fake`, one
+per test module) and on the real model (`live`, one per session), and websocket clients of the
+live one (`connect`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.live import WS, LiveServer, live_config
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """localserve's server on the paced FakeRunner (tests/support/fakes.py), one per test module."""
+    from tests.support.fakes import FakeServer
+
+    server = FakeServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def live():
+    from localserve.serve.serving import serving
+
+    with serving(live_config(), thread=True) as served:
+        yield LiveServer(served)
+
+
+@pytest.fixture
+def connect(live):
+    opened: list[WS] = []
+
+    def make() -> WS:
+        opened.append(WS(live.url))
+        return opened[-1]
+
+    yield make
+    for ws in opened:
+        ws.close()

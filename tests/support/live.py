@@ -1,0 +1,117 @@
+"""The real server on loopback, port 0, with the real default model (the `live` fixture), and the
+blocking websocket client the tests speak to a live or fake server with (WS)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgspec
+
+from localserve.config import SchedulerConfig
+
+
+class LiveServer:
+    """localserve's Server on its own event loop thread, with the real model."""
+
+    def __init__(self, served) -> None:
+        self.runner, self.engine, self.server = served.runner, served.engine, served.server
+        self.model, self.config = self.server.model, self.server.config
+        self.thread = served.thread
+        self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
+
+    def snapshot(self):
+        return self.call(self.server.snapshots.fetch())
+
+    def wait_idle(self, timeout: float = 30.0):
+        """Wait until nothing runs or waits and only cached prefixes hold cells; return it."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.snapshot()
+            live_cells = snap.kv_live
+            if snap.running == 0 and snap.waiting == 0 and live_cells == 0:
+                return snap
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"server not idle: {snap.running} running, {live_cells} live cells"
+                )
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def configured(live, access=None, **limits):
+    """Temporarily change the live server's limits or access rules (with a fresh throttle)."""
+    from localserve.ops.auth import AuthThrottle
+
+    server, admission = live.server, live.server.admission
+    old = server.config, admission.access, admission.throttle
+    server.config = msgspec.structs.replace(server.config, **limits)
+    admission.access = access or admission.access
+    admission.throttle = AuthThrottle(server.config.max_auth_failures_per_minute)
+    try:
+        yield server
+    finally:
+        server.config, admission.access, admission.throttle = old
+
+
+def live_config():
+    """The embedded model, small batches, 2 threads: quick on a laptop's CPU."""
+    from localserve.config import Config, ModelConfig, ServerConfig
+
+    model = ModelConfig(
+        embedded=True,
+        chat_format="transcript",
+        chat_template="gemma",
+        n_ctx=4096,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        n_threads=2,
+    )
+    return Config(
+        default="gemma-3-270m",
+        models={"gemma-3-270m": model},
+        scheduler=SchedulerConfig(),
+        server=ServerConfig(max_frame_bytes=64 * 1024, shutdown_grace_s=2),
+    )
+
+
+class WS:
+    """A blocking test client speaking JSON dicts."""
+
+    def __init__(self, url: str) -> None:
+        from websockets.sync.client import connect
+
+        self.ws = connect(url, max_size=None, legacy=True)
+
+    def send(self, frame) -> None:
+        import json
+
+        self.ws.send(frame if isinstance(frame, str | bytes) else json.dumps(frame))
+
+    def recv(self, timeout: float = 30.0) -> dict:
+        import json
+
+        return json.loads(self.ws.recv(timeout))
+
+    def hello(self, user: str, token: str | None = None) -> dict:
+        self.send({"type": "hello", "user": user, "token": token})
+        return self.recv()
+
+    def chat(self, rid: str, text: str, **kw) -> None:
+        frame = {"type": "chat", "id": rid, "messages": [{"role": "user", "content": text}]}
+        self.send(frame | {"temperature": 0} | kw)
+
+    def until(self, predicate, timeout: float = 60.0) -> list[dict]:
+        """Frames up to and including the first that satisfies the predicate."""
+        frames = []
+        while True:
+            frames.append(self.recv(timeout))
+            if predicate(frames[-1]):
+                return frames
+
+    def until_done(self, rid: str, timeout: float = 60.0) -> list[dict]:
+        return self.until(lambda f: f["type"] == "done" and f["id"] == rid, timeout)
+
+    def close(self) -> None:
+        self.ws.close()

@@ -1,0 +1,17 @@
+"""Fixtures of the engine's tests: an engine over the fake runner, driven step by step."""
+
+from __future__ import annotations
+
+import pytest
+
+from localserve.config import SchedulerConfig
+from localserve.runners.fake import FakeRunner
+from tests.support.harness import Harness
+
+
+@pytest.fixture
+def make_harness():
+    def make(config: SchedulerConfig | None = None, **runner_kw) -> Harness:
+        return Harness(FakeRunner(**runner_kw), config or SchedulerConfig())
+
+    return make
