@@ -1,5 +1,6 @@
-"""The command line: every subcommand parses, localserve imports tui only inside the commands
-that open it, `serving()` builds and tears down in order; no model needed."""
+"""The command line (localserve/cli/__init__.py, `python -m localserve`): every subcommand
+parses, chat and monitor take the URL the same ways (cli/shared.py), and localserve imports tui
+only inside the commands that open it; no model needed."""
 
 from __future__ import annotations
 
@@ -7,13 +8,10 @@ import ast
 import os
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
 from localserve import cli
-from localserve.cli import generate
-from localserve.engine.events import Done
 from tests.support.paths import ROOT
 
 COMMANDS = {
@@ -75,29 +73,6 @@ def test_chat_and_monitor_take_the_url_the_same_ways(command, capsys):
     assert "not allowed with" in capsys.readouterr().err
 
 
-def done(**timings) -> Done:
-    return Done("cli", "length", 5, 3, 0, timings)
-
-
-class Info:
-    model, backend, n_threads = "m", "cpu", 2
-
-
-def test_the_timing_line_says_what_it_measured(capsys):
-    generate._print_timings(Info, done(ttft_ms=12.4, itl_ms=4.0, e2e_ms=20.0), 0.5)
-    line = capsys.readouterr().err.splitlines()[-1]
-    assert line == "TTFT 12 ms, ITL 4.0 ms (250.0 tokens/s), total 0.50 s"
-
-
-def test_the_timing_line_survives_a_missing_ttft(capsys):
-    generate._print_timings(Info, done(queue_ms=None, ttft_ms=None, itl_ms=None, e2e_ms=None), 0.1)
-    err = capsys.readouterr().err
-    assert "finish=length prompt=5 tokens, generated=3 tokens" in err
-    assert err.splitlines()[-1] == "TTFT – ms, ITL – ms (– tokens/s), total 0.10 s"
-    generate._print_timings(Info, done(), 0.1)  # no timings at all
-    assert "TTFT – ms" in capsys.readouterr().err
-
-
 def tui_imports(tree: ast.AST) -> list[ast.stmt]:
     """The import statements under `tree` that import tui or one of its modules."""
     found = []
@@ -139,46 +114,3 @@ def test_python_m_localserve_lists_every_command(tmp_path):
     assert set(listed) == COMMANDS
     assert "--url URL" in localserve("monitor", "--help")
     assert "--url URL" in localserve("chat", "--help")
-
-
-def test_serving_builds_and_tears_down_in_order(monkeypatch):
-    """Server thread closed, then engine stopped, then runner closed; a lent runner stays open."""
-    import localserve.runners.models
-    import localserve.serve.serving as serving_module
-    from localserve.config import Config, ModelConfig, ServerConfig
-    from localserve.runners.fake import FakeRunner
-
-    order = []
-
-    class Runner(FakeRunner):
-        def close(self) -> None:
-            order.append("runner")
-            super().close()
-
-    class Engine(serving_module.Engine):
-        def stop(self, timeout: float = 10.0) -> None:
-            order.append("engine")
-            super().stop(timeout)
-
-    class Thread(serving_module.ServerThread):
-        def close(self) -> None:
-            order.append("thread")
-            super().close()
-
-    monkeypatch.setattr(localserve.runners.models, "open_runner", lambda config, name: Runner())
-    monkeypatch.setattr(serving_module, "Engine", Engine)
-    monkeypatch.setattr(serving_module, "ServerThread", Thread)
-    model = ModelConfig(chat_format="template")
-    server = ServerConfig(shutdown_grace_s=1, engine_process=False)  # the fake runs here
-    config = Config(default="fake", models={"fake": model}, server=server)
-    with serving_module.serving(config, thread=True) as served:
-        assert served.name == "fake" and served.server.runner is served.runner
-        with urllib.request.urlopen(served.thread.http + "/healthz", timeout=10) as response:
-            assert response.status == 200
-    assert order == ["thread", "engine", "runner"]
-
-    order.clear()
-    lent = Runner()
-    with serving_module.serving(config, "fake", runner=lent) as served:
-        assert served.runner is lent and served.thread is None
-    assert order == ["engine"]

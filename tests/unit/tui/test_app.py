@@ -1,4 +1,5 @@
-"""The Textual monitor: Pilot tests on a fake stats source, snapshots, and one real end-to-end."""
+"""The Textual monitor (tui/app.py, its widgets and formats seen through it): Pilot tests on a
+fake stats source, and snapshots. Its end-to-end run on a real server is e2e/test_monitor.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from textual.widgets import Static
 
 from localserve.protocol.frames import Stats, UserUsage
 from localserve.protocol.snapshot import Device, Worker
+from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
 from tui.app import HelpScreen, MonitorApp
 from tui.format import tokens
@@ -32,10 +34,6 @@ from tui.widgets import (
 def feed(app: MonitorApp, *items) -> None:
     for item in items:
         app.source.push(item)
-
-
-def header_text(app: MonitorApp) -> str:
-    return str(app.query_one(HeaderBar).render())
 
 
 # today's totals as a server's stats frames carry them: most tokens first
@@ -505,29 +503,3 @@ def test_importing_the_server_never_loads_textual():
         "assert 'textual' not in sys.modules and 'tui' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-@pytest.mark.model
-def test_monitor_sees_a_running_sequence_on_a_real_server(live):
-    from tests.support.live import WS
-    from tui.source import WebSocketSource
-
-    async def run():
-        app = MonitorApp(WebSocketSource(live.url, interval_ms=100), live.url)
-        async with app.run_test(size=(100, 30)) as pilot:
-            ws = WS(live.url)
-            ws.hello("watcher")
-            ws.chat("seen", "Tell me a story.", max_tokens=400, ignore_eos=True)
-            table = app.query_one(RunningTable)
-            await async_wait_until(
-                lambda: table.row_count, 30, "a row", pause=lambda: pilot.pause(0.02)
-            )
-            assert table.row_count == 1
-            assert "watcher" in str(table.get_row_at(0)[0])
-            assert "● live" in header_text(app)
-            ws.send({"type": "cancel", "id": "seen"})
-            ws.until_done("seen")
-            ws.close()
-
-    asyncio.run(run())
-    live.wait_idle()

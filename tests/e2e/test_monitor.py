@@ -1,0 +1,39 @@
+"""The Textual monitor (tui/app.py) watching a real server with the real model: a running
+sequence shows up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.monitor import header_text
+from tests.support.waiting import async_wait_until
+from tui.app import MonitorApp
+from tui.source import WebSocketSource
+from tui.widgets import RunningTable
+
+
+@pytest.mark.model
+def test_monitor_sees_a_running_sequence_on_a_real_server(live):
+    from tests.support.live import WS
+
+    async def run():
+        app = MonitorApp(WebSocketSource(live.url, interval_ms=100), live.url)
+        async with app.run_test(size=(100, 30)) as pilot:
+            ws = WS(live.url)
+            ws.hello("watcher")
+            ws.chat("seen", "Tell me a story.", max_tokens=400, ignore_eos=True)
+            table = app.query_one(RunningTable)
+            await async_wait_until(
+                lambda: table.row_count, 30, "a row", pause=lambda: pilot.pause(0.02)
+            )
+            assert table.row_count == 1
+            assert "watcher" in str(table.get_row_at(0)[0])
+            assert "● live" in header_text(app)
+            ws.send({"type": "cancel", "id": "seen"})
+            ws.until_done("seen")
+            ws.close()
+
+    asyncio.run(run())
+    live.wait_idle()

@@ -1,0 +1,104 @@
+"""What the load generator sends and when (localserve/bench/workloads.py): arrival processes,
+request mixes, and the multi-turn conversations."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from localserve.bench.workloads import (
+    FIRST_PART,
+    NEXT_PART,
+    arrival_times,
+    build_conversations,
+    build_requests,
+    estimate_prompt_tokens,
+    turn_messages,
+)
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    times = arrival_times(4000, rate=5.0, seed=1)
+    gaps = np.diff(times)
+    assert times[0] == 0.0
+    assert statistics.mean(gaps) == pytest.approx(0.2, rel=0.05)
+    assert statistics.stdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, rel=0.1)
+
+
+def test_burstiness_below_one_makes_arrivals_burstier():
+    smooth = np.diff(arrival_times(4000, rate=5.0, burstiness=4.0, seed=2))
+    bursty = np.diff(arrival_times(4000, rate=5.0, burstiness=0.25, seed=2))
+    for gaps in (smooth, bursty):
+        assert gaps.mean() == pytest.approx(0.2, rel=0.1)  # same rate
+    cv = lambda g: g.std() / g.mean()  # noqa: E731
+    assert cv(smooth) == pytest.approx(0.5, rel=0.1)  # 1 / sqrt(shape)
+    assert cv(bursty) == pytest.approx(2.0, rel=0.1)
+
+
+def test_infinite_rate_sends_everything_at_once():
+    assert arrival_times(5, rate=math.inf) == [0.0] * 5
+
+
+def test_workloads_are_reproducible_and_mixed():
+    a, b = build_requests("mixed", 200, seed=3), build_requests("mixed", 200, seed=3)
+    assert a == b and a != build_requests("mixed", 200, seed=4)
+    kinds = [r.kind for r in a]
+    assert {"short", "long", "paste"} == set(kinds)
+    assert 0.35 < kinds.count("short") / 200 < 0.65
+    paste = next(r for r in a if r.kind == "paste")
+    assert len(paste.prompt.split()) > 1500
+
+
+def test_max_tokens_sets_every_requests_output_length():
+    default = build_requests("mixed", 50, seed=2)
+    capped = build_requests("mixed", 50, seed=2, max_tokens=96)
+    assert {r.max_tokens for r in default} == {48, 320, 96}
+    assert all(r.max_tokens == 96 for r in capped)
+    assert [(r.kind, r.prompt) for r in capped] == [(r.kind, r.prompt) for r in default]
+    with pytest.raises(ValueError, match="--max-tokens"):
+        build_requests("short", 3, max_tokens=0)
+
+
+def test_unknown_workload_is_refused():
+    with pytest.raises(ValueError, match="--workload"):
+        build_requests("everything", 3)
+
+
+# --- the conversation workload ------------------------------------------------------------------
+
+
+def test_conversations_are_reproducible_and_read_the_text_part_by_part():
+    a, b = build_conversations(3, 5, seed=7), build_conversations(3, 5, seed=7)
+    assert a == b and a != build_conversations(3, 5, seed=8)
+    for conv in a:
+        assert len(conv.user_messages) == 5
+        assert conv.user_messages[0].startswith(FIRST_PART)
+        assert all(m.startswith(NEXT_PART) for m in conv.user_messages[1:])
+        # each part is ~350 tokens of the document (the intro and the question aside)
+        assert all(280 < len(m.split()) < 340 for m in conv.user_messages)
+    with pytest.raises(ValueError, match="--turns"):
+        build_conversations(2, 0)
+
+
+def test_history_grows_to_about_2000_tokens_by_turn_5_and_each_prompt_extends_the_last():
+    from localserve.serve.prompt import render_transcript
+
+    reply = " ".join(["word"] * 40)  # a ~50-token reply
+    for conv in build_conversations(4, 5, seed=1):
+        replies = [f"{reply} {k}" for k in range(5)]
+        sizes, previous = [], ""
+        for turn in range(1, 6):
+            messages = turn_messages(conv, replies, turn)
+            assert len(messages) == 2 * turn - 1 and messages[-1][0] == "user"
+            assert [m for r, m in messages if r == "assistant"] == replies[: turn - 1]
+            text = render_transcript(messages)
+            assert text.startswith(previous)  # the last turn's prompt is a prefix: reusable
+            previous = text
+            sizes.append(estimate_prompt_tokens(messages))
+        assert all(b - a > 350 for a, b in zip(sizes, sizes[1:], strict=False))
+        assert 1800 < sizes[-1] < 2300
+    with pytest.raises(ValueError, match="turn 3 needs 2 replies"):
+        turn_messages(conv, ["one"], 3)
