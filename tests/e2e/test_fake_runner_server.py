@@ -1,23 +1,18 @@
-"""The server's nouns on the FakeRunner, in milliseconds: the prompt builder, the admission, the
-websocket connection and the OpenAI API, over real sockets but without a model.
+"""The server on the FakeRunner, in milliseconds: the websocket connection and the OpenAI API,
+over real sockets but without a model.
 
-The real-model tests (test_server.py, test_openai.py, test_hostile.py) cover the same paths end
-to end; these pin the logic down fast and deterministically.
+The real-model tests (test_websocket_server.py, test_openai_api.py, test_hostile_clients.py)
+cover the same paths end to end; these pin the logic down fast and deterministically.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 
 import openai
 import pytest
 
-from localserve.engine.sampling_params import sampling_params
-from localserve.protocol.frames import Chat, Message
-from localserve.runners.fake import BOS, FakeRunner
-from localserve.serve.prompt import PromptBuilder, PromptTooLong
 from tests.support.fakes import FakeServer
 from tests.support.live import WS
 from tests.support.waiting import wait_until
@@ -32,34 +27,6 @@ def fake():
 
 def api(thread, key: str = "none") -> openai.OpenAI:
     return openai.OpenAI(base_url=thread.http + "/v1", api_key=key, max_retries=0, timeout=10)
-
-
-def test_the_prompt_builder_says_too_long_once_with_both_numbers():
-    runner = FakeRunner(n_ctx=64)
-    builder = PromptBuilder(runner.tokenize, runner.apply_chat_template, 64, "template")
-    try:
-        prompt = asyncio.run(builder.chat([("user", "hello there")]))
-        assert prompt.tokens[0] == BOS and prompt.system_tokens == 0
-        with pytest.raises(PromptTooLong) as e:
-            asyncio.run(builder.chat([("user", "word " * 100)]))
-        assert (e.value.num_tokens, e.value.n_ctx) == (103, 64)  # BOS, <user>, 100, <model>
-        with pytest.raises(PromptTooLong, match="over"):  # probed, not tokenized whole
-            asyncio.run(builder.text("w " * 100_000))
-        with pytest.raises(ValueError, match="role"):
-            asyncio.run(builder.chat([("wizard", "hi")]))
-    finally:
-        builder.shutdown()
-
-
-def test_one_sampling_definition_behind_both_protocols():
-    chat = Chat(
-        id="a", messages=[Message("user", "hi")], temperature=0.1, stop=["x"], frequency_penalty=0.5
-    )
-    params = sampling_params(chat)
-    assert (params.temperature, params.stop, params.frequency_penalty) == (0.1, ("x",), 0.5)
-    assert params.has_penalties and not params.is_greedy
-    with pytest.raises(ValueError, match="presence_penalty"):
-        sampling_params(Chat(id="a", messages=[], presence_penalty=3))
 
 
 def test_websocket_chat_on_the_fake(fake):
@@ -155,34 +122,3 @@ def test_models_and_unknown_paths_on_the_fake(fake):
         urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=5)
     error = json.loads(e.value.read())["error"]
     assert e.value.code == 404 and len(error["message"]) < 200
-
-
-def test_prompts_within_an_allowance_are_built_at_normal_priority():
-    from localserve.serve import prompt as prompt_module
-
-    runner = FakeRunner(n_ctx=100_000)
-    now = [0.0]
-    builder = PromptBuilder(
-        runner.tokenize, runner.apply_chat_template, 100_000, "template", clock=lambda: now[0]
-    )
-    per_s = prompt_module.PROMPT_CHARS_PER_S
-    threads = []
-    tokenize = builder.tokenize
-    builder.tokenize = lambda text: (
-        threads.append(threading.current_thread().name) or tokenize(text)
-    )
-    quick = "localserve-tokenize-now_0"
-    try:
-        asyncio.run(builder.chat([("user", "word " * 2000)]))  # 10,000 characters
-        asyncio.run(builder.text("x" * (per_s - 10_000)))  # the rest of this second's allowance
-        assert threads == [quick, quick]
-        asyncio.run(builder.text("y" * 100))  # over it: the low-priority pool
-        assert threads[-1].startswith("localserve-tokenize_")
-        now[0] += 0.5  # half the allowance back
-        asyncio.run(builder.text("z" * (per_s // 2)))
-        assert threads[-1] == quick
-        now[0] += 100.0  # at most one second's worth is saved up
-        asyncio.run(builder.text("w" * (per_s + 1)))
-        assert threads[-1] != quick
-    finally:
-        builder.shutdown()

@@ -1,52 +1,18 @@
-"""docs/grafana/localserve.json: a Grafana dashboard every query of which reads a series that
-`/metrics` has, on a real server (the paced FakeRunner) after finished and cancelled requests;
-and the vLLM-style series' values for one known request, read from `/metrics`."""
+"""docs/grafana/localserve.json against a real server (the paced FakeRunner): every query reads
+a series that `/metrics` has after finished and cancelled requests, and the vLLM-style series'
+values for one known request. The dashboard on its own is unit/ops/test_grafana_dashboard.py."""
 
 from __future__ import annotations
 
-import json
-import re
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.grafana import HISTOGRAM_SUFFIXES, load, queried_names
 from tests.support.live import WS
-from tests.support.paths import ROOT
 
-DASHBOARD = ROOT / "docs" / "grafana" / "localserve.json"
-METRIC = re.compile(r"\b(localserve:[A-Za-z_][A-Za-z0-9_]*)(\{[^}]*\})?")
-HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
-DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 QUESTION = "Tell me everything you know about the tides, the moon and the sea. " * 4
-
-
-def load() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def panels(dashboard: dict) -> list[dict]:
-    """Every panel, those inside rows included."""
-    out = []
-    for panel in dashboard["panels"]:
-        out.append(panel)
-        out += panel.get("panels", [])
-    return out
-
-
-def queries(dashboard: dict) -> list[str]:
-    """Every PromQL expression: panel targets and the template variables' queries."""
-    exprs = [t["expr"] for p in panels(dashboard) for t in p.get("targets", [])]
-    for var in dashboard["templating"]["list"]:
-        if var["type"] == "query":
-            query = var["query"]
-            exprs.append(query["query"] if isinstance(query, dict) else query)
-    return exprs
-
-
-def queried_names(dashboard: dict) -> set[str]:
-    """The series names the expressions select, as written (`..._bucket` included)."""
-    return {m.group(1) for e in queries(dashboard) for m in METRIC.finditer(e)}
 
 
 def scrape(server) -> str:
@@ -82,68 +48,6 @@ def value(text: str, name: str, **labels) -> float:
         s.value for s in samples(text) if s.name == name and labels.items() <= s.labels.items()
     ]
     return found
-
-
-# --- the dashboard on its own ------------------------------------------------------------------
-
-
-def test_the_dashboard_is_a_grafana_dashboard_on_a_chosen_prometheus():
-    dashboard = load()
-    assert dashboard["title"] == "localserve" and dashboard["uid"]
-    assert isinstance(dashboard["schemaVersion"], int)
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    source = variables["DS_PROMETHEUS"]
-    assert (source["type"], source["query"]) == ("datasource", "prometheus")
-    model = variables["model_name"]
-    assert model["type"] == "query" and model["datasource"] == DATASOURCE
-    ids = [p["id"] for p in panels(dashboard)]
-    assert len(ids) == len(set(ids))
-    for panel in panels(dashboard):
-        assert {"h", "w", "x", "y"} <= panel["gridPos"].keys()
-        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
-        if panel["type"] == "row":
-            continue
-        assert panel["datasource"] == DATASOURCE and panel["title"]
-        refs = [t["refId"] for t in panel["targets"]]
-        assert refs and len(refs) == len(set(refs))
-        assert all(t["datasource"] == DATASOURCE for t in panel["targets"])
-
-
-def test_every_query_selects_the_chosen_model():
-    for expr in (t["expr"] for p in panels(load()) for t in p.get("targets", [])):
-        for match in METRIC.finditer(expr):
-            assert match.group(2) == '{model_name="$model_name"}', (match.group(1), expr)
-
-
-def test_the_dashboard_shows_what_a_vllm_dashboard_shows():
-    names = set()
-    for name in queried_names(load()):
-        for suffix in HISTOGRAM_SUFFIXES:
-            name = name.removesuffix(suffix)
-        names.add(name)
-    for family in (
-        "e2e_request_latency_seconds",
-        "time_to_first_token_seconds",
-        "inter_token_latency_seconds",
-        "request_time_per_output_token_seconds",
-        "request_queue_time_seconds",
-        "request_prefill_time_seconds",
-        "request_decode_time_seconds",
-        "request_prompt_tokens",
-        "request_generation_tokens",
-        "prompt_tokens_total",
-        "generation_tokens_total",
-        "num_requests_running",
-        "num_requests_waiting",
-        "kv_cache_usage_perc",
-        "request_success_total",
-        "prefix_cache_queries_total",
-        "prefix_cache_hits_total",
-    ):
-        assert "localserve:" + family in names, family
-
-
-# --- against a real server ---------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

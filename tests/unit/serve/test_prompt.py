@@ -1,10 +1,21 @@
-"""Chat rendering: transcript and template prompts, and where their system prompt ends."""
+"""Chat rendering (localserve/serve/prompt.py): transcript and template prompts, where their
+system prompt ends, and the prompt builder's bounds (too long, the tokenizer's priority)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
-from localserve.serve.prompt import PREAMBLE, TRANSCRIPT_STOPS, render_chat
+from localserve.runners.fake import BOS, FakeRunner
+from localserve.serve.prompt import (
+    PREAMBLE,
+    TRANSCRIPT_STOPS,
+    PromptBuilder,
+    PromptTooLong,
+    render_chat,
+)
 
 
 def gemma_like(messages: list[dict[str, str]]) -> str:
@@ -49,3 +60,51 @@ def test_template_system_part_is_what_every_chat_with_it_starts_with(question):
 def test_template_without_system_prompt_has_no_shared_part():
     r = render_chat([("user", "Hi")], "template", gemma_like)
     assert r.system_chars == 0 and r.is_default_system
+
+
+def test_the_prompt_builder_says_too_long_once_with_both_numbers():
+    runner = FakeRunner(n_ctx=64)
+    builder = PromptBuilder(runner.tokenize, runner.apply_chat_template, 64, "template")
+    try:
+        prompt = asyncio.run(builder.chat([("user", "hello there")]))
+        assert prompt.tokens[0] == BOS and prompt.system_tokens == 0
+        with pytest.raises(PromptTooLong) as e:
+            asyncio.run(builder.chat([("user", "word " * 100)]))
+        assert (e.value.num_tokens, e.value.n_ctx) == (103, 64)  # BOS, <user>, 100, <model>
+        with pytest.raises(PromptTooLong, match="over"):  # probed, not tokenized whole
+            asyncio.run(builder.text("w " * 100_000))
+        with pytest.raises(ValueError, match="role"):
+            asyncio.run(builder.chat([("wizard", "hi")]))
+    finally:
+        builder.shutdown()
+
+
+def test_prompts_within_an_allowance_are_built_at_normal_priority():
+    from localserve.serve import prompt as prompt_module
+
+    runner = FakeRunner(n_ctx=100_000)
+    now = [0.0]
+    builder = PromptBuilder(
+        runner.tokenize, runner.apply_chat_template, 100_000, "template", clock=lambda: now[0]
+    )
+    per_s = prompt_module.PROMPT_CHARS_PER_S
+    threads = []
+    tokenize = builder.tokenize
+    builder.tokenize = lambda text: (
+        threads.append(threading.current_thread().name) or tokenize(text)
+    )
+    quick = "localserve-tokenize-now_0"
+    try:
+        asyncio.run(builder.chat([("user", "word " * 2000)]))  # 10,000 characters
+        asyncio.run(builder.text("x" * (per_s - 10_000)))  # the rest of this second's allowance
+        assert threads == [quick, quick]
+        asyncio.run(builder.text("y" * 100))  # over it: the low-priority pool
+        assert threads[-1].startswith("localserve-tokenize_")
+        now[0] += 0.5  # half the allowance back
+        asyncio.run(builder.text("z" * (per_s // 2)))
+        assert threads[-1] == quick
+        now[0] += 100.0  # at most one second's worth is saved up
+        asyncio.run(builder.text("w" * (per_s + 1)))
+        assert threads[-1] != quick
+    finally:
+        builder.shutdown()
