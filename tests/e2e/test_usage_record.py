@@ -1,12 +1,13 @@
-"""The usage record: one row per finished request, quotas that hold across restarts, the access
-log, `localserve usage`, and clear errors for a database that cannot be used."""
+"""The usage record through the server: one row per finished request, quotas that hold across
+restarts and requests in flight, the access log, a server process killed or started on a bad
+database, and a disk that fills up while serving. The store on its own is
+unit/ops/test_usage.py."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import json
-import logging
 import os
 import re
 import signal
@@ -23,133 +24,18 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from localserve.cli import main
-from localserve.config import ConfigError, ServerConfig
 from localserve.ops import usage
-from localserve.ops.usage import Row, Usage, UsageError
+from localserve.ops.usage import Row, Usage
 from localserve.serve import routing as routing_module
 from tests.support.fakes import FakeServer
 from tests.support.live import WS, configured
+from tests.support.usage import rows_where
 from tests.support.waiting import wait_until
-
-
-def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw) -> Row:
-    fields = dict(
-        finished=time.time() if t is None else t,
-        user=user,
-        model="fake",
-        request_id="1:r",
-        client_id="r",
-        api="websocket",
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        completion_tokens=completion,
-        queue_ms=1.0,
-        ttft_ms=ttft,
-        e2e_ms=200.0,
-        finish_reason="stop",
-    )
-    return Row(**(fields | kw))
 
 
 def counted_tokens(usage: dict) -> int:
     """What a quota counts of a `done` frame's usage."""
     return usage["prompt_tokens"] - usage["cached_tokens"] + usage["completion_tokens"]
-
-
-def recorded(store: Usage, *rows: Row) -> None:
-    """Record rows and wait until all are committed."""
-    committed = threading.Semaphore(0)
-    for r in rows:
-        store.record(r, lambda is_recorded: is_recorded and committed.release())
-    for _ in rows:
-        assert committed.acquire(timeout=10)
-
-
-# --- the store ------------------------------------------------------------------------------
-
-
-def test_today_and_quotas_count_from_the_database(tmp_path):
-    config = ServerConfig(
-        state_dir=str(tmp_path), daily_tokens=100, daily_tokens_per_user={"bo": 0}
-    )
-    now = [time.time()]
-    store = Usage(config, "fake", clock=lambda: now[0])
-    recorded(store, row("ann", completion=5), row("ann", prompt=60, cached=0, completion=20))
-    assert store.quota("ann").used_today == 6 + 5 + 60 + 20 == 91
-    assert store.quota("bo") is None  # 0: no quota for bo
-    assert store.quota_refusal("ann") is None
-    recorded(store, row("ann", prompt=9, cached=0, completion=0))
-    why, wait = store.quota_refusal("ann")
-    assert "daily quota of 100 tokens is used up (100 today)" in why and "resets at" in why
-    assert 0 < wait <= 25 * 3600
-    [ann] = store.today()
-    assert (ann.requests, ann.counted_tokens, ann.daily_tokens) == (3, 100, 100)
-    store.close()
-
-    again = Usage(config, "fake", clock=lambda: now[0])  # a restart: the counts come back
-    assert again.quota("ann").remaining == 0 and again.quota_refusal("ann")
-    now[0] = usage.next_midnight(now[0]).timestamp() + 1  # a new day: a new allowance
-    assert again.quota("ann").remaining == 100 and again.today() == []
-    again.close()
-
-
-def test_a_corrupt_database_is_a_clear_error(tmp_path):
-    (tmp_path / usage.DATABASE).write_bytes(b"this is not a database" * 100)
-    with pytest.raises(UsageError, match="not a usable SQLite database.*move it aside"):
-        Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
-
-
-def test_a_locked_database_is_a_clear_error(tmp_path, monkeypatch):
-    Usage(ServerConfig(state_dir=str(tmp_path)), "fake").close()
-    holder = sqlite3.connect(tmp_path / usage.DATABASE)
-    holder.execute("BEGIN EXCLUSIVE")  # another process, holding it
-    monkeypatch.setattr(usage, "LOCK_TIMEOUT_S", 0.2)
-    try:
-        with pytest.raises(UsageError, match="locked by another process"):
-            Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
-    finally:
-        holder.rollback()
-        holder.close()
-
-
-def test_a_newer_schema_is_refused_and_an_empty_file_is_migrated(tmp_path):
-    path = tmp_path / usage.DATABASE
-    sqlite3.connect(path).close()  # empty: version 0
-    db = usage.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == usage.SCHEMA_VERSION
-    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    db.execute(f"PRAGMA user_version = {usage.SCHEMA_VERSION + 1}")
-    db.close()
-    with pytest.raises(UsageError, match="newer localserve"):
-        usage.connect(path)
-
-
-def test_report_per_day_and_user(tmp_path, capsys):
-    store = Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
-    now = time.time()
-    yesterday = usage.local_day_start(now) - 3600
-    recorded(
-        store,
-        row("ann", t=yesterday, ttft=50.0),
-        row("ann", ttft=100.0),
-        row("ann", ttft=300.0),
-        row("ann", ttft=200.0),
-        row("bo", prompt=20, cached=0, completion=7, ttft=None),
-    )
-    store.close()
-    state = ["--state-dir", str(tmp_path)]
-    assert main(["usage", *state, "--json"]) == 0
-    today = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(d["user"], d["requests"]) for d in today] == [("ann", 3), ("bo", 1)]
-    assert today[0]["median_ttft_ms"] == 200.0 and today[1]["median_ttft_ms"] is None
-    assert today[0]["cached_share"] == 0.4 and today[0]["completion_tokens"] == 15
-    assert main(["usage", *state, "--since", "2d", "--user", "ann"]) == 0
-    text = capsys.readouterr().out
-    assert text.count("ann") == 2 and "bo" not in text and "median TTFT" in text
-    assert "200 ms" in text and "40%" in text
-    assert main(["usage", *state, "--since", "nonsense"]) == 2
-    assert "expected today, 7d" in capsys.readouterr().err
 
 
 # --- through the server -------------------------------------------------------------------
@@ -371,69 +257,6 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
     assert done_before_kill <= recorded_ids, sorted(done_before_kill - recorded_ids)[:10]
 
 
-def test_the_chat_client_says_where_a_user_stands():
-    from localserve.protocol.frames import Quota
-    from tui.chat import quota_line
-
-    quota = Quota(50_000, 12_345, 37_655, "2026-12-01T00:00:00+01:00")
-    assert quota_line(quota) == (
-        "Today: 12,345 of your 50,000 tokens used, 37,655 left (resets at 00:00)."
-    )
-
-
-def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
-    monkeypatch.setenv("TZ", "Europe/Berlin")
-    time.tzset()
-    try:
-        berlin = datetime.timezone(datetime.timedelta(hours=2))
-        spring = datetime.datetime(2026, 3, 29, 4, 0, tzinfo=berlin).timestamp()  # after 2→3
-        start = datetime.datetime.fromtimestamp(usage.local_day_start(spring)).astimezone()
-        assert start.isoformat() == "2026-03-29T00:00:00+01:00"
-        assert usage.next_midnight(spring).isoformat() == "2026-03-30T00:00:00+02:00"
-        autumn = datetime.datetime(2026, 10, 25, 12, 0, tzinfo=berlin).timestamp()
-        start = datetime.datetime.fromtimestamp(usage.local_day_start(autumn)).astimezone()
-        assert start.isoformat() == "2026-10-25T00:00:00+02:00"
-        assert usage.next_midnight(autumn).isoformat() == "2026-10-26T00:00:00+01:00"
-        week = datetime.datetime.fromtimestamp(usage.parse_since("7d", spring)).astimezone()
-        assert week.isoformat() == "2026-03-23T00:00:00+01:00"
-    finally:
-        monkeypatch.undo()
-        time.tzset()
-
-
-@pytest.mark.parametrize("text", ["0d", "-1d", "1000000d", "²d", "7x", "", "tomorrow"])
-def test_since_refuses_what_it_cannot_read(text):
-    with pytest.raises(ConfigError, match="--since"):
-        usage.parse_since(text, time.time())
-
-
-def test_since_reads_times_with_an_offset():
-    now = time.time()
-    assert (
-        usage.parse_since("2026-11-01T10:00:00Z", now)
-        == datetime.datetime(2026, 11, 1, 10, tzinfo=datetime.UTC).timestamp()
-    )
-    assert usage.parse_since("24h", now) == now - 86400
-
-
-def test_other_files_in_its_place_are_clear_errors(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / usage.DATABASE).mkdir()
-    with pytest.raises(UsageError, match="not a file"):
-        usage.connect(tmp_path / "a" / usage.DATABASE)
-    foreign = sqlite3.connect(tmp_path / "b.sqlite3")
-    foreign.execute("CREATE TABLE notes (text)")
-    foreign.close()
-    with pytest.raises(UsageError, match="some other program's database"):
-        usage.connect(tmp_path / "b.sqlite3")
-    lookalike = sqlite3.connect(tmp_path / "c.sqlite3")
-    lookalike.execute("CREATE TABLE requests (x)")
-    lookalike.execute("PRAGMA user_version = 1")
-    lookalike.close()
-    with pytest.raises(UsageError, match="not localserve's"):
-        usage.connect(tmp_path / "c.sqlite3")
-
-
 def test_a_quota_caps_what_requests_in_flight_may_generate(tmp_path):
     """Eight requests at once against a quota of 50: together they use at most 50 tokens, their
     prompts included (held from admission on)."""
@@ -501,140 +324,6 @@ def test_a_request_id_cannot_forge_access_log_lines(tmp_path):
 
 
 # --- when the record cannot be written ------------------------------------------------------
-
-
-class Disk:
-    """A small tmpfs: a state directory on a disk that fills up."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.filler = path / "filler"
-
-    def fill(self) -> None:
-        """Write a file until the disk is full (as another program on the machine would)."""
-        with open(self.filler, "ab", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 4096)
-
-    def free(self) -> None:
-        self.filler.unlink()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    where = tmp_path / "disk"
-    where.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)]
-    mounted = subprocess.run(command, capture_output=True, text=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (root only): {mounted.stderr.strip()}")
-    try:
-        yield Disk(where)
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def rows_where(store: Usage, client_id: str) -> list[Row]:
-    """The committed rows of a request, read as another process would."""
-    db = usage.connect(store.path, readonly=True)
-    try:
-        return usage.rows_of(db, "client_id = ?", [client_id])
-    finally:
-        db.close()
-
-
-def logged(caplog, level: int, text: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == level and text in r.getMessage()]
-
-
-def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_disk, caplog):
-    """No `then` runs until its row is committed; the problem is said once; the counts hold
-    in memory and, once written, across a restart."""
-    caplog.set_level(logging.INFO, "localserve.ops.usage")
-    config = ServerConfig(state_dir=str(small_disk.path), daily_tokens=1000)
-    store = Usage(config, "fake")
-    recorded(store, row("ann", prompt=10, cached=0, completion=5))
-    small_disk.fill()
-    outcomes: list[bool] = []
-    for i in range(5):
-        r = row("ann", request_id=f"1:full{i}", client_id=f"full{i}", prompt=20, cached=0)
-        store.record(r, outcomes.append)
-    wait_until(lambda: store.problem, 10, "the problem said")
-    assert "database or disk is full" in store.problem and str(store.path) in store.problem
-    time.sleep(2.5 * usage.RETRY_S)  # tried again and again: still no room
-    assert outcomes == [] and store.num_unwritten == 5 and not rows_where(store, "full0")
-    assert store.quota("ann").used_today == 15 + 5 * 25  # counted all the same
-    assert store.record_refusal("ann") and "cannot be written" in store.record_refusal("ann")
-    [broke] = logged(caplog, logging.ERROR, "usage record")  # one line, not one per row
-    assert "kept in memory" in broke
-    small_disk.free()
-    wait_until(lambda: outcomes == [True] * 5, 10, "the rows written once there is room")
-    assert store.problem == "" and store.record_refusal("ann") is None
-    [fixed] = logged(caplog, logging.WARNING, "written again")
-    assert "5 rows kept in memory written" in fixed
-    assert rows_where(store, "full4")
-    assert store.close() == 0
-    again = Usage(config, "fake")  # a restart: the counts come from the database, all of them
-    assert again.quota("ann").used_today == 140
-    again.close()
-
-
-def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
-    tmp_path, caplog, monkeypatch
-):
-    caplog.set_level(logging.INFO, "localserve.ops.usage")
-    monkeypatch.setattr(usage, "CHECK_S", 0.05)  # the idle writer's look at the file
-    store = Usage(ServerConfig(state_dir=str(tmp_path), daily_tokens=1000), "fake")
-    problems: list[str] = []
-    broken = store._broken
-    monkeypatch.setattr(
-        store, "_broken", lambda why, **kw: (problems.append(why), broken(why, **kw))
-    )
-    recorded(store, row("ann", client_id="before", prompt=10, cached=0, completion=5))
-    for path in tmp_path.glob(f"{usage.DATABASE}*"):  # rm usage.sqlite3*
-        path.unlink()
-    wait_until(lambda: (tmp_path / usage.DATABASE).exists(), 10, "a new database")
-    assert problems == [f"{store.path} was deleted while serving"]
-    [said] = logged(caplog, logging.ERROR, "was deleted while serving")
-    assert "the rows recorded until now are not in the database" in said
-    wait_until(lambda: store.problem == "", 10, "writable again")
-    assert store.quota("ann").used_today == 15  # the counts in memory never go back
-    recorded(store, row("ann", client_id="after", prompt=10, cached=0, completion=7))
-    assert store.quota("ann").used_today == 32
-    assert rows_where(store, "after") and not rows_where(store, "before")
-
-    # replaced by something that is not a database: refused and said until it is gone
-    (tmp_path / "junk").write_bytes(b"not a database " * 300)
-    os.replace(tmp_path / "junk", store.path)
-    wait_until(lambda: "not a usable SQLite database" in store.problem, 10, "the junk noticed")
-    assert logged(caplog, logging.ERROR, "was replaced by another file while serving")
-    outcomes: list[bool] = []
-    store.record(row("ann", client_id="kept"), outcomes.append)
-    time.sleep(2 * usage.RETRY_S)
-    assert outcomes == [] and store.record_refusal("ann")
-    store.path.unlink()  # the operator moves the junk away: a new database, the kept row in it
-    wait_until(lambda: outcomes == [True], 10, "the kept row written")
-    assert store.problem == "" and rows_where(store, "kept")
-    store.close()
-
-
-def test_a_close_on_a_full_disk_is_bounded_and_says_what_it_loses(small_disk, caplog, monkeypatch):
-    caplog.set_level(logging.INFO, "localserve.ops.usage")
-    monkeypatch.setattr(usage, "MAX_UNWRITTEN_ROWS", 3)
-    monkeypatch.setattr(usage, "CLOSE_TIMEOUT_S", 1.0)
-    store = Usage(ServerConfig(state_dir=str(small_disk.path)), "fake")
-    small_disk.fill()
-    outcomes: list[bool] = []
-    for i in range(5):
-        store.record(row(request_id=f"1:r{i}"), outcomes.append)
-    wait_until(lambda: outcomes == [False, False], 10, "the two oldest dropped, over the bound")
-    assert store.num_unwritten == 3
-    start = time.monotonic()
-    assert store.close() == 5  # 2 over the bound, 3 at close
-    assert time.monotonic() - start < 1.0 + 1.0
-    assert outcomes == [False] * 5
-    assert len(logged(caplog, logging.ERROR, "over 3 rows unwritten")) == 1
-    assert logged(caplog, logging.ERROR, "3 rows could not be written and are lost")
 
 
 def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
