@@ -4,9 +4,10 @@ Every test here runs a second user, bob, who streams complete replies (fixed len
 the whole time the hostile input is sent; each of bob's replies must arrive whole. The server is
 the real one on a loopback port with the real model (the `live` fixture). Hostile input that
 needs no model (bad frames, tokens, throttling, hello timeouts, HTTP methods) is tried the same
-way, with bob, on the FakeRunner in test_connection.py; so are a socket whose writes wait past
-write_timeout_s and an outbox past max_outbox_bytes, which need text faster than a model's to
-fill a socket before the kernel's user timeout cuts it (here: a socket that never drains).
+way, with bob, on the FakeRunner in test_websocket_connection.py; so are a socket whose writes
+wait past write_timeout_s and an outbox past max_outbox_bytes, which need text faster than a
+model's to fill a socket before the kernel's user timeout cuts it (here: a socket that never
+drains).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One websocket connection (localserve/serve/websocket/connection.py) on a server over the
 FakeRunner: frames in,
 errors out, limits, access, and clients that stop reading. Nothing here needs the model's text;
-the real-model paths are in test_server.py and test_hostile.py.
+the real-model paths are in test_websocket_server.py and test_hostile_clients.py.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def connect(fake):
 @pytest.fixture
 def bob(fake):
     """bob streams whole replies all the while: whatever another client does, he must not
-    notice (see test_hostile.py)."""
+    notice (see test_hostile_clients.py)."""
     streamer = Streamer(fake)
     yield streamer
     streamer.finish()
@@ -148,7 +148,7 @@ def test_a_reader_that_stops_reading_is_closed_at_the_frame_limit(fake):
     assert not fake.connections_of("deaf")
 
 
-# --- moved from test_server.py: the protocol on the fake ------------------------------------
+# --- moved from test_websocket_server.py: the protocol on the fake ----------------------------
 
 
 def test_welcome_tells_the_model_and_the_limits(connect):
@@ -460,7 +460,7 @@ async def _count_tasks() -> int:
     return len(asyncio.all_tasks())
 
 
-# --- moved from test_hostile.py: hostile input while bob streams -------------------------
+# --- moved from test_hostile_clients.py: hostile input while bob streams ----------------------
 
 
 def test_error_frames_quote_at_most_a_little_of_the_input(fake, connect, bob):

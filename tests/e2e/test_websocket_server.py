@@ -1,6 +1,6 @@
 """The websocket server against the real model: streaming, cancelling, KV cells, the command,
 prefix caching. The protocol's logic that needs no model (bad frames, limits, access, HTTP,
-a soak of many clients) runs on the FakeRunner in test_connection.py."""
+a soak of many clients) runs on the FakeRunner in test_websocket_connection.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The KV pool's accounting on its own (localserve/engine/kv.py): cells, sequence ids, roots.
 
-Prefix reuse through the engine is in test_prefix.py; the scheduler's use of the pool in
-test_scheduler.py.
+Prefix reuse through the engine is in test_kv_prefix_cache.py; the scheduler's use of the pool
+in test_scheduler.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The fake cache shares copied cells the way llama.cpp's unified cache does, so `num_used` (each
 cell once) can be checked against it after every step. The real-model checks are in
-test_llama_runner.py and test_server.py.
+e2e/test_llama_runner.py and e2e/test_websocket_server.py.
 """
 
 from __future__ import annotations

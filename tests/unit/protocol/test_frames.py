@@ -1,5 +1,6 @@
-"""The wire format (localserve/protocol.py): client frames decode into a closed union, unknown
-fields and out-of-range values are refused, server frames encode with their type tag."""
+"""The websocket frames (localserve/protocol/frames.py): client frames decode into a closed
+union, unknown fields and out-of-range values are refused, server frames encode with their type
+tag."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a chat is on its way in (localserve/serve/admission.py): a refusal carries the protocol's
 error code, its message and how long to wait; the server's limits that raise it are tested
-through the server in test_connection.py."""
+through the server in e2e/test_websocket_connection.py."""
 
 from __future__ import annotations
 

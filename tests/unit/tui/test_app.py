@@ -227,8 +227,8 @@ def test_snapshot(snap_compare, fake_snapshots, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-# the embedded model split over the local CPU and two workers (as tests/test_placement.py reads
-# it from a real load)
+# the embedded model split over the local CPU and two workers (as unit/runners/test_placement.py
+# reads it from a real load)
 SPLIT = (
     Device("CPU", "AMD EPYC", 7, 14.0),
     Device("RPC0", "127.0.0.1:50081", 6, 12.0, "127.0.0.1:50081"),
