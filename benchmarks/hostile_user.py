@@ -42,8 +42,8 @@ from pathlib import Path
 
 from websockets.sync.client import connect
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers import RawClient  # noqa: E402  (the tests' bare-socket client)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.clients import RawClient  # noqa: E402  (the tests' bare-socket client)
 
 PORT = 8799
 SEA = [{"role": "user", "content": "Tell me about the sea."}]

@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conftest import WS  # noqa: E402
-from helpers import FakeServer  # noqa: E402
+from tests.support.fakes import FakeServer  # noqa: E402
+from tests.support.live import WS  # noqa: E402
 
 
 def run(requests: int, **config) -> list[float]:
