@@ -3,6 +3,8 @@
 `chat` sends one chat and yields the frames about it until it is over: the one loop behind the
 terminal chat client, the demo's people and the load generator. The monitor uses `Client` too;
 anyone else can follow docs/protocol.md instead.
+
+Tested in tests/e2e/test_websocket_client.py.
 """
 
 from __future__ import annotations

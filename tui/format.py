@@ -2,6 +2,8 @@
 
 Every formatter answers "—" for a missing value (None, NaN, infinity) instead of raising.
 Imports only the standard library, so the diagnosis stays free of Textual.
+
+Tested in tests/unit/tui/test_app.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The monitor's widgets: each one shows one part of a Snapshot (and the recent history)."""
+"""The monitor's widgets: each one shows one part of a Snapshot (and the recent history).
+
+Tested in tests/unit/tui/test_app.py.
+"""
 
 from __future__ import annotations
 

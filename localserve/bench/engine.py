@@ -8,6 +8,8 @@ Both run on the same model and the same llama.cpp context, alternately, in one p
 Figures: aggregate decode tokens/s at each concurrency, the engine's share of the bare loop,
 the engine's time outside llama_decode per step (broken down), and prefill tokens/s.
 Run with `localserve bench-engine` (see docs/benchmarks.md).
+
+Tested in tests/e2e/test_engine_benchmark.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ The load sends every request once, open-loop at a request rate or closed-loop at
 concurrency; conversations are played turn by turn, a fixed number at a time; the origin
 scenario is the situation localserve was built for (streams, a paste, a late question). The run
 code only talks to a `Target`, so the same runs measure localserve and an OpenAI peer.
+
+Tested in tests/e2e/test_load_generator.py and tests/unit/bench/test_report.py.
 """
 
 from __future__ import annotations

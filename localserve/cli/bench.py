@@ -1,6 +1,8 @@
 """`localserve bench`: a load generator against a running server, localserve's or an
 OpenAI-compatible peer's: one workload of single requests, multi-turn conversations, or the
 origin scenario.
+
+Tested in tests/unit/cli/test_cli.py (its options) and tests/e2e/test_load_generator.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""`localserve bench-engine`: the engine's decode throughput against bare llama_decode."""
+"""`localserve bench-engine`: the engine's decode throughput against bare llama_decode.
+
+Tested in tests/e2e/test_engine_benchmark.py.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """`localserve chat`: chat with a running server in this terminal.
 
 tui is imported only when the command runs.
+
+Tested in tests/unit/cli/test_cli.py and tests/e2e/test_terminal_chat.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """`localserve demo`: the model served in-process, four people sharing it, the monitor watching.
 
 tui (and Textual with it) is imported only when the command runs.
+
+Tested in tests/unit/cli/test_cli.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""`localserve models`: the configured models, where their files are, and the llama.cpp build."""
+"""`localserve models`: the configured models, where their files are, and the llama.cpp build.
+
+Tested in tests/unit/cli/test_cli.py.
+"""
 
 from __future__ import annotations
 

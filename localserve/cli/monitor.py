@@ -1,6 +1,8 @@
 """`localserve monitor`: the live monitor of a running server, in this terminal.
 
 tui (and Textual with it) is imported only when the command runs.
+
+Tested in tests/unit/cli/test_cli.py and tests/e2e/test_monitor.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""`localserve serve`: the websocket chat server, with the OpenAI API, /healthz and /metrics."""
+"""`localserve serve`: the websocket chat server, with the OpenAI API, /healthz and /metrics.
+
+Tested in tests/unit/cli/test_cli.py and tests/e2e/test_serving.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """`localserve sweep`: concurrency x workload x policy on one loaded model, written as a table,
-JSON and a chart."""
+JSON and a chart.
+
+Tested in tests/unit/cli/test_cli.py and tests/unit/bench/test_sweep.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """`localserve worker`: lend this machine's CPU or GPUs to a server elsewhere, as a llama.cpp
-RPC server."""
+RPC server.
+
+Tested in tests/unit/cli/test_cli.py and tests/e2e/test_rpc_workers.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The scheduler's output: one step's batch (what the runner computes) and what it sampled."""
+"""The scheduler's output: one step's batch (what the runner computes) and what it sampled.
+
+Tested in tests/unit/engine/test_scheduler.py.
+"""
 
 from __future__ import annotations
 

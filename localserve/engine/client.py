@@ -9,6 +9,8 @@ points written here (`add_request`, `cancel`, `reject`), which become commands h
 The commands are one typed set of msgspec structs: `Engine` handles them on its thread and the
 engine process sends the same structs over its pipe (msgpack), where its child hands them on
 to the engine as they come.
+
+Tested in tests/unit/engine/test_engine.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 `Preempted` its moves between waiting and running. The engine calls its `on_events` callback with
 each step's list on the engine thread; `EventRouter` sorts them into one queue per request for
 synchronous callers (the CLI, benchmarks, tests).
+
+Tested in tests/unit/engine/test_engine.py.
 """
 
 from __future__ import annotations

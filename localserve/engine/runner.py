@@ -6,6 +6,8 @@ has a deterministic fake for logic tests. Every llama_cpp call lives behind this
 A step is one call: `run(batch)` applies the KV cell operations the pool decided (free, trim,
 copy, in order), decodes the batch and returns one `Sampled` per sequence that wanted logits,
 with the token's text piece and whether it ends generation.
+
+Tested in tests/unit/engine/test_engine.py and tests/e2e/test_llama_runner.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Everything the monitor, the diagnosis and `/metrics` show comes from here, with the derived
 numbers (live cells, each row's own cells, a request's client id) computed once.
+
+Tested in tests/unit/engine/test_engine.py.
 """
 
 from __future__ import annotations

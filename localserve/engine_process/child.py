@@ -7,6 +7,8 @@ Started by `localserve.engine_process.client.EngineProcess` as
 with the pipe's end and the step clock's file inherited. It reads a `LoadModel`, answers
 `Loaded` (or `LoadFailed`), then hands each command it reads to the engine as it comes; the
 engine's events and the snapshots asked for go back on the same pipe.
+
+Tested in tests/e2e/test_engine_process.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ model, and only token ids cross.
 Its watchdog (a thread of its own) reads the step clock the engine writes, hears the engine's
 answers, and takes the engine down and up again: it acts on the process's state under the same
 lock as the entry points and the reader, so it lives beside them, in this class.
+
+Tested in tests/e2e/test_engine_process.py and tests/e2e/test_engine_faults.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Server -> engine: first a `LoadModel`, then the engine's own commands
 (`localserve.engine.client.EngineCommand`: the same structs `Engine` handles in-process).
 Engine -> server: `Loaded` or `LoadFailed` once, then `EngineEvents` and `SnapshotAnswer`s.
+
+Tested in tests/e2e/test_engine_process.py.
 """
 
 from __future__ import annotations

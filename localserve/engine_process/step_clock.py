@@ -4,6 +4,8 @@ The engine process writes it around each step (the engine's `watch` hook); the s
 watchdog reads it to stop a step that runs too long. Two doubles: when the running step started
 (0: none runs) and how long the longest step so far took, in seconds of `time.monotonic()`
 (one clock for every process of the machine).
+
+Tested in tests/e2e/test_engine_faults.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ unchanged), a cell copied to another sequence is shared, not duplicated (it is f
 last sequence lets go), and more than n_batch tokens or max_num_seqs logit rows would abort the
 real process (here an AssertionError). Each step advances a fake clock by a linear cost model,
 so timing logic is testable without sleeping.
+
+Tested in tests/unit/engine/test_scheduler.py and tests/unit/engine/test_engine.py.
 """
 
 from __future__ import annotations

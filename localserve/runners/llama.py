@@ -4,6 +4,8 @@ Only the low-level API of llama-cpp-python 0.3.36 (the high-level helper classes
 one sequence). Two conditions abort the process inside llama.cpp (more than n_batch tokens in one
 decode, more logit rows than n_outputs_max); `run` checks both before every decode and raises
 ValueError instead.
+
+Tested in tests/e2e/test_llama_runner.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ HTTP is /healthz and /metrics (health.py), the chat page (page.py) and the OpenA
 (openai/). A request from a web browser that is neither this server's own page nor allowed
 (ops.auth.browser_refusal) is refused with a 403 before anything else, websocket or HTTP; a
 websocket beyond max_connections gets a 503 instead of an upgrade.
+
+Tested in tests/e2e/test_websocket_connection.py and tests/e2e/test_chat_page.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 /healthz answers within HEALTH_TIMEOUT_S whatever the engine does, and says what is wrong (the
 engine not answering, an engine or usage-record problem, a shutdown) with a 503; the chat page
 shows it as the server's status.
+
+Tested in tests/e2e/test_websocket_connection.py and tests/e2e/test_engine_faults.py.
 """
 
 from __future__ import annotations

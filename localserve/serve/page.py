@@ -9,6 +9,8 @@ Every answer carries a strict Content-Security-Policy: scripts and styles only f
 server's own files (no inline script, no `eval`), connections only back to it, no images, frames,
 forms or plugins from anywhere. Model text is rendered by app.js with raw HTML shown as text and
 DOMPurify over the Markdown's output; the policy is the layer under that.
+
+Tested in tests/e2e/test_chat_page.py.
 """
 
 from __future__ import annotations

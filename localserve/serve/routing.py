@@ -5,6 +5,8 @@ The engine calls `on_engine_events` on its own thread; the events are handed to 
 connection or an HTTP reply). A `done` releases the request from admission and goes out once
 its usage row is committed, or after RECORD_WAIT_S (at once while the record is known to be
 broken) saying it was not: a reply never hangs on a dead disk.
+
+Tested in tests/e2e/test_websocket_server.py and tests/e2e/test_usage_record.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ page, the OpenAI API under /v1), admission (admission.py: every chat, whichever 
 the routing of engine events back to each request's sink (routing.py), and the engine's
 snapshots shared by all who ask (snapshots.py). `run` serves until SIGINT or SIGTERM;
 `ServerThread` runs a Server on an event loop of its own (the demo, the tests).
+
+Tested in tests/e2e/test_websocket_server.py and tests/e2e/test_fake_runner_server.py.
 """
 
 from __future__ import annotations

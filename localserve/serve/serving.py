@@ -5,6 +5,8 @@ runner (llama.cpp) is loaded, an engine started on it, a `Server` (server.py) wi
 and, when asked, started as a `ServerThread` on its own event loop. What was built comes back
 as a `ServedModel`. On the way out the server stops first (in-flight replies get the
 configured grace), then the engine, then the runner is closed.
+
+Tested in tests/e2e/test_serving.py.
 """
 
 from __future__ import annotations

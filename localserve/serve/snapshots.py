@@ -4,6 +4,8 @@
 while a snapshot is on its way wait for that one, so any number of them cost the engine at most
 one snapshot per step. An engine that gives none within SNAPSHOT_TIMEOUT_S has a problem: the
 askers get a TimeoutError, and `last` is the one that came before.
+
+Tested in tests/e2e/test_engine_faults.py and tests/e2e/test_grafana_metrics.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The picture of the moment that ends every diagnosis, and the healthy headline."""
+"""The picture of the moment that ends every diagnosis, and the healthy headline.
+
+Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ Each rule is a pure function of the `Signals`: it returns a `Finding` or None an
 nothing. A finding declares the causes it names (`explains`) and the causes it leaves to an
 earlier finding (`defers_to`); `reported` walks the findings in the table's order and drops a
 finding when one already reported explains what it defers to. That is the only coordination.
+
+Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """What the history measures: the newest snapshot and its trends, counters and shares, computed
-once into a `Signals` that the rules only read. How each is measured: docs/diagnosis.md."""
+once into a `Signals` that the rules only read. How each is measured: docs/diagnosis.md.
+
+Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
+"""
 
 from __future__ import annotations
 

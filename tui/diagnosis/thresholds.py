@@ -1,4 +1,7 @@
-"""Every number the diagnosis judges by, in one place; docs/diagnosis.md explains each use."""
+"""Every number the diagnosis judges by, in one place; docs/diagnosis.md explains each use.
+
+Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ same users, limits, prefix isolation and too-long check. Errors have OpenAI's sh
 raise the matching exception. One module per noun: the bodies (types), the errors, the checks
 before admission (validation), one per endpoint (chat_completions, completions, models), and
 the reply, streamed as server-sent events or sent whole.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

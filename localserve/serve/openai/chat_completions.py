@@ -3,6 +3,8 @@
 Messages are system, user and assistant turns (developer counts as system); their content is a
 string or text parts. Tool calling, log probabilities, structured output, audio and predicted
 output are refused with a 400 that names the field.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 The prompt is a string, or a list holding one; log probabilities, echo, suffix (insertion) and
 best_of above 1 are refused with a 400 that names the field.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

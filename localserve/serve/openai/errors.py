@@ -3,6 +3,8 @@ clients raise the matching exception.
 
 Admission's refusals (docs/protocol.md's codes) map to 400, 429 and 503; a reply the engine
 failed or a shutdown cut short is a 500 or a 503. Every 429 and 503 carries Retry-After.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Both need the same API key as the other endpoints on a server with tokens; an unknown model is
 a 404 that names the one there is.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ prefix isolation and too-long check as a websocket chat) with a `Reply` as its s
 is the ASGI response too. Either way it goes, the client's connection is watched: a client that
 goes away, or stops reading its stream, cancels its request at the next step (also
 mid-prefill), and its cells are freed.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Request fields are None when not given (some clients send explicit nulls); unknown fields are
 ignored (OpenAI clients send many). `ReplyBodies` builds one reply's objects, a chat or a text
 completion, whole or as stream chunks, in OpenAI's shape.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

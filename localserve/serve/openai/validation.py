@@ -5,6 +5,8 @@ into its endpoint's type; the model, when named, must be this server's. The API 
 (`Authorization: Bearer`) names the user on a server with tokens (failures throttled like any
 token check); on an open server the `user` field does (DEFAULT_USER when absent). Fields that
 would change the output and are not supported are refused with a 400 that names them.
+
+Tested in tests/e2e/test_openai_api.py.
 """
 
 from __future__ import annotations

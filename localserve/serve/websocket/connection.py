@@ -7,6 +7,8 @@ request (`on_token`, `on_queued`, `on_done`); token text waiting for a slow read
 in the outbox, which is bounded in frames and bytes. What connections share (their cap, the
 stats frame) is `Connections`. The connection runs on uvicorn's websocket protocol (see
 transport.py) through plain ASGI.
+
+Tested in tests/e2e/test_websocket_connection.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 connected, cancels a closed connection's requests, and tells them all at shutdown. What every
 connection would otherwise build for itself is built here once: the welcome frame's terms and
 the stats frame, encoded once for every monitor from the latest shared snapshot.
+
+Tested in tests/e2e/test_websocket_connection.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,95 @@
+"""The layout's rules that the import contracts (pyproject.toml, `lint-imports`) cannot check:
+one class per name, a test for every module, functions that fit on a screen, tests that import
+no other test. docs/architecture.md describes the layout; tests/README.md the tests' own."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from tests.support.paths import ROOT
+
+MAX_FUNCTION_LINES = 60
+SOURCES = sorted((ROOT / "localserve").rglob("*.py")) + sorted((ROOT / "tui").rglob("*.py"))
+TESTS = sorted((ROOT / "tests").rglob("*.py"))
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text("utf-8"), str(path))
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_every_class_name_is_defined_once():
+    where = defaultdict(list)
+    for path in SOURCES:
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(_name(path))
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, twice
+
+
+def test_every_module_opens_with_what_it_is_for():
+    assert [_name(p) for p in SOURCES if not ast.get_docstring(_tree(p))] == []
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = [
+        f"{_name(path)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in SOURCES
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
+def _unit_test_of(path: Path) -> Path:
+    """tests/unit/<package>/test_<module>.py; a package's __init__ is test_<package>.py."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "localserve":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+        parts.append(parts[-1] if parts else "localserve")
+    return ROOT / "tests" / "unit" / Path(*parts[:-1]) / f"test_{parts[-1]}.py"
+
+
+def _defines_something(tree: ast.Module) -> bool:
+    kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    return any(isinstance(node, kinds) for node in tree.body)
+
+
+def test_every_module_has_a_test_of_its_name_or_names_the_tests_that_cover_it():
+    missing = []
+    for path in SOURCES:
+        tree = _tree(path)
+        if path.name == "__main__.py" or not _defines_something(tree):
+            continue  # a package's face: its docstring and imports
+        if _unit_test_of(path).exists():
+            continue
+        named = re.findall(r"tests/[\w/]+\.py", ast.get_docstring(tree) or "")
+        if not named or not all((ROOT / n).exists() for n in named):
+            missing.append(f"{_name(path)}: no {_name(_unit_test_of(path))}, none named")
+    assert missing == []
+
+
+def test_no_test_imports_a_conftest_or_another_test():
+    bad = []
+    for path in TESTS:
+        for node in ast.walk(_tree(path)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                leaf = name.rsplit(".", 1)[-1]
+                if leaf == "conftest" or leaf.startswith("test_"):
+                    bad.append(f"{_name(path)}: {name}")
+    assert bad == []
