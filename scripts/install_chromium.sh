@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The browser tests (tests/test_web.py) drive the system's Chromium: install it when it is
+# The browser tests (tests/e2e/test_chat_page.py) drive the system's Chromium: install it when it is
 # missing and this user may (root, or sudo without a password). Otherwise say how, and the
 # browser tests are skipped (CI sets LOCALSERVE_REQUIRE_BROWSER=1: there they fail instead).
 set -u

@@ -1,6 +1,6 @@
 """What the load generator sends, and when: request mixes, conversations, arrival times.
 
-Workloads are built from text that ships with the project (`localserve/data/pages.md` and the
+Workloads are built from text that ships with the project (`localserve/bench/data/pages.md` and the
 scenario's prompt lists), seeded and reproducible. A single-request workload is a weighted mix
 of kinds (short questions, long explanations, pastes of a few pages). The `conversation`
 workload is multi-turn: each conversation reads the document part by part, every turn resending

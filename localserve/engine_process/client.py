@@ -104,7 +104,7 @@ class Vocabulary:
     """The runner's text side, in the server's process: prompts become tokens here."""
 
     def __init__(self, vocab, info: ModelInfo, where: str) -> None:
-        self._vocab = vocab  # llama_runner.VocabOnly
+        self._vocab = vocab  # runners.llama.VocabOnly
         self.info = info
         self.where_text = where  # the engine process's start-up block
 
