@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from localserve.config import ServerConfig
-from localserve.ops import usage
+from localserve.ops import usage, usage_report
 
 
 def build(path: Path, rows: int, now: float) -> None:
@@ -81,11 +81,11 @@ def main() -> None:
             "start-up: today's totals per user": lambda: usage.totals_since(
                 db, usage.local_day_start(now)
             ),
-            "usage (today)": lambda: usage.by_day(db, usage.parse_since("today", now)),
-            "usage --since 7d": lambda: usage.by_day(db, usage.parse_since("7d", now)),
-            "usage --since 30d": lambda: usage.by_day(db, usage.parse_since("30d", now)),
-            "usage --since 30d --user user07": lambda: usage.by_day(
-                db, usage.parse_since("30d", now), "user07"
+            "usage (today)": lambda: usage_report.by_day(db, usage_report.parse_since("today", now)),
+            "usage --since 7d": lambda: usage_report.by_day(db, usage_report.parse_since("7d", now)),
+            "usage --since 30d": lambda: usage_report.by_day(db, usage_report.parse_since("30d", now)),
+            "usage --since 30d --user user07": lambda: usage_report.by_day(
+                db, usage_report.parse_since("30d", now), "user07"
             ),
         }
         for name, fn in cases.items():

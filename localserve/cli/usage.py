@@ -21,20 +21,20 @@ def add(sub) -> None:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from localserve.ops import usage
+    from localserve.ops import usage, usage_report
     from localserve.ops.auth import load_daily_tokens
 
     config = load_config(args.config)
     server = team_options(config.server, args, load_daily_tokens(args.users))
-    since = usage.parse_since(args.since, time.time())
+    since = usage_report.parse_since(args.since, time.time())
     db = usage.connect(usage.state_dir(server) / usage.DATABASE, readonly=True)
     try:
-        days = usage.by_day(db, since, args.user)
+        days = usage_report.by_day(db, since, args.user)
     finally:
         db.close()
     if args.json:
         for day in days:
-            print(json.dumps(usage.day_dict(day), ensure_ascii=False))
+            print(json.dumps(usage_report.day_dict(day), ensure_ascii=False))
     else:
-        print(usage.table(days, server))
+        print(usage_report.table(days, server))
     return 0

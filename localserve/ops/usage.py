@@ -17,7 +17,8 @@ database at start-up (so a quota holds across restarts) and advanced with every 
 set back, whatever happens to the file). Requests in flight hold what they may still use.
 
 The access log (one line per finished request, plain or JSON, rotated by size) is written by
-the same thread, so a slow disk never stalls the event loop.
+the same thread, so a slow disk never stalls the event loop. What `localserve usage` prints
+from the record is localserve/ops/usage_report.py's.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ import logging
 import logging.handlers
 import os
 import queue
-import re
 import sqlite3
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -270,122 +269,6 @@ def totals_since(db: sqlite3.Connection, since: float) -> dict[str, UserUsage]:
         (since,),
     )
     return {user: UserUsage(user, *counts) for user, *counts in rows}
-
-
-@dataclasses.dataclass
-class DayUsage:
-    day: str  # YYYY-MM-DD, local
-    user: str
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    median_ttft_ms: float | None
-
-    @property
-    def cached_share(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-def by_day(db: sqlite3.Connection, since: float, user: str | None = None) -> list[DayUsage]:
-    """Per local day and user since `since`: requests, tokens, median TTFT."""
-    where, args = "finished >= ?", [since]
-    if user is not None:
-        where += " AND user = ?"
-        args.append(user)
-    groups = db.execute(
-        "SELECT day, user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), "
-        f"SUM(completion_tokens) FROM requests WHERE {where} GROUP BY day, user "
-        "ORDER BY day, user",
-        args,
-    ).fetchall()
-    ttfts: dict[tuple[str, str], list[float]] = {}
-    for key_day, key_user, ttft in db.execute(
-        f"SELECT day, user, ttft_ms FROM requests WHERE {where} AND ttft_ms IS NOT NULL", args
-    ):
-        ttfts.setdefault((key_day, key_user), []).append(ttft)
-    return [DayUsage(d, u, n, p, c, g, _median(ttfts.get((d, u)))) for d, u, n, p, c, g in groups]
-
-
-def _median(values: list[float] | None) -> float | None:
-    return statistics.median(values) if values else None
-
-
-# --- reports (`localserve usage`) ----------------------------------------------------------
-
-
-def parse_since(text: str, now: float) -> float:
-    """ "today", "7d" (today and the 6 days before), "24h", or a date or time (ISO 8601; local
-    unless it says its offset)."""
-    text = text.strip()
-    if text.lower() == "today":
-        return local_day_start(now)
-    if found := re.fullmatch(r"([1-9][0-9]{0,4})([dDhH])", text):
-        number = int(found[1])
-        if found[2] in "hH":
-            return now - number * 3600
-        first = datetime.date.fromtimestamp(now) - datetime.timedelta(days=number - 1)
-        return local_midnight(first)
-    try:
-        return datetime.datetime.fromisoformat(text).astimezone().timestamp()
-    except (ValueError, OverflowError):
-        raise ConfigError(
-            f"--since: {text!r}: expected today, 7d, 24h (up to 99999) or 2026-11-01"
-        ) from None
-
-
-def day_dict(day: DayUsage) -> dict:
-    return {
-        "day": day.day,
-        "user": day.user,
-        "requests": day.requests,
-        "prompt_tokens": day.prompt_tokens,
-        "cached_tokens": day.cached_tokens,
-        "completion_tokens": day.completion_tokens,
-        "cached_share": round(day.cached_share, 4),
-        "median_ttft_ms": None if day.median_ttft_ms is None else round(day.median_ttft_ms, 1),
-    }
-
-
-def table(days: list[DayUsage], config: ServerConfig) -> str:
-    """The report as a text table, with totals per user over the period."""
-    if not days:
-        return "no requests recorded in this period"
-    header = ("day", "user", "requests", "tokens in", "cached", "tokens out", "median TTFT")
-    lines = [header]
-    for d in days:
-        ttft = "–" if d.median_ttft_ms is None else f"{d.median_ttft_ms:.0f} ms"
-        lines.append(
-            (
-                d.day,
-                d.user,
-                f"{d.requests:,}",
-                f"{d.prompt_tokens:,}",
-                f"{d.cached_share:.0%}",
-                f"{d.completion_tokens:,}",
-                ttft,
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = [
-        "  ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in lines
-    ]
-    quotas = {
-        d.user: limit
-        for d in days
-        if (limit := config.daily_tokens_per_user.get(d.user, config.daily_tokens))
-    }
-    if quotas:
-        text.append("")
-        text.append(
-            "daily quotas (prompt tokens computed + tokens out): "
-            + ", ".join(f"{u} {q:,}" for u, q in sorted(quotas.items()))
-        )
-    return "\n".join(text)
 
 
 # --- the server's side ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from localserve.config import ConfigError, ServerConfig
-from localserve.ops import usage
+from localserve.ops import usage, usage_report
 from localserve.ops.usage import Usage, UsageError
 from tests.support.usage import recorded, row, rows_where
 from tests.support.waiting import wait_until
@@ -88,7 +88,7 @@ def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
         start = datetime.datetime.fromtimestamp(usage.local_day_start(autumn)).astimezone()
         assert start.isoformat() == "2026-10-25T00:00:00+02:00"
         assert usage.next_midnight(autumn).isoformat() == "2026-10-26T00:00:00+01:00"
-        week = datetime.datetime.fromtimestamp(usage.parse_since("7d", spring)).astimezone()
+        week = datetime.datetime.fromtimestamp(usage_report.parse_since("7d", spring)).astimezone()
         assert week.isoformat() == "2026-03-23T00:00:00+01:00"
     finally:
         monkeypatch.undo()
@@ -98,16 +98,16 @@ def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
 @pytest.mark.parametrize("text", ["0d", "-1d", "1000000d", "²d", "7x", "", "tomorrow"])
 def test_since_refuses_what_it_cannot_read(text):
     with pytest.raises(ConfigError, match="--since"):
-        usage.parse_since(text, time.time())
+        usage_report.parse_since(text, time.time())
 
 
 def test_since_reads_times_with_an_offset():
     now = time.time()
     assert (
-        usage.parse_since("2026-11-01T10:00:00Z", now)
+        usage_report.parse_since("2026-11-01T10:00:00Z", now)
         == datetime.datetime(2026, 11, 1, 10, tzinfo=datetime.UTC).timestamp()
     )
-    assert usage.parse_since("24h", now) == now - 86400
+    assert usage_report.parse_since("24h", now) == now - 86400
 
 
 def test_other_files_in_its_place_are_clear_errors(tmp_path):
