@@ -3,7 +3,7 @@
 Every formatter answers "—" for a missing value (None, NaN, infinity) instead of raising.
 Imports only the standard library, so the diagnosis stays free of Textual.
 
-Tested in tests/unit/tui/test_app.py.
+Tested in tests/unit/tui/test_monitor.py.
 """
 
 from __future__ import annotations

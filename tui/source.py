@@ -6,7 +6,7 @@ away; it passes each frame on whole, so the monitor gets today's per-user totals
 (`Stats.usage_today`) with the snapshot. A source without them (an in-process engine, a test) may
 yield bare snapshots.
 
-Tested in tests/unit/tui/test_app.py and tests/e2e/test_monitor.py.
+Tested in tests/unit/tui/test_monitor.py and tests/e2e/test_monitor.py.
 """
 
 from __future__ import annotations

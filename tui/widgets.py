@@ -1,6 +1,6 @@
 """The monitor's widgets: each one shows one part of a Snapshot (and the recent history).
 
-Tested in tests/unit/tui/test_app.py.
+Tested in tests/unit/tui/test_monitor.py.
 """
 
 from __future__ import annotations

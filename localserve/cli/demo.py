@@ -40,7 +40,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from localserve.bench.scenario import play
     from localserve.config import load_config
     from localserve.serve.serving import serving
-    from tui.app import MonitorApp
+    from tui.monitor import MonitorApp
     from tui.source import WebSocketSource
 
     log_path = log_to_file("demo")

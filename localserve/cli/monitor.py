@@ -22,7 +22,7 @@ def add(sub) -> None:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from tui.app import MonitorApp
+    from tui.monitor import MonitorApp
     from tui.source import WebSocketSource
 
     log_to_file("monitor")

@@ -3,7 +3,7 @@
 Times in seconds; null where there is nothing to measure yet. The websocket `stats` frame
 (localserve.protocol.frames) carries it.
 
-Tested in tests/unit/protocol/test_frames.py and tests/unit/tui/test_app.py.
+Tested in tests/unit/protocol/test_frames.py and tests/unit/tui/test_monitor.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Textual monitor (tui/app.py) watching a real server with the real model: a running
+"""The Textual monitor (tui/monitor.py) watching a real server with the real model: a running
 sequence shows up."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
-from tui.app import MonitorApp
+from tui.monitor import MonitorApp
 from tui.source import WebSocketSource
 from tui.widgets import RunningTable
 

@@ -1,8 +1,8 @@
-"""Reading the Textual monitor's screen (tui/app.py) in tests."""
+"""Reading the Textual monitor's screen (tui/monitor.py) in tests."""
 
 from __future__ import annotations
 
-from tui.app import MonitorApp
+from tui.monitor import MonitorApp
 from tui.widgets import HeaderBar
 
 

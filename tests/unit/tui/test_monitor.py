@@ -1,4 +1,4 @@
-"""The Textual monitor (tui/app.py, its widgets and formats seen through it): Pilot tests on a
+"""The Textual monitor (tui/monitor.py, its widgets and formats seen through it): Pilot tests on a
 fake stats source, and snapshots. Its end-to-end run on a real server is e2e/test_monitor.py."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from localserve.protocol.frames import Stats, UserUsage
 from localserve.protocol.snapshot import Device, Worker
 from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
-from tui.app import HelpScreen, MonitorApp
 from tui.format import tokens
+from tui.monitor import HelpScreen, MonitorApp
 from tui.source import Connected, Disconnected, QueueSource, WebSocketSource
 from tui.widgets import (
     DiagnosisLine,
