@@ -34,9 +34,25 @@ _decoder = msgspec.json.Decoder(ServerFrame)
 _encoder = msgspec.json.Encoder()
 
 
-__all__ = ["ChatFrame", "Client", "ClientError", "ConnectionClosed", "chat"]
+__all__ = ["ChatFrame", "Client", "ClientError", "ConnectionClosed", "chat", "websocket_url"]
 
 ChatFrame = Queued | TokenDelta | Finished | Error | Notice
+
+
+_SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+
+
+def websocket_url(url: str) -> str:
+    """The websocket URL for what a person types: the `http://host:port` address the server
+    prints (http becomes ws, https wss), `host:port` without a scheme (ws), or a ws:// URL.
+    The server answers websockets on any path, so the rest is kept as it is."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return f"ws://{url}"
+    if scheme.lower() not in _SCHEMES:
+        raise ValueError(f"{url}: not a server address (use ws://host:port or http://host:port)")
+    return f"{_SCHEMES[scheme.lower()]}://{rest}"
 
 
 class ClientError(Exception):
@@ -58,7 +74,7 @@ class Client:
     async def connect(cls, url: str, user: str | None = None, token: str | None = None) -> Client:
         """Open a connection; with a user, say hello and wait for the welcome."""
         try:
-            ws = await connect(url, max_size=None, open_timeout=10)
+            ws = await connect(websocket_url(url), max_size=None, open_timeout=10)
         except InvalidHandshake as e:  # e.g. 503: the server has all the connections it takes
             raise ClientError("unavailable", str(e)) from None
         client = cls(ws)

@@ -14,6 +14,7 @@ from localserve.cli.shared import (
     NO_PREFIX_CACHE_HELP,
     add_model_argument,
     log_to_file,
+    model_name,
     prefix_cache_option,
     say_where,
 )
@@ -43,12 +44,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from tui.monitor import MonitorApp
     from tui.source import WebSocketSource
 
-    log_path = log_to_file("demo")
     config = prefix_cache_option(load_config(args.config), args.no_prefix_cache)
+    name = model_name(config, args.model)  # before the log goes to a file: said on stderr
+    log_path = log_to_file("demo")
     # the demo's people are not real users: their usage goes to a state directory of its own
     state = tempfile.TemporaryDirectory(prefix="localserve-demo-")
     config.server = msgspec.structs.replace(config.server, state_dir=state.name)
-    with state, serving(config, args.model, thread=True) as served:
+    with state, serving(config, name, thread=True) as served:
         say_where(served.runner)
         thread, server = served.thread, served.server
         stop = asyncio.Event()

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from localserve.cli.shared import add_model_argument, say_where
+from localserve.cli.shared import add_model_argument, model_name, say_where
 from localserve.config import ConfigError, load_config
 from localserve.engine.sampling_params import SamplingParams
 
@@ -38,9 +38,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from localserve.runners.models import open_runner
 
     config = load_config(args.config)
-    name = args.model or config.default
-    model = config.models.get(name)
-    endpoints = [*(model.rpc_workers if model else []), *args.rpc]
+    name = model_name(config, args.model)
+    endpoints = [*config.models[name].rpc_workers, *args.rpc]
     if endpoints:
         from localserve.runners.rpc import add_worker, probe
 
@@ -49,7 +48,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 raise ConfigError(f"RPC worker {endpoint}: {why}")
         for endpoint in endpoints:  # before the model loads
             add_worker(endpoint)
-    runner = open_runner(config, args.model)
+    runner = open_runner(config, name)
     say_where(runner, file=sys.stderr)  # stdout is the generated text
     router = EventRouter()
     engine = Engine(runner, config.scheduler, on_events=router).start()

@@ -10,6 +10,8 @@ import argparse
 from localserve.cli.shared import (
     NO_PREFIX_CACHE_HELP,
     add_model_argument,
+    check_port,
+    model_name,
     prefix_cache_option,
     say_where,
     team_options,
@@ -41,6 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from localserve.serve.serving import serving
 
     config = prefix_cache_option(load_config(args.config), args.no_prefix_cache)
+    name = model_name(config, args.model)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     access = Access(load_users(args.users), args.monitor_token)
@@ -49,7 +52,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.users}: daily_tokens for users it does not have: {unknown}")
     config.server = team_options(config.server, args, daily_tokens)
     access.check_bind(host, args.open)  # before the model loads: fail fast
-    with serving(config, args.model, access=access) as served:
+    check_port(host, port)
+    with serving(config, name, access=access) as served:
         say_where(served.runner)
         asyncio.run(run(served.server, host, port))
     return 0

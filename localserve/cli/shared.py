@@ -1,12 +1,17 @@
 """What several commands share: the --model and server-URL arguments, the prefix-cache switch,
 the team options of serve and usage, logging to a file under a full-screen app, and the
-"what runs where" block with its GPU warning.
+"what runs where" block with its GPU warning; the checks that catch a slip before the model
+loads (an unknown model name, a port in use).
+
+Tested in tests/unit/cli/test_shared.py and tests/e2e/test_cli_slips.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
 
 import msgspec
@@ -24,12 +29,59 @@ def add_model_argument(p: argparse.ArgumentParser) -> None:
 def add_url_arguments(p: argparse.ArgumentParser) -> None:
     """The server's URL, as `monitor URL` or `monitor --url URL` (the same for chat)."""
     where = p.add_mutually_exclusive_group()
-    where.add_argument("url", nargs="?", help=f"the server's websocket URL (default {DEFAULT_URL})")
+    where.add_argument(
+        "url",
+        nargs="?",
+        help="the server's address: ws://host:port, the http://host:port that `serve` prints, "
+        f"or host:port (default {DEFAULT_URL})",
+    )
     where.add_argument("--url", dest="url_option", metavar="URL", help="the same, as an option")
 
 
 def server_url(args: argparse.Namespace) -> str:
-    return args.url or args.url_option or DEFAULT_URL
+    """The websocket URL asked for (http:// and host:port accepted: localserve.client)."""
+    from localserve.client import websocket_url
+
+    return websocket_url(args.url or args.url_option or DEFAULT_URL)
+
+
+def model_name(config, name: str | None) -> str:
+    """The model asked for (the config's default when None); ConfigError naming the known ones
+    for a name the configuration does not have."""
+    from localserve.config import ConfigError
+
+    name = name or config.default
+    if name not in config.models:
+        known = ", ".join(sorted(config.models))
+        raise ConfigError(f"--model: unknown model {name!r} (models.toml has: {known})")
+    return name
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind host:port and let it go, before the model loads: a port in use (or an address this
+    machine does not have) is a ConfigError naming it, not a traceback after the load."""
+    from localserve.config import ConfigError
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"port {port} on {host} is already in use (another server?): "
+                    "stop it, or pick another with --port"
+                ) from None
+            if e.errno == errno.EACCES:
+                raise ConfigError(
+                    f"port {port}: not allowed to listen on it (ports below 1024 need root): "
+                    "pick another with --port"
+                ) from None
+            why = e.strerror or str(e)
+            raise ConfigError(f"cannot listen on {host}:{port}: {why} (--host, --port)") from None
 
 
 def prefix_cache_option(config, no_prefix_cache: bool):

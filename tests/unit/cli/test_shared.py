@@ -1,4 +1,5 @@
-"""What the commands share (localserve/cli/shared.py): the --no-prefix-cache option."""
+"""What the commands share (localserve/cli/shared.py): the --no-prefix-cache option, the
+unknown model said before anything loads, the server addresses chat and monitor accept."""
 
 from __future__ import annotations
 
@@ -15,3 +16,29 @@ def test_no_prefix_cache_turns_prefix_caching_off():
     assert prefix_cache_option(config, False) is config
     assert build_parser().parse_args(["serve", "--no-prefix-cache"]).no_prefix_cache
     assert not build_parser().parse_args(["serve"]).no_prefix_cache
+
+
+def test_an_unknown_model_names_the_option_and_the_known_ones():
+    import pytest
+
+    from localserve.cli.shared import model_name
+    from localserve.config import ConfigError, builtin_config
+
+    config = builtin_config()
+    assert model_name(config, None) == model_name(config, "gemma-3-270m") == "gemma-3-270m"
+    with pytest.raises(ConfigError, match=r"--model: unknown model 'x' \(models.toml has: gemma"):
+        model_name(config, "x")
+
+
+def test_the_address_serve_prints_and_host_port_become_websocket_urls():
+    import pytest
+
+    from localserve.client import websocket_url
+
+    assert websocket_url("http://127.0.0.1:8765") == "ws://127.0.0.1:8765"
+    assert websocket_url("https://chat.example.org/") == "wss://chat.example.org/"
+    assert websocket_url("localhost:8765") == "ws://localhost:8765"
+    assert websocket_url(" ws://[::1]:8765 ") == "ws://[::1]:8765"
+    assert websocket_url("WSS://h:1") == "wss://h:1"
+    with pytest.raises(ValueError, match="not a server address"):
+        websocket_url("ftp://h:1")
