@@ -212,14 +212,20 @@ def parse_config(text: str, source: str = "models.toml") -> Config:
     return config
 
 
-def load_config(path: str | os.PathLike | None = None) -> Config:
-    """Read models.toml from `path`, $LOCALSERVE_MODELS or ./models.toml; built-ins otherwise."""
+def config_path(path: str | os.PathLike | None = None) -> Path | None:
+    """The file load_config reads: `path`, $LOCALSERVE_MODELS or ./models.toml; None when
+    there is none of them (the built-in configuration)."""
     candidate = path or os.environ.get("LOCALSERVE_MODELS")
     if candidate is None and Path("models.toml").is_file():
         candidate = "models.toml"
-    if candidate is None:
+    return None if candidate is None else Path(candidate)
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read models.toml from `path`, $LOCALSERVE_MODELS or ./models.toml; built-ins otherwise."""
+    p = config_path(path)
+    if p is None:
         return builtin_config()
-    p = Path(candidate)
     if not p.is_file():
         raise ConfigError(f"{p}: no such configuration file")
     config = parse_config(p.read_text(encoding="utf-8"), str(p))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from localserve.cli import (
@@ -33,6 +34,8 @@ DESCRIPTION = (
     "sweep, bench-engine)."
 )
 
+CONFIG_HELP = "models.toml (default: $LOCALSERVE_MODELS or ./models.toml)"
+
 # in the order `localserve --help` lists them
 COMMANDS = (chat, demo, monitor, serve, worker, usage, generate, models, bench, sweep, bench_engine)
 
@@ -50,20 +53,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
     except (ConfigError, ValueError) as e:
         print(f"localserve: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _pipe_closed() -> int:
+    """Standard output's reader left (`localserve usage --json | head`): stop quietly, with the
+    status of a tool that SIGPIPE ended (128 + 13), and nothing more written to the pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+    return 141
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: the global options, then every command's subparser."""
     p = argparse.ArgumentParser(prog="localserve", description=DESCRIPTION)
-    p.add_argument("--config", help="models.toml (default: $LOCALSERVE_MODELS or ./models.toml)")
+    p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
     sub = p.add_subparsers(title="commands")
     for command in COMMANDS:
         command.add(sub)
+    for command_parser in sub.choices.values():  # before or after the command, both work
+        command_parser.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
     return p

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from localserve.cli.shared import gpu_warning
-from localserve.config import load_config
+from localserve.config import DEFAULT_MODEL, config_path, load_config
 
 
 def add(sub) -> None:
@@ -21,6 +21,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     from localserve.runners.models import resolve_model
 
     config = load_config(args.config)
+    print(_source_line(args.config))
     for name, model in config.models.items():
         mark = "*" if name == config.default else " "
         path = resolve_model(name, model)
@@ -30,6 +31,19 @@ def cmd_models(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     return 0
+
+
+def _source_line(path: str | None) -> str:
+    """Which configuration file was read; a warning on stderr when none was found."""
+    source = config_path(path)
+    if source is not None:
+        return f"configuration: {source.resolve()}"
+    print(
+        "localserve: no configuration file found (--config, $LOCALSERVE_MODELS, ./models.toml): "
+        f"using the built-in defaults (the embedded {DEFAULT_MODEL})",
+        file=sys.stderr,
+    )
+    return "configuration: built-in defaults (no models.toml)"
 
 
 def _build_line() -> str:

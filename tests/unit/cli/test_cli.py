@@ -1,6 +1,9 @@
 """The command line (localserve/cli/__init__.py, `python -m localserve`): every subcommand
 parses, chat and monitor take the URL the same ways (cli/shared.py), and localserve imports tui
-only inside the commands that open it; no model needed."""
+only inside the commands that open it; the slips answered in one line before anything loads
+(an unknown model, --config after the command, a closed pipe) and `models` saying which
+configuration it read; no model needed. The slips that need a socket are in
+e2e/test_cli_slips.py."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import sys
 import pytest
 
 from localserve import cli
+from tests.support.cli import localserve, slip_line
 from tests.support.paths import ROOT
 
 COMMANDS = {
@@ -66,7 +70,14 @@ def test_chat_and_monitor_take_the_url_the_same_ways(command, capsys):
     from localserve.cli.shared import DEFAULT_URL, server_url
 
     url = "ws://10.0.0.2:9000"
-    for argv, expected in [([], DEFAULT_URL), ([url], url), (["--url", url], url)]:
+    for argv, expected in [
+        ([], DEFAULT_URL),
+        ([url], url),
+        (["--url", url], url),
+        (["http://10.0.0.2:9000"], url),  # what `serve` prints
+        (["10.0.0.2:9000"], url),
+        (["https://chat.example.org/"], "wss://chat.example.org/"),
+    ]:
         assert server_url(parser().parse_args([command, *argv])) == expected
     with pytest.raises(SystemExit):  # one or the other
         parser().parse_args([command, url, "--url", url])
@@ -114,3 +125,53 @@ def test_python_m_localserve_lists_every_command(tmp_path):
     assert set(listed) == COMMANDS
     assert "--url URL" in localserve("monitor", "--help")
     assert "--url URL" in localserve("chat", "--help")
+
+
+@pytest.mark.parametrize("command", ["serve", "demo", "generate"])
+def test_an_unknown_model_is_one_line_before_anything_loads(command, tmp_path):
+    argv = [command, "--model", "gemma-3-270", *(["hello"] if command == "generate" else [])]
+    line = slip_line(localserve(*argv, cwd=tmp_path), "--model", "'gemma-3-270'", "gemma-3-270m")
+    assert line == (
+        "localserve: --model: unknown model 'gemma-3-270' (models.toml has: gemma-3-270m)"
+    )
+
+
+def test_config_is_taken_before_or_after_the_command(tmp_path):
+    assert parser().parse_args(["--config", "a.toml", "models"]).config == "a.toml"
+    assert parser().parse_args(["models", "--config", "b.toml"]).config == "b.toml"
+    assert parser().parse_args(["serve"]).config is None
+    missing = str(tmp_path / "nothere.toml")
+    line = slip_line(localserve("serve", "--config", missing), "no such configuration file")
+    assert line == f"localserve: {missing}: no such configuration file"
+
+
+def test_models_says_which_configuration_it_read(tmp_path):
+    ran = localserve("models", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("configuration: built-in defaults (no models.toml)\n")
+    assert ran.stderr.startswith(
+        "localserve: no configuration file found (--config, $LOCALSERVE_MODELS, ./models.toml): "
+        "using the built-in defaults (the embedded gemma-3-270m)"
+    )
+    (tmp_path / "models.toml").write_text('default = "gemma-3-270m"\n')
+    for argv in (["models"], ["models", "--config", "models.toml"]):
+        ran = localserve(*argv, cwd=tmp_path)
+        assert ran.stdout.startswith(f"configuration: {tmp_path / 'models.toml'}\n"), ran
+        assert "no configuration file" not in ran.stderr
+
+
+def test_a_reader_that_leaves_early_ends_usage_quietly(tmp_path):
+    """`localserve usage --json | head -1`: no BrokenPipeError, the status of SIGPIPE."""
+    from localserve.config import ServerConfig
+    from localserve.ops.usage import Usage
+    from tests.support.usage import recorded, row
+
+    store = Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
+    recorded(store, *(row(f"user{i}") for i in range(5)))
+    store.close()
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    with os.fdopen(write, "w") as closed:
+        ran = localserve("usage", "--json", "--state-dir", str(tmp_path), stdout=closed)
+    assert ran.returncode == 141
+    assert ran.stderr == ""
