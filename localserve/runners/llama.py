@@ -128,7 +128,8 @@ class _TokenText:
                 self._template, chat, len(keep), True, buf, size
             )
             if n < 0:
-                raise ValueError(f"chat_template: llama.cpp does not know {self._template!r}")
+                name = self._template.decode(errors="replace")
+                raise ValueError(f"chat_template: llama.cpp does not know {name!r}")
             if n <= size:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = n

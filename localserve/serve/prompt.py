@@ -1,6 +1,7 @@
 """The prompt builder: chats to prompt text (per the model's `chat_format`), then to tokens.
 
-- "template": llama.cpp's built-in chat template (by name from models.toml, or the GGUF's own).
+- "template": llama.cpp's built-in chat template (by name from models.toml, or the GGUF's own);
+  `check_template` tries it once when the server starts.
 - "transcript": a plain dialogue that a *base* model continues sensibly. The embedded Gemma 3
   270M is a base model: given its chat template it echoes the question back in a loop, given a
   transcript it answers ("User: What is the capital of France? / Assistant: The capital of
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+from localserve.config import ConfigError
 from localserve.engine.kv import common_prefix
 
 ROLES = ("system", "user", "assistant")
@@ -43,6 +45,25 @@ def check_messages(messages: Sequence[tuple[str, str]]) -> None:
     for i, (role, _) in enumerate(messages):
         if role not in ROLES:
             raise ValueError(f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)}")
+
+
+def check_template(
+    name: str, chat_format: str, apply_template: Callable[[list[dict[str, str]]], str]
+) -> None:
+    """At start-up, before any client: a "template" model renders a chat, or ConfigError naming
+    the key (a model without a template, a name llama.cpp does not know) rather than a 400 that
+    blames every client later. The transcript format needs no template."""
+    if chat_format != "template":
+        return
+    try:
+        apply_template([{"role": "user", "content": "Hello"}])
+    except ValueError as e:
+        why = str(e).removeprefix("chat_template: ").partition(";")[0]
+        raise ConfigError(
+            f"[models.{name}] chat_template: {why}; set chat_template to one of llama.cpp's "
+            "built-in names (chatml, llama3, gemma, mistral-v7, phi4, ...) or chat_format = "
+            '"transcript"'
+        ) from None
 
 
 def render_transcript(messages: Sequence[tuple[str, str]]) -> str:

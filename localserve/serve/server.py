@@ -30,7 +30,7 @@ from localserve.protocol.frames import Notice
 from localserve.serve.admission import Admission
 from localserve.serve.app import App
 from localserve.serve.health import Health
-from localserve.serve.prompt import PromptBuilder
+from localserve.serve.prompt import PromptBuilder, check_template
 from localserve.serve.routing import SinkRouter
 from localserve.serve.snapshots import Snapshots
 from localserve.serve.transport import ConnectionLimits, GuardedHTTP, GuardedWebSocket
@@ -67,6 +67,7 @@ class Server:
         self.model_name = runner.info.model
         self.config = config
         self.usage = usage  # the record of finished requests, quotas, the access log
+        check_template(self.model_name, model.chat_format, runner.apply_chat_template)
         self.prompts = PromptBuilder(
             runner.tokenize,
             runner.apply_chat_template,

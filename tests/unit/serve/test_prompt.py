@@ -108,3 +108,26 @@ def test_prompts_within_an_allowance_are_built_at_normal_priority():
         assert threads[-1] != quick
     finally:
         builder.shutdown()
+
+
+def test_a_template_that_does_not_render_is_refused_at_start_naming_the_key():
+    from localserve.config import ConfigError
+    from localserve.serve.prompt import check_template
+
+    def unknown(messages):
+        raise ValueError("chat_template: llama.cpp does not know 'gemmma'")
+
+    def none(messages):
+        raise ValueError("chat_template: the model has none; set one in models.toml")
+
+    with pytest.raises(ConfigError) as e:
+        check_template("g", "template", unknown)
+    assert str(e.value).startswith(
+        "[models.g] chat_template: llama.cpp does not know 'gemmma'; set chat_template to one of "
+        "llama.cpp's built-in names (chatml, llama3, gemma"
+    )
+    assert str(e.value).endswith('or chat_format = "transcript"')
+    with pytest.raises(ConfigError, match=r"^\[models.g\] chat_template: the model has none; set"):
+        check_template("g", "template", none)
+    check_template("g", "transcript", none)  # the transcript needs no template
+    check_template("g", "template", lambda messages: "<start>Hello")
