@@ -2,14 +2,20 @@
 
 Streams each reply as it arrives, keeps the conversation's history (the server is stateless:
 every turn resends it), shows TTFT, ITL and tokens/s under each reply. Ctrl-C stops the
-current reply (not the program); `/new` starts a new conversation; `/quit` or Ctrl-D leaves.
+current reply (not the program); at the prompt it leaves, with status 0 like `/quit` and
+Ctrl-D. `/help` lists the client's commands; any other `/word` is answered here, not sent to
+the model (`//` at the start sends one `/`). Standard input from a file or a pipe is read as
+messages, one a line, each reply printed, until its end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import signal
+import stat
 import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
@@ -17,11 +23,40 @@ from typing import TextIO
 from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
 
-HELP = "/new starts over, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
+HELP = "/help lists the commands, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
+COMMANDS = (
+    ("/new", "start a new conversation (the model forgets this one)"),
+    ("/help", "this list"),
+    ("/quit", "leave (so do Ctrl-D, and Ctrl-C at the prompt)"),
+)
+COMMANDS_HELP = "\n".join(
+    [f"  {name:6} {what}" for name, what in COMMANDS]
+    + ["  Ctrl-C while a reply streams stops it; a line starting // sends one /"]
+)
+_COMMAND = re.compile(r"/[A-Za-z][\w-]*")  # "/new", not "/usr/bin ..." or "/ 2"
+# what the server says when a hello's token does not match: with no token sent, the fix is one
+NO_TOKEN = (
+    "this server needs a token: pass --token, --token-file FILE or set $LOCALSERVE_TOKEN "
+    "(ask whoever runs it for yours)"
+)
+
+
+def is_file_like(stream: TextIO) -> bool:
+    """Whether `stream` is a regular file or a device that is not a terminal (/dev/null):
+    reading it never waits, and asyncio cannot watch it."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and not stream.isatty())
 
 
 async def stdin_lines() -> AsyncIterator[str]:
-    """Lines from standard input without blocking the loop (ttys and pipes alike)."""
+    """Lines from standard input without blocking the loop (ttys, pipes and files alike)."""
+    if is_file_like(sys.stdin):  # a file never blocks: read it as it is
+        for line in sys.stdin:
+            yield line.rstrip("\n")
+        return
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -41,21 +76,32 @@ class ChatClient:
         temperature: float = 0.7,
         lines: AsyncIterator[str] | None = None,
         out: TextIO = sys.stdout,
+        echo: bool = False,
+        err: TextIO | None = None,
     ) -> None:
         self.url, self.user, self.token = url, user, token
         self.max_tokens, self.temperature = max_tokens, temperature
         self.lines = lines
         self.out = out
+        self.echo = echo  # print each line after the prompt (input that is not a terminal)
+        self.err = err or out  # where a failure to connect is said
         self.history: list[Message] = []
         self.client: Client | None = None
         self._current: str | None = None  # id of the reply being streamed
+        self._leave: asyncio.Future | None = None  # set at Ctrl-C while waiting at the prompt
         self._num = 0
 
     async def run(self) -> int:
         try:
             self.client = await Client.connect(self.url, self.user, self.token)
-        except (OSError, ClientError) as e:
-            self._print(f"localserve chat: cannot connect to {self.url}: {e}")
+        except ClientError as e:
+            if e.code == "unauthorized" and not self.token:  # we sent none: say what is missing
+                self._print(f"localserve chat: {self.url}: {NO_TOKEN}", file=self.err)
+                return 2
+            self._print(f"localserve chat: cannot connect to {self.url}: {e}", file=self.err)
+            return 2 if e.code == "unauthorized" else 1  # a wrong name or token: a slip
+        except OSError as e:
+            self._print(f"localserve chat: cannot connect to {self.url}: {e}", file=self.err)
             return 1
         w = self.client.welcome
         self._print(f"Connected to {w.model} at {self.url} as {self.user}. {HELP}.")
@@ -75,20 +121,53 @@ class ChatClient:
         lines = self.lines or stdin_lines()
         while True:
             self._print("you> ", end="")
-            line = await anext(lines, None)
-            if line is None or line.strip() == "/quit":
+            line = await self._next_line(lines)
+            if line is not None and self.echo:
+                self._print(line)
+            text = line.strip() if line is not None else None
+            if text is None or text == "/quit":
                 self._print("")
                 return 0
-            if line.strip() == "/new":
-                self.history.clear()
-                self._print("(new conversation)")
-            elif line.strip() and not await self.ask(line.strip()):
+            if _COMMAND.fullmatch(text.split(maxsplit=1)[0] if text else ""):
+                self.command(text)
+                continue
+            if text.startswith("//"):
+                text = text[1:]
+            if text and not await self.ask(text):
                 return 1
 
+    async def _next_line(self, lines: AsyncIterator[str]) -> str | None:
+        """The next line typed, or None at its end or at Ctrl-C (interrupt below)."""
+        self._leave = asyncio.get_running_loop().create_future()
+        typed = asyncio.ensure_future(anext(lines, None))
+        try:
+            await asyncio.wait((typed, self._leave), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._leave = None
+        if typed.done():
+            return typed.result()
+        typed.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await typed
+        return None
+
+    def command(self, text: str) -> None:
+        """One of the client's own commands (anything but /quit): never sent to the model."""
+        word = text.split(maxsplit=1)[0]
+        if word == "/new":
+            self.history.clear()
+            self._print("(new conversation)")
+        elif word == "/help":
+            self._print(COMMANDS_HELP)
+        else:
+            self._print(f"unknown command {word}; /help lists them")
+
     def interrupt(self) -> None:
-        """Ctrl-C: stop the reply being streamed; at the prompt, leave."""
+        """Ctrl-C: stop the reply being streamed; at the prompt, leave (status 0)."""
         if self._current is not None and self.client is not None:
             asyncio.ensure_future(self.client.send(Cancel(self._current)))
+        elif self._leave is not None and not self._leave.done():
+            self._leave.set_result(None)  # _converse ends as at Ctrl-D
         else:
             raise KeyboardInterrupt
 
@@ -135,9 +214,10 @@ class ChatClient:
                     self._print(f"\n[server: {frame.message}]")
         return None
 
-    def _print(self, text: str, end: str = "\n") -> None:
-        self.out.write(text + end)
-        self.out.flush()
+    def _print(self, text: str, end: str = "\n", file: TextIO | None = None) -> None:
+        out = file or self.out
+        out.write(text + end)
+        out.flush()
 
 
 def _summary(done: Finished) -> str:

@@ -1,6 +1,7 @@
 """`localserve chat`: chat with a running server in this terminal.
 
-tui is imported only when the command runs.
+The token comes from --token, --token-file or $LOCALSERVE_TOKEN (a command line shows in
+`ps`; the other two do not). tui is imported only when the command runs.
 
 Tested in tests/unit/cli/test_cli.py and tests/e2e/test_terminal_chat.py.
 """
@@ -8,15 +9,33 @@ Tested in tests/unit/cli/test_cli.py and tests/e2e/test_terminal_chat.py.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
 
 from localserve.cli.shared import add_url_arguments, server_url
+from localserve.config import ConfigError
+
+TOKEN_VARIABLE = "LOCALSERVE_TOKEN"
 
 
 def add(sub) -> None:
-    c = sub.add_parser("chat", help="chat with a running server in this terminal")
+    c = sub.add_parser(
+        "chat",
+        help="chat with a running server in this terminal",
+        description="Chat with a running server in this terminal. /help lists the client's "
+        "commands; Ctrl-C stops a reply, and at the prompt leaves (status 0). With standard "
+        "input from a file or a pipe, each line is a message and the replies are printed.",
+    )
     add_url_arguments(c)
     c.add_argument("--name", help="your user name (default: $USER)")
-    c.add_argument("--token", help="your token, when the server requires one")
+    token = c.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token",
+        help=f"your token, when the server requires one (default: ${TOKEN_VARIABLE}); "
+        "visible to others in `ps`: prefer --token-file or the variable",
+    )
+    token.add_argument("--token-file", metavar="FILE", help="read the token from this file")
     c.add_argument("--max-tokens", type=int, default=256)
     c.add_argument("--temperature", type=float, default=0.7)
     c.set_defaults(run=cmd_chat)
@@ -29,5 +48,30 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from tui.chat import ChatClient
 
     name = args.name or getpass.getuser()
-    client = ChatClient(server_url(args), name, args.token, args.max_tokens, args.temperature)
+    url = server_url(args)
+    client = ChatClient(
+        url,
+        name,
+        chat_token(args),
+        args.max_tokens,
+        args.temperature,
+        echo=not sys.stdin.isatty(),  # lines from a file or a pipe: show them with the replies
+        err=sys.stderr,
+    )
     return asyncio.run(client.run())
+
+
+def chat_token(args: argparse.Namespace) -> str | None:
+    """--token, else the first line of --token-file, else $LOCALSERVE_TOKEN, else None."""
+    if args.token:
+        return args.token
+    if args.token_file:
+        try:
+            text = Path(args.token_file).expanduser().read_text(encoding="utf-8")
+        except OSError as e:
+            why = f"cannot read {args.token_file}: {e.strerror}"
+            raise ConfigError(f"--token-file: {why}") from None
+        if not text.strip():
+            raise ConfigError(f"--token-file: {args.token_file} is empty")
+        return text.strip().splitlines()[0].strip()
+    return os.environ.get(TOKEN_VARIABLE) or None

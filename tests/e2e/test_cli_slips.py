@@ -1,0 +1,125 @@
+"""The first hour's slips that need a socket, through `python -m localserve` processes: a port
+in use said before the model loads, `chat` given the address `serve` prints or host:port, with
+its lines from a file or /dev/null, without the token a server needs or with it from a file or
+$LOCALSERVE_TOKEN, left with Ctrl-C at the prompt; and (real model) a chat template llama.cpp
+cannot use, refused when `serve` starts. The slips that need no socket are in
+unit/cli/test_cli.py."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from localserve.ops.auth import Access, AuthThrottle
+from tests.support.cli import localserve, slip_line
+from tests.support.paths import ROOT
+
+
+@contextlib.contextmanager
+def users(fake, **tokens):
+    """The fake server with these users (and a fresh throttle) for a while."""
+    admission = fake.server.admission
+    old = admission.access, admission.throttle
+    admission.access = Access(tokens)
+    admission.throttle = AuthThrottle(fake.config.max_auth_failures_per_minute)
+    try:
+        yield
+    finally:
+        admission.access, admission.throttle = old
+
+
+def test_a_port_in_use_is_said_before_the_model_loads(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ran = localserve("serve", "--port", str(port), "--state-dir", str(tmp_path), cwd=tmp_path)
+    line = slip_line(ran, f"port {port}", "already in use", "--port")
+    assert line == (
+        f"localserve: port {port} on 127.0.0.1 is already in use (another server?): "
+        "stop it, or pick another with --port"
+    )
+    assert "gemma" not in ran.stdout  # what runs where is printed once the model has loaded
+
+
+def test_chat_reads_lines_from_a_file_as_messages(fake, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Hello there\n/help\n/nope\nSecond question\n")
+    port = fake.url.rsplit(":", 1)[1]
+    with open(lines) as stdin:
+        ran = localserve("chat", f"http://127.0.0.1:{port}", "--max-tokens", "4", stdin=stdin)
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    out = ran.stdout
+    assert f"Connected to fake at ws://127.0.0.1:{port}" in out
+    assert "you> Hello there\nmodel> " in out and "you> Second question\nmodel> " in out
+    assert out.count("4 tokens · length]") == 2  # each line one message, each reply printed
+    assert "unknown command /nope; /help lists them" in out
+    assert out.endswith("you> \n")  # and at the end of the file it leaves
+
+
+def test_chat_with_dev_null_or_host_port_connects_and_leaves(fake):
+    host_port = fake.url.removeprefix("ws://")
+    with open("/dev/null") as null:
+        runs = [localserve("chat", host_port, stdin=stdin) for stdin in (subprocess.DEVNULL, null)]
+    for ran in runs:
+        assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+        assert ran.stdout.startswith(f"Connected to fake at {fake.url}")
+
+
+def test_chat_without_the_token_a_server_needs_says_so(fake, tmp_path):
+    with users(fake, ann="s3cret"):
+        line = slip_line(localserve("chat", fake.url, "--name", "ann"), "needs a token")
+        assert line == (
+            f"localserve chat: {fake.url}: this server needs a token: pass --token, "
+            "--token-file FILE or set $LOCALSERVE_TOKEN (ask whoever runs it for yours)"
+        )
+        wrong = slip_line(localserve("chat", fake.url, "--name", "ann", "--token", "x"))
+        assert wrong.endswith("unauthorized: unknown user or wrong token")
+        (tmp_path / "token").write_text("s3cret\n")
+        for argv, env in [
+            (["--token-file", str(tmp_path / "token")], {}),
+            ([], {"LOCALSERVE_TOKEN": "s3cret"}),
+        ]:
+            ran = localserve("chat", fake.url, "--name", "ann", *argv, env=env)
+            assert ran.returncode == 0, ran.stderr
+            assert "as ann." in ran.stdout
+
+
+def test_ctrl_c_at_the_prompt_leaves_cleanly(fake):
+    command = [sys.executable, "-m", "localserve", "chat", fake.url]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    ) as chat:
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"you> " not in seen and time.monotonic() < deadline:
+            seen += chat.stdout.read1(1024)
+        assert b"you> " in seen
+        chat.send_signal(signal.SIGINT)
+        out, err = chat.communicate(timeout=30)
+    assert chat.returncode == 0, err
+    assert b"Traceback" not in err and err == b""
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [('chat_template = "gemmma"', "llama.cpp does not know 'gemmma'"), ("", "the model has none")],
+)
+def test_a_chat_template_llama_cpp_cannot_use_is_refused_when_serve_starts(tmp_path, template, why):
+    """The embedded Gemma's GGUF has no template of its own (it is served as a transcript)."""
+    (tmp_path / "models.toml").write_text(
+        f'default = "base"\n[models.base]\nembedded = true\n{template}\n'
+    )
+    ran = localserve(
+        "serve", "--port", "0", "--state-dir", str(tmp_path), cwd=tmp_path, timeout=300
+    )
+    line = slip_line(ran, "[models.base] chat_template", why, 'chat_format = "transcript"')
+    assert line.startswith(f"localserve: [models.base] chat_template: {why}; set chat_template")
