@@ -13,8 +13,28 @@ import json
 
 
 def add(sub) -> None:
-    lb = sub.add_parser("bench", help="load generator against a running server (client-side)")
-    lb.add_argument("--url", default="ws://127.0.0.1:8765")
+    lb = sub.add_parser(
+        "bench",
+        help="load generator against a running server (client-side)",
+        description="Send a workload to a running server, localserve's or an OpenAI-compatible "
+        "peer's, and report what its users felt: TTFT, inter-token latency, end-to-end time and "
+        "throughput, measured on the client.",
+    )
+    _add_target_options(lb)
+    _add_load_options(lb)
+    _add_conversation_options(lb.add_argument_group("--workload conversation"))
+    lb.add_argument(
+        "--origin",
+        action="store_true",
+        help="instead: the origin scenario (streams + a 3,000-token paste + a question)",
+    )
+    lb.set_defaults(run=cmd_bench)
+
+
+def _add_target_options(lb) -> None:
+    lb.add_argument(
+        "--url", default="ws://127.0.0.1:8765", help="localserve's address (default %(default)s)"
+    )
     lb.add_argument(
         "--peer",
         metavar="URL",
@@ -25,21 +45,33 @@ def add(sub) -> None:
         choices=["completions", "chat"],
         default="completions",
         help="with --peer: /v1/completions (transcript text, any server) or "
-        "/v1/chat/completions (messages; localserve renders them as for a websocket chat)",
+        "/v1/chat/completions (messages; localserve renders them as for a websocket chat); "
+        "default %(default)s",
     )
+
+
+def _add_load_options(lb) -> None:
     lb.add_argument(
         "--workload",
         default="mixed",
-        help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report)",
+        help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report); "
+        "default %(default)s",
     )
-    lb.add_argument("--num-requests", type=int, default=50)
+    lb.add_argument(
+        "--num-requests", type=int, default=50, help="requests to send (default %(default)s)"
+    )
     lb.add_argument(
         "--request-rate",
         type=float,
         default=float("inf"),
         help="requests/s, open loop (default inf: all at once)",
     )
-    lb.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
+    lb.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape; 1 = Poisson (default %(default)s)",
+    )
     lb.add_argument(
         "--concurrency",
         type=int,
@@ -53,25 +85,22 @@ def add(sub) -> None:
         "conversation: 64 per turn)",
     )
     lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
-    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     lb.add_argument("--out", help="write the summary and per-request timings as JSON here")
-    _add_conversation_options(lb.add_argument_group("--workload conversation"))
-    lb.add_argument(
-        "--origin",
-        action="store_true",
-        help="instead: the origin scenario (streams + a 3,000-token paste + a question)",
-    )
-    lb.set_defaults(run=cmd_bench)
 
 
 def _add_conversation_options(cv) -> None:
-    cv.add_argument("--conversations", type=int, default=4, help="conversations to play")
-    cv.add_argument("--turns", type=int, default=5, help="user turns per conversation")
+    cv.add_argument(
+        "--conversations", type=int, default=4, help="conversations to play (default %(default)s)"
+    )
+    cv.add_argument(
+        "--turns", type=int, default=5, help="user turns per conversation (default %(default)s)"
+    )
     cv.add_argument(
         "--turn-tokens",
         type=int,
         default=350,
-        help="document tokens per user turn (350: turn 5 has ~2,000)",
+        help="document tokens per user turn (350: turn 5 has ~2,000) (default %(default)s)",
     )
     cv.add_argument(
         "--cold",

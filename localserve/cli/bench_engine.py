@@ -12,10 +12,21 @@ from localserve.config import load_config
 
 
 def add(sub) -> None:
-    b = sub.add_parser("bench-engine", help="engine vs bare llama_decode throughput benchmark")
+    b = sub.add_parser(
+        "bench-engine",
+        help="engine vs bare llama_decode throughput benchmark",
+        description="Load the model here and measure the engine against the least Python a "
+        "decode loop can have, side by side at each concurrency (docs/benchmarks.md).",
+    )
     add_model_argument(b)
-    b.add_argument("--concurrency", default="1,4,8,16", help="comma-separated sequence counts")
-    b.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
+    b.add_argument(
+        "--concurrency",
+        default="1,4,8,16",
+        help="comma-separated sequence counts (default %(default)s)",
+    )
+    b.add_argument(
+        "--tokens", type=int, default=64, help="decode steps per measurement (default %(default)s)"
+    )
     b.add_argument("--out", help="write the results as JSON here")
     b.set_defaults(run=cmd_bench_engine)
 

@@ -36,8 +36,12 @@ def add(sub) -> None:
         "visible to others in `ps`: prefer --token-file or the variable",
     )
     token.add_argument("--token-file", metavar="FILE", help="read the token from this file")
-    c.add_argument("--max-tokens", type=int, default=256)
-    c.add_argument("--temperature", type=float, default=0.7)
+    c.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens per reply at most (default %(default)s)"
+    )
+    c.add_argument(
+        "--temperature", type=float, default=0.7, help="0 = greedy (default %(default)s)"
+    )
     c.set_defaults(run=cmd_chat)
 
 

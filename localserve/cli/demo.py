@@ -21,12 +21,24 @@ from localserve.cli.shared import (
 
 
 def add(sub) -> None:
-    d = sub.add_parser("demo", help="server + monitor + four people sharing one model")
+    d = sub.add_parser(
+        "demo",
+        help="server + monitor + four people sharing one model",
+        description="Serve the model in this process, play four people chatting with it (one "
+        "pastes a long document), and watch it all in the live monitor. q quits.",
+    )
     add_model_argument(d)
     d.add_argument("--seed", type=int, default=0, help="varies the scenario's prompts and pauses")
-    d.add_argument("--pace", type=float, default=1.0, help="scales the scenario's pauses")
+    d.add_argument(
+        "--pace", type=float, default=1.0, help="scales the scenario's pauses (default %(default)s)"
+    )
     d.add_argument("--screenshot", metavar="SVG", help="run headless; save the screen to SVG")
-    d.add_argument("--after", type=float, default=40.0, help="seconds before the screenshot")
+    d.add_argument(
+        "--after",
+        type=float,
+        default=40.0,
+        help="seconds before the screenshot (default %(default)s)",
+    )
     d.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
     d.set_defaults(run=cmd_demo)
 

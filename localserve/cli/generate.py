@@ -12,12 +12,24 @@ from localserve.engine.sampling_params import SamplingParams
 
 
 def add(sub) -> None:
-    g = sub.add_parser("generate", help="generate text from one prompt, with timings")
-    g.add_argument("prompt")
+    g = sub.add_parser(
+        "generate",
+        help="generate text from one prompt, with timings",
+        description="Load the model here, continue one prompt (or answer it, with --chat), and "
+        "print the text with its timings: TTFT, tokens per second, prefill speed.",
+    )
+    g.add_argument("prompt", help="the text to continue (with --chat: to answer)")
     add_model_argument(g)
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="tokens to generate at most (default %(default)s)",
+    )
+    g.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default %(default)s)"
+    )
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a random one)")
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument(

@@ -13,7 +13,12 @@ from localserve.config import DEFAULT_MODEL, config_path, load_config
 
 
 def add(sub) -> None:
-    m = sub.add_parser("models", help="list configured models; assemble the embedded one")
+    m = sub.add_parser(
+        "models",
+        help="list configured models; assemble the embedded one",
+        description="List the models of the configuration file (and say which file that is), "
+        "assemble and verify the embedded model, and say which llama.cpp backend is built.",
+    )
     m.set_defaults(run=cmd_models)
 
 

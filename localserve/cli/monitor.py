@@ -13,7 +13,12 @@ from localserve.cli.shared import add_url_arguments, log_to_file, server_url
 
 
 def add(sub) -> None:
-    mo = sub.add_parser("monitor", help="the live monitor of a running server")
+    mo = sub.add_parser(
+        "monitor",
+        help="the live monitor of a running server",
+        description="Watch a running server live: queue, running set, TTFT, ITL, queue time, "
+        "throughput, KV-cache occupancy, and what limits it now, in plain words. q quits.",
+    )
     add_url_arguments(mo)
     mo.add_argument("--monitor-token", help="the server's monitor token, if it has one")
     mo.add_argument("--name", help="say hello as this user (servers that require tokens)")

@@ -20,7 +20,14 @@ from localserve.config import ConfigError, load_config
 
 
 def add(sub) -> None:
-    s = sub.add_parser("serve", help="the websocket chat server (and /healthz, /metrics)")
+    s = sub.add_parser(
+        "serve",
+        help="serve a model on one port: the chat page, websocket chat, the OpenAI API",
+        description="Serve a model to several people on one port: the chat page at /, websocket "
+        "chat and stats, the OpenAI-compatible API under /v1, /healthz and /metrics. The engine "
+        "runs in a supervised process of its own; the usage record and quotas are kept in the "
+        "state directory.",
+    )
     add_model_argument(s)
     s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
     s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")

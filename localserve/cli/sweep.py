@@ -13,14 +13,32 @@ from localserve.config import load_config
 
 
 def add(sub) -> None:
-    sw = sub.add_parser("sweep", help="concurrency x workload x policy sweep, table and chart")
+    sw = sub.add_parser(
+        "sweep",
+        help="concurrency x workload x policy sweep, table and chart",
+        description="Serve the model here under each scheduling policy and measure each workload "
+        "at each concurrency: a table and an SVG chart in the output folder.",
+    )
     add_model_argument(sw)
-    sw.add_argument("--policies", default="continuous,static")
-    sw.add_argument("--workloads", default="chat,mixed")
-    sw.add_argument("--concurrency", default="1,2,4,8,16")
-    sw.add_argument("--num-requests", type=int, default=16, help="per point (at least 2x c)")
-    sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--out-dir", default="bench-results")
+    sw.add_argument(
+        "--policies", default="continuous,static", help="comma-separated (default %(default)s)"
+    )
+    sw.add_argument(
+        "--workloads", default="chat,mixed", help="comma-separated (default %(default)s)"
+    )
+    sw.add_argument(
+        "--concurrency", default="1,2,4,8,16", help="comma-separated (default %(default)s)"
+    )
+    sw.add_argument(
+        "--num-requests",
+        type=int,
+        default=16,
+        help="per point, at least twice the concurrency (default %(default)s)",
+    )
+    sw.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    sw.add_argument(
+        "--out-dir", default="bench-results", help="where the results go (default %(default)s)"
+    )
     sw.set_defaults(run=cmd_sweep)
 
 

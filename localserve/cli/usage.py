@@ -11,7 +11,13 @@ from localserve.config import load_config
 
 
 def add(sub) -> None:
-    u = sub.add_parser("usage", help="who used how much: per user and day, from the usage record")
+    u = sub.add_parser(
+        "usage",
+        help="who used how much: per user and day, from the usage record",
+        description="Read the usage record in the state directory: requests, prompt tokens "
+        "(and how many were reused from the cache) and tokens out, per user and day, with each "
+        "user's daily quota.",
+    )
     u.add_argument("--since", default="today", help="today (default), 7d, 24h or 2026-11-01")
     u.add_argument("--user", help="only this user")
     u.add_argument("--json", action="store_true", help="JSON lines, one per day and user")

@@ -22,10 +22,13 @@ RPC_WARNING = (
 
 def add(sub) -> None:
     w = sub.add_parser(
-        "worker", help="lend this machine's CPU or GPUs to a server elsewhere (llama.cpp RPC)"
+        "worker",
+        help="lend this machine's CPU or GPUs to a server elsewhere (llama.cpp RPC)",
+        description="Run a llama.cpp RPC worker: a server elsewhere (its rpc_workers in "
+        "models.toml) puts layers of its model on this machine's devices.",
     )
-    w.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    w.add_argument("--port", type=int, default=50052, help="port (50052)")
+    w.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    w.add_argument("--port", type=int, default=50052, help="port (default %(default)s)")
     w.add_argument(
         "--allow-network", action="store_true", help="listen on an address other than loopback"
     )

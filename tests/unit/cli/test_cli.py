@@ -7,6 +7,7 @@ e2e/test_cli_slips.py."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import pytest
 
 from localserve import cli
+from localserve.cli import build_parser
 from tests.support.cli import localserve, slip_line
 from tests.support.paths import ROOT
 
@@ -175,3 +177,27 @@ def test_a_reader_that_leaves_early_ends_usage_quietly(tmp_path):
         ran = localserve("usage", "--json", "--state-dir", str(tmp_path), stdout=closed)
     assert ran.returncode == 141
     assert ran.stderr == ""
+
+
+def _commands():
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+def test_every_command_says_what_it_does_and_every_option_has_help_with_its_default():
+    missing = []
+    for name, command in _commands().items():
+        if not command.description:
+            missing.append(f"{name}: no description")
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = "/".join(action.option_strings) or action.dest
+            if not action.help:
+                missing.append(f"{name} {flag}: no help")
+            elif action.default not in (None, False, [], "", argparse.SUPPRESS) and (
+                "default" not in action.help
+            ):
+                missing.append(f"{name} {flag}: help without its default {action.default!r}")
+    assert missing == []
