@@ -122,3 +122,25 @@ def test_models_and_unknown_paths_on_the_fake(fake):
         urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=5)
     error = json.loads(e.value.read())["error"]
     assert e.value.code == 404 and len(error["message"]) < 200
+
+
+def test_a_request_without_max_tokens_stops_at_the_servers_default():
+    """A model that never stops (ignore_eos stands for the looping base model) is not run to the
+    4096-token cap: a request without max_tokens gets default_max_tokens, 1024 unless set, and
+    at most the cap."""
+    ask = {"messages": [{"role": "user", "content": "hi"}], "extra_body": {"ignore_eos": True}}
+    for config, expected in [({}, 1024), ({"default_max_tokens": 7}, 7), ({"max_tokens": 5}, 5)]:
+        server = FakeServer(step_s=0, **config)
+        try:
+            c = api(server.thread)
+            reply = c.chat.completions.create(model="fake", **ask)
+            assert reply.choices[0].finish_reason == "length"
+            assert reply.usage.completion_tokens == expected, config
+            text = c.completions.create(
+                model="fake", prompt="a b", stream=True, extra_body={"ignore_eos": True}
+            )
+            chunks = list(text)
+            assert chunks[-1].choices[0].finish_reason == "length"
+            assert "".join(ch.choices[0].text for ch in chunks).count("w") == expected, config
+        finally:
+            server.close()
