@@ -106,6 +106,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # the longest frame a client may send (~60,000 tokens of English; raise it for huge n_ctx)
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 256 << 10
     max_tokens: Positive = 4096  # cap on a request's max_tokens
+    # an OpenAI API request without max_tokens generates at most this many (lowered to
+    # max_tokens): the chat page's default reply length. Without it a model that never stops
+    # (the embedded base model loops) would fill the whole cap.
+    default_max_tokens: Positive = 1024
     max_queued: Positive = 64  # requests waiting for admission, all users together
     max_queued_per_user: Positive = 16
     max_inflight_per_user: Positive = 8  # waiting + running, per user

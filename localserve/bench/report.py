@@ -94,20 +94,52 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO | No
 
 
 def format_summary(s: dict) -> str:
-    """A readable block, like vLLM's."""
+    """A readable table, like vLLM's: counts, throughput, then a row per latency."""
+    failed = f" ({_errors(s['errors'])})" if s["errors"] else ""
     lines = [
-        f"completed {s['completed']}, failed {s['failed']} {s['errors'] or ''}".rstrip(),
-        f"duration {s['duration_s']:.1f} s; requests {s['request_throughput']:.2f}/s; "
-        f"output {s['output_token_throughput']:.1f} tok/s; "
-        f"total {s['total_token_throughput']:.1f} tok/s",
+        f"completed {s['completed']}, failed {s['failed']}{failed}",
+        f"{'duration (s)':<16}{s['duration_s']:>9.1f}",
+        f"{'requests/s':<16}{s['request_throughput']:>9.2f}",
+        f"{'output tok/s':<16}{s['output_token_throughput']:>9.1f}",
+        f"{'total tok/s':<16}{s['total_token_throughput']:>9.1f}",
+        f"{'prompt tokens':<16}{s['prompt_tokens']:>9}",
+        f"{'output tokens':<16}{s['output_tokens']:>9}",
+        "",
+        f"{'(ms)':<16}" + "".join(f"{k:>9}" for k in ("mean", "median", "p90", "p99")),
     ]
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         d = s[name]
-        cells = " ".join(f"{k} {_num(v)}" for k, v in d.items())
-        lines.append(f"{name[:-3].upper():5} (ms): {cells}")
+        cells = "".join(f"{_num(d[k]):>9}" for k in ("mean", "median", "p90", "p99"))
+        lines.append(f"{name[:-3].upper():<16}{cells}")
     if "goodput" in s:
-        lines.append(f"goodput {s['goodput']:.2f} req/s ({s['good_requests']} met {s['slo']})")
+        slo = s["slo"]
+        limits = [
+            f"{key[:-3].upper()} <= {value:g} ms" for key, value in slo.items() if value is not None
+        ]
+        lines += [
+            "",
+            f"goodput {s['goodput']:.2f} requests/s: {s['good_requests']} of "
+            f"{s['completed'] + s['failed']} met {', '.join(limits) or 'no SLO'}",
+        ]
     return "\n".join(lines)
+
+
+def format_origin(figures: dict) -> str:
+    """The origin scenario's figures (runs.origin_scenario) as a two-column table."""
+    ratio = figures["ttft_ratio"]
+    rows = [
+        ("the paste", f"{figures['paste_prompt_tokens']} prompt tokens"),
+        ("  its TTFT", _ms_text(figures["paste_ttft_ms"])),
+        ("streams while it prefilled", ""),
+        ("  worst gap", _ms_text(figures["worst_stream_gap_during_paste_ms"])),
+        ("  median gap", _ms_text(figures["median_stream_gap_during_paste_ms"])),
+        ("the question's TTFT", ""),
+        ("  on an idle server", _ms_text(figures["question_ttft_idle_ms"])),
+        ("  during the paste", _ms_text(figures["question_ttft_during_paste_ms"])),
+        ("  ratio", "–" if ratio is None else f"{ratio:.1f} x"),
+        ("every request succeeded", "yes" if figures["all_ok"] else "no"),
+    ]
+    return "\n".join(f"{label:<28}{value}".rstrip() for label, value in rows)
 
 
 # --- conversations -------------------------------------------------------------------------------
@@ -181,7 +213,7 @@ def format_conversations(s: dict) -> str:
             f"{row['turn']:>5} {row['completed']:>2}/{row['completed'] + row['failed']:<2} "
             f"{_num0(row['prompt_tokens']['mean']):>7} {_num0(row['cached_tokens']['mean']):>7} "
             f"{_num0(t['mean']):>10} {_num0(t['median']):>8} {_num0(t['p90']):>9}"
-            + (f"  {row['errors']}" if row["errors"] else "")
+            + (f"  {_errors(row['errors'])}" if row["errors"] else "")
         )
     last = s["last_turn"]
     if last and last["ratio_to_cold"] is not None:
@@ -209,3 +241,12 @@ def _num(v: float | None) -> str:
 
 def _num0(v: float | None) -> str:
     return "–" if v is None else f"{v:.0f}"
+
+
+def _ms_text(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f} ms"
+
+
+def _errors(counts: dict[str, int]) -> str:
+    """Failed requests per error, as words: "busy 2, timeout 1"."""
+    return ", ".join(f"{error or 'failed'} {n}" for error, n in counts.items())

@@ -120,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = bench.target(args.peer or args.url, bool(args.peer), args.endpoint)
     if args.origin:
         figures = asyncio.run(runs.origin_scenario(target, args.seed))
-        print(json.dumps(figures, indent=1))
+        print(bench.format_origin(figures))
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(figures, f, indent=1)

@@ -36,6 +36,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     seed: int | None = None  # None = random
     stop: tuple[str, ...] = ()  # the client's stop strings
     format_stop: tuple[str, ...] = ()  # the chat format's own (not counted against the limit)
+    # the chat format's replies start with a space of its own ("Assistant: ..."): not streamed
+    strip_space: bool = False
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:

@@ -3,7 +3,8 @@
 Pure data and logic, no llama.cpp: the runner supplies token pieces (bytes) and end-of-generation
 flags; `Sequence.append_token` turns them into streamed text
 (localserve.engine.text_stream), applying
-stop strings, and decides when the sequence is finished.
+stop strings (and dropping the chat format's leading space), and decides when the sequence is
+finished.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class Sequence:
         self.system_tokens = 0
         self.system_is_global = False
         self.sampler = None  # runner-owned sampling state
-        self.stream = TextStream(params.all_stops)
+        self.stream = TextStream(params.all_stops, params.strip_space)
         self.unsent = ""  # text released by the stream, not yet taken by an event
         self.num_preemptions = 0
         # timestamps (monotonic seconds); None until they happen

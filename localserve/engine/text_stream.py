@@ -1,4 +1,5 @@
-"""A sequence's text as it streams: incremental UTF-8 decoding of token pieces, stop strings."""
+"""A sequence's text as it streams: incremental UTF-8 decoding of token pieces, stop strings,
+and the leading space a chat format's reply may start with."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import codecs
 
 
 class TextStream:
-    """Incremental UTF-8 decoding with stop strings: holds back text that may begin a stop."""
+    """Incremental UTF-8 decoding with stop strings: holds back text that may begin a stop.
 
-    def __init__(self, stop: tuple[str, ...]) -> None:
+    With `strip_space`, a space that the first text released starts with is dropped (after the
+    stop strings have seen it: they match the model's text as it is).
+    """
+
+    def __init__(self, stop: tuple[str, ...], strip_space: bool = False) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = stop
         self._pending = ""
+        self._strip_space = strip_space  # until the first text is released
         self.text = ""  # everything released so far
 
     def push(self, piece: bytes) -> tuple[str, bool]:
@@ -41,5 +47,8 @@ class TextStream:
 
     def _release(self, n: int) -> str:
         out, self._pending = self._pending[:n], self._pending[n:]
+        if self._strip_space and out:
+            self._strip_space = False
+            out = out.removeprefix(" ")
         self.text += out
         return out

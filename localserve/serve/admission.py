@@ -275,6 +275,8 @@ class Admission:
         built = await prompt(self.prompts)
         if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
             params = msgspec.structs.replace(params, format_stop=built.stops)
+        if built.strip_space:  # "Assistant: ..." (the transcript): the space is the format's
+            params = msgspec.structs.replace(params, strip_space=True)
         if request.sink.is_closed or self.is_shutting_down:  # both may come while tokenizing
             self.release(request)
             if self.is_shutting_down:

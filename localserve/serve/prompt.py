@@ -5,7 +5,9 @@
 - "transcript": a plain dialogue that a *base* model continues sensibly. The embedded Gemma 3
   270M is a base model: given its chat template it echoes the question back in a loop, given a
   transcript it answers ("User: What is the capital of France? / Assistant: The capital of
-  France is Paris."). Generation stops where the model starts the user's next turn.
+  France is Paris."). Generation stops where the model starts the user's next turn, and the
+  space after "Assistant:" that the model's reply starts with is the format's, not the reply's
+  (the engine drops it: `strip_space`).
 
 `PromptBuilder` renders and tokenizes off the event loop (in a thread at normal priority while
 a small allowance lasts, else in a small pool of low-priority threads), says once
@@ -81,6 +83,7 @@ class Rendered(NamedTuple):
     # text[:system_chars] is the system prompt's part: requests that share it may share its KV
     system_chars: int
     is_default_system: bool  # that part is the server's own (configured or the preamble)
+    strip_space: bool = False  # the reply starts with the format's space ("Assistant: ...")
 
 
 def render_chat(
@@ -98,7 +101,7 @@ def render_chat(
     if chat_format == "transcript":
         text = render_transcript(messages)
         head = "\n".join(system) if system else PREAMBLE if system_prompt is None else system_prompt
-        return Rendered(text, TRANSCRIPT_STOPS, len(head) + 2, is_default)
+        return Rendered(text, TRANSCRIPT_STOPS, len(head) + 2, is_default, strip_space=True)
     text = apply_template([{"role": r, "content": c} for r, c in messages])
     return Rendered(text, (), _system_chars(messages, text, apply_template), is_default)
 
@@ -154,6 +157,7 @@ class Prompt(NamedTuple):
     stops: tuple[str, ...]  # the format's own stop strings
     system_tokens: int  # the first ones are a system prompt that other requests may share
     is_default_system: bool  # the server's own system prompt: shared with every user
+    strip_space: bool = False  # the format's space starts the reply: the engine drops it
 
 
 class PromptBuilder:
@@ -219,7 +223,8 @@ class PromptBuilder:
         cached = len(system_text) <= MAX_CACHED_SYSTEM_CHARS  # the cache is bounded in bytes
         tokenize = self._system_tokens if cached else self.tokenize
         system = tokenize(system_text) if system_text else []
-        return Prompt(tokens, r.stops, common_prefix(system, tokens), r.is_default_system)
+        system_tokens = common_prefix(system, tokens)
+        return Prompt(tokens, r.stops, system_tokens, r.is_default_system, r.strip_space)
 
     def _text(self, text: str) -> Prompt:
         if not text:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 
 import openai
 import pytest
 
-from tests.support.fakes import FakeServer
+from tests.support.fakes import FakeServer, PacedRunner
 from tests.support.live import WS
 from tests.support.waiting import wait_until
 
@@ -122,3 +123,55 @@ def test_models_and_unknown_paths_on_the_fake(fake):
         urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=5)
     error = json.loads(e.value.read())["error"]
     assert e.value.code == 404 and len(error["message"]) < 200
+
+
+def test_a_request_without_max_tokens_stops_at_the_servers_default():
+    """A model that never stops (ignore_eos stands for the looping base model) is not run to the
+    4096-token cap: a request without max_tokens gets default_max_tokens, 1024 unless set, and
+    at most the cap."""
+    ask = {"messages": [{"role": "user", "content": "hi"}], "extra_body": {"ignore_eos": True}}
+    for config, expected in [({}, 1024), ({"default_max_tokens": 7}, 7), ({"max_tokens": 5}, 5)]:
+        server = FakeServer(step_s=0, **config)
+        try:
+            c = api(server.thread)
+            reply = c.chat.completions.create(model="fake", **ask)
+            assert reply.choices[0].finish_reason == "length"
+            assert reply.usage.completion_tokens == expected, config
+            text = c.completions.create(
+                model="fake", prompt="a b", stream=True, extra_body={"ignore_eos": True}
+            )
+            chunks = list(text)
+            assert chunks[-1].choices[0].finish_reason == "length"
+            assert "".join(ch.choices[0].text for ch in chunks).count("w") == expected, config
+        finally:
+            server.close()
+
+
+@dataclass
+class SpacedRunner(PacedRunner):
+    """Pieces as SentencePiece models have them: a word's space before it (" w123")."""
+
+    def piece(self, token: int) -> bytes:
+        piece = super().piece(token)
+        return b" " + piece.rstrip() if piece else piece
+
+
+def test_transcript_replies_do_not_start_with_the_formats_space():
+    server = FakeServer(chat_format="transcript", runner=SpacedRunner(step_s=0))
+    try:
+        ws = WS(server.url)
+        assert ws.hello("ann")["type"] == "welcome"
+        ws.chat("q", "hello there", max_tokens=3, ignore_eos=True)
+        texts = [f["text"] for f in ws.until_done("q", 10) if f["type"] == "token"]
+        ws.close()
+        c, ask = api(server.thread), [{"role": "user", "content": "hi"}]
+        whole = c.chat.completions.create(model="fake", messages=ask, max_tokens=3)
+        stream = c.chat.completions.create(model="fake", messages=ask, max_tokens=3, stream=True)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in stream)
+        for reply in ("".join(texts), whole.choices[0].message.content, streamed):
+            assert reply.startswith("w") and reply.count(" w") == 2, reply
+        # a text completion has no chat format: its continuation is the model's, space and all
+        text = c.completions.create(model="fake", prompt="a b", max_tokens=2).choices[0].text
+        assert text.startswith(" w") and text.count(" w") == 2
+    finally:
+        server.close()

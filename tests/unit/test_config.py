@@ -85,6 +85,12 @@ def test_scheduler_section_is_read():
     assert config.scheduler.itl_target_ms == 50.0
 
 
+def test_the_openai_default_reply_length_is_read_and_checked():
+    assert parse_config("").server.default_max_tokens == 1024
+    assert parse_config("[server]\ndefault_max_tokens = 64\n").server.default_max_tokens == 64
+    assert "server.default_max_tokens" in config_error("[server]\ndefault_max_tokens = 0\n")
+
+
 # --- errors name the key ---------------------------------------------------------------------
 
 MODEL_FIELD_ERRORS = [

@@ -44,7 +44,8 @@ async def start_reply(
 ) -> Response:
     """Admit a chat ("chat") or text completion ("text"); its reply, or the refusal's error."""
     user = identify(door, request, body.user)
-    fields = sampling_fields(body, max_tokens, door.config.max_tokens)
+    config = door.config
+    fields = sampling_fields(body, max_tokens, min(config.default_max_tokens, config.max_tokens))
     num = door.next_number()
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     client_id = f"{prefix}-{num}{secrets.token_hex(4)}"

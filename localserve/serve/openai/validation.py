@@ -99,10 +99,11 @@ def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> str:
     return name
 
 
-def sampling_fields(body: RequestFields, max_tokens: int | None, server_max: int) -> SamplingFields:
-    """The one sampling definition from an OpenAI body: fields not given keep the defaults."""
+def sampling_fields(body: RequestFields, max_tokens: int | None, default: int) -> SamplingFields:
+    """The one sampling definition from an OpenAI body: fields not given keep the defaults;
+    `max_tokens` not given is `default` (the server's default_max_tokens, at most its cap)."""
     given = {name: getattr(body, name, None) for name in SAMPLING_FIELDS}
-    given["max_tokens"] = server_max if max_tokens is None else max_tokens
+    given["max_tokens"] = default if max_tokens is None else max_tokens
     if isinstance(body.stop, str):
         given["stop"] = [body.stop]
     return SamplingFields(**{k: v for k, v in given.items() if v is not None})

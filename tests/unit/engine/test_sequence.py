@@ -129,6 +129,14 @@ def test_last_itl_is_the_gap_before_the_latest_token():
     assert seq.last_itl_s == pytest.approx(0.5)
 
 
+def test_the_chat_formats_leading_space_is_dropped_from_the_reply_and_eog_flush():
+    seq = make_seq(strip_space=True, format_stop=("\nUser:",))
+    assert feed(seq, " Paris", " is", " big.") == "Paris is big."
+    seq = make_seq(strip_space=True)
+    assert eog(seq, b"", 1.0) == "" and seq.stream.text == ""
+    assert feed(make_seq(), " Paris") == " Paris"  # the default keeps it
+
+
 def test_the_chat_formats_stop_strings_do_not_count_against_the_users_sixteen():
     stops = tuple(f"s{i}" for i in range(16))
     seq = make_seq(stop=stops, format_stop=("\nUser:",))

@@ -1,5 +1,5 @@
 """Text streaming (localserve/engine/text_stream.py): UTF-8 held until whole, stop strings never
-streamed."""
+streamed, a chat format's leading space dropped."""
 
 from __future__ import annotations
 
@@ -81,3 +81,44 @@ def test_flush_replaces_an_incomplete_utf8_tail():
     stream = TextStream(())
     stream.push("é".encode()[:1])
     assert stream.flush() == "\ufffd"
+
+
+def test_strip_space_drops_the_first_releases_leading_space_only():
+    stream = TextStream((), strip_space=True)
+    assert push_all(stream, " The", " capital", " is") == [
+        ("The", False),
+        (" capital", False),
+        (" is", False),
+    ]
+    assert stream.text == "The capital is"
+    assert TextStream(()).push(b" The") == (" The", False)  # off unless asked
+
+
+def test_strip_space_drops_one_space_even_when_it_comes_alone():
+    stream = TextStream((), strip_space=True)
+    assert push_all(stream, " ", " two", "!") == [("", False), (" two", False), ("!", False)]
+    stream = TextStream((), strip_space=True)
+    assert push_all(stream, "  x") == [(" x", False)]  # one space is the format's, not two
+    stream = TextStream((), strip_space=True)
+    assert push_all(stream, "Paris", " ok") == [("Paris", False), (" ok", False)]
+
+
+def test_strip_space_waits_for_a_whole_utf8_character():
+    stream = TextStream(("\nUser:",), strip_space=True)
+    euro = " €".encode()
+    assert push_all(stream, euro[:2], euro[2:], " 5") == [("", False), ("€", False), (" 5", False)]
+
+
+def test_stop_strings_see_the_space_and_held_text_is_stripped_once():
+    # a stop that starts with the space still matches at the very start
+    stream = TextStream((" Paris",), strip_space=True)
+    assert stream.push(b" Paris is") == ("", True)
+    # held back: "\n" may begin the format's stop; the space before it goes, the rest stays
+    stream = TextStream(("\nUser:",), strip_space=True)
+    assert push_all(stream, " \n", "Hi") == [("", False), ("\nHi", False)]
+    stream = TextStream(("\nUser:",), strip_space=True)
+    assert push_all(stream, " \n", "User:") == [("", False), ("", True)]
+    # everything held back until the end: flush strips it
+    stream = TextStream(("END",), strip_space=True)
+    assert stream.push(b" EN") == ("", False)
+    assert stream.flush() == "EN" and stream.text == "EN"

@@ -37,6 +37,11 @@ def test_transcript_without_system_prompt_shares_the_preamble():
     assert r.text[: r.system_chars] == PREAMBLE + "\n\n" and r.is_default_system
 
 
+def test_only_the_transcript_drops_the_replys_leading_space():
+    assert render_chat([("user", "Hi")], "transcript", gemma_like).strip_space
+    assert not render_chat([("user", "Hi")], "template", gemma_like).strip_space
+
+
 def test_a_chats_own_system_prompt_is_not_the_default():
     r = render_chat([("system", "Be brief."), ("user", "Hi")], "transcript", gemma_like)
     assert r.text[: r.system_chars] == "Be brief.\n\n" and not r.is_default_system
