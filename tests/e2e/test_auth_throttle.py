@@ -1,5 +1,6 @@
 """The auth throttle on the real server (real sockets, the fake runner): a wrong client does not
-lock out the right one, and guessing is still slowed to the cap's rate (issue 27, item 2).
+lock out the right one, guessing is still slowed to the cap's rate, and the monitor without its
+token backs off instead of retrying into the throttle (issue 27, item 2).
 
 The cap is the default (10), over a 6 s window instead of a minute, so a locked claim's turns
 come every 0.6 s rather than every 6 s.
@@ -7,6 +8,7 @@ come every 0.6 s rather than every 6 s.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -17,6 +19,7 @@ import openai
 import pytest
 
 from localserve.ops.auth import Access
+from localserve.protocol.frames import Stats
 from tests.support.live import WS, configured
 
 USERS = {"kate": "correct-horse", "liz": "battery-staple"}
@@ -129,3 +132,31 @@ def test_a_monitor_without_its_token_does_not_lock_out_the_one_with_it(fake):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(fake.http + "/metrics", timeout=10)
         assert refused.value.code == 429 and int(refused.value.headers["Retry-After"]) > 0
+
+
+def test_the_monitor_without_its_token_backs_off_and_says_so(fake, monkeypatch):
+    """tui/source.py on the real server: a refused monitor token is named, and tried again
+    after 5, 10, 20, 40 s (not once a second into the throttle); with it, stats come."""
+    from tui import source
+
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def first(monitor_token: str | None, count: int) -> list:
+        items = []
+        async for item in source.WebSocketSource(fake.url, monitor_token, interval_ms=100):
+            items.append(item)
+            if len(items) == count:
+                return items
+
+    with throttled(fake) as server:
+        with monkeypatch.context() as patched:
+            patched.setattr(source, "asyncio", type("Asyncio", (), {"sleep": sleep}))
+            items = asyncio.run(first(None, 4))
+        assert items == [source.Refused(source.MONITOR_TOKEN, s) for s in (5, 10, 20, 40)]
+        assert waits == [5, 10, 20]
+        assert server.admission.throttle.num_failures == 4
+        items = asyncio.run(first("m-secret", 2))
+        assert items[0] == source.Connected(fake.url) and isinstance(items[1], Stats)
