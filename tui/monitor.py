@@ -21,7 +21,7 @@ from textual.widgets import Footer, RichLog, Static
 from localserve.protocol.frames import Stats, UserUsage
 from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis import diagnose
-from tui.source import Connected, Disconnected
+from tui.source import Connected, Disconnected, Refused
 from tui.widgets import (
     DiagnosisLine,
     HeaderBar,
@@ -138,6 +138,10 @@ class MonitorApp(App):
         if isinstance(item, Connected):
             self.connected, self.status = True, "live"
             self._main.set_class(False, "disconnected")
+        elif isinstance(item, Refused):  # a token to fix: said as it is
+            self.connected = False
+            self.status = f"{item.reason}; trying again in {item.retry_s:g} s"
+            self._main.set_class(True, "disconnected")
         elif isinstance(item, Disconnected):
             self.connected, self.status = False, f"disconnected ({item.reason}), reconnecting"
             self._main.set_class(True, "disconnected")

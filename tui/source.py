@@ -6,7 +6,13 @@ away; it passes each frame on whole, so the monitor gets today's per-user totals
 (`Stats.usage_today`) with the snapshot. A source without them (an in-process engine, a test) may
 yield bare snapshots.
 
-Tested in tests/unit/tui/test_monitor.py and tests/e2e/test_monitor.py.
+When the server refuses a token (`unauthorized`: the monitor token in `subscribe`, or the
+user's in `hello`) trying again at once cannot help and only feeds the server's throttle: the
+source says which token (`Refused`) and waits longer each time (5 s, doubling, at most a
+minute) until stats come.
+
+Tested in tests/unit/tui/test_monitor.py, tests/e2e/test_monitor.py and
+tests/e2e/test_auth_throttle.py.
 """
 
 from __future__ import annotations
@@ -30,7 +36,22 @@ class Disconnected:
     reason: str
 
 
+@dataclass(frozen=True)
+class Refused(Disconnected):
+    """The server refused a token: what to fix, and when the source tries again."""
+
+    retry_s: float
+
+
 SourceItem = Connected | Disconnected | Stats | Snapshot
+
+MONITOR_TOKEN = "the monitor token is missing or wrong (--monitor-token)"
+USER_TOKEN = "the user name or token is wrong (--name, --token)"
+REFUSED_RETRY_S = (5.0, 60.0)  # the first and the longest wait after a refused token
+
+
+class TokenRefused(Exception):
+    """The server answered `unauthorized`: what to fix."""
 
 
 class WebSocketSource:
@@ -52,26 +73,48 @@ class WebSocketSource:
         self.max_retry_s = max_retry_s
 
     async def __aiter__(self) -> AsyncIterator[SourceItem]:
-        retry = 0.25
+        retry, refused = 0.25, 0.0
         while True:
             try:
-                client = await Client.connect(self.url, self.user, self.token)
-                async with client:
-                    await client.send(Subscribe(self.interval_ms, self.monitor_token))
-                    yield Connected(self.url)
-                    retry = 0.25
-                    async for item in self._frames(client):
-                        yield item
+                async for item in self._session():
+                    if isinstance(item, Connected):  # stats came: the tokens are right
+                        retry, refused = 0.25, 0.0
+                    yield item
+            except TokenRefused as e:
+                first, longest = REFUSED_RETRY_S
+                refused = min(refused * 2 or first, longest)
+                yield Refused(str(e), refused)
+                await asyncio.sleep(refused)
+                continue
             except (OSError, ConnectionClosed, ClientError, TimeoutError) as e:
                 yield Disconnected(str(e) or type(e).__name__)
             await asyncio.sleep(retry)
             retry = min(retry * 2, self.max_retry_s)
+
+    async def _session(self) -> AsyncIterator[SourceItem]:
+        """One connection: the hello (with a user), the subscription, its frames."""
+        try:
+            client = await Client.connect(self.url, self.user, self.token)
+        except ClientError as e:
+            if e.code == "unauthorized":
+                raise TokenRefused(USER_TOKEN) from None
+            raise
+        async with client:
+            await client.send(Subscribe(self.interval_ms, self.monitor_token))
+            is_new = True
+            async for item in self._frames(client):
+                if is_new:  # connected once the subscription is taken, not before
+                    yield Connected(self.url)
+                    is_new = False
+                yield item
 
     async def _frames(self, client: Client) -> AsyncIterator[SourceItem]:
         while True:
             frame = await client.recv()
             if isinstance(frame, Stats):
                 yield frame
+            elif isinstance(frame, Error) and frame.code == "unauthorized":
+                raise TokenRefused(MONITOR_TOKEN)
             elif isinstance(frame, Error):
                 raise ClientError(frame.code, frame.message)
 

@@ -5,8 +5,9 @@ other address it refuses to start without per-user tokens, unless told it is ope
 Tokens come from a users file (TOML: `[users]` table of name = "token") or from
 $LOCALSERVE_USERS ("alice:token1,bob:token2"). Tokens are compared as UTF-8 bytes in constant
 time, whatever their characters. Failed authentications are counted per client address and
-credential (a user name, or the monitor token): past a cap per minute, that credential is
-refused from that address whatever the token until the failures age out.
+what was claimed (a user name, an API key, the monitor token), and per wrong token (a salted
+hash): past a cap per minute a wrong token is refused at once, and guessing many tokens is
+slowed to the cap's rate, while the right token still passes (see AuthThrottle).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import secrets
 import time
 import tomllib
 from collections import deque
@@ -222,13 +224,22 @@ def _same_token(expected: str | None, given: str | None) -> bool:
 
 
 class AuthThrottle:
-    """Failed authentications per key (the server's: address group and credential), over a
-    sliding window.
+    """Failed authentications over a sliding window, per key (the server's: an address group
+    and what was claimed, a user name or "api key" or "monitor") and per credential tried under
+    a key (only a salted hash of it is kept).
 
-    After `max_failures` failures within `window_s`, `retry_after` tells how long that key
-    must wait: its attempts are refused whatever the token. At most `max_keys` keys are
-    remembered (the least recently failing are forgotten first), so the table itself cannot
-    be grown without bound by clients with many addresses or names.
+    - A credential that failed `max_failures` times within `window_s` is refused at once
+      (`retry_after`): a wrong client retrying. Its repeats count once toward its key.
+    - A key with `max_failures` different wrong credentials in the window is locked: each
+      further attempt under it waits its turn (`turn`), one every window_s / max_failures
+      seconds (the cap's own rate) but at most `max_turn_s` (a hello must be answered within
+      10 s), and only then is its credential's check answered: a right one passes, a wrong one
+      is refused. So guessing stays near the cap's rate, and a client with the right token is
+      only slowed. An attempt whose turn is further off than one interval (another is
+      waiting) is refused unchecked.
+
+    Each table keeps at most `max_keys` entries (the least recently failing are forgotten
+    first), so clients with many addresses, names or tokens cannot grow it without bound.
     """
 
     def __init__(
@@ -237,35 +248,79 @@ class AuthThrottle:
         window_s: float = 60.0,
         max_keys: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        max_turn_s: float = 5.0,
     ) -> None:
         self.max_failures = max_failures
         self.window_s = window_s
         self.max_keys = max_keys
+        self.max_turn_s = max_turn_s
         self.clock = clock
         self.num_failures = 0  # since start, for /metrics
-        self.num_throttled = 0  # attempts refused whatever the token
-        self._failures: dict[str, deque[float]] = {}
+        self.num_throttled = 0  # attempts the throttle delayed or refused
+        self._salt = secrets.token_bytes(16)
+        self._failures: dict[str, deque[float]] = {}  # by key
+        self._credentials: dict[str, deque[float]] = {}  # by key and credential hash
+        self._turns: dict[str, float] = {}  # a locked key's latest turn
 
-    def retry_after(self, key: str) -> float:
-        """Seconds this key must wait before its next attempt is checked; 0 = go ahead."""
-        times = self._recent(key)
+    @property
+    def interval_s(self) -> float:
+        """How often a locked key's attempts are checked."""
+        return min(self.window_s / self.max_failures, self.max_turn_s)
+
+    def credential(self, key: str, secret: str | None) -> str:
+        """The entry of this credential under this key: a salted hash, never the token."""
+        given = (secret or "").encode("utf-8", "surrogatepass")
+        return f"{key} {hmac.new(self._salt, given, 'sha256').hexdigest()[:32]}"
+
+    def has_failed(self, credential: str) -> bool:
+        """This credential failed under its key within the window."""
+        return bool(self._recent(self._credentials, credential))
+
+    def retry_after(self, credential: str) -> float:
+        """Seconds before this (failing) credential is checked again; 0 = go ahead."""
+        times = self._recent(self._credentials, credential)
         if len(times) < self.max_failures:
             return 0.0
         self.num_throttled += 1
         return times[-self.max_failures] + self.window_s - self.clock()
 
-    def failed(self, key: str) -> None:
-        """Count one failed attempt for this key."""
-        self.num_failures += 1
-        times = self._failures.pop(key, None) or deque(maxlen=self.max_failures)
-        times.append(self.clock())
-        self._failures[key] = times  # most recent last
-        while len(self._failures) > self.max_keys:
-            del self._failures[next(iter(self._failures))]
+    def turn(self, key: str) -> float:
+        """Seconds this attempt waits before its check is answered: 0 unless the key is
+        locked. More than `interval_s`: no turn was given (another waits), refuse it."""
+        times = self._recent(self._failures, key)
+        if len(times) < self.max_failures:
+            return 0.0
+        now = self.clock()
+        at = max(now, self._turns.get(key, times[-1]) + self.interval_s)
+        if at - now <= self.interval_s:
+            _remember(self._turns, key, at, self.max_keys)
+        if at > now:
+            self.num_throttled += 1
+        return at - now
 
-    def _recent(self, key: str) -> deque[float]:
-        times = self._failures.get(key, deque())
+    def failed(self, key: str, credential: str) -> None:
+        """Count one failed attempt of this credential under this key."""
+        self.num_failures += 1
+        if not self.has_failed(credential):  # the same wrong token again is not guessing
+            self._add(self._failures, key)
+        self._add(self._credentials, credential)
+
+    def _add(self, table: dict[str, deque[float]], key: str) -> None:
+        times = table.pop(key, None) or deque(maxlen=self.max_failures)
+        times.append(self.clock())
+        _remember(table, key, times, self.max_keys)
+
+    def _recent(self, table: dict[str, deque[float]], key: str) -> deque[float]:
+        times = table.get(key, deque())
         horizon = self.clock() - self.window_s
         while times and times[0] <= horizon:
             times.popleft()
         return times
+
+
+def _remember(table: dict, key: str, value, max_keys: int) -> None:
+    """Set table[key] as its most recent entry; forget the oldest past max_keys."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > max_keys:
+        del table[next(iter(table))]

@@ -95,7 +95,7 @@ METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], fl
     ("auth_failures_total", "counter", "Failed authentications (hello, subscribe, /metrics).",
      lambda s, c, a: a.failures),
     ("auth_throttled_total", "counter",
-     "Authentications refused whatever the token: too many failures from the address.",
+     "Authentications the throttle delayed or refused: too many failures from the address.",
      lambda s, c, a: a.throttled),
 ]  # fmt: skip
 

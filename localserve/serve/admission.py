@@ -5,7 +5,8 @@ global bounds, the daily quota (held while the reply runs), the sampling values,
 builder's too-long check, then the engine. A chat the server will not take is a `Refusal`
 carrying the protocol's error code (docs/protocol.md), which the websocket protocol sends as an
 `error` frame and the HTTP API maps to a status. A token check that fails is an `AuthRefusal`:
-failures count per place and credential, and past a cap the throttle refuses whatever the token.
+failures count per place and claim and per wrong token; past a cap the throttle slows or refuses
+wrong tokens, and only slows the right one.
 
 A `Request` is created when a chat is admitted and ends with the engine's `done`; its events go
 to its `Sink` (a websocket connection or an HTTP reply, routed by routing.py). Front-ends see
@@ -38,6 +39,9 @@ log = logging.getLogger("localserve.serve.admission")
 # a client refused (or cut short) because the engine process is down may retry this soon after
 RETRY_UNAVAILABLE_S = 5
 MAX_ERROR_CHARS = 200  # an error message quotes at most this much of what the client sent
+# the throttle's refusals: many wrong tokens for one claim from one place, or one wrong token again
+LOCKED = "too many failed attempts from your address;"
+REPEATED = "too many failed attempts with this token;"
 
 # how a front-end asks for its prompt: built by the server's prompt builder, when admitted
 BuildPrompt = Callable[[PromptBuilder], Awaitable[Prompt]]
@@ -78,7 +82,7 @@ class AuthRefusal(NamedTuple):
     """A token check that failed: its own refusal, or the throttle's."""
 
     message: str
-    retry_after_s: float  # > 0: the throttle refused, whatever the token
+    retry_after_s: float  # > 0: the throttle's refusal (with when to try again)
 
 
 class Frontdoor(Protocol):
@@ -110,8 +114,8 @@ class Frontdoor(Protocol):
         """Requests admitted and not yet running, all users together."""
         ...
 
-    def authenticate(
-        self, address: str, credential: str, allowed: bool, refusal: str
+    async def authenticate(
+        self, address: str, claim: str, token: str | None, allowed: bool, refusal: str
     ) -> AuthRefusal | None: ...
 
     def next_number(self) -> int:
@@ -192,23 +196,43 @@ class Admission:
 
     # --- identity -------------------------------------------------------------------------------
 
-    def authenticate(
-        self, address: str, credential: str, allowed: bool, refusal: str
+    async def authenticate(
+        self, address: str, claim: str, token: str | None, allowed: bool, refusal: str
     ) -> AuthRefusal | None:
         """None when a token check passed; else why not (its refusal, or the throttle's).
 
-        Failures count per (address, credential): guessing bob's token from one place locks
-        only that, for a minute; other users and other places sign in as usual.
+        Failures count per place and claim (a user name, "api key", "monitor"), and per wrong
+        token: the same wrong token again is refused at once past the cap, and many different
+        ones lock the claim from that place, where each attempt then waits its turn before
+        its answer. The right token is never refused by the throttle, only slowed: a wrong
+        client does not lock out the right one, and guessing stays at the cap's rate.
         """
-        key = f"{address_group(address)} {credential}"
-        wait = self.throttle.retry_after(key)
+        t = self.throttle
+        key = f"{address_group(address)} {claim}"
+        credential = t.credential(key, token)
+        if not allowed and t.has_failed(credential):  # nothing new to learn: no turn needed
+            return self._failed(address, key, credential, refusal, claim, locked=False)
+        wait = t.turn(key)
+        if wait > t.interval_s:  # another attempt from there waits its turn
+            return AuthRefusal(f"{LOCKED} try again in {wait:.0f} s", wait)
         if wait > 0:
-            message = f"too many failed attempts from your address; try again in {wait:.0f} s"
-            return AuthRefusal(message, wait)
+            await asyncio.sleep(wait)
         if allowed:
             return None
-        self.throttle.failed(key)
-        log.warning("%s: %s (%s)", address, refusal, credential[:80])
+        return self._failed(address, key, credential, refusal, claim, locked=wait > 0)
+
+    def _failed(
+        self, address: str, key: str, credential: str, refusal: str, claim: str, locked: bool
+    ) -> AuthRefusal:
+        """Count a wrong token; its own refusal, or the throttle's when it or its key is locked."""
+        t = self.throttle
+        wait = t.retry_after(credential)  # past its own cap, before this one
+        t.failed(key, credential)
+        log.warning("%s: %s (%s)", address, refusal, claim[:80])
+        if wait:
+            return AuthRefusal(f"{REPEATED} try again in {max(wait, 1):.0f} s", wait)
+        if locked:
+            return AuthRefusal(f"{LOCKED} try again in {t.interval_s:.0f} s", t.interval_s)
         return AuthRefusal(refusal, 0.0)
 
     # --- every chat, websocket or HTTP ------------------------------------------------------------

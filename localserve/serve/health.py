@@ -95,10 +95,12 @@ class Health:
     async def metrics(self, request: HttpRequest) -> Response:
         """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
         admission = self.admission
-        allowed = admission.access.allows_monitor(bearer_token(request))
-        refused = admission.authenticate(
+        token = bearer_token(request)
+        allowed = admission.access.allows_monitor(token)
+        refused = await admission.authenticate(
             client_address(request.scope),
             "monitor",
+            token,
             allowed,
             "/metrics needs the monitor token (Bearer)",
         )

@@ -233,15 +233,17 @@ def test_a_token_server_needs_a_users_key_and_names_the_user_by_it(live):
         assert "liz" in users and "kate" not in users
 
 
-def test_failed_keys_are_throttled(live):
+def test_failed_keys_are_throttled_and_the_right_one_still_passes(live):
     access = Access({"kate": "correct-horse"})
-    with configured(live, access=access, max_auth_failures_per_minute=3):
+    with configured(live, access=access, max_auth_failures_per_minute=3) as server:
+        server.admission.throttle.window_s = 3.0  # once locked, a turn a second
         for i in range(3):
             with pytest.raises(openai.AuthenticationError):
                 client(live, f"guess-{i}").models.list()
         with pytest.raises(openai.RateLimitError) as e:
-            client(live, "correct-horse").models.list()  # right, but refused all the same
+            client(live, "guess-3").models.list()  # a fourth guess: after its turn, refused
         assert int(e.value.response.headers["Retry-After"]) > 0
+        assert client(live, "correct-horse").models.list().data  # right: it passes
 
 
 def test_over_the_per_user_cap_is_429_with_retry_after(live):

@@ -26,11 +26,11 @@ class Models:
         self.created = created
 
     async def list_models(self, request: HttpRequest) -> Response:
-        identify(self.door, request, None)
+        await identify(self.door, request, None)
         return _json({"object": "list", "data": [self._card()]})
 
     async def get_model(self, request: HttpRequest) -> Response:
-        identify(self.door, request, None)
+        await identify(self.door, request, None)
         check_model(self.door, request.path_params["model"])
         return _json(self._card())
 

@@ -43,7 +43,7 @@ async def start_reply(
     prompt: BuildPrompt,
 ) -> Response:
     """Admit a chat ("chat") or text completion ("text"); its reply, or the refusal's error."""
-    user = identify(door, request, body.user)
+    user = await identify(door, request, body.user)
     config = door.config
     fields = sampling_fields(body, max_tokens, min(config.default_max_tokens, config.max_tokens))
     num = door.next_number()

@@ -71,13 +71,14 @@ def check_model(door: Frontdoor, model: str | None) -> None:
         raise ApiError(404, message, "model_not_found", "model")
 
 
-def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> str:
+async def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> str:
     """The user: the API key's owner (a server with tokens), else the `user` field."""
     access = door.access
     if access.requires_tokens:
-        user = access.user_for_token(bearer_token(request))
-        refused = door.authenticate(
-            client_address(request.scope), "api key", user is not None, "invalid API key"
+        token = bearer_token(request)
+        user = access.user_for_token(token)
+        refused = await door.authenticate(
+            client_address(request.scope), "api key", token, user is not None, "invalid API key"
         )
         if refused is not None and refused.retry_after_s:
             wait = retry_after(refused.retry_after_s)

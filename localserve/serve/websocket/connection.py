@@ -248,9 +248,9 @@ class Connection:
         except RecursionError:
             return self.error("bad_request", "invalid frame: JSON nested too deeply")
         if isinstance(frame, Hello):
-            self._hello(frame)
+            await self._hello(frame)
         elif isinstance(frame, Subscribe):
-            self._subscribe(frame)
+            await self._subscribe(frame)
         elif self.user is None:
             self.error("unauthorized", "say hello first", getattr(frame, "id", None))
         elif isinstance(frame, Chat):
@@ -258,7 +258,7 @@ class Connection:
         elif isinstance(frame, Cancel):
             self._cancel(frame)
 
-    def _hello(self, hello: Hello) -> None:
+    async def _hello(self, hello: Hello) -> None:
         if self.user is not None:
             return self.error("bad_request", f"already said hello as {self.user!r}")
         if not check_user_name(hello.user):
@@ -267,9 +267,11 @@ class Connection:
         allowed = access.allows_user(hello.user, hello.token)
         # unknown names share one key: inventing names must not push real users' entries out
         credential = f"user {hello.user}" if hello.user in access.users else "unknown user"
-        refused = self.door.authenticate(
-            self.address, credential, allowed, "unknown user or wrong token"
+        refused = await self.door.authenticate(
+            self.address, credential, hello.token, allowed, "unknown user or wrong token"
         )
+        if self.is_closed:  # it went while the throttle held its hello
+            return None
         if refused:
             return self.error("unauthorized", refused.message)
         if self.connections.is_full:
@@ -278,11 +280,13 @@ class Connection:
         self._spoke()
         self.send(self.connections.welcome(hello.user))
 
-    def _subscribe(self, sub: Subscribe) -> None:
+    async def _subscribe(self, sub: Subscribe) -> None:
         allowed = self.door.access.allows_monitor(sub.token)
-        refused = self.door.authenticate(
-            self.address, "monitor", allowed, "stats need the server's monitor token"
+        refused = await self.door.authenticate(
+            self.address, "monitor", sub.token, allowed, "stats need the server's monitor token"
         )
+        if self.is_closed:
+            return None
         if refused:  # an existing subscription goes on
             return self.error("unauthorized", refused.message)
         if sub.interval_ms > 0 and self.is_silent and self.connections.is_full:

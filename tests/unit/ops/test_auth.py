@@ -1,5 +1,6 @@
-"""Tokens compared as bytes, the per-address throttle on failed authentication, where users
-come from (a users file, else $LOCALSERVE_USERS) and the bind-address rule."""
+"""Tokens compared as bytes, the throttle on failed authentication (a wrong token tried again,
+and many wrong tokens from one place), where users come from (a users file, else
+$LOCALSERVE_USERS) and the bind-address rule."""
 
 from __future__ import annotations
 
@@ -26,28 +27,62 @@ def test_tokens_of_any_characters_are_compared_as_bytes():
     assert access.allows_monitor("mönitor-ß") and not access.allows_monitor("monitor-ss")
 
 
-def test_an_address_is_refused_unchecked_after_its_failures_per_minute():
+def test_a_wrong_token_tried_again_is_refused_after_its_failures_per_minute():
     clock = Clock()
     throttle = AuthThrottle(3, window_s=60, clock=clock)
+    stale = throttle.credential("10.0.0.1 api key", "stale-key")
     for _ in range(3):
-        assert throttle.retry_after("10.0.0.1") == 0
-        throttle.failed("10.0.0.1")
+        assert throttle.retry_after(stale) == 0
+        throttle.failed("10.0.0.1 api key", stale)
         clock.now += 1
-    assert throttle.retry_after("10.0.0.1") == 57  # when the first failure leaves the window
-    assert throttle.retry_after("10.0.0.2") == 0  # other addresses are not affected
+    assert throttle.retry_after(stale) == 57  # when its first failure leaves the window
+    assert throttle.turn("10.0.0.1 api key") == 0  # one token again is not guessing
+    other = throttle.credential("10.0.0.2 api key", "stale-key")
+    assert throttle.retry_after(other) == 0  # other places are not affected
     clock.now += 57
-    assert throttle.retry_after("10.0.0.1") == 0
+    assert throttle.retry_after(stale) == 0
     assert (throttle.num_failures, throttle.num_throttled) == (3, 1)
 
 
-def test_the_throttle_remembers_a_bounded_number_of_addresses():
+def test_many_wrong_tokens_make_each_attempt_wait_its_turn():
+    clock = Clock()
+    throttle = AuthThrottle(3, window_s=60, clock=clock, max_turn_s=30)
+    key = "10.0.0.1 user kate"
+    for i in range(3):
+        assert throttle.turn(key) == 0
+        throttle.failed(key, throttle.credential(key, f"guess-{i}"))
+    assert throttle.interval_s == 20  # the cap's own rate: 3 a minute
+    assert throttle.turn(key) == 20  # its turn: 20 s after the last failure
+    assert throttle.turn(key) == 40  # another waits already: refused, and no turn taken
+    clock.now += 20
+    assert throttle.turn(key) == 20  # the next turn, 20 s after the previous one
+    assert throttle.turn("10.0.0.1 user liz") == 0  # other claims are not affected
+    clock.now += 60
+    assert throttle.turn(key) == 0  # the failures aged out
+    assert AuthThrottle(10).interval_s == 5  # not 6: a hello must be answered within 10 s
+
+
+def test_only_a_salted_hash_of_a_token_is_kept():
+    throttle = AuthThrottle(3)
+    entry = throttle.credential("loopback monitor", "monitor-secret")
+    throttle.failed("loopback monitor", entry)
+    assert "monitor-secret" not in repr(throttle.__dict__)
+    assert entry != AuthThrottle(3).credential("loopback monitor", "monitor-secret")
+    assert throttle.credential("loopback monitor", None) == throttle.credential(
+        "loopback monitor", ""
+    )
+
+
+def test_the_throttle_remembers_a_bounded_number_of_keys_and_tokens():
     clock = Clock()
     throttle = AuthThrottle(1, max_keys=100, clock=clock)
     for i in range(1000):
-        throttle.failed(f"10.0.{i // 256}.{i % 256}")
-    assert len(throttle._failures) == 100
-    assert throttle.retry_after("10.0.3.231") > 0  # the most recent ones are kept
-    assert throttle.retry_after("10.0.0.0") == 0
+        key = f"10.0.{i // 256}.{i % 256} api key"
+        throttle.failed(key, throttle.credential(key, f"guess-{i}"))
+        throttle.turn(key)
+    assert len(throttle._failures) == len(throttle._credentials) == len(throttle._turns) == 100
+    assert throttle.turn("10.0.3.231 api key") > 0  # the most recent ones are kept
+    assert throttle.turn("10.0.0.0 api key") == 0
 
 
 # --- users: the file, else $LOCALSERVE_USERS ---------------------------------------------------

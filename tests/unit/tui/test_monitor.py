@@ -11,13 +11,23 @@ import msgspec
 import pytest
 from textual.widgets import Static
 
-from localserve.protocol.frames import Stats, UserUsage
+from localserve.client import ClientError
+from localserve.protocol.frames import Error, Stats, UserUsage
 from localserve.protocol.snapshot import Device, Worker
 from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
+from tui import source
 from tui.format import tokens
 from tui.monitor import HelpScreen, MonitorApp
-from tui.source import Connected, Disconnected, QueueSource, WebSocketSource
+from tui.source import (
+    MONITOR_TOKEN,
+    USER_TOKEN,
+    Connected,
+    Disconnected,
+    QueueSource,
+    Refused,
+    WebSocketSource,
+)
 from tui.widgets import (
     DiagnosisLine,
     HeaderBar,
@@ -197,6 +207,92 @@ def test_help_opens_and_closes_and_q_quits():
 
     app = asyncio.run(run())
     assert not app.is_running
+
+
+def test_a_refused_token_is_named_with_when_the_monitor_tries_again(fake_snapshots):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(100, 30)) as pilot:
+            feed(app, Refused(MONITOR_TOKEN, 5.0))
+            await settle(pilot)
+            shown = header_text(app)
+            assert "the monitor token is missing or wrong (--monitor-token)" in shown
+            assert "trying again in 5 s" in shown and "reconnecting" not in shown
+            assert app.screen.has_class("disconnected")
+            feed(app, Connected("ws://test"), fake_snapshots[0])
+            await settle(pilot)
+            assert "● live" in header_text(app)
+
+    asyncio.run(run())
+
+
+class RefusingClient:
+    """A server that takes the connection and refuses the monitor token, every time."""
+
+    def __init__(self) -> None:
+        self.frames = [Error("unauthorized", "stats need the server's monitor token")]
+
+    async def send(self, frame) -> None:
+        pass
+
+    async def recv(self):
+        return self.frames.pop(0)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+
+def source_items(monkeypatch, connect, count: int) -> tuple[list, list[float]]:
+    """The first `count` items of a WebSocketSource on `connect`, and the waits it took."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(source.Client, "connect", staticmethod(connect))
+    monkeypatch.setattr(source, "asyncio", type("Asyncio", (), {"sleep": staticmethod(sleep)}))
+
+    async def run():
+        items = []
+        async for item in WebSocketSource("ws://test"):
+            items.append(item)
+            if len(items) == count:
+                return items
+
+    return asyncio.run(run()), waits
+
+
+def test_a_refused_monitor_token_is_tried_again_ever_more_slowly(monkeypatch):
+    """Not once a second into the server's throttle: 5 s, doubling, at most a minute."""
+
+    async def connect(url, user, token):
+        return RefusingClient()
+
+    items, waits = source_items(monkeypatch, connect, 7)
+    assert items == [Refused(MONITOR_TOKEN, s) for s in (5, 10, 20, 40, 60, 60, 60)]
+    assert waits == [5, 10, 20, 40, 60, 60]
+
+
+def test_a_refused_hello_names_the_user_token_and_stats_reset_the_wait(monkeypatch, fake_snapshots):
+    calls = []
+
+    async def connect(url, user, token):
+        calls.append(url)
+        if len(calls) <= 2:
+            raise ClientError("unauthorized", "unknown user or wrong token")
+        client = RefusingClient()
+        if len(calls) == 3:  # the token is right now: stats, then a refusal again
+            client.frames.insert(0, Stats(fake_snapshots[0], USAGE))
+        return client
+
+    items, waits = source_items(monkeypatch, connect, 6)
+    assert items[:2] == [Refused(USER_TOKEN, 5), Refused(USER_TOKEN, 10)]
+    assert items[2] == Connected("ws://test") and isinstance(items[3], Stats)
+    assert items[4:] == [Refused(MONITOR_TOKEN, 5), Refused(MONITOR_TOKEN, 10)]
+    assert waits == [5, 10, 5]
 
 
 def test_disconnect_is_shown_and_reconnect_clears_it(fake_snapshots):
