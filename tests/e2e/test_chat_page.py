@@ -380,6 +380,40 @@ def test_conversations_are_kept_and_each_turn_sends_the_whole_history(browser, s
     carol.close()
 
 
+def shot(page, name: str) -> None:
+    """A screenshot into $LOCALSERVE_SCREENSHOTS, when set: to look at what a test saw."""
+    if folder := os.environ.get("LOCALSERVE_SCREENSHOTS"):
+        page.screenshot(path=os.path.join(folder, f"{name}.png"))
+
+
+def test_before_signing_in_the_page_says_not_signed_in(browser, fake_server):
+    """Nobody has signed in yet: nothing is disconnected, the status line says so plainly."""
+    eve = Person.open(browser, fake_server, None)
+    page = eve.page
+    page.wait_for_selector("#signin[open]")
+    wait_until(lambda: "fake" in page.inner_text("#status"), 10, "the health poll")
+    status = page.inner_text("#status")
+    assert "not signed in" in status and "disconnected" not in status
+    assert "connecting" not in status
+    shot(page, "not-signed-in")
+    eve.sign_in("eve")
+    assert "not signed in" not in page.inner_text("#status")
+    eve.close()
+
+
+def test_an_open_server_does_not_ask_for_a_token(browser, fake_server):
+    """A server without users takes any name: the token field is not shown."""
+    assert fake_server.server.admission.access.requires_tokens is False
+    fay = Person.open(browser, fake_server, None)
+    page = fay.page
+    page.wait_for_selector("#signin[open]")
+    assert not page.is_visible("#signin-token")
+    assert not page.is_visible("#signin-token-row")
+    shot(page, "open-server-sign-in")
+    fay.sign_in("fay")
+    fay.close()
+
+
 def test_a_token_server_asks_for_the_token_and_refuses_a_wrong_one(browser, fake_server):
     admission = fake_server.server.admission
     old = admission.access
@@ -389,6 +423,9 @@ def test_a_token_server_asks_for_the_token_and_refuses_a_wrong_one(browser, fake
         page = dave.page
         page.wait_for_selector("#signin[open]")
         assert page.is_visible("#signin-token")  # the server needs tokens: the page asks
+        hint = page.inner_text("#signin-token-row")
+        assert "Only needed when this server has users" in hint
+        shot(page, "token-server-sign-in")
         dave.sign_in("dave", "wrong-token-123", ready=False)
         page.wait_for_selector("#signin[open]")
         assert "wrong token" in page.inner_text("#signin-why")

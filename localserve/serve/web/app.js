@@ -495,7 +495,10 @@
       level = "down";
       why = "server unreachable";
     }
-    if (!state.welcome) {
+    if (!state.welcome && !state.ws && !state.identity) {  // nobody has signed in yet
+      level = level === "down" ? "down" : "idle";
+      why = level === "down" ? why : "not signed in";
+    } else if (!state.welcome) {
       level = level === "down" ? "down" : "busy";
       why = state.halted ? "signed out" : state.ws ? "connecting…" : why || "disconnected";
     }
@@ -682,7 +685,8 @@
     $("signin-why").textContent = why || "";
     $("signin-user").value = shown?.user || "";
     $("signin-token").value = shown?.token || "";
-    $("signin-token-row").hidden = !(state.needsToken || state.health?.tokens);
+    // an open server (no users, no tokens) needs none; unknown (unreachable): ask anyway
+    $("signin-token-row").hidden = !!state.health && !state.health.tokens && !state.needsToken;
     if (!dialog.open) dialog.showModal();
     $("signin-user").focus();
   }
