@@ -585,14 +585,37 @@ def test_a_shared_browser_shows_each_name_only_its_own_conversations(browser, fa
 
 
 def test_the_page_tells_a_user_about_their_quota(browser, scripted, tmp_path):
+    """Used up: said once on the reply, no Retry, and no sending until the reset, whose time the
+    composer shows; a reload is still blocked, and at the reset the composer is back."""
     server = scripted(["word "] * 20, state_dir=str(tmp_path), daily_tokens_per_user={"max": 15})
     max_ = Person.open(browser, server, "max")
-    notice = max_.page.locator("#notice")
+    page = max_.page
+    notice = page.locator("#notice")
     assert "Today: 0 of your 15 tokens used, 15 left (resets at" in notice.inner_text()
+    page.clock.install()  # its own clock from here on: to jump to the reset below
+    page.reload()
+    page.wait_for_selector("#input:not([disabled])")
     max_.say("one two three")
     max_.wait_reply("done")
     max_.say("and more")
     max_.wait_reply("error")
-    meta = max_.reply().locator(".meta").inner_text()
-    assert "Your daily allowance is used up: your daily quota of 15 tokens" in meta
+    meta = max_.reply().locator(".meta")
+    assert meta.inner_text() == "Not sent: your daily quota of 15 tokens is used up (15 today)."
+    assert meta.locator(".retry").count() == 0
+    assert page.inner_text("body").count("used up") == 1 and not page.is_visible("#notice")
+    assert page.is_disabled("#input") and page.is_disabled("#send")
+    waiting = page.get_attribute("#input", "placeholder")
+    resets = page.evaluate("""() => { const d = new Date(); d.setHours(24, 0, 0, 0);
+        return d.toTimeString().slice(0, 5); }""")  # the server's midnight, on the same machine
+    assert waiting.startswith(f"You can send again at {resets} (in ")
+    assert waiting.endswith("min), when your daily quota resets.")
+    shot(page, "quota-used-up")
+    page.reload()  # the welcome says none is left: still no sending
+    wait_until(lambda: "0 left" in notice.inner_text(), 10, "the welcome's quota line")
+    assert page.is_disabled("#input")
+    again = page.get_attribute("#input", "placeholder")  # the minutes may have ticked on
+    assert again.split(" (in ")[0] == waiting.split(" (in ")[0]
+    page.clock.fast_forward("25:00:00")
+    page.wait_for_selector("#input:not([disabled])")
+    assert page.get_attribute("#input", "placeholder").startswith("Message (Enter sends")
     max_.close()

@@ -12,6 +12,7 @@
   const HEALTH_EVERY_MS = 2000;
   const HEALTH_HIDDEN_MS = 10000;
   const RENDER_EVERY_MS = 40;
+  const PLACEHOLDER = "Message (Enter sends, Shift+Enter: new line)";
   const $ = (id) => document.getElementById(id);
 
   const state = {
@@ -31,6 +32,9 @@
     renderTimer: null,
     renderEvery: RENDER_EVERY_MS,
     nodes: new WeakMap(), // message -> its element
+    quotaUntil: null,  // {at: ms, shown: "HH:MM"} while the daily quota is used up: no sending
+    quotaTimer: null,
+    quotaNotice: false, // the notice shows the welcome's quota line
   };
 
   // --- storage ----------------------------------------------------------------------------------
@@ -300,6 +304,9 @@
           if (changed) loadChats();
         }
         showNotice(quotaText(frame.quota));
+        state.quotaNotice = !!frame.quota;
+        if (frame.quota && frame.quota.remaining <= 0) blockUntil(Date.parse(frame.quota.resets_at));
+        else unblock();
         renderAll();
         break;
       case "queued":
@@ -316,7 +323,10 @@
         if (p) finish(frame.id, p, frame);
         break;
       case "error":
-        if (p) {
+        if (p && frame.code === "quota_exceeded") {
+          quotaRefused(p.msg, String(frame.message || ""));
+          finish(frame.id, p, null);
+        } else if (p) {
           p.msg.error = errorText(frame);
           p.msg.status = "error";
           if (frame.code !== "internal") finish(frame.id, p, null);  // internal: a done follows
@@ -340,16 +350,60 @@
   function quotaText(quota) {  // where this person stands against a daily quota, if any
     if (!quota || typeof quota.daily_tokens !== "number") return null;
     const n = (x) => Number(x).toLocaleString("en");
-    const resets = String(quota.resets_at || "").slice(11, 16);
+    const resets = clock(Date.parse(quota.resets_at));
     return `Today: ${n(quota.used_today)} of your ${n(quota.daily_tokens)} tokens used, ` +
       `${n(quota.remaining)} left (resets at ${resets}).`;
   }
+
+  function clock(at) {  // "HH:MM" in this browser's time, or "" for a time that is not one
+    if (!Number.isFinite(at)) return "";
+    const d = new Date(at);
+    return `${String(d.getHours()).padStart(2, "0")}:${String(d.getMinutes()).padStart(2, "0")}`;
+  }
+
+  // A chat refused for the daily quota: said once, on the reply, no Retry (it would be refused
+  // again) and the composer off until the reset. The error frame has no field for the reset:
+  // its message ends "; it resets at <ISO 8601> (in H h MM min)" (ops/usage.py), and the
+  // relative part wins (it does not depend on this browser's clock being right).
+  function quotaRefused(msg, message) {
+    const [why] = message.split("; it resets at ");
+    const iso = /; it resets at (\S+) \(/.exec(message)?.[1];
+    const rel = /\(in (\d+) h (\d+) min\)/.exec(message);
+    const at = rel ? Date.now() + ((+rel[1] * 60 + +rel[2] + 1) * 60000)
+      : Date.parse(iso || state.welcome?.quota?.resets_at);
+    msg.status = "error";
+    msg.error = `Not sent: ${why}.`;
+    if (state.quotaNotice) { showNotice(null); state.quotaNotice = false; }  // its "left" is stale
+    blockUntil(at, clock(Date.parse(iso)) || clock(at));
+  }
+
+  function blockUntil(at, shown) {
+    if (!Number.isFinite(at)) at = Date.now() + 3600000;  // no time given: try again in an hour
+    state.quotaUntil = { at, shown: shown || clock(at) };
+    tick();
+  }
+
+  function unblock() {
+    state.quotaUntil = null;
+    clearTimeout(state.quotaTimer);
+    state.quotaTimer = null;
+    renderComposer();
+  }
+
+  function tick() {  // the countdown in the composer, once a minute, and the end of the block
+    clearTimeout(state.quotaTimer);
+    const left = state.quotaUntil ? state.quotaUntil.at - Date.now() : 0;
+    if (left <= 0) return unblock();
+    state.quotaTimer = setTimeout(tick, Math.min(60000, left));
+    renderComposer();
+  }
+
+  const quotaBlocked = () => !!state.quotaUntil && Date.now() < state.quotaUntil.at;
 
   function errorText(frame) {
     const message = String(frame.message || "");
     switch (frame.code) {
       case "busy": return `The server is busy: ${message}. Try again in a moment.`;
-      case "quota_exceeded": return `Your daily allowance is used up: ${message}.`;
       case "too_long": return `This conversation is too long for the model (${message}). Start a new chat.`;
       case "shutting_down": return "The server is shutting down; try again when it is back.";
       case "internal": return `The server failed this reply: ${message}`;
@@ -429,7 +483,7 @@
   function submit() {
     const input = $("input");
     const text = input.value.trim();
-    if (!text || !state.welcome) return;
+    if (!text || !state.welcome || quotaBlocked()) return;
     const chat = currentChat() || newChat();
     if (replyInFlight(chat)) return;
     if (!chat.messages.length) chat.title = text.split("\n")[0].slice(0, 60);
@@ -457,6 +511,7 @@
 
   function retry(chat, msg) {
     if (replyInFlight(chat) || chat.messages[chat.messages.length - 1] !== msg) return;
+    if (quotaBlocked()) return;
     ask(chat, msg);
   }
 
@@ -628,7 +683,7 @@
       case "stopping": add("stopping…", "stopped"); break;
       case "error": case "interrupted":
         add(msg.error || "failed", "error");
-        if (chat && chat.messages[chat.messages.length - 1] === msg) {
+        if (chat && chat.messages[chat.messages.length - 1] === msg && !quotaBlocked()) {
           const again = document.createElement("button");
           again.type = "button";
           again.className = "retry";
@@ -653,11 +708,20 @@
     }
   }
 
+  function quotaWait() {  // the composer's text while the quota is used up
+    const mins = Math.ceil((state.quotaUntil.at - Date.now()) / 60000);
+    const left = mins >= 60 ? `${Math.floor(mins / 60)} h ${String(mins % 60).padStart(2, "0")} min`
+      : `${mins} min`;
+    return `You can send again at ${state.quotaUntil.shown} (in ${left}), when your daily quota resets.`;
+  }
+
   function renderComposer() {
     const chat = currentChat();
     const inFlight = chat ? replyInFlight(chat) : null;
-    const ready = !!state.welcome;
+    const blocked = quotaBlocked();
+    const ready = !!state.welcome && !blocked;
     $("input").disabled = !ready;
+    $("input").placeholder = blocked ? quotaWait() : PLACEHOLDER;
     $("send").disabled = !ready || !!inFlight;
     $("send").hidden = !!inFlight;
     $("stop").hidden = !inFlight;
