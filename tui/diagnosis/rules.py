@@ -405,8 +405,10 @@ def idle(c: Signals) -> Finding | None:
         details.append(f"last activity {duration(max(0.0, s.uptime_s - last.t))} ago ({last.kind})")
     if c.ttft_p50 is not None:
         details.append(f"over the last minute TTFT p50 was {duration(c.ttft_p50)}")
-    details.append("the scheduler has nothing to give the accelerator")
-    return Finding("info", "accelerator idle: no eligible work", details)
+    where = {"CPU": "the CPU", "GPU": "the GPU"}.get(c.runs_on, "the model's devices")
+    details.append(f"the scheduler has nothing to give {where}")
+    verb = "are" if c.runs_on == "devices" else "is"
+    return Finding("info", f"{where} {verb} idle: no eligible work", details)
 
 
 RULES = (  # the table's order: among findings of one level the first takes the headline

@@ -43,6 +43,7 @@ class Signals:
         """Whether the engine serves ("" when it does), and the RPC workers found down."""
         self.engine_problem = " ".join(s.engine_problem.split())
         self.workers_down = [w for w in s.workers if not w.up]
+        self.runs_on = _runs_on(s)
 
     def _load(self, s: Snapshot) -> None:
         """Running and waiting now, and how long the queue has waited."""
@@ -195,3 +196,16 @@ def _rising(now: float | None, then: float | None, min_delta: float) -> bool:
     if now is None or then is None:
         return False
     return now >= RISING_RATIO * then and now - then >= min_delta
+
+
+def _runs_on(s: Snapshot) -> str:
+    """Where the model computes, as the idle line names it: "CPU" when every layer is on this
+    machine's CPU (no device list: a CPU build, or none offloaded), "GPU" on a local
+    accelerator, "devices" for a model split across RPC workers (they may be either)."""
+    m = s.model
+    names = [d.name for d in m.devices if d.layers > 0] or [d.name for d in m.devices]
+    if any(name.startswith("RPC") for name in names):
+        return "devices"
+    if names:
+        return "CPU" if all(name == "CPU" for name in names) else "GPU"
+    return "CPU" if m.backend.upper() == "CPU" or m.n_gpu_layers <= 0 else "GPU"

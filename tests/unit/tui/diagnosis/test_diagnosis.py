@@ -8,11 +8,13 @@ from collections import deque
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localserve.protocol.snapshot import (
     Counters,
+    Device,
     EventRow,
     ModelInfo,
     Percentiles,
@@ -348,6 +350,47 @@ def test_itl_rising_under_target_is_info():
     assert d.headline == "ITL rising: p50 30 ms → 90 ms, still under the 120 ms target"
 
 
+QUIET = dict(
+    seqs=[],
+    prompt_tokens_per_s=0.0,
+    generation_tokens_per_s=0.0,
+    kv_used=0,
+    kv_committed=0,
+    ttft=EMPTY,
+    itl=EMPTY,
+    queue=EMPTY,
+)
+CUDA = msgspec.structs.replace(MODEL, backend="CUDA", n_gpu_layers=24)
+
+
+@pytest.mark.parametrize(
+    "model, headline",
+    [
+        (MODEL, "the CPU is idle: no eligible work"),  # a CPU build
+        (msgspec.structs.replace(CUDA, n_gpu_layers=0), "the CPU is idle: no eligible work"),
+        (CUDA, "the GPU is idle: no eligible work"),
+        (
+            msgspec.structs.replace(
+                CUDA, devices=(Device("CPU", "x", 0, 0.0), Device("CUDA0", "y", 24, 9.0))
+            ),
+            "the GPU is idle: no eligible work",
+        ),
+        (
+            msgspec.structs.replace(
+                MODEL, devices=(Device("CPU", "x", 12, 6.0), Device("RPC0", "h:1", 12, 6.0, "h:1"))
+            ),
+            "the model's devices are idle: no eligible work",
+        ),
+    ],
+    ids=["cpu-build", "cuda-build-no-offload", "gpu", "gpu-devices", "rpc-split"],
+)
+def test_idle_names_where_the_model_runs(model, headline):
+    d = check(diagnose(ramp(dict(QUIET, model=model), dict(QUIET, model=model))))
+    assert (d.level, d.headline) == ("info", headline)
+    where = headline.removesuffix(" idle: no eligible work").rsplit(" ", 1)[0]  # "the CPU"
+    assert f"the scheduler has nothing to give {where}" in d.details
+
+
 def test_idle():
     quiet = dict(
         seqs=[],
@@ -361,7 +404,8 @@ def test_idle():
         events=[EventRow(60.0, "finished", "r0", "user0", "stop, 20 tokens")],
     )
     d = check(diagnose(ramp(quiet, quiet)))
-    assert d.headline == "accelerator idle: no eligible work"
+    assert d.headline == "the CPU is idle: no eligible work"
+    assert "the scheduler has nothing to give the CPU" in d.details
     assert d.level == "info"
     assert any(line.startswith("last activity 5 min ago (finished)") for line in d.details)
 
