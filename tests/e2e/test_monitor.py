@@ -47,9 +47,8 @@ def test_the_demo_log_file_gets_the_servers_log_and_the_engine_processs(tmp_path
     import subprocess
     import sys
 
-    from tests.support.paths import ROOT
-
     from localserve.runners.models import cache_dir
+    from tests.support.paths import ROOT
 
     log = cache_dir() / "demo.log"
     before = log.stat().st_size if log.exists() else 0  # the file is appended to
