@@ -19,6 +19,7 @@ from tui.diagnosis.thresholds import (
     TREND_LOOKBACK_S,
     TREND_MIN_SPAN_S,
     TTFT_HIGH_S,
+    TTFT_PENDING_S,
     TTFT_RISE_MIN_S,
 )
 
@@ -93,6 +94,10 @@ class Signals:
         self.queue_dominates = (
             self.queue_share is not None and self.queue_share >= QUEUE_DOMINANT_SHARE
         ) or (self.waiting_long and (self.ttft_p50 is None or self.max_wait >= self.ttft_p50))
+        # a TTFT in the making: a request waits for admission or has prefilled a while. Without
+        # one, the window's TTFT is the last minute's history, its cause gone (a finished long
+        # prefill, a queue that has drained)
+        self.ttft_pending = self.waiting > 0 or _longest_prefill_s(self.seg) >= TTFT_PENDING_S
         self.ttft_problem = self.active and (
             self.ttft_rising
             or (self.ttft_p50 is not None and self.ttft_p50 >= TTFT_HIGH_S)
@@ -156,6 +161,19 @@ def _counter_delta(seg: list[Snapshot], name: str) -> tuple[int, float]:
         base = seg[0]
     delta = getattr(now.counters, name) - getattr(base.counters, name)
     return max(0, delta), now.uptime_s - base.uptime_s
+
+
+def _longest_prefill_s(seg: list[Snapshot]) -> float:
+    """How long the request prefilling now that the history first saw longest ago (waiting or
+    running) has gone without its first token; 0 when none prefills."""
+    now = seg[-1]
+    prefilling = {r.request_id for r in now.seqs if r.phase == "prefill"}
+    first: dict[str, float] = {}
+    for s in seg:
+        for rid in [r.request_id for r in s.seqs] + [w.request_id for w in s.waiting_seqs]:
+            if rid in prefilling:
+                first.setdefault(rid, s.uptime_s)
+    return max((now.uptime_s - t for t in first.values()), default=0.0)
 
 
 def _stall_s(seg: list[Snapshot]) -> float:
