@@ -165,6 +165,9 @@ class MonitorApp(App):
         self.query_one(ThroughputPanel).show(snap, self.history)
         self.query_one(RunningTable).show(snap)
         self.query_one(WaitingTable).show(snap)
+        # how many, also where the table has too few rows to show them all
+        self.query_one(RunningTable).border_title = f"running {snap.running}"
+        self.query_one(WaitingTable).border_title = f"waiting {snap.waiting}"
         self.query_one(CountersPanel).show(snap)
         self.query_one(TodayPanel).show(self.usage_today)
         self._place_today()

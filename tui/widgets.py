@@ -393,7 +393,8 @@ class WaitingTable(DataTable):
 
 
 def counter_phrases(snap: Snapshot) -> list[str]:
-    """The counters since start, each a phrase that is never broken across lines."""
+    """The counters since start, each a phrase that is never broken across lines (at 80
+    columns beside today's totals they take five lines, all the room there is)."""
     c = snap.counters
     return [
         f"finished {c.finished}",
@@ -403,9 +404,7 @@ def counter_phrases(snap: Snapshot) -> list[str]:
         f"errors {c.errors}",
         f"reused {c.cached_tokens} tok in {plural(c.prefix_hits, 'hit')}",
         f"evicted {plural(c.prefix_evictions, 'prefix', 'es')}",
-        f"running {snap.running}",
-        f"waiting {snap.waiting}",
-    ]
+    ]  # running and waiting: in the tables' titles
 
 
 def counters_text(snap: Snapshot, width: int = 10_000) -> str:

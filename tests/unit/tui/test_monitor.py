@@ -521,8 +521,8 @@ def test_at_80x24_the_running_table_shows_the_itl_column_whole(fake_snapshots):
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("width", [80, 100, 120])
-def test_the_counters_break_only_between_phrases(fake_snapshots, width):
+@pytest.mark.parametrize("width, usage", [(80, False), (80, True), (100, False), (120, True)])
+def test_the_counters_break_only_between_phrases(fake_snapshots, width, usage):
     from tui.widgets import CountersPanel, counter_phrases
 
     big = msgspec.structs.replace(  # wider numbers than the fake's
@@ -535,7 +535,7 @@ def test_the_counters_break_only_between_phrases(fake_snapshots, width):
     async def run():
         app = MonitorApp(QueueSource(), "ws://test")
         async with app.run_test(size=(width, 24)) as pilot:
-            feed(app, Connected("ws://test"), big)
+            feed(app, Connected("ws://test"), *(with_usage([big]) if usage else [big]))
             await settle(pilot)
             panel = app.query_one(CountersPanel)
             lines = str(panel.render()).split("\n")
@@ -544,6 +544,9 @@ def test_the_counters_break_only_between_phrases(fake_snapshots, width):
             assert said == counter_phrases(big)  # every phrase whole, in order
             assert all(line.endswith(" ·") for line in lines[:-1])
             assert panel.size.height >= len(lines)  # all of them shown
+            assert panel.region.bottom <= app.query_one("#bottom").region.bottom
+            running, waiting = app.query_one(RunningTable), app.query_one(WaitingTable)
+            assert (running.border_title, waiting.border_title) == ("running 8", "waiting 3")
 
     asyncio.run(run())
 
