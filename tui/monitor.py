@@ -23,6 +23,7 @@ from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis import diagnose
 from tui.source import Connected, Disconnected, Refused
 from tui.widgets import (
+    CountersPanel,
     DiagnosisLine,
     HeaderBar,
     KVBar,
@@ -31,7 +32,6 @@ from tui.widgets import (
     ThroughputPanel,
     TodayPanel,
     WaitingTable,
-    counters_text,
     reset_colors,
     user_color,
 )
@@ -112,7 +112,7 @@ class MonitorApp(App):
             yield WaitingTable(id="waiting")
         with Horizontal(id="bottom"):
             with Vertical(id="left"):
-                yield Static("", id="counters")
+                yield CountersPanel(id="counters")
             yield RichLog(id="events", max_lines=200, markup=False, wrap=False)
             yield TodayPanel(id="today")  # beside the counters, or instead of the events
         yield Footer()
@@ -169,7 +169,10 @@ class MonitorApp(App):
         self.query_one(ThroughputPanel).show(snap, self.history)
         self.query_one(RunningTable).show(snap)
         self.query_one(WaitingTable).show(snap)
-        self.query_one("#counters", Static).update(counters_text(snap))
+        # how many, also where the table has too few rows to show them all
+        self.query_one(RunningTable).border_title = f"running {snap.running}"
+        self.query_one(WaitingTable).border_title = f"waiting {snap.waiting}"
+        self.query_one(CountersPanel).show(snap)
         self.query_one(TodayPanel).show(self.usage_today)
         self._place_today()
         self._log_events(snap)

@@ -329,17 +329,18 @@ def batch_text(snap: Snapshot) -> Text:
 class RunningTable(DataTable):
     """One row per running sequence."""
 
-    # cached (prompt tokens reused from a cached prefix) comes last: at 80 columns the timings
-    # matter more and the legend above already counts the reuse
+    # the timings right after the phase: at 80 columns the table shows user to tok/s, ITL
+    # included; the counts and cached (prompt tokens reused from a cached prefix: the legend
+    # above counts the reuse) come after them
     COLUMNS = (
         "user",
         "request",
         "phase",
-        "prompt",
-        "gen",
-        "tok/s",
         "TTFT",
         "ITL",
+        "tok/s",
+        "prompt",
+        "gen",
         "idle",
         "cached",
     )
@@ -359,11 +360,11 @@ class RunningTable(DataTable):
                 Text(r.user, style=user_color(r.user)),
                 r.client_id,
                 phase,
-                str(r.prompt_tokens),
-                str(r.output_tokens),
-                rate(r.tokens_per_s),
                 duration(r.ttft_s),
                 duration(r.last_itl_s),
+                rate(r.tokens_per_s),
+                str(r.prompt_tokens),
+                str(r.output_tokens),
                 duration(r.since_last_token_s),
                 str(r.cached_tokens),
             )
@@ -391,14 +392,51 @@ class WaitingTable(DataTable):
             )
 
 
-def counters_text(snap: Snapshot) -> str:
+def counter_phrases(snap: Snapshot) -> list[str]:
+    """The counters since start, each a phrase that is never broken across lines (at 80
+    columns beside today's totals they take five lines, all the room there is)."""
     c = snap.counters
-    return (
-        f"finished {c.finished} · preempted {c.preemptions} · rejected {c.rejections} · "
-        f"cancelled {c.cancellations} · errors {c.errors} · reused {c.cached_tokens} tok in "
-        f"{plural(c.prefix_hits, 'hit')} · evicted {plural(c.prefix_evictions, 'prefix', 'es')} · "
-        f"running {snap.running} · waiting {snap.waiting}"
-    )
+    return [
+        f"finished {c.finished}",
+        f"preempted {c.preemptions}",
+        f"rejected {c.rejections}",
+        f"cancelled {c.cancellations}",
+        f"errors {c.errors}",
+        f"reused {c.cached_tokens} tok in {plural(c.prefix_hits, 'hit')}",
+        f"evicted {plural(c.prefix_evictions, 'prefix', 'es')}",
+    ]  # running and waiting: in the tables' titles
+
+
+def counters_text(snap: Snapshot, width: int = 10_000) -> str:
+    """The counters in lines of at most `width` columns, broken only between phrases (the
+    separator ends a line that goes on); a phrase longer than a line is cut at the edge."""
+    lines = [""]
+    phrases = counter_phrases(snap)
+    for i, phrase in enumerate(phrases):
+        line = lines[-1]
+        goes_on = len(SEPARATOR.rstrip()) if i < len(phrases) - 1 else 0  # its trailing " ·"
+        if line and len(line) + len(SEPARATOR) + len(phrase) + goes_on > width:
+            lines[-1] = line + SEPARATOR.rstrip()
+            lines.append(phrase)
+        else:
+            lines[-1] = f"{line}{SEPARATOR}{phrase}" if line else phrase
+    return "\n".join(lines)
+
+
+class CountersPanel(Static):
+    """The counters since start, drawn at the widget's width, broken only between phrases."""
+
+    _snap: Snapshot | None = None
+
+    def show(self, snap: Snapshot) -> None:
+        self._snap = snap
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        if self._snap is None:
+            return Text("")
+        text = counters_text(self._snap, max(self.content_size.width, 1))
+        return Text(text, no_wrap=True, overflow="crop")
 
 
 class TodayPanel(Static):

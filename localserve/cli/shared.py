@@ -104,7 +104,9 @@ def team_options(server, args: argparse.Namespace, daily_tokens: dict[str, int])
 
 
 def log_to_file(name: str) -> str:
-    """A full-screen app owns the terminal: logs go to a file instead."""
+    """A full-screen app owns the terminal: logs go to a file instead, the server's (and the
+    engine process's, which writes to the same file at the root's level) from INFO up — on a
+    terminal only warnings show, but a file is read later, when something went wrong."""
     from localserve.runners.models import cache_dir
 
     path = cache_dir() / f"{name}.log"
@@ -115,6 +117,7 @@ def log_to_file(name: str) -> str:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
+    root.setLevel(min(root.level or logging.WARNING, logging.INFO))  # -v keeps DEBUG
     return str(path)
 
 

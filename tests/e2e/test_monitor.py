@@ -37,3 +37,28 @@ def test_monitor_sees_a_running_sequence_on_a_real_server(live):
 
     asyncio.run(run())
     live.wait_idle()
+
+
+@pytest.mark.model
+def test_the_demo_log_file_gets_the_servers_log_and_the_engine_processs(tmp_path):
+    """`localserve demo` owns the terminal: its log file has what the server and the engine
+    process log, not only warnings."""
+    import os
+    import subprocess
+    import sys
+
+    from localserve.runners.models import cache_dir
+    from tests.support.paths import ROOT
+
+    log = cache_dir() / "demo.log"
+    before = log.stat().st_size if log.exists() else 0  # the file is appended to
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shot = tmp_path / "demo.svg"
+    argv = [sys.executable, "-m", "localserve", "demo", "--screenshot", str(shot), "--after", "3"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=True)
+    assert f"(log: {log})" in out.stdout
+    text = log.read_bytes()[before:].decode(errors="replace")  # this run's lines
+    assert "INFO localserve: localserve: " in text  # what runs where, as printed
+    assert "INFO localserve.serve.server: listening on 127.0.0.1:" in text
+    assert "INFO localserve.engine_process.client: engine process" in text
+    assert shot.exists()

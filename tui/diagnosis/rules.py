@@ -158,8 +158,8 @@ def rejecting(c: Signals) -> Finding | None:
 
 
 def capacity_bound(c: Signals) -> Finding | None:
-    if not (c.ttft_problem and c.queue_dominates):
-        return None
+    if not (c.ttft_problem and c.queue_dominates and c.waiting > 0):
+        return None  # a drained queue: queue_other says so
     head_blocked = c.head_too_big and c.running > 0
     if not (c.kv_full or c.preemptions > 0 or head_blocked):
         return None
@@ -195,8 +195,8 @@ def capacity_bound(c: Signals) -> Finding | None:
 
 
 def slot_bound(c: Signals) -> Finding | None:
-    if not (c.ttft_problem and c.queue_dominates):
-        return None
+    if not (c.ttft_problem and c.queue_dominates and c.waiting > 0):
+        return None  # a drained queue: queue_other says so
     s = c.now
     if s.max_num_seqs > 0 and c.running >= s.max_num_seqs:
         slots = f"all {s.max_num_seqs} sequence slots are busy"
@@ -292,6 +292,11 @@ def ttft_other(c: Signals) -> Finding | None:
     if c.prefill_share is not None:
         parts.append(f"prefill {pct(c.prefill_share)} of steps")
     why = f" ({', '.join(parts)})" if parts else ""
+    if not c.ttft_pending:  # its cause has left: what the window still holds is history
+        line = f"{_ttft_word(c)} over the last minute (p50 {duration(c.ttft_p50)}); "
+        line += "no request waits for its first token now"
+        details = _ttft_lines(c) + ["nothing waits or prefills: the slow first tokens are behind"]
+        return _ttft_finding(c, line, details, level="info")
     line = f"{_ttft_word(c)}: p50 {duration(c.ttft_p50)}, no single cause{why}"
     return _ttft_finding(c, line, _ttft_lines(c))
 
@@ -405,8 +410,10 @@ def idle(c: Signals) -> Finding | None:
         details.append(f"last activity {duration(max(0.0, s.uptime_s - last.t))} ago ({last.kind})")
     if c.ttft_p50 is not None:
         details.append(f"over the last minute TTFT p50 was {duration(c.ttft_p50)}")
-    details.append("the scheduler has nothing to give the accelerator")
-    return Finding("info", "accelerator idle: no eligible work", details)
+    where = {"CPU": "the CPU", "GPU": "the GPU"}.get(c.runs_on, "the model's devices")
+    details.append(f"the scheduler has nothing to give {where}")
+    verb = "are" if c.runs_on == "devices" else "is"
+    return Finding("info", f"{where} {verb} idle: no eligible work", details)
 
 
 RULES = (  # the table's order: among findings of one level the first takes the headline

@@ -19,6 +19,7 @@ from tui.diagnosis.thresholds import (
     TREND_LOOKBACK_S,
     TREND_MIN_SPAN_S,
     TTFT_HIGH_S,
+    TTFT_PENDING_S,
     TTFT_RISE_MIN_S,
 )
 
@@ -43,6 +44,7 @@ class Signals:
         """Whether the engine serves ("" when it does), and the RPC workers found down."""
         self.engine_problem = " ".join(s.engine_problem.split())
         self.workers_down = [w for w in s.workers if not w.up]
+        self.runs_on = _runs_on(s)
 
     def _load(self, s: Snapshot) -> None:
         """Running and waiting now, and how long the queue has waited."""
@@ -92,6 +94,10 @@ class Signals:
         self.queue_dominates = (
             self.queue_share is not None and self.queue_share >= QUEUE_DOMINANT_SHARE
         ) or (self.waiting_long and (self.ttft_p50 is None or self.max_wait >= self.ttft_p50))
+        # a TTFT in the making: a request waits for admission or has prefilled a while. Without
+        # one, the window's TTFT is the last minute's history, its cause gone (a finished long
+        # prefill, a queue that has drained)
+        self.ttft_pending = self.waiting > 0 or _longest_prefill_s(self.seg) >= TTFT_PENDING_S
         self.ttft_problem = self.active and (
             self.ttft_rising
             or (self.ttft_p50 is not None and self.ttft_p50 >= TTFT_HIGH_S)
@@ -157,6 +163,19 @@ def _counter_delta(seg: list[Snapshot], name: str) -> tuple[int, float]:
     return max(0, delta), now.uptime_s - base.uptime_s
 
 
+def _longest_prefill_s(seg: list[Snapshot]) -> float:
+    """How long the request prefilling now that the history first saw longest ago (waiting or
+    running) has gone without its first token; 0 when none prefills."""
+    now = seg[-1]
+    prefilling = {r.request_id for r in now.seqs if r.phase == "prefill"}
+    first: dict[str, float] = {}
+    for s in seg:
+        for rid in [r.request_id for r in s.seqs] + [w.request_id for w in s.waiting_seqs]:
+            if rid in prefilling:
+                first.setdefault(rid, s.uptime_s)
+    return max((now.uptime_s - t for t in first.values()), default=0.0)
+
+
 def _stall_s(seg: list[Snapshot]) -> float:
     """How long the newest run of 'waiting, nothing running' snapshots has lasted."""
     first = seg[-1]
@@ -195,3 +214,16 @@ def _rising(now: float | None, then: float | None, min_delta: float) -> bool:
     if now is None or then is None:
         return False
     return now >= RISING_RATIO * then and now - then >= min_delta
+
+
+def _runs_on(s: Snapshot) -> str:
+    """Where the model computes, as the idle line names it: "CPU" when every layer is on this
+    machine's CPU (no device list: a CPU build, or none offloaded), "GPU" on a local
+    accelerator, "devices" for a model split across RPC workers (they may be either)."""
+    m = s.model
+    names = [d.name for d in m.devices if d.layers > 0] or [d.name for d in m.devices]
+    if any(name.startswith("RPC") for name in names):
+        return "devices"
+    if names:
+        return "CPU" if all(name == "CPU" for name in names) else "GPU"
+    return "CPU" if m.backend.upper() == "CPU" or m.n_gpu_layers <= 0 else "GPU"

@@ -18,6 +18,7 @@ TTFT_HIGH_S = 2.0  # TTFT p50 this high is a problem even when flat
 TTFT_BAD_S = 10.0  # TTFT p50 (or the oldest wait) this high: level bad
 QUEUE_WAIT_HIGH_S = 2.0  # a waiting request has waited this long: TTFT problem, queue evidence
 QUEUE_DOMINANT_SHARE = 0.5  # mean queue time / mean TTFT at or above: time in queue dominates
+TTFT_PENDING_S = 1.0  # a request prefilling this long keeps a TTFT warning about now
 ADMISSION_STALL_S = 2.0  # waiting with nothing running this long: admission blocked
 
 # capacity and prefill

@@ -42,3 +42,33 @@ def test_the_address_serve_prints_and_host_port_become_websocket_urls():
     assert websocket_url("WSS://h:1") == "wss://h:1"
     with pytest.raises(ValueError, match="not a server address"):
         websocket_url("ftp://h:1")
+
+
+def test_the_log_file_of_a_full_screen_command_gets_the_servers_info_lines(tmp_path):
+    """log_to_file (demo, monitor): the server's INFO lines reach the file (a terminal shows
+    only warnings), and the root's level, which the engine process is started with, is INFO."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    code = (
+        "import logging; "
+        "logging.basicConfig(level=logging.WARNING); "
+        "from localserve.cli.shared import log_to_file; path = log_to_file('demo'); "
+        "logging.getLogger('localserve.serve.server').info('listening on 127.0.0.1:1'); "
+        "logging.getLogger('localserve.engine_process.client').warning('engine restarted'); "
+        "logging.getLogger('localserve').debug('not this'); "
+        "print(path, logging.getLogger().level)"
+    )
+    env = {**os.environ, "LOCALSERVE_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    path, level = out.stdout.split()
+    assert path == str(tmp_path / "demo.log") and int(level) == 20  # INFO: the child's too
+    text = (tmp_path / "demo.log").read_text()
+    assert "INFO localserve.serve.server: listening on 127.0.0.1:1" in text
+    assert "WARNING localserve.engine_process.client: engine restarted" in text
+    assert "not this" not in text and out.stderr == ""

@@ -599,3 +599,71 @@ def test_importing_the_server_never_loads_textual():
         "assert 'textual' not in sys.modules and 'tui' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_at_80x24_the_running_table_shows_the_itl_column_whole(fake_snapshots):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(80, 24)) as pilot:
+            feed(app, Connected("ws://test"), *fake_snapshots)
+            await settle(pilot)
+            table = app.query_one(RunningTable)
+            assert table.show_vertical_scrollbar  # 8 rows in 4: the bar takes its column too
+            heads = [str(c.label) for c in table.ordered_columns]
+            upto = heads.index("ITL") + 1
+            right = sum(c.get_render_width(table) for c in table.ordered_columns[:upto])
+            assert right <= table.scrollable_content_region.width, heads[:upto]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("width, usage", [(80, False), (80, True), (100, False), (120, True)])
+def test_the_counters_break_only_between_phrases(fake_snapshots, width, usage):
+    from tui.widgets import CountersPanel, counter_phrases
+
+    big = msgspec.structs.replace(  # wider numbers than the fake's
+        fake_snapshots[-1],
+        counters=msgspec.structs.replace(
+            fake_snapshots[-1].counters, finished=12345, cached_tokens=987654, prefix_hits=4321
+        ),
+    )
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(width, 24)) as pilot:
+            feed(app, Connected("ws://test"), *(with_usage([big]) if usage else [big]))
+            await settle(pilot)
+            panel = app.query_one(CountersPanel)
+            lines = str(panel.render()).split("\n")
+            assert len(lines) > 1 and all(len(line) <= panel.content_size.width for line in lines)
+            said = [p for line in lines for p in line.removesuffix(" ·").split(" · ")]
+            assert said == counter_phrases(big)  # every phrase whole, in order
+            assert all(line.endswith(" ·") for line in lines[:-1])
+            assert panel.size.height >= len(lines)  # all of them shown
+            assert panel.region.bottom <= app.query_one("#bottom").region.bottom
+            running, waiting = app.query_one(RunningTable), app.query_one(WaitingTable)
+            assert (running.border_title, waiting.border_title) == ("running 8", "waiting 3")
+
+    asyncio.run(run())
+
+
+def test_at_120x40_the_event_log_has_no_scrollbar_over_its_lines_until_it_needs_one(
+    fake_snapshots,
+):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            feed(app, Connected("ws://test"), *fake_snapshots)
+            await settle(pilot)
+            log = app.query_one("#events")
+            assert log.virtual_size.height < log.scrollable_content_region.height
+            assert not log.show_vertical_scrollbar
+            width = log.scrollable_content_region.width
+            assert log.virtual_size.width <= width  # each line whole
+            for i in range(30):  # more than it holds: a bar of one column, beside the lines
+                log.write(f"{i:6.1f}s someone admitted x-{i}: 20 prompt tokens")
+            await pilot.pause()
+            assert log.show_vertical_scrollbar and log.styles.scrollbar_size_vertical == 1
+            assert log.scrollable_content_region.width == width - 1
+
+    asyncio.run(run())

@@ -8,11 +8,13 @@ from collections import deque
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localserve.protocol.snapshot import (
     Counters,
+    Device,
     EventRow,
     ModelInfo,
     Percentiles,
@@ -242,6 +244,60 @@ def test_capacity_bound_by_preemptions_is_bad():
     assert not any(line.startswith("also (warn): preempting") for line in d.details)
 
 
+def test_a_slot_bound_warning_stops_when_the_queue_has_drained():
+    """The window still says the queue dominated, every slot is still busy, but nobody waits:
+    the cause has left, the finding says so at level info."""
+    queued = dict(
+        seqs=decoders(16),
+        waiting_seqs=waiters(5),
+        free_seq_ids=0,
+        ttft=pct(2.4, mean=2.5),
+        queue=pct(2.0, mean=2.1),
+    )
+    drained = dict(queued, waiting_seqs=[])
+    assert check(diagnose(ramp(queued, queued))).headline.endswith("slot bound")
+    d = check(diagnose(ramp(queued, drained)))
+    assert d.level == "info"
+    assert d.headline == "TTFT high: time in queue dominated the last minute; the queue has drained"
+
+
+def test_a_ttft_warning_stops_when_the_long_prefill_behind_it_is_done():
+    """A long paste prefilled (prefill bound); once it decodes, the window's p50 is still the
+    slow first tokens' but nothing waits or prefills: info about the last minute, not a warning.
+    A short prompt that has just started prefilling does not bring the warning back; one that
+    has prefilled for a while does, and once the slow samples leave the window it is healthy."""
+    paste = seq(9, phase="prefill", prompt=3000, computed=800)
+    slow = dict(ttft=pct(4.0), queue=pct(0.05), steps=dict(prefill_time_share=0.2))
+    prefilling = dict(slow, seqs=[*decoders(3), paste])
+    decoding = dict(slow, seqs=[*decoders(3), seq(9, prompt=3000)])
+    d = check(diagnose(ramp(prefilling, prefilling)))
+    assert d.level == "warn" and d.headline.endswith("— prefill bound")
+
+    d = check(diagnose(ramp(prefilling, decoding)))
+    assert d.level == "info"
+    assert d.headline == (
+        "TTFT high over the last minute (p50 4.0 s); no request waits for its first token now"
+    )
+
+    history = ramp(prefilling, decoding)
+    short = seq(10, phase="prefill", prompt=40, computed=10)
+    t = history[-1].uptime_s
+    history.append(snap(uptime_s=t + 0.5, **dict(decoding, seqs=[*decoders(3), short])))
+    assert check(diagnose(history)).level == "info"  # seen 0 s ago
+    for i in range(1, 4):
+        history.append(
+            snap(uptime_s=t + 0.5 + 0.5 * i, **dict(decoding, seqs=[*decoders(3), short]))
+        )
+    d = check(diagnose(history))  # prefilling for 1.5 s: a first token slow now
+    assert (d.level, d.headline) == (
+        "warn",
+        "TTFT high: p50 4.0 s, no single cause (queue 1% of it, prefill 20% of steps)",
+    )
+
+    left = ramp(decoding, dict(decoding, ttft=pct(0.3)))  # the slow samples left the window
+    assert check(diagnose(left)).level == "ok"
+
+
 def test_capacity_bound_next_prompt_does_not_fit():
     after = dict(
         seqs=decoders(4),
@@ -348,6 +404,47 @@ def test_itl_rising_under_target_is_info():
     assert d.headline == "ITL rising: p50 30 ms → 90 ms, still under the 120 ms target"
 
 
+QUIET = dict(
+    seqs=[],
+    prompt_tokens_per_s=0.0,
+    generation_tokens_per_s=0.0,
+    kv_used=0,
+    kv_committed=0,
+    ttft=EMPTY,
+    itl=EMPTY,
+    queue=EMPTY,
+)
+CUDA = msgspec.structs.replace(MODEL, backend="CUDA", n_gpu_layers=24)
+
+
+@pytest.mark.parametrize(
+    "model, headline",
+    [
+        (MODEL, "the CPU is idle: no eligible work"),  # a CPU build
+        (msgspec.structs.replace(CUDA, n_gpu_layers=0), "the CPU is idle: no eligible work"),
+        (CUDA, "the GPU is idle: no eligible work"),
+        (
+            msgspec.structs.replace(
+                CUDA, devices=(Device("CPU", "x", 0, 0.0), Device("CUDA0", "y", 24, 9.0))
+            ),
+            "the GPU is idle: no eligible work",
+        ),
+        (
+            msgspec.structs.replace(
+                MODEL, devices=(Device("CPU", "x", 12, 6.0), Device("RPC0", "h:1", 12, 6.0, "h:1"))
+            ),
+            "the model's devices are idle: no eligible work",
+        ),
+    ],
+    ids=["cpu-build", "cuda-build-no-offload", "gpu", "gpu-devices", "rpc-split"],
+)
+def test_idle_names_where_the_model_runs(model, headline):
+    d = check(diagnose(ramp(dict(QUIET, model=model), dict(QUIET, model=model))))
+    assert (d.level, d.headline) == ("info", headline)
+    where = headline.removesuffix(" idle: no eligible work").rsplit(" ", 1)[0]  # "the CPU"
+    assert f"the scheduler has nothing to give {where}" in d.details
+
+
 def test_idle():
     quiet = dict(
         seqs=[],
@@ -361,7 +458,8 @@ def test_idle():
         events=[EventRow(60.0, "finished", "r0", "user0", "stop, 20 tokens")],
     )
     d = check(diagnose(ramp(quiet, quiet)))
-    assert d.headline == "accelerator idle: no eligible work"
+    assert d.headline == "the CPU is idle: no eligible work"
+    assert "the scheduler has nothing to give the CPU" in d.details
     assert d.level == "info"
     assert any(line.startswith("last activity 5 min ago (finished)") for line in d.details)
 
