@@ -144,6 +144,7 @@ class Error(msgspec.Struct, tag="error", omit_defaults=True):
     )
     message: str
     id: str | None = None
+    retry_after_s: float | None = None  # a refusal that passes: busy, quota_exceeded, unavailable
 
 
 class Notice(msgspec.Struct, tag="notice"):

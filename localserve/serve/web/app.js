@@ -324,7 +324,7 @@
         break;
       case "error":
         if (p && frame.code === "quota_exceeded") {
-          quotaRefused(p.msg, String(frame.message || ""));
+          quotaRefused(p.msg, String(frame.message || ""), frame.retry_after_s);
           finish(frame.id, p, null);
         } else if (p) {
           p.msg.error = errorText(frame);
@@ -362,24 +362,22 @@
   }
 
   // A chat refused for the daily quota: said once, on the reply, no Retry (it would be refused
-  // again) and the composer off until the reset. The error frame has no field for the reset:
-  // its message ends "; it resets at <ISO 8601> (in H h MM min)" (ops/usage.py), and the
-  // relative part wins (it does not depend on this browser's clock being right).
-  function quotaRefused(msg, message) {
+  // again) and the composer off until the reset, which the error's `retry_after_s` gives (in
+  // seconds from now: it does not depend on this browser's clock being right). The message's
+  // own "; it resets at ..." is left out: the composer shows the time.
+  function quotaRefused(msg, message, retryAfterS) {
     const [why] = message.split("; it resets at ");
-    const iso = /; it resets at (\S+) \(/.exec(message)?.[1];
-    const rel = /\(in (\d+) h (\d+) min\)/.exec(message);
-    const at = rel ? Date.now() + ((+rel[1] * 60 + +rel[2] + 1) * 60000)
-      : Date.parse(iso || state.welcome?.quota?.resets_at);
+    const at = Number.isFinite(retryAfterS) ? Date.now() + retryAfterS * 1000
+      : Date.parse(state.welcome?.quota?.resets_at);
     msg.status = "error";
     msg.error = `Not sent: ${why}.`;
     if (state.quotaNotice) { showNotice(null); state.quotaNotice = false; }  // its "left" is stale
-    blockUntil(at, clock(Date.parse(iso)) || clock(at));
+    blockUntil(at);
   }
 
-  function blockUntil(at, shown) {
+  function blockUntil(at) {
     if (!Number.isFinite(at)) at = Date.now() + 3600000;  // no time given: try again in an hour
-    state.quotaUntil = { at, shown: shown || clock(at) };
+    state.quotaUntil = { at, shown: clock(at) };
     tick();
   }
 

@@ -115,13 +115,15 @@ class Connection:
         self.outbox.put(frame)
         self._check_backlog()
 
-    def error(self, code: str, message: str, client_id: str | None = None) -> None:
+    def error(
+        self, code: str, message: str, client_id: str | None = None, retry_after_s: float = 0.0
+    ) -> None:
         """An error frame; it quotes at most MAX_ERROR_CHARS of the client's input."""
         if len(message) > MAX_ERROR_CHARS:
             message = message[:MAX_ERROR_CHARS] + "…"
         if client_id is not None and not 0 < len(client_id) <= MAX_ID_LENGTH:
             client_id = None  # never echo an id the server would not accept
-        self.send(Error(code, message, client_id))
+        self.send(Error(code, message, client_id, round(retry_after_s, 1) or None))
         if self.user is None:
             self.num_errors_before_hello += 1
             if self.num_errors_before_hello >= MAX_ERRORS_BEFORE_HELLO:
@@ -322,7 +324,7 @@ class Connection:
                 self, self.user, chat.id, engine_id, chat, lambda prompts: prompts.chat(messages)
             )
         except Refusal as e:
-            return self.error(e.code, e.message, chat.id)
+            return self.error(e.code, e.message, chat.id, e.retry_after_s)
         if request is not None:
             self.requests[chat.id] = request
             self.on_queued(request, self.door.num_waiting)
