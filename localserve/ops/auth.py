@@ -237,6 +237,8 @@ class AuthThrottle:
       is refused. So guessing stays near the cap's rate, and a client with the right token is
       only slowed. An attempt whose turn is further off than one interval (another is
       waiting) is refused unchecked.
+    - A credential that passed under a key skips its turns for `good_s` (`passed`,
+      `is_known_good`): a client already in is not slowed by someone guessing beside it.
 
     Each table keeps at most `max_keys` entries (the least recently failing are forgotten
     first), so clients with many addresses, names or tokens cannot grow it without bound.
@@ -261,6 +263,8 @@ class AuthThrottle:
         self._failures: dict[str, deque[float]] = {}  # by key
         self._credentials: dict[str, deque[float]] = {}  # by key and credential hash
         self._turns: dict[str, float] = {}  # a locked key's latest turn
+        self._good: dict[str, float] = {}  # credential hashes that passed, when (bounded too)
+        self.good_s = 3600.0  # how long a passed credential skips a locked key's turns
 
     @property
     def interval_s(self) -> float:
@@ -271,6 +275,15 @@ class AuthThrottle:
         """The entry of this credential under this key: a salted hash, never the token."""
         given = (secret or "").encode("utf-8", "surrogatepass")
         return f"{key} {hmac.new(self._salt, given, 'sha256').hexdigest()[:32]}"
+
+    def passed(self, credential: str) -> None:
+        """This credential passed under its key: it skips the key's turns for good_s."""
+        _remember(self._good, credential, self.clock(), self.max_keys)
+
+    def is_known_good(self, credential: str) -> bool:
+        """This credential passed under its key within good_s."""
+        at = self._good.get(credential)
+        return at is not None and self.clock() - at < self.good_s
 
     def has_failed(self, credential: str) -> bool:
         """This credential failed under its key within the window."""
@@ -291,7 +304,7 @@ class AuthThrottle:
         if len(times) < self.max_failures:
             return 0.0
         now = self.clock()
-        at = max(now, self._turns.get(key, times[-1]) + self.interval_s)
+        at = max(now, max(self._turns.get(key, 0.0), times[-1]) + self.interval_s)
         if at - now <= self.interval_s:
             _remember(self._turns, key, at, self.max_keys)
         if at > now:

@@ -202,37 +202,40 @@ class Admission:
         """None when a token check passed; else why not (its refusal, or the throttle's).
 
         Failures count per place and claim (a user name, "api key", "monitor"), and per wrong
-        token: the same wrong token again is refused at once past the cap, and many different
-        ones lock the claim from that place, where each attempt then waits its turn before
-        its answer. The right token is never refused by the throttle, only slowed: a wrong
-        client does not lock out the right one, and guessing stays at the cap's rate.
+        token: the same wrong token again is refused at once past the cap (uncounted), and many
+        different ones lock the claim from that place, where each new attempt then waits its
+        turn before its answer. A token that passed from that place recently skips the turn: a
+        wrong client does not lock out a right one that was already in, and guessing stays at
+        the cap's rate. (A right token new to that place takes a turn like any other.)
         """
         t = self.throttle
         key = f"{address_group(address)} {claim}"
         credential = t.credential(key, token)
+        if allowed and t.is_known_good(credential):
+            return None
         if not allowed and t.has_failed(credential):  # nothing new to learn: no turn needed
-            return self._failed(address, key, credential, refusal, claim, locked=False)
+            if wait := t.retry_after(credential):
+                return AuthRefusal(f"{REPEATED} try again in {max(wait, 1):.0f} s", wait)
+            return self._failed(address, key, credential, refusal, claim)
         wait = t.turn(key)
         if wait > t.interval_s:  # another attempt from there waits its turn
             return AuthRefusal(f"{LOCKED} try again in {wait:.0f} s", wait)
         if wait > 0:
             await asyncio.sleep(wait)
         if allowed:
+            t.passed(credential)
             return None
-        return self._failed(address, key, credential, refusal, claim, locked=wait > 0)
+        refused = self._failed(address, key, credential, refusal, claim)
+        if wait > 0:
+            return AuthRefusal(f"{LOCKED} try again in {t.interval_s:.0f} s", t.interval_s)
+        return refused
 
     def _failed(
-        self, address: str, key: str, credential: str, refusal: str, claim: str, locked: bool
+        self, address: str, key: str, credential: str, refusal: str, claim: str
     ) -> AuthRefusal:
-        """Count a wrong token; its own refusal, or the throttle's when it or its key is locked."""
-        t = self.throttle
-        wait = t.retry_after(credential)  # past its own cap, before this one
-        t.failed(key, credential)
-        log.warning("%s: %s (%s)", address, refusal, claim[:80])
-        if wait:
-            return AuthRefusal(f"{REPEATED} try again in {max(wait, 1):.0f} s", wait)
-        if locked:
-            return AuthRefusal(f"{LOCKED} try again in {t.interval_s:.0f} s", t.interval_s)
+        """Count a wrong token (and log it); its own refusal."""
+        self.throttle.failed(key, credential)
+        log.warning("%s: %s (%s)", address, refusal, claim)
         return AuthRefusal(refusal, 0.0)
 
     # --- every chat, websocket or HTTP ------------------------------------------------------------
