@@ -58,9 +58,11 @@ def websocket_url(url: str) -> str:
 class ClientError(Exception):
     """The server answered with an error (or not at all)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s  # the server's: a refusal that passes by waiting
 
 
 class Client:
@@ -83,7 +85,7 @@ class Client:
             frame = await client.recv()
             if isinstance(frame, Error):
                 await ws.close()
-                raise ClientError(frame.code, frame.message)
+                raise ClientError(frame.code, frame.message, frame.retry_after_s)
             client.welcome = frame
         return client
 

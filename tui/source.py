@@ -51,7 +51,19 @@ REFUSED_RETRY_S = (5.0, 60.0)  # the first and the longest wait after a refused 
 
 
 class TokenRefused(Exception):
-    """The server answered `unauthorized`: what to fix."""
+    """The server answered `unauthorized`: what to fix, or (`wait`: the auth throttle's
+    refusal, the token may be right) how long to wait."""
+
+    def __init__(self, message: str, wait: float | None = None) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
+def _refused(error: ClientError | Error, wrong_token: str) -> TokenRefused:
+    """A throttled attempt says so (the server's words, its wait); else the token is wrong."""
+    if error.retry_after_s:
+        return TokenRefused(error.message, error.retry_after_s)
+    return TokenRefused(wrong_token)
 
 
 class WebSocketSource:
@@ -83,8 +95,9 @@ class WebSocketSource:
             except TokenRefused as e:
                 first, longest = REFUSED_RETRY_S
                 refused = min(refused * 2 or first, longest)
-                yield Refused(str(e), refused)
-                await asyncio.sleep(refused)
+                wait = max(refused, e.wait or 0.0)
+                yield Refused(str(e), wait)
+                await asyncio.sleep(wait)
                 continue
             except (OSError, ConnectionClosed, ClientError, TimeoutError) as e:
                 yield Disconnected(str(e) or type(e).__name__)
@@ -97,7 +110,7 @@ class WebSocketSource:
             client = await Client.connect(self.url, self.user, self.token)
         except ClientError as e:
             if e.code == "unauthorized":
-                raise TokenRefused(USER_TOKEN) from None
+                raise _refused(e, USER_TOKEN) from None
             raise
         async with client:
             await client.send(Subscribe(self.interval_ms, self.monitor_token))
@@ -114,7 +127,7 @@ class WebSocketSource:
             if isinstance(frame, Stats):
                 yield frame
             elif isinstance(frame, Error) and frame.code == "unauthorized":
-                raise TokenRefused(MONITOR_TOKEN)
+                raise _refused(frame, MONITOR_TOKEN)
             elif isinstance(frame, Error):
                 raise ClientError(frame.code, frame.message)
 

@@ -275,7 +275,7 @@ class Connection:
         if self.is_closed:  # it went while the throttle held its hello
             return None
         if refused:
-            return self.error("unauthorized", refused.message)
+            return self.error("unauthorized", refused.message, None, refused.retry_after_s)
         if self.connections.is_full:
             return self.error("busy", FULL)
         self.user = hello.user
@@ -290,7 +290,7 @@ class Connection:
         if self.is_closed:
             return None
         if refused:  # an existing subscription goes on
-            return self.error("unauthorized", refused.message)
+            return self.error("unauthorized", refused.message, None, refused.retry_after_s)
         if sub.interval_ms > 0 and self.is_silent and self.connections.is_full:
             return self.error("busy", FULL)
         if self._stats_task:

@@ -667,3 +667,14 @@ def test_at_120x40_the_event_log_has_no_scrollbar_over_its_lines_until_it_needs_
             assert log.scrollable_content_region.width == width - 1
 
     asyncio.run(run())
+
+
+def test_a_throttled_hello_says_the_servers_words_and_waits_as_long_as_it_asks(monkeypatch):
+    """The throttle's refusal is not a wrong token: its message, and its retry_after_s."""
+
+    async def connect(url, user, token):
+        raise ClientError("unauthorized", "too many failed attempts; try again in 30 s", 30.0)
+
+    items, waits = source_items(monkeypatch, connect, 2)
+    assert items == [Refused("too many failed attempts; try again in 30 s", 30.0)] * 2
+    assert waits == [30.0]
