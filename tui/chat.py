@@ -23,6 +23,9 @@ from typing import TextIO
 from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
 
+MAX_LINE_CHARS = 256 << 10  # a message from standard input: the server's max_frame_bytes default
+TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
+
 HELP = "/help lists the commands, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
 COMMANDS = (
     ("/new", "start a new conversation (the model forgets this one)"),
@@ -52,16 +55,30 @@ def is_file_like(stream: TextIO) -> bool:
 
 
 async def stdin_lines() -> AsyncIterator[str]:
-    """Lines from standard input without blocking the loop (ttys, pipes and files alike)."""
+    """Lines from standard input without blocking the loop (ttys, pipes and files alike), each
+    at most MAX_LINE_CHARS (a longer one is a ValueError saying so: the server would refuse
+    it anyway)."""
     if is_file_like(sys.stdin):  # a file never blocks: read it as it is
-        for line in sys.stdin:
-            yield line.rstrip("\n")
+        while line := sys.stdin.readline(MAX_LINE_CHARS + 1):
+            yield _line(line)
         return
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=MAX_LINE_CHARS + 1)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        yield line.decode(errors="replace").rstrip("\n")
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:  # past the reader's limit
+            raise ValueError(TOO_LONG) from None
+        if not line:
+            return
+        yield _line(line.decode(errors="replace"))
+
+
+def _line(line: str) -> str:
+    if len(line.rstrip("\n")) > MAX_LINE_CHARS:
+        raise ValueError(TOO_LONG)
+    return line.rstrip("\n")
 
 
 class ChatClient:
@@ -125,7 +142,7 @@ class ChatClient:
             if line is not None and self.echo:
                 self._print(line)
             text = line.strip() if line is not None else None
-            if text is None or text == "/quit":
+            if text is None or text.split(maxsplit=1)[:1] == ["/quit"]:
                 self._print("")
                 return 0
             if _COMMAND.fullmatch(text.split(maxsplit=1)[0] if text else ""):
@@ -147,7 +164,7 @@ class ChatClient:
         if typed.done():
             return typed.result()
         typed.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+        with contextlib.suppress(asyncio.CancelledError):
             await typed
         return None
 

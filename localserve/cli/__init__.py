@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import sys
 
 from localserve.cli import (
@@ -62,7 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        if not _stdout_gone():  # a socket, not our reader: a real failure, not a quiet stop
+            raise
         return _pipe_closed()
+
+
+def _stdout_gone() -> bool:
+    """Standard output is a pipe whose reader has left (poll says POLLERR)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _pipe_closed() -> int:

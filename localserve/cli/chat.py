@@ -17,6 +17,7 @@ from localserve.cli.shared import add_url_arguments, server_url
 from localserve.config import ConfigError
 
 TOKEN_VARIABLE = "LOCALSERVE_TOKEN"
+MAX_TOKEN_CHARS = 4096  # --token-file: its first line, at most this long
 
 
 def add(sub) -> None:
@@ -70,8 +71,9 @@ def chat_token(args: argparse.Namespace) -> str | None:
     if args.token:
         return args.token
     if args.token_file:
-        try:
-            text = Path(args.token_file).expanduser().read_text(encoding="utf-8")
+        try:  # a token is a line: read no more than one (a huge file or /dev/zero is no token)
+            with Path(args.token_file).expanduser().open(encoding="utf-8") as f:
+                text = f.readline(MAX_TOKEN_CHARS)
         except OSError as e:
             why = f"cannot read {args.token_file}: {e.strerror}"
             raise ConfigError(f"--token-file: {why}") from None

@@ -64,11 +64,23 @@ def check_port(host: str, port: int) -> None:
 
     if port == 0:
         return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    try:  # every address the host resolves to, as asyncio's create_server binds them
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e} (--host)") from None
+    for family, kind, proto, _, address in addresses:
+        _check_address(family, kind, proto, address, host, port)
+
+
+def _check_address(family, kind, proto, address, host: str, port: int) -> None:
+    from localserve.config import ConfigError
+
+    with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio does
         try:
-            s.bind((host, port))
+            s.bind(address)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise ConfigError(

@@ -115,6 +115,8 @@ class Engine(EngineClient):
     def submit(self, command: RequestCommand) -> None:
         """Queue a command for the engine thread; an AddRequest raises ValueError for an empty,
         too long or duplicate request."""
+        if not isinstance(command, RequestCommand):  # snapshot() and stop() queue their own
+            raise TypeError(f"not a request command: {type(command).__name__}")
         seq = self._new_sequence(command) if isinstance(command, AddRequest) else None
         self._commands.put(QueuedCommand(command, seq=seq))
 

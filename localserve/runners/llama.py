@@ -129,7 +129,8 @@ class _TokenText:
             )
             if n < 0:
                 name = self._template.decode(errors="replace")
-                raise ValueError(f"chat_template: llama.cpp does not know {name!r}")
+                what = repr(name) if len(name) <= 40 else "the model's Jinja template"
+                raise ValueError(f"chat_template: llama.cpp does not know {what}")
             if n <= size:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = n

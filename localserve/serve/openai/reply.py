@@ -27,7 +27,7 @@ from localserve.serve.openai import errors
 from localserve.serve.openai.types import ReplyBodies, RequestFields
 from localserve.serve.openai.validation import identify, sampling_fields
 
-log = logging.getLogger("localserve.openai")
+log = logging.getLogger("localserve.serve.openai.reply")
 
 _encoder = msgspec.json.Encoder()
 _MARK = "\x00"  # stands for a chunk's text in its encoded template
