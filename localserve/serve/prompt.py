@@ -60,7 +60,7 @@ def check_template(
     try:
         apply_template([{"role": "user", "content": "Hello"}])
     except ValueError as e:
-        why = str(e).removeprefix("chat_template: ")
+        why = str(e).removeprefix("chat_template: ").partition(";")[0]  # without its advice
         raise ConfigError(
             f"[models.{name}] chat_template: {why}; set chat_template to one of llama.cpp's "
             "built-in names (chatml, llama3, gemma, mistral-v7, phi4, ...) or chat_format = "

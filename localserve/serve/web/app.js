@@ -367,7 +367,8 @@
   // own "; it resets at ..." is left out: the composer shows the time.
   function quotaRefused(msg, message, retryAfterS) {
     const [why] = message.split("; it resets at ");
-    const at = Number.isFinite(retryAfterS) ? Date.now() + retryAfterS * 1000
+    // a second's margin: the server rounds it to a tenth, and the reset is on the minute
+    const at = Number.isFinite(retryAfterS) ? Date.now() + retryAfterS * 1000 + 1000
       : Date.parse(state.welcome?.quota?.resets_at);
     msg.status = "error";
     msg.error = `Not sent: ${why}.`;
@@ -377,7 +378,7 @@
 
   function blockUntil(at) {
     if (!Number.isFinite(at)) at = Date.now() + 3600000;  // no time given: try again in an hour
-    state.quotaUntil = { at, shown: clock(at) };
+    state.quotaUntil = { at, shown: clock(Math.round(at / 60000) * 60000) };  // on the minute
     tick();
   }
 
