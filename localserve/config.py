@@ -130,6 +130,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # ~/.local/state/localserve); usage = false records nothing.
     state_dir: str = ""
     usage: bool = True
+    # The chat page's conversations on a server with users (ops/conversations.py): kept in the
+    # state_dir, per person, so they follow the person to another browser; at most this many
+    # conversations and bytes of them each (a save past either is refused, nothing is deleted).
+    # false, or a server without users: the page keeps them in the browser.
+    conversations: bool = True
+    max_conversations_per_user: Positive = 1000
+    max_conversation_bytes_per_user: Annotated[int, msgspec.Meta(ge=64 << 10)] = 64 << 20
     # daily token quotas (prompt tokens computed + tokens generated, from local midnight): a
     # default for everyone (0 = none) and per user (a users file's [daily_tokens] adds to these)
     daily_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0

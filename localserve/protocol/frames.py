@@ -8,7 +8,7 @@ decoder; anything else is a `bad_request`. The `stats` frame carries the engine'
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -70,9 +70,6 @@ class Subscribe(msgspec.Struct, tag="subscribe", forbid_unknown_fields=True):
     token: str | None = None  # the monitor token, when the server requires one
 
 
-ClientFrame = Hello | Chat | Cancel | Subscribe
-
-
 # --- server -> client -------------------------------------------------------------------------
 
 
@@ -102,6 +99,7 @@ class Welcome(msgspec.Struct, tag="welcome"):
     protocol: int = PROTOCOL_VERSION
     backend: str = ""  # "CPU", "CUDA", ... ("" from older servers)
     quota: Quota | None = None  # this user's daily limit, when there is one
+    conversations: bool = False  # the server keeps this person's conversations (see below)
 
 
 class Queued(msgspec.Struct, tag="queued"):
@@ -140,7 +138,7 @@ class Finished(msgspec.Struct, tag="done"):
 class Error(msgspec.Struct, tag="error", omit_defaults=True):
     code: (
         str  # bad_request | unauthorized | busy | quota_exceeded | too_long | unknown_id |
-        # shutting_down | unavailable | internal
+        # shutting_down | unavailable | internal | not_saved (a conversation save or rename)
     )
     message: str
     id: str | None = None
@@ -176,4 +174,122 @@ class Stats(msgspec.Struct, tag="stats"):
     usage_problem: str = ""  # why the usage record cannot be written now ("" while it can)
 
 
-ServerFrame = Welcome | Queued | TokenDelta | Finished | Error | Notice | Stats
+# --- conversations kept on the server (a server with users; ops/conversations.py) -----------
+
+MAX_TITLE_CHARS = 200
+MAX_MESSAGES = 10_000
+CONVERSATION_ID = r"^[A-Za-z0-9_-]{1,64}$"
+Title = Annotated[str, msgspec.Meta(max_length=MAX_TITLE_CHARS)]
+Word = Annotated[str, msgspec.Meta(max_length=32)]
+
+
+class StoredMessage(msgspec.Struct, omit_defaults=True):
+    """One message as the page keeps it: the text and what the page shows under a reply.
+    Other fields a page sends are dropped."""
+
+    role: Literal["user", "assistant"]
+    content: str
+    status: Word | None = None  # done | stopped | error | interrupted | sending | ...
+    error: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    finish: Word | None = None  # the reply's finish_reason
+    usage: ReplyUsage | None = None
+    timings: Timings | None = None
+
+
+class SavedConversation(msgspec.Struct):
+    id: Annotated[str, msgspec.Meta(pattern=CONVERSATION_ID)]
+    title: Title = "New chat"
+    created: Annotated[int, msgspec.Meta(ge=0, le=1 << 53)] = 0  # ms since the epoch
+    messages: Annotated[list[StoredMessage], msgspec.Meta(max_length=MAX_MESSAGES)] = msgspec.field(
+        default_factory=list
+    )
+
+
+class ListConversations(msgspec.Struct, tag="list_conversations", forbid_unknown_fields=True):
+    pass
+
+
+class GetConversation(msgspec.Struct, tag="get_conversation", forbid_unknown_fields=True):
+    id: str
+
+
+class SaveConversation(msgspec.Struct, tag="save_conversation", forbid_unknown_fields=True):
+    """Store it whole, a new one or over the one of its id (the last save wins)."""
+
+    conversation: SavedConversation
+
+
+class RenameConversation(msgspec.Struct, tag="rename_conversation", forbid_unknown_fields=True):
+    id: str
+    title: Title
+
+
+class DeleteConversation(msgspec.Struct, tag="delete_conversation", forbid_unknown_fields=True):
+    id: str
+
+
+class ConversationSummary(msgspec.Struct):
+    id: str
+    title: str
+    created: int  # ms since the epoch (the page's clock)
+    updated: int  # ms since the epoch (the server's clock), at the last save
+    revision: int  # 1 at the first save, one more at each save or rename
+    bytes: int  # what it counts against the person's bound
+
+
+class ConversationList(msgspec.Struct, tag="conversation_list"):
+    conversations: list[ConversationSummary]  # newest first
+    used_bytes: int
+    max_bytes: int  # the person's bound: [server] max_conversation_bytes_per_user
+    max_count: int  # [server] max_conversations_per_user
+
+
+class ConversationFound(msgspec.Struct, tag="conversation"):
+    conversation: SavedConversation
+    summary: ConversationSummary
+
+
+class ConversationSaved(msgspec.Struct, tag="conversation_saved"):
+    """A save or rename: to the connection that asked (here) and the person's others."""
+
+    summary: ConversationSummary
+    here: bool
+
+
+class ConversationDeleted(msgspec.Struct, tag="conversation_deleted"):
+    id: str
+    here: bool
+
+
+CONVERSATION_FRAMES = (
+    ListConversations,
+    GetConversation,
+    SaveConversation,
+    RenameConversation,
+    DeleteConversation,
+)
+
+ClientFrame = (
+    Hello
+    | Chat
+    | Cancel
+    | Subscribe
+    | ListConversations
+    | GetConversation
+    | SaveConversation
+    | RenameConversation
+    | DeleteConversation
+)
+ServerFrame = (
+    Welcome
+    | Queued
+    | TokenDelta
+    | Finished
+    | Error
+    | Notice
+    | Stats
+    | ConversationList
+    | ConversationFound
+    | ConversationSaved
+    | ConversationDeleted
+)

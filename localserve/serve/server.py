@@ -25,6 +25,7 @@ from localserve.config import ModelConfig, ServerConfig
 from localserve.engine.client import EngineClient
 from localserve.engine.runner import Runner
 from localserve.ops.auth import Access
+from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import Notice
 from localserve.serve.admission import Admission
@@ -60,6 +61,7 @@ class Server:
         config: ServerConfig,
         access: Access,
         usage: Usage | None = None,
+        conversations: ConversationStore | None = None,
     ) -> None:
         self.engine = engine
         self.runner = runner
@@ -80,7 +82,9 @@ class Server:
         )
         self.router = SinkRouter(self.admission, lambda: self.usage, self.model_name)
         self.snapshots = Snapshots(engine)
-        self.connections = Connections(self.admission, self.snapshots, runner, lambda: self.usage)
+        self.connections = Connections(
+            self.admission, self.snapshots, runner, lambda: self.usage, conversations
+        )
         health = Health(self.admission, self.snapshots, runner, lambda: self.usage)
         self.app = App(self.admission, self.connections, health)
         self.port = 0
@@ -111,6 +115,8 @@ class Server:
             log.info("usage database: %s", self.usage.path)
             if access_log := self.usage.open_access_log(host):
                 log.info("access log: %s", access_log)
+        if (store := self.connections.conversations) is not None:
+            log.info("conversations kept in: %s", store.path)
 
     def _uvicorn_config(self, host: str, port: int) -> uvicorn.Config:
         c, limits = self.config, self.limits

@@ -20,6 +20,7 @@ from localserve.engine.engine import Engine
 from localserve.engine.runner import Runner
 from localserve.engine_process.client import EngineProcess
 from localserve.ops.auth import Access
+from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
 from localserve.serve.server import Server, ServerThread
 
@@ -59,6 +60,11 @@ def serving(
         if config.server.usage:  # first: a bad database is said before the model loads
             usage = Usage(config.server, name)
             stack.callback(usage.close)  # last: after the server has sent every `done`
+        access = access or Access({})
+        conversations = None
+        if config.server.conversations and access.requires_tokens:  # else: in the browser
+            conversations = ConversationStore.open(config.server)
+            stack.callback(conversations.close)  # after the server's last save
         if runner is None and config.server.engine_process:  # watched, in a process of its own
             engine = EngineProcess(config, name).start()
             stack.callback(engine.stop)
@@ -69,8 +75,9 @@ def serving(
                 stack.callback(runner.close)
             engine = Engine(runner, config.scheduler).start()
             stack.callback(engine.stop)
-        access = access or Access({})
-        server = Server(engine, runner, config.models[name], config.server, access, usage)
+        server = Server(
+            engine, runner, config.models[name], config.server, access, usage, conversations
+        )
         served = ServedModel(name, runner, engine, server)
         if thread:
             served.thread = ServerThread(server)

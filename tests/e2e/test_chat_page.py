@@ -16,6 +16,7 @@ import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -24,6 +25,7 @@ from localserve.engine.batch import Sampled
 from localserve.ops.auth import Access
 from localserve.runners.fake import EOG
 from localserve.serve.page import CSP
+from tests.support.cli import kill_serve, start_serve
 from tests.support.fakes import FakeServer, PacedRunner
 from tests.support.waiting import wait_until
 
@@ -619,3 +621,150 @@ def test_the_page_tells_a_user_about_their_quota(browser, scripted, tmp_path):
     page.wait_for_selector("#input:not([disabled])")
     assert page.get_attribute("#input", "placeholder").startswith("Message (Enter sends")
     max_.close()
+
+
+# --- conversations on the server ----------------------------------------------------------------
+
+FAMILY = {"ann": "ann-secret-token", "ben": "ben-secret-token"}
+
+
+def saved(person: Person) -> None:
+    """Wait until the server has every conversation of this page (none marked unsaved)."""
+    page = person.page
+    wait_until(lambda: page.locator("#chat-list li.unsaved").count() == 0, 10, "saved")
+
+
+def test_conversations_follow_the_person_to_another_browser(browser, scripted, tmp_path):
+    """Two browsers (contexts: no shared storage) signed in as ann see one list; a change in
+    one shows in the other; ben, on the same server, sees none of it."""
+    server = scripted(["Boil ", "water."], access=Access(FAMILY), state_dir=str(tmp_path))
+    laptop = Person.open(browser, server, "ann", FAMILY["ann"])
+    assert "kept on this server, for you only" in laptop.page.inner_text("#messages")
+    laptop.say("How do I make soup?")
+    laptop.wait_reply("done")
+    saved(laptop)
+    phone = Person.open(browser, server, "ann", FAMILY["ann"], viewport=PHONE)
+    wait_until(lambda: phone.chat_titles() == ["How do I make soup?"], 10, "the phone's list")
+    wait_until(lambda: phone.page.locator(".msg.assistant").count() == 1, 10, "its messages")
+    assert phone.reply().locator(".body").inner_text() == "Boil water."
+    assert phone.page.inner_text(".msg.user") == "How do I make soup?"
+    shot(phone.page, "conversation-on-the-phone")
+    phone.page.click("#chats-toggle")
+    phone.page.click("#new-chat")
+    phone.say("And bread?")
+    phone.wait_reply("done")
+    saved(phone)
+    wait_until(
+        lambda: sorted(laptop.chat_titles()) == ["And bread?", "How do I make soup?"],
+        10,
+        "the laptop hears of the phone's chat",
+    )
+    laptop.page.click("#rename")  # the open conversation: soup
+    laptop.page.fill("#chat-title-input", "Soup, simply")
+    laptop.page.press("#chat-title-input", "Enter")
+    wait_until(lambda: "Soup, simply" in phone.chat_titles(), 10, "the rename on the phone")
+    shot(laptop.page, "conversation-renamed")
+    ben = Person.open(browser, server, "ben", FAMILY["ben"])
+    ben.page.wait_for_selector("#input:not([disabled])")
+    assert ben.chat_titles() == [] and "soup" not in ben.page.inner_text("body").lower()
+    phone.page.click("#chats-toggle")  # a drawer on a phone
+    delete = phone.page.locator("#chat-list li", has_text="And bread?").locator(".delete")
+    delete.click()  # the first click asks
+    delete.click()
+    wait_until(lambda: laptop.chat_titles() == ["Soup, simply"], 10, "the delete on the laptop")
+    laptop.page.reload()  # and what the server keeps, after a reload
+    wait_until(lambda: laptop.chat_titles() == ["Soup, simply"], 10, "the list again")
+    stored = laptop.page.evaluate("Object.keys(localStorage).filter(k => k.includes('.chat.'))")
+    assert stored == []  # nothing of it in the browser
+    for person in (laptop, phone, ben):
+        person.close()
+
+
+def test_a_conversation_exports_as_markdown_and_json(browser, scripted, tmp_path):
+    server = scripted(["It is **Paris**."], access=Access(FAMILY), state_dir=str(tmp_path))
+    ann = Person.open(browser, server, "ann", FAMILY["ann"])
+    ann.say("Capital of France?")
+    ann.wait_reply("done")
+    page = ann.page
+    with page.expect_download() as got:
+        page.click("#export-md")
+    markdown = Path(got.value.path()).read_text(encoding="utf-8")
+    assert got.value.suggested_filename == "Capital-of-France.md"
+    assert markdown.startswith("# Capital of France?\n\n_ann with fake, started ")
+    assert "\n## ann\n\nCapital of France?\n\n## fake\n\nIt is **Paris**.\n" in markdown
+    with page.expect_download() as got:
+        page.click("#export-json")
+    exported = json.loads(Path(got.value.path()).read_text(encoding="utf-8"))
+    assert exported["title"] == "Capital of France?" and exported["user"] == "ann"
+    assert [(m["role"], m["content"]) for m in exported["messages"]] == [
+        ("user", "Capital of France?"),
+        ("assistant", "It is **Paris**."),
+    ]
+    assert exported["messages"][1]["usage"]["completion_tokens"] >= 1  # its figures too
+    ann.close()
+
+
+def test_this_browsers_conversations_move_to_the_server(browser, scripted, tmp_path):
+    """A person who chatted before the server had users finds those conversations kept."""
+    server = scripted(["Yes."], access=Access(FAMILY), state_dir=str(tmp_path))
+    ann = Person.open(browser, server, None)
+    old = {
+        "id": "cold1",
+        "title": "An old chat",
+        "created": 1_700_000_000_000,
+        "messages": [
+            {"role": "user", "content": "from before"},
+            {"role": "assistant", "content": "kept", "status": "done"},
+        ],
+    }
+    ann.page.evaluate(
+        "(chat) => localStorage.setItem('localserve.v1.chat.ann.cold1', JSON.stringify(chat))", old
+    )
+    ann.sign_in("ann", FAMILY["ann"])
+    notice = ann.page.locator("#notice")
+    wait_until(lambda: "moved to the server" in notice.inner_text(), 10, "the move")
+    saved(ann)
+    assert ann.page.evaluate("localStorage.getItem('localserve.v1.chat.ann.cold1')") is None
+    other = Person.open(browser, server, "ann", FAMILY["ann"])
+    wait_until(lambda: other.chat_titles() == ["An old chat"], 10, "kept on the server")
+    ann.close()
+    other.close()
+
+
+@pytest.mark.model
+def test_a_killed_server_loses_no_saved_conversation_in_the_page(browser, tmp_path):
+    """SIGKILL mid-reply: the conversation the page saved (the question, the reply coming) is
+    there when the server is back, in another browser; the reply says it was cut."""
+    users = {"LOCALSERVE_USERS": "ann:" + FAMILY["ann"]}
+    proc, url = start_serve(tmp_path, users)
+    try:
+        where = Where(url.replace("ws://", "http://"))
+        ann = Person.open(browser, where, "ann", FAMILY["ann"])
+        ann.settings(0, 400)
+        ann.say(LONG_PROMPT)
+        ann.wait_reply("streaming", timeout=60)
+        saved(ann)
+    finally:
+        kill_serve(proc)
+    proc, url = start_serve(tmp_path, users)
+    try:
+        where = Where(url.replace("ws://", "http://"))
+        again = Person.open(browser, where, "ann", FAMILY["ann"])
+        wait_until(lambda: again.chat_titles() == [LONG_PROMPT[:60]], 20, "the conversation")
+        wait_until(lambda: again.page.locator(".msg.user").count() == 1, 10, "its messages")
+        assert again.page.inner_text(".msg.user") == LONG_PROMPT
+        assert again.reply_status() == "interrupted"
+        assert "still coming when it was last saved" in again.reply().inner_text()
+        again.close()
+        gone = ("WebSocket", "Failed to load")  # the page saw its server go
+        ann.problems = [p for p in ann.problems if not any(g in p for g in gone)]
+        ann.close()
+    finally:
+        kill_serve(proc)
+
+
+@dataclass
+class Where:
+    """A server's address, for a server run as a process of its own."""
+
+    http: str

@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import json
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -19,7 +18,6 @@ import time
 import urllib.error
 import urllib.request
 from email.message import Message
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -27,6 +25,7 @@ import pytest
 from localserve.ops import usage
 from localserve.ops.usage import Row, Usage
 from localserve.serve import routing as routing_module
+from tests.support.cli import start_serve
 from tests.support.fakes import FakeServer
 from tests.support.live import WS, configured
 from tests.support.usage import rows_where
@@ -186,22 +185,6 @@ def test_monitors_see_todays_totals(tmp_path):
 
 
 # --- a real server process ----------------------------------------------------------------
-
-
-def start_serve(state: Path) -> tuple[subprocess.Popen, str]:
-    """`localserve serve` on any free port with this state directory: the process, its URL."""
-    env = os.environ | {"LOCALSERVE_STATE_DIR": str(state)}
-    command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    deadline = time.monotonic() + 180
-    for line in proc.stdout:
-        if found := re.search(r"on (ws://127\.0\.0\.1:\d+)", line):
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep it drained
-            return proc, found[1]
-        assert time.monotonic() < deadline, "the server did not start"
-    raise AssertionError(f"the server exited: {proc.wait()}")
 
 
 def test_a_bad_database_stops_the_server_at_start_up(tmp_path):

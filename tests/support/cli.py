@@ -1,11 +1,17 @@
 """`python -m localserve ...` run as a user would, and the check that a slip was answered as
-issue 27 asks: exit status 2, one line on stderr that names what to do, no traceback."""
+issue 27 asks: exit status 2, one line on stderr that names what to do, no traceback; and
+`localserve serve` as a process of its own, to kill."""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 from tests.support.paths import ROOT
 
@@ -33,3 +39,31 @@ def slip_line(ran: subprocess.CompletedProcess, *words: str) -> str:
     for word in words:
         assert word in lines[0], (word, lines[0])
     return lines[0]
+
+
+def start_serve(state: Path, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`localserve serve` (the embedded model) on any free port with this state directory, in
+    a session of its own (kill_serve ends it and its engine process): the process, its URL."""
+    env = os.environ | {"LOCALSERVE_STATE_DIR": str(state)} | (env or {})
+    command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        if found := re.search(r"on (ws://127\.0\.0\.1:\d+)", line):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep it drained
+            return proc, found[1]
+        assert time.monotonic() < deadline, "the server did not start"
+    raise AssertionError(f"the server exited: {proc.wait()}")
+
+
+def kill_serve(proc: subprocess.Popen) -> None:
+    """SIGKILL the server and its engine process: no clean shutdown of anything."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)

@@ -51,6 +51,7 @@ class FakeServer:
         n_seq_max: int = 8,
         chat_format: str = "template",
         runner: PacedRunner | None = None,
+        access=None,
         **config,
     ) -> None:
         from localserve.config import Config, ModelConfig, ServerConfig
@@ -63,7 +64,9 @@ class FakeServer:
         self.model = ModelConfig(chat_format=chat_format)
         whole = Config(default="fake", models={"fake": self.model}, server=self.config)
         self._stack = contextlib.ExitStack()
-        served = self._stack.enter_context(serving(whole, runner=self.runner, thread=True))
+        served = self._stack.enter_context(
+            serving(whole, runner=self.runner, thread=True, access=access)
+        )
         self.engine, self.server, self.thread = served.engine, served.server, served.thread
         self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
 

@@ -1,7 +1,8 @@
 // localserve's chat page. It speaks the websocket protocol of docs/protocol.md: hello, chat,
-// cancel; queued, token, done, error, notice. Conversations live in this browser's
-// localStorage; every turn sends the whole conversation (the server's prefix cache makes the
-// earlier turns cheap). Model text is untrusted: it is rendered as Markdown with raw HTML shown
+// cancel; queued, token, done, error, notice; and on a server with users the conversation
+// frames. Conversations live on such a server, for their person only (so another browser or a
+// phone shows the same list), and otherwise in this browser's localStorage; every turn sends
+// the whole conversation (the server's prefix cache makes the earlier turns cheap). Model text is untrusted: it is rendered as Markdown with raw HTML shown
 // as text, only http(s) and mailto links, and DOMPurify over the result; the page's
 // Content-Security-Policy allows no inline script on top of that.
 "use strict";
@@ -35,6 +36,9 @@
     quotaUntil: null,  // {at: ms, shown: "HH:MM"} while the daily quota is used up: no sending
     quotaTimer: null,
     quotaNotice: false, // the notice shows the welcome's quota line
+    remote: false,     // the server keeps this person's conversations (its welcome says so)
+    saving: new Map(), // chat id -> {again}: a save sent, not answered yet
+    listed: false,     // the server's list has arrived since the welcome
   };
 
   // --- storage ----------------------------------------------------------------------------------
@@ -66,19 +70,27 @@
   const currentKey = () => `current.${userPart()}`;
 
   function saveChat(chat) {
-    save(chatPrefix() + chat.id, chat);
+    if (!state.remote) return save(chatPrefix() + chat.id, chat);
+    chat.unsaved = true;  // until the server says it has it
+    pushChat(chat);
+    renderChats();
   }
 
   function parseChat(text) {
     let chat;
     try { chat = JSON.parse(text); } catch (e) { return null; }
+    return checkChat(chat);
+  }
+
+  function checkChat(chat) {  // from storage or the server: only what this page can show
     if (!chat || typeof chat.id !== "string" || !Array.isArray(chat.messages)) return null;
     chat.messages = chat.messages.filter(
       (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string");
     for (const m of chat.messages) {  // a reply that was coming when its page closed
       if (m.role === "assistant" && LIVE.includes(m.status)) {
         m.status = "interrupted";
-        m.error = "the page was closed while this reply was coming";
+        m.error = state.remote ? "this reply was still coming when it was last saved"
+          : "the page was closed while this reply was coming";
       }
     }
     return chat;
@@ -102,7 +114,7 @@
       const key = localStorage.key(i);
       if (!key.startsWith(prefix) || key.slice(prefix.length).includes(".")) continue;
       const chat = parseChat(localStorage.getItem(key));
-      if (chat) chats.push(chat);
+      if (chat) chats.push(Object.assign(chat, { loaded: true }));
     }
     state.chats = chats.sort((a, b) => (b.created || 0) - (a.created || 0));
     state.current = load(currentKey(), null);
@@ -110,6 +122,7 @@
   }
 
   function onStorage(event) {  // another tab of this page changed something
+    if (state.remote) return;  // the server tells every tab of its changes
     const prefix = KEY + chatPrefix();
     if (!event.key || !event.key.startsWith(prefix)) return;
     const id = event.key.slice(prefix.length);
@@ -118,12 +131,196 @@
     const theirs = event.newValue === null ? null : parseChat(event.newValue);
     state.chats = state.chats.filter((c) => c.id !== id);
     if (theirs) {
-      state.chats.push(theirs);
+      state.chats.push(Object.assign(theirs, { loaded: true }));
       state.chats.sort((a, b) => (b.created || 0) - (a.created || 0));
     }
     if (state.current === id && !theirs) state.current = state.chats[0]?.id ?? null;
     renderChats();
     if (state.current === id) renderMessages();
+  }
+
+  // --- conversations on the server ------------------------------------------------------------
+
+  // On a server with users, the server keeps each person's conversations: the list comes from
+  // it at each welcome, a conversation's messages when it is opened, and every change is saved
+  // whole (the last save wins). Until the server says it has a change, the conversation is
+  // marked unsaved and sent again after a reconnect. What this browser kept for the person
+  // before is moved to the server, then removed here.
+
+  const KEPT = ["role", "content", "status", "error", "finish", "usage", "timings"];
+  const storedMessage = (m) => Object.fromEntries(
+    KEPT.filter((k) => m[k] !== undefined && m[k] !== null).map((k) => [k, m[k]]));
+
+  function stored(chat) {  // what the server keeps of a conversation
+    return { id: chat.id, title: chat.title || "New chat", created: chat.created || 0,
+             messages: chat.messages.map(storedMessage) };
+  }
+
+  function pushChat(chat) {
+    if (!state.welcome || !state.listed || !chat.loaded) return;  // sent at the next welcome
+    const saving = state.saving.get(chat.id);
+    if (saving) { saving.again = true; return; }  // one save at a time per conversation
+    if (send({ type: "save_conversation", conversation: stored(chat) })) {
+      state.saving.set(chat.id, { again: false });
+    }
+  }
+
+  function requestChat(chat) {
+    if (chat.requested || !state.welcome) return;
+    chat.requested = true;
+    send({ type: "get_conversation", id: chat.id });
+  }
+
+  function stub(summary) {  // a conversation the server has, its messages not fetched yet
+    return { id: summary.id, title: summary.title, created: summary.created,
+             revision: summary.revision, messages: [], loaded: false };
+  }
+
+  function onList(frame) {
+    const mine = new Map(state.chats.map((c) => [c.id, c]));
+    const chats = [];
+    for (const summary of frame.conversations || []) {
+      const here = mine.get(summary.id);
+      mine.delete(summary.id);
+      // this page's copy, when it is newer (not saved yet) or the same revision
+      if (here && here.loaded && (here.unsaved || here.revision === summary.revision)) chats.push(here);
+      else chats.push(stub(summary));
+    }
+    for (const chat of mine.values()) if (chat.unsaved) chats.push(chat);  // new here, unsaved
+    state.chats = chats;
+    state.listed = true;
+    const onServer = new Set((frame.conversations || []).map((c) => c.id));
+    const moved = moveBrowserChats(onServer, new Set(chats.map((c) => c.id)));
+    sortChats();
+    if (!state.chats.some((c) => c.id === state.current)) {
+      state.current = load(currentKey(), null);
+      if (!state.chats.some((c) => c.id === state.current)) state.current = state.chats[0]?.id ?? null;
+    }
+    for (const chat of state.chats) if (chat.unsaved) pushChat(chat);
+    if (currentChat() && !currentChat().loaded) requestChat(currentChat());
+    if (moved) showNotice(`${moved} conversation${moved > 1 ? "s" : ""} kept in this browser ` +
+                          "moved to the server: they now follow you to your other devices.");
+    renderAll();
+  }
+
+  // this browser's conversations of the person, to the server
+  function moveBrowserChats(onServer, shown) {
+    const prefix = KEY + chatPrefix();
+    let moved = 0;
+    for (const key of Object.keys(localStorage)) {
+      if (!key.startsWith(prefix) || key.slice(prefix.length).includes(".")) continue;
+      const chat = parseChat(localStorage.getItem(key));
+      if (chat && shown.has(chat.id) && !onServer.has(chat.id)) continue;  // on its way there
+      if (!chat || onServer.has(chat.id)) {  // moved before: only the copy was left
+        try { localStorage.removeItem(key); } catch (e) { /* next time */ }
+        continue;
+      }
+      Object.assign(chat, { loaded: true, unsaved: true, fromBrowser: true });
+      state.chats.push(chat);
+      moved++;
+    }
+    return moved;
+  }
+
+  function onSaved(frame) {
+    const summary = frame.summary || {};
+    const chat = state.chats.find((c) => c.id === summary.id);
+    if (frame.here) {
+      const saving = state.saving.get(summary.id);
+      state.saving.delete(summary.id);
+      if (!chat) return;
+      chat.revision = summary.revision;
+      if (saving && saving.again) return pushChat(chat);  // changed again meanwhile
+      chat.unsaved = false;
+      if (chat.fromBrowser) {
+        try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* later */ }
+        delete chat.fromBrowser;
+      }
+      return renderChats();
+    }
+    // another browser of this person saved or renamed it
+    if (!chat) {
+      state.chats.push(stub(summary));
+    } else if (chat.revision !== summary.revision && !chat.unsaved && !replyInFlight(chat)) {
+      Object.assign(chat, { title: summary.title, revision: summary.revision, loaded: false,
+                            requested: false });
+      if (chat.id === state.current) requestChat(chat);
+    }
+    sortChats();
+    renderAll();
+  }
+
+  function onFound(frame) {
+    const summary = frame.summary || {};
+    const chat = state.chats.find((c) => c.id === summary.id);
+    const found = checkChat(frame.conversation);
+    if (!chat || !found || chat.loaded) return;  // deleted meanwhile, or changed here
+    Object.assign(chat, { title: found.title, created: found.created, messages: found.messages,
+                          revision: summary.revision, loaded: true, requested: false });
+    if (chat.id === state.current) renderAll();
+  }
+
+  function onDeleted(id) {  // deleted in another browser of this person (or gone already)
+    const chat = state.chats.find((c) => c.id === id);
+    if (chat) forget(chat);
+  }
+
+  function notSaved(frame) {
+    state.saving.delete(frame.id);
+    const chat = state.chats.find((c) => c.id === frame.id);
+    const name = chat ? `“${chat.title || "New chat"}”` : "A conversation";
+    showNotice(`${name} is not saved on the server (it stays on this page until it is): ` +
+               `${String(frame.message || "").replace(/^not saved: /, "")}`, true);
+    renderChats();
+  }
+
+  function sortChats() {
+    state.chats.sort((a, b) => (b.created || 0) - (a.created || 0));
+  }
+
+  // --- export -----------------------------------------------------------------------------------
+
+  function download(name, type, text) {
+    const url = URL.createObjectURL(new Blob([text], { type }));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  function fileName(chat, ext) {
+    const base = (chat.title || "conversation").replace(/[^\p{L}\p{N}]+/gu, "-").replace(/^-|-$/g, "");
+    return `${base.slice(0, 60) || "conversation"}.${ext}`;
+  }
+
+  function asMarkdown(chat) {
+    const model = state.welcome?.model || "the model";
+    const person = state.identity?.user || "you";
+    const when = new Date(chat.created || Date.now()).toLocaleString("en-GB");
+    const parts = [`# ${chat.title || "New chat"}`, "", `_${person} with ${model}, started ${when}_`];
+    for (const m of chat.messages) {
+      if (!m.content && m.role === "assistant") continue;  // a reply that never came
+      parts.push("", `## ${m.role === "user" ? person : model}`, "", m.content);
+      if (m.role === "assistant" && m.status && m.status !== "done") parts.push("", `_(${m.status})_`);
+    }
+    return parts.join("\n") + "\n";
+  }
+
+  function asJson(chat) {
+    const messages = chat.messages.filter((m) => m.content || m.role === "user").map(storedMessage);
+    return JSON.stringify({ id: chat.id, title: chat.title, created: new Date(chat.created || 0).toISOString(),
+                            user: state.identity?.user ?? null, model: state.welcome?.model ?? null,
+                            messages }, null, 2) + "\n";
+  }
+
+  function exportChat(kind) {
+    const chat = currentChat();
+    if (!chat || !chat.loaded) return;
+    if (kind === "md") download(fileName(chat, "md"), "text/markdown", asMarkdown(chat));
+    else download(fileName(chat, "json"), "application/json", asJson(chat));
   }
 
   // --- formatting -------------------------------------------------------------------------------
@@ -188,10 +385,10 @@
 
   function newChat() {
     const chat = { id: `c${Date.now().toString(36)}${randomId(4)}`, title: "New chat",
-                   created: Date.now(), messages: [] };
+                   created: Date.now(), messages: [], loaded: true };
     state.chats.unshift(chat);
     state.current = chat.id;
-    saveChat(chat);
+    if (!state.remote) saveChat(chat);  // on the server: once it has a message
     save(currentKey(), state.current);
     renderAll();
     $("input").focus();
@@ -199,13 +396,32 @@
   }
 
   function deleteChat(chat) {
+    if (state.remote) send({ type: "delete_conversation", id: chat.id });
+    else try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* gone anyway */ }
+    forget(chat);
+  }
+
+  function forget(chat) {
     for (const [id, p] of state.pending) {
       if (p.chat === chat) cancel(id);
     }
     state.chats = state.chats.filter((c) => c !== chat);
+    state.saving.delete(chat.id);
     if (state.current === chat.id) state.current = state.chats[0]?.id ?? null;
-    try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* gone anyway */ }
     save(currentKey(), state.current);
+    if (currentChat() && !currentChat().loaded) requestChat(currentChat());
+    renderAll();
+  }
+
+  function renameChat(chat, title) {
+    title = title.trim().slice(0, 200);
+    if (!title || title === chat.title) return;
+    chat.title = title;
+    if (state.remote && chat.revision && !chat.unsaved) {  // the server has it: just the title
+      send({ type: "rename_conversation", id: chat.id, title });
+    } else if (!state.remote || chat.messages.length) {
+      saveChat(chat);
+    }
     renderAll();
   }
 
@@ -296,13 +512,20 @@
       case "welcome":
         state.welcome = frame;
         state.retryMs = 1000;
+        const wasRemote = state.remote;
+        state.remote = !!frame.conversations;
+        state.listed = false;
+        state.saving.clear();  // saves unanswered on the old connection: sent again
         if (state.trying) {  // a name the server accepted: now it is this page's
           const changed = state.trying.user !== state.identity?.user;
           state.identity = state.trying;
           state.trying = null;
           save("identity", state.identity);
-          if (changed) loadChats();
+          if (changed) state.chats = [];
+          if (changed && !state.remote) loadChats();
         }
+        if (state.remote) send({ type: "list_conversations" });
+        else if (wasRemote) loadChats();
         showNotice(quotaText(frame.quota));
         state.quotaNotice = !!frame.quota;
         if (frame.quota && frame.quota.remaining <= 0) blockUntil(Date.parse(frame.quota.resets_at));
@@ -322,8 +545,16 @@
       case "done":
         if (p) finish(frame.id, p, frame);
         break;
+      case "conversation_list": onList(frame); break;
+      case "conversation": onFound(frame); break;
+      case "conversation_saved": onSaved(frame); break;
+      case "conversation_deleted": if (!frame.here) onDeleted(frame.id); break;
       case "error":
-        if (p && frame.code === "quota_exceeded") {
+        if (frame.code === "not_saved" && state.remote) {
+          notSaved(frame);
+        } else if (frame.code === "unknown_id" && !p && state.remote) {
+          onDeleted(frame.id);  // asked for one this person no longer has
+        } else if (p && frame.code === "quota_exceeded") {
           quotaRefused(p.msg, String(frame.message || ""), frame.retry_after_s);
           finish(frame.id, p, null);
         } else if (p) {
@@ -484,7 +715,7 @@
     const text = input.value.trim();
     if (!text || !state.welcome || quotaBlocked()) return;
     const chat = currentChat() || newChat();
-    if (replyInFlight(chat)) return;
+    if (replyInFlight(chat) || !chat.loaded) return;
     if (!chat.messages.length) chat.title = text.split("\n")[0].slice(0, 60);
     chat.messages.push({ role: "user", content: text });
     const reply = { role: "assistant", content: "" };
@@ -579,7 +810,9 @@
     list.innerHTML = "";
     for (const chat of state.chats) {
       const li = document.createElement("li");
-      if (chat.id === state.current) li.className = "current";
+      li.classList.toggle("current", chat.id === state.current);
+      li.classList.toggle("unsaved", !!(state.remote && chat.unsaved));
+      if (state.remote && chat.unsaved) li.title = "Not saved on the server yet";
       const open = document.createElement("button");
       open.type = "button";
       open.className = "open";
@@ -588,6 +821,7 @@
       open.onclick = () => {
         state.current = chat.id;
         save(currentKey(), state.current);
+        if (!chat.loaded) requestChat(chat);
         $("chats").classList.remove("open");
         renderAll();
       };
@@ -612,11 +846,15 @@
     const box = $("messages");
     box.innerHTML = "";
     const chat = currentChat();
+    renderChatBar(chat);
     if (!chat || !chat.messages.length) {
       const empty = document.createElement("p");
       empty.className = "empty";
       const model = state.welcome ? ` ${state.welcome.model}` : "";
-      empty.textContent = `Ask${model} anything. Your conversations stay in this browser.`;
+      const where = state.remote ? "are kept on this server, for you only (on any device you " +
+        "sign in from)" : "stay in this browser";
+      empty.textContent = chat && !chat.loaded ? "Loading this conversation…"
+        : `Ask${model} anything. Your conversations ${where}.`;
       box.append(empty);
       return;
     }
@@ -629,6 +867,42 @@
       box.append(el);
     }
     box.scrollTop = box.scrollHeight;
+  }
+
+  function renderChatBar(chat) {  // the open conversation's title, rename and export
+    const bar = $("chat-bar");
+    bar.hidden = !chat || !chat.messages.length;
+    if (bar.hidden || bar.dataset.editing) return;
+    $("chat-title").textContent = chat.title || "New chat";
+    $("chat-title").title = chat.title || "";
+  }
+
+  function startRename() {
+    const chat = currentChat();
+    if (!chat) return;
+    const bar = $("chat-bar");
+    const input = $("chat-title-input");
+    bar.dataset.editing = "1";
+    $("chat-title").hidden = true;
+    $("rename").hidden = true;
+    input.hidden = false;
+    input.value = chat.title || "";
+    input.focus();
+    input.select();
+    const done = (keep) => {
+      input.onkeydown = input.onblur = null;
+      delete bar.dataset.editing;
+      input.hidden = true;
+      $("chat-title").hidden = false;
+      $("rename").hidden = false;
+      if (keep) renameChat(chat, input.value);
+      renderChatBar(currentChat());
+    };
+    input.onkeydown = (e) => {
+      if (e.key === "Enter") { e.preventDefault(); done(true); }
+      else if (e.key === "Escape") { e.preventDefault(); done(false); }
+    };
+    input.onblur = () => done(true);
   }
 
   function touch(msg) {
@@ -718,7 +992,7 @@
     const chat = currentChat();
     const inFlight = chat ? replyInFlight(chat) : null;
     const blocked = quotaBlocked();
-    const ready = !!state.welcome && !blocked;
+    const ready = !!state.welcome && !blocked && (!chat || chat.loaded);
     $("input").disabled = !ready;
     $("input").placeholder = blocked ? quotaWait() : PLACEHOLDER;
     $("send").disabled = !ready || !!inFlight;
@@ -816,6 +1090,9 @@
     $("new-chat").addEventListener("click", () => { newChat(); $("chats").classList.remove("open"); });
     $("who").addEventListener("click", () => openSignIn(""));
     $("settings-open").addEventListener("click", openSettings);
+    $("rename").addEventListener("click", startRename);
+    $("export-md").addEventListener("click", () => exportChat("md"));
+    $("export-json").addEventListener("click", () => exportChat("json"));
     $("settings-form").addEventListener("submit", saveSettings);
     $("signin-form").addEventListener("submit", signIn);
     $("signin").addEventListener("cancel", (e) => {  // Escape: only back to a live connection

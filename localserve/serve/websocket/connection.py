@@ -3,7 +3,8 @@
 Frames are decoded by one reused msgspec decoder into the closed union of client frames; every
 problem with a frame is an `error` frame and the connection goes on. Chats go to admission
 through its `Frontdoor`; the server routes engine events to the connection that owns the
-request (`on_token`, `on_queued`, `on_done`); token text waiting for a slow reader is coalesced
+request (`on_token`, `on_queued`, `on_done`); the conversation frames are
+websocket/conversations.py's; token text waiting for a slow reader is coalesced
 in the outbox, which is bounded in frames and bytes. What connections share (their cap, the
 stats frame) is `Connections`. The connection runs on uvicorn's websocket protocol (see
 transport.py) through plain ASGI.
@@ -22,6 +23,7 @@ import msgspec
 from localserve.engine.events import Done
 from localserve.ops.auth import address_group, check_user_name
 from localserve.protocol.frames import (
+    CONVERSATION_FRAMES,
     Cancel,
     Chat,
     ClientFrame,
@@ -35,6 +37,7 @@ from localserve.protocol.frames import (
 )
 from localserve.serve.admission import MAX_ERROR_CHARS, Frontdoor, Refusal, Request
 from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S, client_address
+from localserve.serve.websocket import conversations
 from localserve.serve.websocket.connections import Connections
 from localserve.serve.websocket.outbox import Outbox
 
@@ -259,6 +262,9 @@ class Connection:
             await self._chat(frame)
         elif isinstance(frame, Cancel):
             self._cancel(frame)
+        elif isinstance(frame, CONVERSATION_FRAMES):
+            store = self.connections.conversations
+            await conversations.answer(self, frame, store, self.connections.others_of(self))
 
     async def _hello(self, hello: Hello) -> None:
         if self.user is not None:

@@ -3,7 +3,8 @@
 `Connections` holds every open connection: it says when max_connections users and monitors are
 connected, cancels a closed connection's requests, and tells them all at shutdown. What every
 connection would otherwise build for itself is built here once: the welcome frame's terms and
-the stats frame, encoded once for every monitor from the latest shared snapshot.
+the stats frame, encoded once for every monitor from the latest shared snapshot, and the
+conversation store (a server with users keeps people's conversations: ops/conversations.py).
 
 Tested in tests/e2e/test_websocket_connection.py.
 """
@@ -18,6 +19,7 @@ import msgspec
 
 from localserve import __version__
 from localserve.engine.runner import Runner
+from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import Limits, Stats, Welcome
 from localserve.protocol.snapshot import Snapshot
@@ -32,6 +34,7 @@ class Member(Protocol):
     """What the registry needs of one connection (websocket/connection.py's `Connection`)."""
 
     requests: dict[str, Request]
+    user: str | None
 
     @property
     def is_silent(self) -> bool: ...
@@ -50,8 +53,10 @@ class Connections:
         snapshots: Snapshots,
         runner: Runner,
         usage: Callable[[], Usage | None],
+        conversations: ConversationStore | None = None,
     ) -> None:
         self._door = door
+        self._conversations = conversations
         self._snapshots = snapshots
         self._runner = runner
         self._usage = usage
@@ -64,6 +69,15 @@ class Connections:
     def usage(self) -> Usage | None:
         """The quotas and the day's usage the frames show (the server's current record)."""
         return self._usage()
+
+    @property
+    def conversations(self) -> ConversationStore | None:
+        """Where people's conversations are kept: only on a server with users."""
+        return self._conversations if self._door.access.requires_tokens else None
+
+    def others_of(self, member: Member) -> list[Member]:
+        """The connections of the same user, but this one."""
+        return [m for m in self._members if m.user == member.user and m is not member]
 
     def __iter__(self) -> Iterator[Member]:
         return iter(self._members)
@@ -117,6 +131,7 @@ class Connections:
             __version__,
             backend=info.backend,
             quota=quota,
+            conversations=self.conversations is not None,
         )
 
     async def stats_frame(self) -> bytes:

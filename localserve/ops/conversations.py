@@ -1,0 +1,249 @@
+"""Each person's conversations from the chat page, kept on the server: SQLite in the state dir.
+
+On a server with users the page keeps a person's conversations here rather than in the browser,
+so another browser or a phone signed in as the same person shows the same list (docs/protocol.md,
+"Conversations on the server"). A conversation is stored whole, as the page last saved it: its
+title, when it was started, and its messages (role, text, and what the page shows under a reply).
+Rows are keyed by (user, id): a person reads, renames and deletes only their own; the name comes
+from the connection's hello, which the token checked.
+
+One thread owns the database (`conversations.sqlite3`, beside the usage record): the event loop
+hands it every read and write, so a slow disk never stalls the server, and a save is answered only
+after its commit (WAL, synchronous = FULL): a conversation the page was told is saved survives a
+SIGKILL or a power cut.
+
+Each person's share is bounded: at most `max_conversations_per_user` conversations and
+`max_conversation_bytes_per_user` bytes of them. A save past either bound is refused with words
+that say so and what to do (delete old ones); nothing is deleted to make room, and the page keeps
+the conversation it could not save until then. A conversation is also bounded by the frame it
+travels in ([server] max_frame_bytes).
+
+Tested in tests/e2e/test_conversation_store.py (and the page's side in test_chat_page.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import msgspec
+
+from localserve.config import ConfigError, ServerConfig
+from localserve.ops.usage import state_dir
+from localserve.protocol.frames import ConversationSummary, SavedConversation, StoredMessage
+
+log = logging.getLogger("localserve.ops.conversations")
+
+DATABASE = "conversations.sqlite3"
+LOCK_TIMEOUT_S = 5.0
+SCHEMA = """CREATE TABLE IF NOT EXISTS conversations (
+    user TEXT NOT NULL,
+    id TEXT NOT NULL,
+    title TEXT NOT NULL,
+    created INTEGER NOT NULL,      -- ms since the epoch, the page's clock
+    updated INTEGER NOT NULL,      -- ms since the epoch, the server's clock at the last save
+    revision INTEGER NOT NULL,     -- 1 at the first save, one more at each
+    bytes INTEGER NOT NULL,        -- of title and messages, as stored: what the bound counts
+    messages BLOB NOT NULL,        -- JSON: a list of StoredMessage
+    PRIMARY KEY (user, id)
+) WITHOUT ROWID"""
+SCHEMA_VERSION = 1
+SUMMARY = "SELECT id, title, created, updated, revision, bytes FROM conversations"
+
+_encode_messages = msgspec.json.Encoder().encode
+_decode_messages = msgspec.json.Decoder(list[StoredMessage]).decode
+
+
+class StoreError(Exception):
+    """A save or read the store could not do: its message says why, for the person."""
+
+
+class StoreFull(StoreError):
+    """A save past the person's bound."""
+
+
+class StoreUnusable(ConfigError):
+    """The database cannot be used: said at start-up, before anyone connects."""
+
+
+class ConversationStore:
+    """The people's conversations: list, get, save, rename, delete, each on the store's thread."""
+
+    def __init__(self, path: Path, max_count: int, max_bytes: int) -> None:
+        self.path = path
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self._db = _connect(path)
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "localserve-conversations")
+
+    @classmethod
+    def open(cls, config: ServerConfig) -> ConversationStore:
+        path = state_dir(config) / DATABASE
+        return cls(path, config.max_conversations_per_user, config.max_conversation_bytes_per_user)
+
+    async def _run(self, fn, *args):
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
+        except sqlite3.Error as e:
+            log.error("conversations: %s: %s", self.path, e)
+            raise StoreError(f"the server could not use its conversation store ({e})") from None
+        except RuntimeError:  # the store was closed: the server is stopping
+            raise StoreError("the server is shutting down") from None
+
+    # --- what a connection asks ---
+
+    async def list(self, user: str) -> list[ConversationSummary]:
+        """The person's conversations, newest first (by when they were started)."""
+        return await self._run(self._list, user)
+
+    async def get(self, user: str, id: str) -> tuple[SavedConversation, ConversationSummary] | None:
+        return await self._run(self._get, user, id)
+
+    async def save(self, user: str, conversation: SavedConversation) -> ConversationSummary:
+        """Store it whole (a new one, or a new revision); StoreFull past the person's bound."""
+        return await self._run(self._save, user, conversation)
+
+    async def rename(self, user: str, id: str, title: str) -> ConversationSummary | None:
+        return await self._run(self._rename, user, id, title)
+
+    async def delete(self, user: str, id: str) -> bool:
+        return await self._run(self._delete, user, id)
+
+    async def used(self, user: str) -> tuple[int, int]:
+        """How many conversations the person keeps here, and their bytes."""
+        return await self._run(self._used, user)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)  # a save in progress commits first
+        self._db.close()
+
+    # --- on the store's thread ---
+
+    def _list(self, user: str) -> list[ConversationSummary]:
+        rows = self._db.execute(f"{SUMMARY} WHERE user = ? ORDER BY created DESC, id", (user,))
+        return [ConversationSummary(*row) for row in rows]
+
+    def _get(self, user: str, id: str) -> tuple[SavedConversation, ConversationSummary] | None:
+        row = self._db.execute(
+            "SELECT id, title, created, updated, revision, bytes, messages FROM conversations "
+            "WHERE user = ? AND id = ?",
+            (user, id),
+        ).fetchone()
+        if row is None:
+            return None
+        *summary, messages = row
+        found = SavedConversation(row[0], row[1], row[2], _decode_messages(messages))
+        return found, ConversationSummary(*summary)
+
+    def _used(self, user: str) -> tuple[int, int]:
+        count, size = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM conversations WHERE user = ?", (user,)
+        ).fetchone()
+        return count, size
+
+    def _save(self, user: str, c: SavedConversation) -> ConversationSummary:
+        messages = _encode_messages(c.messages)
+        size = len(messages) + len(c.title.encode())
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            old = self._db.execute(
+                "SELECT revision, bytes FROM conversations WHERE user = ? AND id = ?", (user, c.id)
+            ).fetchone()
+            count, used = self._used(user)
+            revision, old_size = old if old else (0, 0)
+            self._check_room(count + (old is None), used - old_size + size, old_size < size)
+            now = _now_ms()
+            self._db.execute(
+                "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (user, c.id, c.title, c.created, now, revision + 1, size, messages),
+            )
+        return ConversationSummary(c.id, c.title, c.created, now, revision + 1, size)
+
+    def _check_room(self, count: int, size: int, grows: bool) -> None:
+        if count > self.max_count:
+            raise StoreFull(
+                f"you keep {self.max_count} conversations on this server, as many as it keeps "
+                "for one person: delete old ones to save new ones"
+            )
+        if grows and size > self.max_bytes:
+            raise StoreFull(
+                f"your conversations on this server would take {_mib(size)} of the "
+                f"{_mib(self.max_bytes)} it keeps for one person: delete old ones to save more"
+            )
+
+    def _rename(self, user: str, id: str, title: str) -> ConversationSummary | None:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            old = self._db.execute(
+                "SELECT title, bytes FROM conversations WHERE user = ? AND id = ?", (user, id)
+            ).fetchone()
+            if old is None:
+                return None
+            size = old[1] - len(old[0].encode()) + len(title.encode())
+            self._db.execute(
+                "UPDATE conversations SET title = ?, bytes = ?, updated = ?, "
+                "revision = revision + 1 WHERE user = ? AND id = ?",
+                (title, size, _now_ms(), user, id),
+            )
+            row = self._db.execute(f"{SUMMARY} WHERE user = ? AND id = ?", (user, id)).fetchone()
+        return ConversationSummary(*row)
+
+    def _delete(self, user: str, id: str) -> bool:
+        with self._db:
+            gone = self._db.execute(
+                "DELETE FROM conversations WHERE user = ? AND id = ?", (user, id)
+            )
+        return gone.rowcount > 0
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The database, created if need be; a file that is not one is said with what to do."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        created = not path.exists()
+        db = sqlite3.connect(
+            path, timeout=LOCK_TIMEOUT_S, check_same_thread=False, isolation_level=None
+        )
+        if created:
+            os.chmod(path, 0o600)  # what people asked: theirs and the operator's only
+    except (OSError, sqlite3.Error) as e:
+        raise StoreUnusable(f"{path}: cannot open the conversation store: {e}") from None
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if version > SCHEMA_VERSION:
+            raise StoreUnusable(
+                f"{path}: written by a newer localserve (schema {version}): upgrade, or set "
+                "[server] state_dir elsewhere"
+            )
+        if version == 0 and tables:
+            raise StoreUnusable(f"{path}: some other program's database: move it aside")
+        db.execute(SCHEMA)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except sqlite3.Error as e:
+        db.close()
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StoreUnusable(
+            f"{path}: not a usable conversation store ({first}): move it aside to start a new one"
+        ) from None
+    except StoreUnusable:
+        db.close()
+        raise
+    return db
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
