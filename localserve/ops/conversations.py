@@ -68,6 +68,10 @@ class StoreFull(StoreError):
     """A save past the person's bound."""
 
 
+class Conflict(StoreError):
+    """A save of a copy older than the stored conversation (another device saved meanwhile)."""
+
+
 class StoreUnusable(ConfigError):
     """The database cannot be used: said at start-up, before anyone connects."""
 
@@ -81,6 +85,7 @@ class ConversationStore:
         self.max_bytes = max_bytes
         self._db = _connect(path)
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "localserve-conversations")
+        self._closed = False
 
     @classmethod
     def open(cls, config: ServerConfig) -> ConversationStore:
@@ -88,14 +93,14 @@ class ConversationStore:
         return cls(path, config.max_conversations_per_user, config.max_conversation_bytes_per_user)
 
     async def _run(self, fn, *args):
+        if self._closed:
+            raise StoreError("the server is shutting down")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
-        except sqlite3.Error as e:
+        except (sqlite3.Error, msgspec.DecodeError) as e:  # a bad file, or a row edited by hand
             log.error("conversations: %s: %s", self.path, e)
             raise StoreError(f"the server could not use its conversation store ({e})") from None
-        except RuntimeError:  # the store was closed: the server is stopping
-            raise StoreError("the server is shutting down") from None
 
     # --- what a connection asks ---
 
@@ -106,9 +111,12 @@ class ConversationStore:
     async def get(self, user: str, id: str) -> tuple[SavedConversation, ConversationSummary] | None:
         return await self._run(self._get, user, id)
 
-    async def save(self, user: str, conversation: SavedConversation) -> ConversationSummary:
-        """Store it whole (a new one, or a new revision); StoreFull past the person's bound."""
-        return await self._run(self._save, user, conversation)
+    async def save(
+        self, user: str, conversation: SavedConversation, base_revision: int | None = None
+    ) -> ConversationSummary:
+        """Store it whole (a new one, or a new revision); StoreFull past the person's bound,
+        Conflict when `base_revision` is given and the stored one has another."""
+        return await self._run(self._save, user, conversation, base_revision)
 
     async def rename(self, user: str, id: str, title: str) -> ConversationSummary | None:
         return await self._run(self._rename, user, id, title)
@@ -116,11 +124,8 @@ class ConversationStore:
     async def delete(self, user: str, id: str) -> bool:
         return await self._run(self._delete, user, id)
 
-    async def used(self, user: str) -> tuple[int, int]:
-        """How many conversations the person keeps here, and their bytes."""
-        return await self._run(self._used, user)
-
     def close(self) -> None:
+        self._closed = True
         self._thread.shutdown(wait=True)  # a save in progress commits first
         self._db.close()
 
@@ -148,7 +153,7 @@ class ConversationStore:
         ).fetchone()
         return count, size
 
-    def _save(self, user: str, c: SavedConversation) -> ConversationSummary:
+    def _save(self, user: str, c: SavedConversation, base: int | None) -> ConversationSummary:
         messages = _encode_messages(c.messages)
         size = len(messages) + len(c.title.encode())
         with self._db:
@@ -158,6 +163,10 @@ class ConversationStore:
             ).fetchone()
             count, used = self._used(user)
             revision, old_size = old if old else (0, 0)
+            if base is not None and old is not None and base != revision:
+                raise Conflict(
+                    f"changed elsewhere meanwhile (revision {revision}, this copy is of {base})"
+                )
             self._check_room(count + (old is None), used - old_size + size, old_size < size)
             now = _now_ms()
             self._db.execute(
@@ -169,7 +178,7 @@ class ConversationStore:
     def _check_room(self, count: int, size: int, grows: bool) -> None:
         if count > self.max_count:
             raise StoreFull(
-                f"you keep {self.max_count} conversations on this server, as many as it keeps "
+                f"you keep {_conversations(self.max_count)} on this server, as many as it keeps "
                 "for one person: delete old ones to save new ones"
             )
         if grows and size > self.max_bytes:
@@ -187,6 +196,8 @@ class ConversationStore:
             if old is None:
                 return None
             size = old[1] - len(old[0].encode()) + len(title.encode())
+            count, used = self._used(user)
+            self._check_room(count, used - old[1] + size, size > old[1])
             self._db.execute(
                 "UPDATE conversations SET title = ?, bytes = ?, updated = ?, "
                 "revision = revision + 1 WHERE user = ? AND id = ?",
@@ -239,6 +250,10 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _conversations(n: int) -> str:
+    return f"{n} conversation{'' if n == 1 else 's'}"
 
 
 def _now_ms() -> int:

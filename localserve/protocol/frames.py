@@ -138,7 +138,7 @@ class Finished(msgspec.Struct, tag="done"):
 class Error(msgspec.Struct, tag="error", omit_defaults=True):
     code: (
         str  # bad_request | unauthorized | busy | quota_exceeded | too_long | unknown_id |
-        # shutting_down | unavailable | internal | not_saved (a conversation save or rename)
+        # shutting_down | unavailable | internal | not_saved | conflict (conversations)
     )
     message: str
     id: str | None = None
@@ -206,7 +206,9 @@ class SavedConversation(msgspec.Struct):
 
 
 class ListConversations(msgspec.Struct, tag="list_conversations", forbid_unknown_fields=True):
-    pass
+    """A page of the person's conversations (100 summaries), from `offset` on."""
+
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class GetConversation(msgspec.Struct, tag="get_conversation", forbid_unknown_fields=True):
@@ -214,9 +216,12 @@ class GetConversation(msgspec.Struct, tag="get_conversation", forbid_unknown_fie
 
 
 class SaveConversation(msgspec.Struct, tag="save_conversation", forbid_unknown_fields=True):
-    """Store it whole, a new one or over the one of its id (the last save wins)."""
+    """Store it whole, a new one or over the one of its id. `base_revision`: the revision this
+    copy was made from (None: a new conversation, or no check); when the stored one has moved on
+    (another device saved it meanwhile), the save is refused with `conflict`."""
 
     conversation: SavedConversation
+    base_revision: int | None = None
 
 
 class RenameConversation(msgspec.Struct, tag="rename_conversation", forbid_unknown_fields=True):
@@ -242,6 +247,8 @@ class ConversationList(msgspec.Struct, tag="conversation_list"):
     used_bytes: int
     max_bytes: int  # the person's bound: [server] max_conversation_bytes_per_user
     max_count: int  # [server] max_conversations_per_user
+    offset: int = 0  # this page's first summary, in the whole list
+    total: int = 0  # summaries in the whole list: another page follows when offset + len < total
 
 
 class ConversationFound(msgspec.Struct, tag="conversation"):

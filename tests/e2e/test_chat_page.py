@@ -722,7 +722,7 @@ def test_this_browsers_conversations_move_to_the_server(browser, scripted, tmp_p
     )
     ann.sign_in("ann", FAMILY["ann"])
     notice = ann.page.locator("#notice")
-    wait_until(lambda: "moved to the server" in notice.inner_text(), 10, "the move")
+    wait_until(lambda: "kept in this browser to the server" in notice.inner_text(), 10, "the move")
     saved(ann)
     assert ann.page.evaluate("localStorage.getItem('localserve.v1.chat.ann.cold1')") is None
     other = Person.open(browser, server, "ann", FAMILY["ann"])
@@ -768,3 +768,76 @@ class Where:
     """A server's address, for a server run as a process of its own."""
 
     http: str
+
+
+def test_two_devices_changing_one_conversation_lose_nothing(browser, scripted, tmp_path):
+    """The laptop's reply is still coming when the phone adds a turn to the same conversation:
+    the laptop's copy, saved after the phone's, is kept as a conversation of its own."""
+    server = scripted(["word "] * 150, access=Access(FAMILY), state_dir=str(tmp_path))
+    laptop = Person.open(browser, server, "ann", FAMILY["ann"])
+    laptop.say("Tell me a long story")
+    laptop.wait_reply("streaming")
+    saved(laptop)
+    phone = Person.open(browser, server, "ann", FAMILY["ann"])
+    wait_until(lambda: phone.page.locator(".msg.user").count() == 1, 10, "the phone opens it")
+    assert "still coming when it was last saved" in phone.reply().inner_text()
+    phone.say("Shorter, please")
+    wait_until(lambda: phone.page.locator(".msg.user").count() == 2, 10, "the phone's turn")
+    laptop.wait_reply("done")
+    mine = "Tell me a long story (this device)"
+    wait_until(lambda: sorted(laptop.chat_titles()) == ["Tell me a long story", mine], 10, "a copy")
+    assert "was changed on another device meanwhile" in laptop.page.inner_text("#notice")
+    assert laptop.reply().locator(".body").inner_text().startswith("word word")  # its reply
+    saved(laptop)
+    wait_until(lambda: mine in phone.chat_titles(), 10, "the phone hears of the copy")
+    phone.wait_reply("done")
+    assert phone.page.locator(".msg.user").nth(1).inner_text() == "Shorter, please"  # kept
+    laptop.close()
+    phone.close()
+
+
+def test_a_conversation_deleted_while_its_reply_comes_stays_deleted(browser, scripted, tmp_path):
+    server = scripted(["word "] * 150, access=Access(FAMILY), state_dir=str(tmp_path))
+    ann = Person.open(browser, server, "ann", FAMILY["ann"])
+    ann.say("Soon to be deleted")
+    ann.wait_reply("streaming")
+    saved(ann)
+    delete = ann.page.locator("#chat-list li", has_text="Soon to be deleted").locator(".delete")
+    delete.click()
+    delete.click()
+    assert ann.chat_titles() == []
+    server.wait_idle()
+    ann.page.reload()
+    ann.page.wait_for_selector("#input:not([disabled])")
+    assert ann.chat_titles() == []  # its end saved nothing back
+    ann.close()
+
+
+def test_at_the_bound_a_conversation_is_kept_here_until_there_is_room(browser, scripted, tmp_path):
+    server = scripted(
+        ["Ok."], access=Access(FAMILY), state_dir=str(tmp_path), max_conversations_per_user=1
+    )
+    ann = Person.open(browser, server, "ann", FAMILY["ann"])
+    ann.say("the first")
+    ann.wait_reply("done")
+    saved(ann)
+    ann.page.click("#new-chat")
+    ann.say("one too many")
+    ann.wait_reply("done")
+    notice = ann.page.locator("#notice")
+    wait_until(lambda: "is not saved on the server" in notice.inner_text(), 10, "the refusal")
+    assert "as many as it keeps for one person: delete old ones" in notice.inner_text()
+    assert ann.page.locator("#chat-list li.unsaved").inner_text().startswith("one too many")
+    shot(ann.page, "conversation-not-saved")
+    ann.page.reload()  # kept in this browser meanwhile
+    ann.page.wait_for_selector("#input:not([disabled])")
+    wait_until(lambda: sorted(ann.chat_titles()) == ["one too many", "the first"], 10, "both")
+    delete = ann.page.locator("#chat-list li", has_text="the first").locator(".delete")
+    delete.click()
+    delete.click()
+    saved(ann)  # room now: saved
+    assert not ann.page.is_visible("#notice")  # and the refusal is no longer said
+    other = Person.open(browser, server, "ann", FAMILY["ann"])
+    wait_until(lambda: other.chat_titles() == ["one too many"], 10, "on the server")
+    other.close()
+    ann.close()

@@ -29,6 +29,11 @@ def next_of(ws: WS, kind: str) -> dict:
     return ws.until(lambda f: f["type"] in (kind, "error"), 10)[-1]
 
 
+def answer(ws: WS) -> dict:
+    """The answer to this connection's save (not the news of another connection's)."""
+    return ws.until(lambda f: f.get("here") is True or f["type"] == "error", 10)[-1]
+
+
 @pytest.fixture
 def server(tmp_path):
     made = FakeServer(
@@ -58,6 +63,8 @@ def test_a_person_lists_saves_opens_renames_and_deletes_their_own(server):
         "used_bytes": 0,
         "max_bytes": 64 << 10,
         "max_count": 3,
+        "offset": 0,
+        "total": 0,
     }
     ann.send(
         {
@@ -225,3 +232,63 @@ def test_a_killed_server_loses_no_saved_conversation(tmp_path):
         ws.close()
     finally:
         kill_serve(restarted)
+
+
+def test_a_long_list_comes_in_pages_and_a_big_conversation_comes_back(tmp_path):
+    server = FakeServer(
+        access=Access(USERS), state_dir=str(tmp_path), max_frame_bytes=512 << 10
+    )  # frames bigger than the outbox's 256 KiB: still sent back whole
+    try:
+        ann, _ = signed_in(server, "ann")
+        for i in range(250):
+            ann.send(
+                {"type": "save_conversation", "conversation": conversation(f"c{i:03}", "é" * 200)}
+            )
+        ann.until(lambda f: f.get("summary", {}).get("id") == "c249", 30)
+        pages, offset = [], 0
+        while True:
+            ann.send({"type": "list_conversations", "offset": offset})
+            page = next_of(ann, "conversation_list")
+            pages.append(len(page["conversations"]))
+            offset += len(page["conversations"])
+            if offset >= page["total"]:
+                break
+        assert pages == [100, 100, 50] and page["total"] == 250
+        big = "x" * (500 << 10)
+        ann.send({"type": "save_conversation", "conversation": conversation("big", "big", big)})
+        assert next_of(ann, "conversation_saved")["here"]
+        ann.send({"type": "get_conversation", "id": "big"})
+        assert next_of(ann, "conversation")["conversation"]["messages"][0]["content"] == big
+        ann.close()
+    finally:
+        server.close()
+
+
+def test_a_copy_older_than_the_stored_one_is_refused_as_a_conflict(server):
+    laptop, _ = signed_in(server, "ann")
+    phone, _ = signed_in(server, "ann")
+    laptop.send({"type": "save_conversation", "conversation": conversation("c1", "t", "q")})
+    assert answer(laptop)["summary"]["revision"] == 1
+    phone.send(
+        {
+            "type": "save_conversation",
+            "base_revision": 1,
+            "conversation": conversation("c1", "t", "q", "a", "phone's turn"),
+        }
+    )
+    assert answer(phone)["summary"]["revision"] == 2
+    laptop.send(
+        {
+            "type": "save_conversation",
+            "base_revision": 1,
+            "conversation": conversation("c1", "t", "q", "laptop's reply"),
+        }
+    )
+    refused = answer(laptop)
+    assert refused["code"] == "conflict" and refused["id"] == "c1"
+    assert "changed elsewhere meanwhile (revision 2" in refused["message"]
+    laptop.send({"type": "save_conversation", "conversation": {"id": "c9", "title": "t" * 201}})
+    broken = answer(laptop)  # the id found inside the bad frame
+    assert broken["code"] == "bad_request" and broken["id"] == "c9"
+    for ws in (laptop, phone):
+        ws.close()

@@ -39,6 +39,8 @@
     remote: false,     // the server keeps this person's conversations (its welcome says so)
     saving: new Map(), // chat id -> {again}: a save sent, not answered yet
     listed: false,     // the server's list has arrived since the welcome
+    listing: null,     // its pages so far, while they come
+    deleting: new Set(), // ids deleted here that the server has not confirmed
   };
 
   // --- storage ----------------------------------------------------------------------------------
@@ -70,8 +72,9 @@
   const currentKey = () => `current.${userPart()}`;
 
   function saveChat(chat) {
+    if (!state.chats.includes(chat)) return;  // deleted meanwhile
     if (!state.remote) return save(chatPrefix() + chat.id, chat);
-    chat.unsaved = true;  // until the server says it has it
+    keepUnsaved(chat);  // until the server says it has it
     pushChat(chat);
     renderChats();
   }
@@ -89,7 +92,8 @@
     for (const m of chat.messages) {  // a reply that was coming when its page closed
       if (m.role === "assistant" && LIVE.includes(m.status)) {
         m.status = "interrupted";
-        m.error = state.remote ? "this reply was still coming when it was last saved"
+        m.error = state.remote ? "this reply was still coming when it was last saved (on " +
+          "another device, or when the server or the page stopped)"
           : "the page was closed while this reply was coming";
       }
     }
@@ -142,27 +146,50 @@
   // --- conversations on the server ------------------------------------------------------------
 
   // On a server with users, the server keeps each person's conversations: the list comes from
-  // it at each welcome, a conversation's messages when it is opened, and every change is saved
-  // whole (the last save wins). Until the server says it has a change, the conversation is
-  // marked unsaved and sent again after a reconnect. What this browser kept for the person
-  // before is moved to the server, then removed here.
+  // it (in pages) at each welcome, a conversation's messages when it is opened, and every change
+  // is saved whole, from the revision it was made of. Until the server says it has a change, the
+  // conversation is marked unsaved, kept in this browser too (a reload or a closed tab loses
+  // nothing) and sent again after a reconnect. A copy older than the server's (another device
+  // saved meanwhile) is kept as a conversation of its own rather than lost. What this browser
+  // kept for the person before the server had users is moved to the server, then removed here.
 
   const KEPT = ["role", "content", "status", "error", "finish", "usage", "timings"];
-  const storedMessage = (m) => Object.fromEntries(
-    KEPT.filter((k) => m[k] !== undefined && m[k] !== null).map((k) => [k, m[k]]));
+  const wellFormed = (s) => (typeof s === "string" && s.toWellFormed ? s.toWellFormed() : s);
+  const storedMessage = (m) => Object.fromEntries(KEPT.filter((k) => m[k] !== undefined && m[k] !== null)
+    .map((k) => [k, wellFormed(m[k])]));
+  const cut = (s, n) => Array.from(s).slice(0, n).join("");  // by characters, not UTF-16 units
 
   function stored(chat) {  // what the server keeps of a conversation
-    return { id: chat.id, title: chat.title || "New chat", created: chat.created || 0,
+    return { id: chat.id, title: wellFormed(chat.title || "New chat"), created: chat.created || 0,
              messages: chat.messages.map(storedMessage) };
+  }
+
+  function keepUnsaved(chat) {  // this browser's copy until the server has it
+    chat.unsaved = true;
+    save(chatPrefix() + chat.id, { ...chat, fromBrowser: undefined, requested: undefined });
   }
 
   function pushChat(chat) {
     if (!state.welcome || !state.listed || !chat.loaded) return;  // sent at the next welcome
+    if (!state.chats.includes(chat)) return;  // deleted meanwhile
     const saving = state.saving.get(chat.id);
     if (saving) { saving.again = true; return; }  // one save at a time per conversation
-    if (send({ type: "save_conversation", conversation: stored(chat) })) {
+    const frame = { type: "save_conversation", conversation: stored(chat),
+                    base_revision: chat.revision ?? null };
+    const text = JSON.stringify(frame);
+    const limit = state.welcome.limits?.max_frame_bytes;
+    if (limit && new TextEncoder().encode(text).length > limit) {
+      return notSaved({ id: chat.id, message: `it is longer than the server takes ` +
+                        `(${Math.floor(limit / 1024)} KiB): export it to keep it` });
+    }
+    if (state.ws && state.ws.readyState === WebSocket.OPEN) {
+      state.ws.send(text);
       state.saving.set(chat.id, { again: false });
     }
+  }
+
+  function pushUnsaved() {
+    for (const chat of state.chats) if (chat.unsaved && !state.saving.has(chat.id)) pushChat(chat);
   }
 
   function requestChat(chat) {
@@ -176,10 +203,28 @@
              revision: summary.revision, messages: [], loaded: false };
   }
 
-  function onList(frame) {
+  function welcomeRemote() {  // a welcome on a server that keeps conversations
+    for (const id of state.deleting) send({ type: "delete_conversation", id });
+    state.listing = [];
+    send({ type: "list_conversations" });
+  }
+
+  function onListPage(frame) {  // pages of 100 summaries, asked for one after another
+    if (!state.listing) return;
+    state.listing.push(...(frame.conversations || []));
+    const next = (frame.offset || 0) + (frame.conversations || []).length;
+    if (next < (frame.total || 0) && (frame.conversations || []).length) {
+      return send({ type: "list_conversations", offset: next });
+    }
+    const whole = state.listing.filter((s) => !state.deleting.has(s.id));
+    state.listing = null;
+    onList(whole);
+  }
+
+  function onList(summaries) {
     const mine = new Map(state.chats.map((c) => [c.id, c]));
     const chats = [];
-    for (const summary of frame.conversations || []) {
+    for (const summary of summaries) {
       const here = mine.get(summary.id);
       mine.delete(summary.id);
       // this page's copy, when it is newer (not saved yet) or the same revision
@@ -189,35 +234,37 @@
     for (const chat of mine.values()) if (chat.unsaved) chats.push(chat);  // new here, unsaved
     state.chats = chats;
     state.listed = true;
-    const onServer = new Set((frame.conversations || []).map((c) => c.id));
-    const moved = moveBrowserChats(onServer, new Set(chats.map((c) => c.id)));
+    const moved = fromBrowser(new Set(summaries.map((s) => s.id)), new Set(chats.map((c) => c.id)));
     sortChats();
     if (!state.chats.some((c) => c.id === state.current)) {
       state.current = load(currentKey(), null);
       if (!state.chats.some((c) => c.id === state.current)) state.current = state.chats[0]?.id ?? null;
     }
-    for (const chat of state.chats) if (chat.unsaved) pushChat(chat);
+    pushUnsaved();
     if (currentChat() && !currentChat().loaded) requestChat(currentChat());
-    if (moved) showNotice(`${moved} conversation${moved > 1 ? "s" : ""} kept in this browser ` +
-                          "moved to the server: they now follow you to your other devices.");
+    if (moved) showNotice(`Moving ${moved} conversation${moved > 1 ? "s" : ""} kept in this ` +
+                          "browser to the server: they will follow you to your other devices.");
     renderAll();
   }
 
-  // this browser's conversations of the person, to the server
-  function moveBrowserChats(onServer, shown) {
+  // What this browser keeps of the person: copies not yet saved (sent again now) and, from
+  // before the server had users, conversations to move there. Returns how many are moved.
+  function fromBrowser(onServer, shown) {
     const prefix = KEY + chatPrefix();
     let moved = 0;
     for (const key of Object.keys(localStorage)) {
       if (!key.startsWith(prefix) || key.slice(prefix.length).includes(".")) continue;
       const chat = parseChat(localStorage.getItem(key));
-      if (chat && shown.has(chat.id) && !onServer.has(chat.id)) continue;  // on its way there
-      if (!chat || onServer.has(chat.id)) {  // moved before: only the copy was left
-        try { localStorage.removeItem(key); } catch (e) { /* next time */ }
+      if (!chat) continue;
+      if (shown.has(chat.id)) {  // this page has it (on the server, or on its way there)
+        if (onServer.has(chat.id) && !state.chats.find((c) => c.id === chat.id)?.unsaved) {
+          try { localStorage.removeItem(key); } catch (e) { /* next time */ }
+        }
         continue;
       }
-      Object.assign(chat, { loaded: true, unsaved: true, fromBrowser: true });
+      Object.assign(chat, { loaded: true, unsaved: true });
       state.chats.push(chat);
-      moved++;
+      if (chat.revision === undefined) moved++;  // never on the server: moved there now
     }
     return moved;
   }
@@ -232,13 +279,11 @@
       chat.revision = summary.revision;
       if (saving && saving.again) return pushChat(chat);  // changed again meanwhile
       chat.unsaved = false;
-      if (chat.fromBrowser) {
-        try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* later */ }
-        delete chat.fromBrowser;
-      }
+      try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* later */ }
+      if (state.noticeFor === chat.id) { showNotice(null); state.noticeFor = null; }  // saved now
       return renderChats();
     }
-    // another browser of this person saved or renamed it
+    // another browser of this person saved it
     if (!chat) {
       state.chats.push(stub(summary));
     } else if (chat.revision !== summary.revision && !chat.unsaved && !replyInFlight(chat)) {
@@ -265,13 +310,41 @@
     if (chat) forget(chat);
   }
 
+  // Another device saved the conversation since this copy was made: this copy becomes a
+  // conversation of its own (nothing typed here is lost), the original is fetched again.
+  function onConflict(frame) {
+    state.saving.delete(frame.id);
+    const chat = state.chats.find((c) => c.id === frame.id);
+    if (!chat) return;
+    try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* later */ }
+    const copy = { ...chat, id: `c${Date.now().toString(36)}${randomId(4)}`, revision: undefined,
+                   title: cut(`${chat.title || "New chat"} (this device)`, 200) };
+    for (const p of state.pending.values()) if (p.chat === chat) p.chat = copy;
+    Object.assign(chat, { loaded: false, requested: false, unsaved: false, messages: [] });
+    state.chats.push(copy);
+    if (state.current === chat.id) state.current = copy.id;
+    sortChats();
+    keepUnsaved(copy);
+    pushChat(copy);
+    showNotice(`“${chat.title || "New chat"}” was changed on another device meanwhile: this ` +
+               `page's copy is kept as “${copy.title}”.`, true);
+    renderAll();
+  }
+
   function notSaved(frame) {
     state.saving.delete(frame.id);
     const chat = state.chats.find((c) => c.id === frame.id);
     const name = chat ? `“${chat.title || "New chat"}”` : "A conversation";
-    showNotice(`${name} is not saved on the server (it stays on this page until it is): ` +
+    showNotice(`${name} is not saved on the server (this browser keeps it until it is): ` +
                `${String(frame.message || "").replace(/^not saved: /, "")}`, true);
+    state.noticeFor = frame.id;
     renderChats();
+  }
+
+  function notFound(frame) {  // a conversation the server could not read
+    const chat = state.chats.find((c) => c.id === frame.id);
+    if (chat && !chat.loaded) chat.requested = false;  // asked again when opened again
+    showNotice(`The server could not open this conversation: ${frame.message}`, true);
   }
 
   function sortChats() {
@@ -311,7 +384,9 @@
 
   function asJson(chat) {
     const messages = chat.messages.filter((m) => m.content || m.role === "user").map(storedMessage);
-    return JSON.stringify({ id: chat.id, title: chat.title, created: new Date(chat.created || 0).toISOString(),
+    const created = new Date(chat.created || 0);
+    return JSON.stringify({ id: chat.id, title: chat.title,
+                            created: Number.isNaN(created.getTime()) ? null : created.toISOString(),
                             user: state.identity?.user ?? null, model: state.welcome?.model ?? null,
                             messages }, null, 2) + "\n";
   }
@@ -396,14 +471,19 @@
   }
 
   function deleteChat(chat) {
-    if (state.remote) send({ type: "delete_conversation", id: chat.id });
-    else try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* gone anyway */ }
+    // on the server (or on its way there): the delete is sent again at the next welcome until
+    // the server confirms it
+    if (state.remote && (chat.revision !== undefined || state.saving.has(chat.id))) {
+      state.deleting.add(chat.id);
+      send({ type: "delete_conversation", id: chat.id });
+    }
+    try { localStorage.removeItem(KEY + chatPrefix() + chat.id); } catch (e) { /* gone anyway */ }
     forget(chat);
   }
 
   function forget(chat) {
     for (const [id, p] of state.pending) {
-      if (p.chat === chat) cancel(id);
+      if (p.chat === chat) { cancel(id); state.pending.delete(id); }  // its end saves nothing
     }
     state.chats = state.chats.filter((c) => c !== chat);
     state.saving.delete(chat.id);
@@ -414,14 +494,10 @@
   }
 
   function renameChat(chat, title) {
-    title = title.trim().slice(0, 200);
+    title = cut(title.trim(), 200);
     if (!title || title === chat.title) return;
     chat.title = title;
-    if (state.remote && chat.revision && !chat.unsaved) {  // the server has it: just the title
-      send({ type: "rename_conversation", id: chat.id, title });
-    } else if (!state.remote || chat.messages.length) {
-      saveChat(chat);
-    }
+    saveChat(chat);  // whole, like any change (a rename frame would race a save)
     renderAll();
   }
 
@@ -524,7 +600,7 @@
           if (changed) state.chats = [];
           if (changed && !state.remote) loadChats();
         }
-        if (state.remote) send({ type: "list_conversations" });
+        if (state.remote) welcomeRemote();
         else if (wasRemote) loadChats();
         showNotice(quotaText(frame.quota));
         state.quotaNotice = !!frame.quota;
@@ -545,15 +621,24 @@
       case "done":
         if (p) finish(frame.id, p, frame);
         break;
-      case "conversation_list": onList(frame); break;
+      case "conversation_list": onListPage(frame); break;
       case "conversation": onFound(frame); break;
       case "conversation_saved": onSaved(frame); break;
-      case "conversation_deleted": if (!frame.here) onDeleted(frame.id); break;
+      case "conversation_deleted":
+        state.deleting.delete(frame.id);
+        if (!frame.here) onDeleted(frame.id);
+        else pushUnsaved();  // room again, maybe, for one the bound refused
+        break;
       case "error":
-        if (frame.code === "not_saved" && state.remote) {
-          notSaved(frame);
+        if (!p && state.remote && state.saving.has(frame.id) && frame.code === "conflict") {
+          onConflict(frame);
+        } else if (!p && state.remote && state.saving.has(frame.id)) {
+          notSaved(frame);  // not_saved, or a frame the server could not take
         } else if (frame.code === "unknown_id" && !p && state.remote) {
+          state.deleting.delete(frame.id);
           onDeleted(frame.id);  // asked for one this person no longer has
+        } else if (frame.code === "unavailable" && !p && state.remote && frame.id) {
+          notFound(frame);
         } else if (p && frame.code === "quota_exceeded") {
           quotaRefused(p.msg, String(frame.message || ""), frame.retry_after_s);
           finish(frame.id, p, null);
@@ -716,7 +801,7 @@
     if (!text || !state.welcome || quotaBlocked()) return;
     const chat = currentChat() || newChat();
     if (replyInFlight(chat) || !chat.loaded) return;
-    if (!chat.messages.length) chat.title = text.split("\n")[0].slice(0, 60);
+    if (!chat.messages.length) chat.title = cut(text.split("\n")[0], 60);
     chat.messages.push({ role: "user", content: text });
     const reply = { role: "assistant", content: "" };
     chat.messages.push(reply);

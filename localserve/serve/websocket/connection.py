@@ -46,6 +46,7 @@ log = logging.getLogger("localserve.serve.websocket.connection")
 MAX_ID_LENGTH = 128
 MAX_ERRORS_BEFORE_HELLO = 3  # then the connection is closed: no guessing, no free echo service
 MAX_OUTBOX_FRAMES = 1024  # a client that stops reading is disconnected, not buffered forever
+OUTBOX_SLACK = 64 << 10  # what the outbox may hold beside one frame of max_frame_bytes
 MIN_STATS_INTERVAL_MS = 50
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
 CLOSE_GOING_AWAY = 1001
@@ -57,6 +58,7 @@ _decoder = msgspec.json.Decoder(ClientFrame)
 
 class _IdOnly(msgspec.Struct):
     id: str | None = None
+    conversation: _IdOnly | None = None  # a save_conversation's is in its conversation
 
 
 class Connection:
@@ -133,7 +135,10 @@ class Connection:
                 self.close(CLOSE_NOT_READING, "too many errors before hello", flush=True)
 
     def _check_backlog(self) -> None:
-        outbox, limit = self.outbox, self.door.config.max_outbox_bytes
+        # at least a frame as big as the client may send, and room around it: a conversation it
+        # saved can be sent back to it whatever the two settings say
+        c = self.door.config
+        outbox, limit = self.outbox, max(c.max_outbox_bytes, c.max_frame_bytes + OUTBOX_SLACK)
         if len(outbox) > MAX_OUTBOX_FRAMES:
             self.close(CLOSE_NOT_READING, f"not reading: over {MAX_OUTBOX_FRAMES} frames unsent")
         elif outbox.num_bytes > limit:
@@ -264,7 +269,7 @@ class Connection:
             self._cancel(frame)
         elif isinstance(frame, CONVERSATION_FRAMES):
             store = self.connections.conversations
-            await conversations.answer(self, frame, store, self.connections.others_of(self))
+            await conversations.answer(self, frame, store, self.connections.others_of)
 
     async def _hello(self, hello: Hello) -> None:
         if self.user is not None:
@@ -350,4 +355,4 @@ def _recover_id(message: str) -> str | None:
         found = msgspec.json.decode(message, type=_IdOnly)
     except (msgspec.DecodeError, RecursionError):
         return None
-    return found.id
+    return found.id if found.id is not None or found.conversation is None else found.conversation.id

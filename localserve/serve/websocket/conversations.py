@@ -13,10 +13,10 @@ Tested in tests/e2e/test_conversation_store.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from localserve.ops.conversations import ConversationStore, StoreError
+from localserve.ops.conversations import Conflict, ConversationStore, StoreError
 from localserve.protocol.frames import (
     ConversationDeleted,
     ConversationFound,
@@ -29,6 +29,7 @@ from localserve.protocol.frames import (
     SaveConversation,
 )
 
+LIST_PAGE = 100  # summaries per conversation_list frame: a long list comes in pages
 NOT_KEPT = (
     "this server keeps no conversations (it has no users, or [server] conversations = false): "
     "they stay in the browser"
@@ -48,10 +49,10 @@ async def answer(
     speaker: Speaker,
     frame,
     store: ConversationStore | None,
-    others: Iterable[Speaker],
+    others: Callable[[Speaker], Iterable[Speaker]],
 ) -> None:
-    """Do what the frame asks for the speaker's own user; `others`: that user's other
-    connections, told of a save, rename or delete."""
+    """Do what the frame asks for the speaker's own user; `others(speaker)`: that user's other
+    connections (when the store has answered), told of a save, rename or delete."""
     user = speaker.user
     assert user is not None  # hello came first (the connection checks)
     if store is None:
@@ -59,14 +60,19 @@ async def answer(
     try:
         if isinstance(frame, ListConversations):
             found = await store.list(user)
-            _count, used = await store.used(user)
-            speaker.send(ConversationList(found, used, store.max_bytes, store.max_count))
+            page = found[frame.offset : frame.offset + LIST_PAGE]
+            used = sum(s.bytes for s in found)
+            speaker.send(
+                ConversationList(
+                    page, used, store.max_bytes, store.max_count, frame.offset, len(found)
+                )
+            )
         elif isinstance(frame, GetConversation):
             if (got := await store.get(user, frame.id)) is None:
                 return _unknown(speaker, frame.id)
             speaker.send(ConversationFound(*got))
         elif isinstance(frame, SaveConversation):
-            saved = await store.save(user, frame.conversation)
+            saved = await store.save(user, frame.conversation, frame.base_revision)
             _tell(speaker, others, lambda here: ConversationSaved(saved, here))
         elif isinstance(frame, RenameConversation):
             if (renamed := await store.rename(user, frame.id, frame.title)) is None:
@@ -77,15 +83,16 @@ async def answer(
                 return _unknown(speaker, frame.id)
             _tell(speaker, others, lambda here: ConversationDeleted(frame.id, here))
     except StoreError as e:
-        if isinstance(frame, (ListConversations, GetConversation)):
+        if isinstance(frame, ListConversations | GetConversation | DeleteConversation):
             return speaker.error("unavailable", str(e), getattr(frame, "id", None))
         target = frame.conversation.id if isinstance(frame, SaveConversation) else frame.id
-        speaker.error("not_saved", f"not saved: {e}", target)
+        code = "conflict" if isinstance(e, Conflict) else "not_saved"
+        speaker.error(code, f"not saved: {e}", target)
 
 
-def _tell(speaker: Speaker, others: Iterable[Speaker], frame_for) -> None:
+def _tell(speaker: Speaker, others, frame_for) -> None:
     speaker.send(frame_for(True))
-    for other in others:
+    for other in others(speaker):
         other.send(frame_for(False))
 
 
