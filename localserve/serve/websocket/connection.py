@@ -46,7 +46,9 @@ log = logging.getLogger("localserve.serve.websocket.connection")
 MAX_ID_LENGTH = 128
 MAX_ERRORS_BEFORE_HELLO = 3  # then the connection is closed: no guessing, no free echo service
 MAX_OUTBOX_FRAMES = 1024  # a client that stops reading is disconnected, not buffered forever
-OUTBOX_SLACK = 64 << 10  # what the outbox may hold beside one frame of max_frame_bytes
+# beside one frame of max_frame_bytes: a conversation sent back is its save frame's content and a
+# summary (its title at most 800 bytes)
+OUTBOX_SLACK = 4 << 10
 MIN_STATS_INTERVAL_MS = 50
 HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is closed
 CLOSE_GOING_AWAY = 1001
