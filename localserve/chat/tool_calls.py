@@ -43,7 +43,8 @@ Rules every format keeps:
   unfinished, or wrote with bad JSON or an unknown shape, comes out as plain text, never an
   exception, and nothing given out has to be taken back. Its arguments therefore come in one
   `ToolCallArguments` fragment, the arguments re-encoded as compact JSON.
-- Whitespace between calls, and before a first call at the start of the reply, is dropped.
+- Whitespace between calls, before a first call opening the reply and after the last one
+  ending it is dropped; all other text is given out as it came.
 
 The special tokens some formats use (`<|python_tag|>`, `[TOOL_CALLS]`, `[ARGS]`) must be in the
 text the parser is fed: the runner has to render those tokens' pieces.
@@ -137,27 +138,43 @@ NEED_MORE = _NeedMore()
 Attempt = _Found | _NeedMore | None  # None: not a call (its trigger is text)
 
 
-def json_value_end(text: str, start: int) -> int | None:
+_JSON_MARKS = re.compile(r'["\\{}\[\]]')  # what matters outside a string
+_STRING_MARKS = re.compile(r'["\\]')  # and inside one
+
+
+def json_value_end(text: str, start: int, resume: list | None = None) -> int | None:
     """The index just past the JSON object or array opening at `start`; None if it is not closed
-    yet. Only brackets and strings are followed: whether the value is valid is json's to say."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
+    yet. Only brackets and strings are followed: whether the value is valid is json's to say.
+
+    `resume` (an empty list at first, kept by the caller while `text` only grows) carries where
+    the scan stopped, so a call each delta costs the delta, not the whole text again."""
+    state = resume if resume is not None else []
+    if not state:
+        state.extend((start, 0, False))
+    i, depth, in_string = state
+    if depth < 0:
+        return i  # closed at i by an earlier call
+    while True:
+        m = (_STRING_MARKS if in_string else _JSON_MARKS).search(text, i)
+        if m is None:
+            i = len(text)
+            break
+        c, i = m.group(), m.end()
+        if c == "\\":
+            if i == len(text):
+                i -= 1  # the escaped character has not come yet: look again from the backslash
+                break
+            i += 1
         elif c == '"':
-            in_string = True
+            in_string = not in_string
         elif c in "{[":
             depth += 1
-        elif c in "}]":
+        else:
             depth -= 1
             if depth == 0:
-                return i + 1
+                state[:] = (i, -1, False)
+                return i
+    state[:] = (i, depth, in_string)
     return None
 
 
@@ -199,21 +216,6 @@ def _skip_space(text: str, i: int) -> int:
     return i
 
 
-def _json_call_at(
-    text: str, i: int, args_keys: tuple[str, ...]
-) -> tuple[int, tuple[str, dict]] | _NeedMore | None:
-    """A JSON call object opening at `i`: (its end, the call), NEED_MORE, or None."""
-    if i >= len(text):
-        return NEED_MORE
-    if text[i] != "{":
-        return None
-    end = json_value_end(text, i)
-    if end is None:
-        return NEED_MORE
-    call = call_from_json(_loads(text[i:end]), args_keys)
-    return None if call is None else (end, call)
-
-
 # --- the parser ------------------------------------------------------------------------------
 
 
@@ -245,7 +247,12 @@ class ToolCallParser:
         if new_id is not None:
             self.new_id = new_id
         self._held = ""  # text not given out yet
+        # where scans of the held text stopped, so a call that waits for more costs each delta
+        # only (the held text only grows until some of it is given out, which clears them)
+        self._scans: dict[int, list] = {}
+        self._searched: dict[tuple[str, int], int] = {}
         self._at_boundary = True  # at the reply's start or just after a call: whitespace held
+        self._space = ""  # whitespace before a trigger: dropped if a call follows, else text
         self._has_content = False  # non-whitespace content given out (no opening triggers now)
         self._calls: list[ParsedToolCall] = []
         self._finished = False
@@ -306,13 +313,13 @@ class ToolCallParser:
         rest = self._held[j:]
         if not rest:
             if final:
-                self._held = ""
+                self._drop(j)
             elif j > self.max_call_chars:
                 self._at_boundary = False
             return final or not self._at_boundary
         starts = self.triggers + (() if self._has_content else self.opening_triggers)
         if any(rest.startswith(t) for t in starts):
-            self._held = rest
+            self._space += self._drop(j)
         elif not final and any(t.startswith(rest) for t in starts):
             return False
         self._at_boundary = False
@@ -337,19 +344,56 @@ class ToolCallParser:
         return 0
 
     def _give_text(self, out: list[ToolEvent], n: int) -> None:
-        text, self._held = self._held[:n], self._held[n:]
+        text = self._drop(n)
         if text:
+            text, self._space = self._space + text, ""
             out.append(ContentDelta(text))
             self._has_content = self._has_content or bool(text.strip(_SPACE))
 
     def _give_calls(self, out: list[ToolEvent], found: _Found) -> None:
+        self._space = ""
         for name, args in found.calls:
             call = ParsedToolCall(len(self._calls), self.new_id(), name, _dumps(args))
             self._calls.append(call)
             out.append(ToolCallStart(call.index, call.id, call.name))
             out.append(ToolCallArguments(call.index, call.arguments))
-        self._held = self._held[found.end :]
+        self._drop(found.end)
         self._at_boundary = True
+
+    def _drop(self, n: int) -> str:
+        """Take the first `n` held characters out (what was scanned of them is forgotten)."""
+        taken, self._held = self._held[:n], self._held[n:]
+        if n:
+            self._scans.clear()
+            self._searched.clear()
+        return taken
+
+    # --- what the formats use to read the held text, resuming where they stopped ------------
+
+    def _value_end(self, text: str, start: int) -> int | None:
+        """json_value_end of the held text, resumed from the previous delta's scan."""
+        return json_value_end(text, start, self._scans.setdefault(start, []))
+
+    def _find(self, text: str, sub: str, start: int) -> int:
+        """text.find(sub, start), not searching again what an earlier delta's search passed."""
+        key = (sub, start)
+        at = text.find(sub, max(start, self._searched.get(key, start) - len(sub) + 1))
+        self._searched[key] = len(text) if at < 0 else at
+        return at
+
+    def _json_call_at(
+        self, text: str, i: int, args_keys: tuple[str, ...]
+    ) -> tuple[int, tuple[str, dict]] | _NeedMore | None:
+        """A JSON call object opening at `i`: (its end, the call), NEED_MORE, or None."""
+        if i >= len(text):
+            return NEED_MORE
+        if text[i] != "{":
+            return None
+        end = self._value_end(text, i)
+        if end is None:
+            return NEED_MORE
+        call = call_from_json(_loads(text[i:end]), args_keys)
+        return None if call is None else (end, call)
 
 
 def _dumps(args: dict) -> str:
@@ -371,7 +415,7 @@ class HermesParser(ToolCallParser):
 
     def attempt(self, text: str, final: bool) -> Attempt:
         start = len(self.open_tag)
-        end = text.find(self.close_tag, start)
+        end = self._find(text, self.close_tag, start)
         if end < 0 and not final:
             return NEED_MORE
         call = call_from_json(_loads(text[start : end if end >= 0 else len(text)]), self.args_keys)
@@ -394,7 +438,7 @@ class Llama3Parser(ToolCallParser):
         calls: list[tuple[str, dict]] = []
         end = i
         while True:
-            got = _json_call_at(text, i, self.args_keys)
+            got = self._json_call_at(text, i, self.args_keys)
             if got is NEED_MORE and calls and final:
                 return _Found(i, calls)  # a trailing `;` ends the list
             if not isinstance(got, tuple):
@@ -444,14 +488,14 @@ class MistralParser(ToolCallParser):
             return NEED_MORE
         if text[k] != "{":
             return None
-        end = json_value_end(text, k)
+        end = self._value_end(text, k)
         if end is None:
             return NEED_MORE
         args = _loads(text[k:end])
         return _Found(end, [(name.group(), args)]) if isinstance(args, dict) else None
 
     def _list_form(self, text: str, i: int) -> Attempt:
-        end = json_value_end(text, i)
+        end = self._value_end(text, i)
         if end is None:
             return NEED_MORE
         value = _loads(text[i:end])
@@ -472,14 +516,14 @@ class GemmaParser(ToolCallParser):
 
     def attempt(self, text: str, final: bool) -> Attempt:
         if not text.startswith(self.fence):
-            got = _json_call_at(text, 0, self.args_keys)
+            got = self._json_call_at(text, 0, self.args_keys)
             return _Found(got[0], [got[1]]) if isinstance(got, tuple) else got
-        header_end = text.find("\n", len(self.fence))
+        header_end = self._find(text, "\n", len(self.fence))
         if header_end < 0:
             return NEED_MORE if not text[len(self.fence) :].strip(" \t\r") else None
         if text[len(self.fence) : header_end].strip(" \t\r"):
             return None  # ```tool_codefoo: another fence
-        close = text.find("```", header_end)
+        close = self._find(text, "```", header_end)
         if close < 0:
             return NEED_MORE
         calls = pythonic_calls(text[header_end:close])
