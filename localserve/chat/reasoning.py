@@ -33,7 +33,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-# format -> (open tag, close tag)
+# format -> (open tag, close tag); both are tokens of their family's vocabulary, and Mistral's are
+# control tokens: the runner must render their pieces (llama.cpp's token_to_piece leaves control
+# tokens out unless asked)
 FORMATS: dict[str, tuple[str, str]] = {
     "think": ("<think>", "</think>"),
     "magistral": ("[THINK]", "[/THINK]"),

@@ -46,8 +46,9 @@ Rules every format keeps:
 - Whitespace between calls, before a first call opening the reply and after the last one
   ending it is dropped; all other text is given out as it came.
 
-The special tokens some formats use (`<|python_tag|>`, `[TOOL_CALLS]`, `[ARGS]`) must be in the
-text the parser is fed: the runner has to render those tokens' pieces.
+The special tokens some formats use (`<|python_tag|>`, `[TOOL_CALLS]`, `[ARGS]`: a parser's
+`preserved_tokens`) must be in the text the parser is fed: the runner has to render those
+tokens' pieces, which llama.cpp leaves out of a control token's piece unless asked.
 
 Tested in tests/unit/chat/test_tool_calls.py and tests/unit/chat/test_scripted_replies.py.
 """
@@ -236,6 +237,10 @@ class ToolCallParser:
 
     triggers: tuple[str, ...] = ()
     opening_triggers: tuple[str, ...] = ()
+    # the format's marks that are special tokens in its family's vocabularies: the runner must
+    # render their pieces (llama.cpp's token_to_piece leaves control tokens out unless asked,
+    # as llama-server keeps its formats' "preserved tokens")
+    preserved_tokens: tuple[str, ...] = ()
     new_id: Callable[[], str] = staticmethod(new_call_id)
 
     def __init__(
@@ -411,6 +416,7 @@ class HermesParser(ToolCallParser):
 
     open_tag, close_tag = "<tool_call>", "</tool_call>"
     triggers = (open_tag,)
+    preserved_tokens = (open_tag, close_tag)
     args_keys = ("arguments", "parameters")
 
     def attempt(self, text: str, final: bool) -> Attempt:
@@ -431,6 +437,7 @@ class Llama3Parser(ToolCallParser):
     python_tag = "<|python_tag|>"
     triggers = (python_tag,)
     opening_triggers = ("{",)
+    preserved_tokens = (python_tag,)
     args_keys = ("parameters", "arguments")
 
     def attempt(self, text: str, final: bool) -> Attempt:
@@ -460,6 +467,7 @@ class MistralParser(ToolCallParser):
 
     tag, args_tag, id_tag = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
     triggers = (tag,)
+    preserved_tokens = (tag, args_tag, id_tag)
     new_id = staticmethod(new_mistral_call_id)
     _name = re.compile(r"[A-Za-z0-9_.\-]+")
     _call_id = re.compile(r"[A-Za-z0-9]*")

@@ -1,7 +1,7 @@
 """The parsers on replies as the engine streams them: a fake runner whose reply is a script of
 token pieces (a model's tokenization, a character's bytes split across tokens), run through
-the real engine; the Token events' text fed to the reasoning parser, its answer to the tool-call
-parser, as the server does."""
+the real engine; the Token events' text read by chat/reply.py's ReplyReader (the reasoning
+parser, then the tool-call parser on its answer), as the server reads it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from localserve.chat.reasoning import new_reasoning_parser
-from localserve.chat.tool_calls import ContentDelta, ToolCallStart, new_tool_parser
+from localserve.chat.reply import ReasoningText, ReplyReader
+from localserve.chat.tool_calls import ContentDelta, ToolCallStart
 from localserve.engine.batch import Sampled
 from localserve.engine.engine import Engine
 from localserve.engine.events import Done, Token
@@ -45,23 +45,15 @@ def stream(pieces: list[bytes], max_tokens: int = 200) -> tuple[list[str], Done]
 
 def read(texts, reasoning_format, tool_format, prompt=""):
     """(reasoning, content, calls as (name, arguments), how many events named a call) of a
-    streamed reply, the reasoning split off first and the answer read for tool calls."""
-    thinking = new_reasoning_parser(reasoning_format, prompt)
-    tools = new_tool_parser(tool_format)
-    reasoning, events = [], []
-    for text in texts:
-        delta = thinking.feed(text)
-        reasoning.append(delta.reasoning)
-        events += tools.feed(delta.content)
-    last = thinking.finish()
-    reasoning.append(last.reasoning)
-    events += tools.feed(last.content)
-    finished = tools.finish()
+    streamed reply, read as the server reads it."""
+    reader = ReplyReader(reasoning_format=reasoning_format, tool_format=tool_format, prompt=prompt)
+    events = [e for text in texts for e in reader.feed(text)]
+    finished = reader.finish()
     events += finished.events
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningText))
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
     calls = [(c.name, json.loads(c.arguments)) for c in finished.calls]
-    starts = sum(isinstance(e, ToolCallStart) for e in events)
-    return "".join(reasoning), content, calls, starts
+    return reasoning, content, calls, sum(isinstance(e, ToolCallStart) for e in events)
 
 
 def tokens(*pieces: str) -> list[bytes]:
