@@ -24,14 +24,16 @@ The formats (FORMATS), and where they are written down:
   parallel calls, optionally `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` (tokenizer v11+: Small 3.2,
   Magistral, Devstral): mistral-common's tokenizer docs; vLLM's `mistral` parser. Mistral's
   templates insist on 9-letter alphanumeric call ids, so this format's ids are such.
-- `gemma`: Gemma 3 has no tool tokens; Google's "Function calling with Gemma" guide
-  (ai.google.dev/gemma/docs/capabilities/function-calling) has the model write Python calls in a
-  fenced block, ```` ```tool_code\\nname(arg=value, ...)\\n``` ```` (vLLM's `pythonic` parser reads
-  the same call syntax, also as a list `[f(a=1), g(b=2)]`); the community templates Ollama users
-  run (e.g. after Philipp Schmid's) have it answer a JSON object `{"name": ..., "parameters":
-  ...}` instead, which llama.cpp's generic format and Ollama also parse. Both are read: the block
-  anywhere, the JSON object at the start of the reply. Arguments in the block must be keywords
-  with literal values (Python literals, read with `ast.literal_eval`, never run).
+- `gemma`: Gemma 3 has no tool tokens: a framework reads calls from the shape it prompted for.
+  Google's "Function calling with Gemma" guide (ai.google.dev/gemma/docs/capabilities/
+  function-calling) gives two prompts: a Python list of calls as the whole reply,
+  `[name(arg=value, ...), other(...)]` (vLLM's `pythonic` parser, used with its Gemma 3 template,
+  reads this), or a JSON object `{"name": ..., "parameters": {...}}` (what the community Gemma 3
+  tool templates for Ollama ask for); Google's Gemma cookbook and agent guides wrap the Python
+  calls in a fenced ```` ```tool_code ```` block instead. All three are read: the list and the
+  JSON object opening the reply, the block anywhere. llama.cpp has no Gemma format of its own
+  (it falls back to its generic JSON one). Python arguments must be keywords with literal
+  values, read with `ast.literal_eval`, never run.
 
 Rules every format keeps:
 
@@ -42,7 +44,7 @@ Rules every format keeps:
 - A call is given out only once it is whole and well-formed, so a call the model left
   unfinished, or wrote with bad JSON or an unknown shape, comes out as plain text, never an
   exception, and nothing given out has to be taken back. Its arguments therefore come in one
-  `ToolCallArguments` fragment, the arguments re-encoded as compact JSON.
+  `ToolCallArguments` fragment: the arguments re-encoded as JSON (json.dumps, non-ASCII kept).
 - Whitespace between calls, before a first call opening the reply and after the last one
   ending it is dropped; all other text is given out as it came.
 
@@ -139,24 +141,30 @@ NEED_MORE = _NeedMore()
 Attempt = _Found | _NeedMore | None  # None: not a call (its trigger is text)
 
 
-_JSON_MARKS = re.compile(r'["\\{}\[\]]')  # what matters outside a string
-_STRING_MARKS = re.compile(r'["\\]')  # and inside one
+_MARKS = {  # what matters outside a string, and inside one (by its quote)
+    '"': re.compile(r'["\\{}\[\]]'),
+    "\"'": re.compile(r"[\"'\\{}\[\]]"),
+}
+_STRING_MARKS = {'"': re.compile(r'["\\]'), "'": re.compile(r"['\\]")}
 
 
-def json_value_end(text: str, start: int, resume: list | None = None) -> int | None:
+def json_value_end(
+    text: str, start: int, resume: list | None = None, quotes: str = '"'
+) -> int | None:
     """The index just past the JSON object or array opening at `start`; None if it is not closed
     yet. Only brackets and strings are followed: whether the value is valid is json's to say.
+    With `quotes="\"'"` it follows a Python literal's brackets the same way.
 
     `resume` (an empty list at first, kept by the caller while `text` only grows) carries where
     the scan stopped, so a call each delta costs the delta, not the whole text again."""
     state = resume if resume is not None else []
     if not state:
-        state.extend((start, 0, False))
-    i, depth, in_string = state
+        state.extend((start, 0, ""))
+    i, depth, quote = state
     if depth < 0:
         return i  # closed at i by an earlier call
     while True:
-        m = (_STRING_MARKS if in_string else _JSON_MARKS).search(text, i)
+        m = (_STRING_MARKS[quote] if quote else _MARKS[quotes]).search(text, i)
         if m is None:
             i = len(text)
             break
@@ -166,16 +174,16 @@ def json_value_end(text: str, start: int, resume: list | None = None) -> int | N
                 i -= 1  # the escaped character has not come yet: look again from the backslash
                 break
             i += 1
-        elif c == '"':
-            in_string = not in_string
+        elif c in "\"'":
+            quote = "" if quote else c
         elif c in "{[":
             depth += 1
         else:
             depth -= 1
             if depth == 0:
-                state[:] = (i, -1, False)
+                state[:] = (i, -1, "")
                 return i
-    state[:] = (i, depth, in_string)
+    state[:] = (i, depth, quote)
     return None
 
 
@@ -254,7 +262,7 @@ class ToolCallParser:
         self._held = ""  # text not given out yet
         # where scans of the held text stopped, so a call that waits for more costs each delta
         # only (the held text only grows until some of it is given out, which clears them)
-        self._scans: dict[int, list] = {}
+        self._scans: dict[tuple[int, str], list] = {}
         self._searched: dict[tuple[str, int], int] = {}
         self._at_boundary = True  # at the reply's start or just after a call: whitespace held
         self._space = ""  # whitespace before a trigger: dropped if a call follows, else text
@@ -375,9 +383,9 @@ class ToolCallParser:
 
     # --- what the formats use to read the held text, resuming where they stopped ------------
 
-    def _value_end(self, text: str, start: int) -> int | None:
+    def _value_end(self, text: str, start: int, quotes: str = '"') -> int | None:
         """json_value_end of the held text, resumed from the previous delta's scan."""
-        return json_value_end(text, start, self._scans.setdefault(start, []))
+        return json_value_end(text, start, self._scans.setdefault((start, quotes), []), quotes)
 
     def _find(self, text: str, sub: str, start: int) -> int:
         """text.find(sub, start), not searching again what an earlier delta's search passed."""
@@ -394,6 +402,9 @@ class ToolCallParser:
             return NEED_MORE
         if text[i] != "{":
             return None
+        key = _skip_space(text, i + 1)
+        if key < len(text) and text[key] != '"':
+            return None  # "{}", "{ 1": not a call object, not held
         end = self._value_end(text, i)
         if end is None:
             return NEED_MORE
@@ -402,7 +413,7 @@ class ToolCallParser:
 
 
 def _dumps(args: dict) -> str:
-    return json.dumps(args, ensure_ascii=False, separators=(", ", ": "))
+    return json.dumps(args, ensure_ascii=False)
 
 
 # --- the formats -----------------------------------------------------------------------------
@@ -514,18 +525,35 @@ class MistralParser(ToolCallParser):
 
 
 class GemmaParser(ToolCallParser):
-    """Gemma 3: Python calls in a ```` ```tool_code ```` block anywhere, or a JSON call object
-    `{"name": ..., "parameters": {...}}` opening the reply."""
+    """Gemma 3: Python calls in a ```` ```tool_code ```` block anywhere; or, opening the reply, a
+    Python list of calls `[f(a=1), g(b="x")]` or a JSON call object `{"name": ..., "parameters":
+    {...}}` (the two forms Google's function-calling guide prompts for)."""
 
     fence = "```tool_code"
     triggers = (fence,)
-    opening_triggers = ("{",)
+    opening_triggers = ("[", "{")
     args_keys = ("parameters", "arguments")
 
     def attempt(self, text: str, final: bool) -> Attempt:
-        if not text.startswith(self.fence):
+        if text.startswith("{"):
             got = self._json_call_at(text, 0, self.args_keys)
             return _Found(got[0], [got[1]]) if isinstance(got, tuple) else got
+        if text.startswith("["):
+            opening = _CALL_OPENING.match(text)
+            if opening is None:
+                return None
+            if opening.end() == len(text):
+                return NEED_MORE  # "[", "[get_wea", "[get_weather ": a call may still come
+            if text[opening.end()] != "(":
+                return None  # "[1, 2]", "[a link](...)", "[Note: ...": not calls, not held
+            end = self._value_end(text, 0, quotes="\"'")
+            if end is None:
+                return NEED_MORE
+            calls = pythonic_calls(text[:end])
+            return _Found(end, calls) if calls else None
+        return self._block(text)
+
+    def _block(self, text: str) -> Attempt:
         header_end = self._find(text, "\n", len(self.fence))
         if header_end < 0:
             return NEED_MORE if not text[len(self.fence) :].strip(" \t\r") else None
@@ -536,6 +564,9 @@ class GemmaParser(ToolCallParser):
             return NEED_MORE
         calls = pythonic_calls(text[header_end:close])
         return _Found(close + 3, calls) if calls else None
+
+
+_CALL_OPENING = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")  # "[" and a function's name
 
 
 def pythonic_calls(code: str) -> list[tuple[str, dict]] | None:

@@ -40,6 +40,10 @@ def parse(fmt: str, pieces, **options):
     return content, calls, events
 
 
+def text_of(events) -> str:
+    return "".join(e.text for e in events if isinstance(e, ContentDelta))
+
+
 def whole(fmt, text, **options):
     return parse(fmt, [text], **options)[:2]
 
@@ -122,6 +126,12 @@ CASES = [
         ],
     ),
     (
+        "gemma",  # the Python list Google's function-calling prompt asks for
+        "[get_weather(city='Paris', unit=\"celsius\"), get_time(tz='Asia/Tōkyō, \\'JST]\\'')]",
+        "",
+        [("get_weather", WEATHER), ("get_time", {"tz": "Asia/Tōkyō, 'JST]'"})],
+    ),
+    (
         "gemma",
         '  {"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}',
         "",
@@ -180,6 +190,9 @@ def test_the_call_comes_out_once_it_is_whole_and_content_is_held_only_while_uncl
         ("gemma", "```tool_code\nf(x={1, 2})\n```"),  # a set is not JSON
         ("gemma", "```tool_code\n```"),
         ("gemma", "```tool_codex\nf()\n```"),
+        ("gemma", "[a link](https://example.org) opening the reply"),
+        ("gemma", "[1, 2, 3] are numbers"),
+        ("gemma", "[get_weather(city='Paris')"),
     ],
 )
 def test_malformed_or_unfinished_calls_are_text(fmt, text):
@@ -196,6 +209,16 @@ def test_a_json_reply_is_a_call_only_when_it_opens_the_reply():
     text = 'Here: {"name": "f", "parameters": {}}'
     assert whole("llama3", text) == (text, [])
     assert whole("gemma", text) == (text, [])
+
+
+def test_a_reply_opening_with_a_bracket_is_held_only_while_it_may_be_a_call():
+    gemma = new_tool_parser("gemma")
+    assert gemma.feed("[get_wea") == []
+    assert gemma.feed("ther") == []
+    assert text_of(gemma.feed(" is what I would call")) == "[get_weather is what I would call"
+    assert text_of(new_tool_parser("gemma").feed("[Note: long")) == "[Note: long"
+    assert text_of(new_tool_parser("llama3").feed("{ 1")) == "{ 1"
+    assert new_tool_parser("llama3").feed('{"na') == []
 
 
 def test_whitespace_between_calls_is_dropped_and_other_text_kept():
