@@ -35,6 +35,11 @@ The formats (FORMATS), and where they are written down:
   (it falls back to its generic JSON one). Python arguments must be keywords with literal
   values, read with `ast.literal_eval`, never run.
 
+- `deepseek`: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + newline +
+  a ```` ```json ```` block of the arguments + `<｜tool▁call▁end｜>`, more calls, then
+  `<｜tool▁calls▁end｜>`: DeepSeek V3, R1 and the R1 distills (their templates write this);
+  vLLM's `deepseek_v3` parser, llama.cpp's DeepSeek R1 format.
+
 Rules every format keeps:
 
 - The events do not depend on how the text was split into deltas: feeding it whole or a
@@ -566,6 +571,39 @@ class GemmaParser(ToolCallParser):
         return _Found(close + 3, calls) if calls else None
 
 
+class DeepSeekParser(ToolCallParser):
+    """`<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\\n```json\\n{...}\\n```
+    <｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`: DeepSeek V3, R1 and the R1 distills' templates."""
+
+    calls_begin, calls_end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    call_begin, call_end = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
+    triggers = (calls_begin, call_begin, calls_end)
+    preserved_tokens = (calls_begin, calls_end, call_begin, call_end, "<｜tool▁sep｜>")
+    _call = re.compile(r"\s*(\w+)<｜tool▁sep｜>([^\n]+)\n```(?:json)?\n(.*)\n```\s*", re.DOTALL)
+
+    def attempt(self, text: str, final: bool) -> Attempt:
+        if text.startswith(self.calls_begin):  # the list's wrapper, with its first call
+            i = _skip_space(text, len(self.calls_begin))
+            if not text.startswith(self.call_begin, i):
+                return NEED_MORE if self.call_begin.startswith(text[i:]) else None
+            return self._call_at(text, i)
+        if text.startswith(self.calls_end):  # the wrapper's end, after calls only
+            return _Found(len(self.calls_end), []) if self._calls else None
+        return self._call_at(text, 0)
+
+    def _call_at(self, text: str, i: int) -> Attempt:
+        end = self._find(text, self.call_end, i + len(self.call_begin))
+        if end < 0:
+            return NEED_MORE
+        m = self._call.fullmatch(text, i + len(self.call_begin), end)
+        if m is None or m.group(1) != "function" or not _is_name(m.group(2).strip()):
+            return None
+        args = _loads(m.group(3))
+        if not isinstance(args, dict):
+            return None
+        return _Found(end + len(self.call_end), [(m.group(2).strip(), args)])
+
+
 _CALL_OPENING = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")  # "[" and a function's name
 
 
@@ -631,10 +669,12 @@ PARSERS: dict[str, type[ToolCallParser]] = {
     "llama3": Llama3Parser,
     "mistral": MistralParser,
     "gemma": GemmaParser,
+    "deepseek": DeepSeekParser,
 }
 
 # what in a chat template gives its family's format away, most specific first
 _TEMPLATE_MARKS: tuple[tuple[str, str], ...] = (
+    ("<｜tool▁calls▁begin｜>", "deepseek"),
     ("[TOOL_CALLS]", "mistral"),
     ("<tool_call>", "hermes"),
     ("<|python_tag|>", "llama3"),
@@ -644,8 +684,18 @@ _TEMPLATE_MARKS: tuple[tuple[str, str], ...] = (
 )
 
 
+# llama.cpp's built-in templates (models.toml's chat_template may name one) by family
+_BUILTIN_TEMPLATES = {"gemma": "gemma", "llama3": "llama3"} | {
+    name: "mistral"
+    for name in ("mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken")
+}
+
+
 def detect_tool_format(template: str | None) -> str | None:
-    """The call format a chat template's family writes, or None when the template shows none."""
+    """The call format a chat template's family writes (the template's text, or the name of one
+    of llama.cpp's built-in templates), or None when the template shows none."""
+    if template in _BUILTIN_TEMPLATES:
+        return _BUILTIN_TEMPLATES[template]
     for mark, name in _TEMPLATE_MARKS:
         if template and mark in template:
             return name

@@ -84,9 +84,11 @@ def test_a_deepseek_r1_distill_reply_starts_inside_the_reasoning():
     # the distill's template ends the prompt with "<think>\n": no open tag in the reply
     prompt = "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>\n"
     pieces = tokens("Okay", ",", " I", " need", " the", " tool", ".", "\n", "</", "think", ">")
-    pieces += tokens("\n\n", "I'll", " check", ":", "\n", "<tool_call>", '{"name": "get_weather",')
-    pieces += tokens(' "arguments": {"city": "Paris"}}', "</tool_call>")
-    reasoning, content, calls, _ = read(stream(pieces)[0], "think", "hermes", prompt)
+    pieces += tokens("\n\n", "I'll", " check", ":", "\n", "<｜tool▁calls▁begin｜>")
+    pieces += tokens("<｜tool▁call▁begin｜>", "function", "<｜tool▁sep｜>", "get", "_weather", "\n")
+    pieces += tokens("```", "json", "\n", '{"city": ', '"Paris"}', "\n", "```")
+    pieces += tokens("<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
+    reasoning, content, calls, _ = read(stream(pieces)[0], "think", "deepseek", prompt)
     assert reasoning == "Okay, I need the tool.\n"
     assert content == "I'll check:\n"
     assert calls == [("get_weather", {"city": "Paris"})]

@@ -140,6 +140,21 @@ CASES = [
 ]
 
 
+DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
+CASES += [
+    (
+        "deepseek",
+        "I'll check.\n\n<｜tool▁calls▁begin｜>"
+        + DS_CALL.format("get_weather", json.dumps(WEATHER))
+        + "\n"
+        + DS_CALL.format("get_time", "{}")
+        + "<｜tool▁calls▁end｜>",
+        "I'll check.\n\n",
+        [("get_weather", WEATHER), ("get_time", {})],
+    ),
+]
+
+
 @pytest.mark.parametrize(("fmt", "text", "content", "calls"), CASES)
 def test_each_format_whole_and_a_character_at_a_time(fmt, text, content, calls):
     assert whole(fmt, text) == (content, calls)
@@ -193,6 +208,19 @@ def test_the_call_comes_out_once_it_is_whole_and_content_is_held_only_while_uncl
         ("gemma", "[a link](https://example.org) opening the reply"),
         ("gemma", "[1, 2, 3] are numbers"),
         ("gemma", "[get_weather(city='Paris')"),
+        (
+            "deepseek",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{",
+        ),
+        ("deepseek", "<｜tool▁calls▁begin｜>plain text<｜tool▁calls▁end｜>"),
+        (
+            "deepseek",
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n[1]\n```<｜tool▁call▁end｜>",
+        ),
+        (
+            "deepseek",
+            "<｜tool▁call▁begin｜>code<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜>",
+        ),
     ],
 )
 def test_malformed_or_unfinished_calls_are_text(fmt, text):
@@ -316,6 +344,7 @@ def test_a_long_call_fed_a_token_at_a_time_costs_each_token_only(fmt):
         "llama3": f'{{"name": "w", "parameters": {args}}}',
         "mistral": f"[TOOL_CALLS]w[ARGS]{args}",
         "gemma": f"```tool_code\nw(code={code!r})\n```",
+        "deepseek": DS_CALL.format("w", args),
     }[fmt]
     started = time.perf_counter()
     content, calls, _ = parse(fmt, [text[i : i + 4] for i in range(0, len(text), 4)])
@@ -332,6 +361,13 @@ def test_a_deeply_nested_call_is_text_not_a_crash():
 # --- any split of the reply gives what the whole reply gives ---------------------------------
 
 NOISE = ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "```tool_code"]
+NOISE += [
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+]
+NOISE += ["function", "```json\n", "\n```", "<｜tool▁calls▁end｜>"]
 NOISE += ["{", "}", "[", "]", '"', ";", "\n", " ", "f(x=1)", '"name": "f"', "é", "🌧", "<", "`"]
 
 
@@ -371,8 +407,13 @@ def test_any_text_any_split_parses_the_same_and_never_raises(fmt, text, cuts):
         ("{{- '<|start_header_id|>ipython<|end_header_id|>' }}", "llama3"),
         ("{{- '<|python_tag|>' + tool_call.name }}", "llama3"),
         ("{{ '<start_of_turn>' + role + '\\n' }}", "gemma"),
+        ("{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}", "deepseek"),
         ("{{ message.content }}", None),
         (None, None),
+        ("gemma", "gemma"),  # llama.cpp's built-in templates, by name
+        ("mistral-v7-tekken", "mistral"),
+        ("llama3", "llama3"),
+        ("chatml", None),
     ],
 )
 def test_the_format_is_read_from_the_template(template, fmt):
