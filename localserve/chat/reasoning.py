@@ -7,8 +7,8 @@ The formats (FORMATS), the families that write them and where they are written d
   DeepSeek-R1 and its Qwen/Llama distills, GLM-4.5; vLLM's `deepseek_r1` and `qwen3` reasoning
   parsers (vllm/reasoning/), llama.cpp's `--reasoning-format deepseek`. Magistral Small 2506
   also wrote these tags as plain text.
-- `magistral`: `[THINK]…[/THINK]`, control tokens of Mistral's tokenizer v13: Magistral Small
-  and Medium 1.1/1.2 (mistral-common's "reasoning" docs; vLLM's `mistral` reasoning parser).
+- `magistral`: `[THINK]…[/THINK]`, control tokens of Mistral's newer tokenizers: Magistral Small
+  and Medium from 2507 on (mistral-common's docs; vLLM's `mistral` reasoning parser).
 
 The other reasoning parsers in vLLM (Granite's "Here is my thought process:", Hunyuan's
 `<answer>`, gpt-oss's channels, Step3) belong to families this server does not target yet.

@@ -19,11 +19,11 @@ The formats (FORMATS), and where they are written down:
   "prompt format" docs for 3.1 (JSON-based tool calling); vLLM's `llama3_json` parser, llama.cpp's
   `common/chat.cpp` (LLAMA_3_X). Llama 3.1's built-in tools (`<|python_tag|>brave_search.call(...)`)
   are not JSON and come out as text.
-- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (tokenizers v3 to v7:
-  Mistral 7B v0.3, Nemo, Small 3.0/3.1, Large 2) and `[TOOL_CALLS]name[ARGS]{...}`, repeated for
-  parallel calls, optionally `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` (tokenizer v11+: Small 3.2,
+- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo,
+  Small 3.0/3.1, Large 2) and `[TOOL_CALLS]name[ARGS]{...}`, repeated for parallel calls, or
+  `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` as Mistral Small 3.2's template writes it (Small 3.2,
   Magistral, Devstral): mistral-common's tokenizer docs; vLLM's `mistral` parser. Mistral's
-  templates insist on 9-letter alphanumeric call ids, so this format's ids are such.
+  templates refuse call ids that are not 9 letters and digits, so this format's ids are such.
 - `gemma`: Gemma 3 has no tool tokens: a framework reads calls from the shape it prompted for.
   Google's "Function calling with Gemma" guide (ai.google.dev/gemma/docs/capabilities/
   function-calling) gives two prompts: a Python list of calls as the whole reply,

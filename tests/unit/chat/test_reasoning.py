@@ -110,6 +110,7 @@ def test_the_prompt_says_whether_the_reply_starts_inside_the_reasoning():
     assert prompt_opens_reasoning(r1, "think")
     qwen3_off = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     assert not prompt_opens_reasoning(qwen3_off, "think")
+    assert not prompt_opens_reasoning(r1 + "</think>", "think")  # the distill, thinking off
     assert not prompt_opens_reasoning("<|im_start|>assistant\n", "think")
     assert prompt_opens_reasoning("[INST]q[/INST][THINK]", "magistral")
     parser = new_reasoning_parser("think", r1)
