@@ -22,6 +22,8 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 KvType = Literal["f16", "q8_0", "q4_0"]
+# how a model writes tool calls (localserve/chat/tool_calls.py reads each one)
+ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "deepseek"]
 MAX_DEVICES = 16  # llama.cpp's LLAMA_MAX_DEVICES
 
 
@@ -41,6 +43,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # the system message of chats that bring none; its KV is computed once and shared by every
     # user's requests (None: the transcript format's preamble, no system message for templates)
     system_prompt: str | None = None
+    # the tool-call format of the model's replies; "auto" = guessed from its chat template
+    tool_format: ToolFormat | Literal["auto"] = "auto"
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
     # sequence ids kept for cached prefixes (finished turns, system prompts) beyond max_num_seqs
