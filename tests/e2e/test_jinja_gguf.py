@@ -1,0 +1,70 @@
+"""A GGUF carrying a Jinja chat template (the embedded model with Gemma 3's instruction template
+written into its `tokenizer.chat_template`) loads and serves through the real server: its prompts
+are the Jinja rendering, made in the server's process (engine_process.VocabOnly) and in the
+engine's (LlamaRunner)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from localserve.chat.templates import ChatTemplate
+from localserve.config import Config, ModelConfig, ServerConfig
+from localserve.runners.models import ensure_embedded
+
+pytestmark = pytest.mark.model
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "templates" / "google-gemma-3-4b-it.jinja"
+CHAT = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+@pytest.fixture(scope="session")
+def jinja_gguf(tmp_path_factory) -> Path:
+    """A copy of the embedded GGUF with the template in its metadata (once per session)."""
+    out = tmp_path_factory.mktemp("jinja-gguf") / "gemma-3-270m-jinja.gguf"
+    write = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(ensure_embedded())]
+    write += [str(out), "--chat-template-file", str(TEMPLATE), "--force"]
+    subprocess.run(write, check=True, capture_output=True, timeout=300)
+    return out
+
+
+def jinja_config(path: Path, engine_process: bool) -> Config:
+    model = ModelConfig(
+        path=str(path), n_ctx=2048, max_num_seqs=4, max_num_batched_tokens=256, n_threads=2
+    )
+    server = ServerConfig(shutdown_grace_s=2, engine_process=engine_process)
+    return Config(default="gemma-jinja", models={"gemma-jinja": model}, server=server)
+
+
+@pytest.mark.parametrize("engine_process", [True, False], ids=["engine-process", "in-process"])
+def test_a_gguf_with_a_jinja_template_serves_its_rendering(jinja_gguf, engine_process):
+    from localserve.serve.serving import serving
+
+    with serving(jinja_config(jinja_gguf, engine_process), thread=True) as served:
+        runner = served.server.runner
+        expected = ChatTemplate(TEMPLATE.read_text(encoding="utf-8"), "<bos>", "<eos>").render(CHAT)
+        assert expected.startswith("<bos><start_of_turn>user\nAnswer briefly.\n\nWhat is")
+        # the runner renders the GGUF's template; the tokenizer adds the BOS the text then drops
+        assert runner.apply_chat_template(CHAT) == expected.removeprefix("<bos>")
+        assert runner.info.chat_template == TEMPLATE.read_text(encoding="utf-8")
+        tokens = runner.tokenize(expected, add_special=False)
+        client = openai.OpenAI(base_url=served.thread.http + "/v1", api_key="-", max_retries=0)
+        reply = client.chat.completions.create(
+            model="gemma-jinja", messages=CHAT, max_tokens=4, temperature=0
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        assert reply.usage.prompt_tokens == len(tokens)
+        # the template's own refusal is this request's 400, and the server serves on
+        with pytest.raises(openai.BadRequestError, match="Conversation roles must alternate"):
+            client.chat.completions.create(
+                model="gemma-jinja", messages=[*CHAT, CHAT[1]], max_tokens=4
+            )
+        again = client.chat.completions.create(model="gemma-jinja", messages=CHAT, max_tokens=2)
+        assert again.usage.prompt_tokens == len(tokens)
