@@ -187,7 +187,7 @@ def _count_loops(tree: jinja2.nodes.Template) -> jinja2.nodes.Template:
 
     for loop in tree.find_all(jinja2.nodes.For):
         loop.iter = call("_localserve_counted", [loop.iter])
-    for parent in tree.find_all(jinja2.nodes.Node):
+    for parent in list(tree.find_all(jinja2.nodes.Node)):  # all of them before any changes
         for field in parent.fields:
             value = getattr(parent, field, None)
             if isinstance(value, jinja2.nodes.Concat):

@@ -68,3 +68,56 @@ def test_a_gguf_with_a_jinja_template_serves_its_rendering(jinja_gguf, engine_pr
             )
         again = client.chat.completions.create(model="gemma-jinja", messages=CHAT, max_tokens=2)
         assert again.usage.prompt_tokens == len(tokens)
+
+
+HOSTILE = (  # fine for one message; for two, 10^10 empty loop turns
+    "{% if messages | length > 1 %}{% for i in range(100000) %}{% for j in range(100000) %}"
+    "{% endfor %}{% endfor %}{% endif %}{% for m in messages %}<start_of_turn>{{ m.role }}\n"
+    "{{ m.content }}<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
+)
+
+
+def test_a_hostile_template_file_fails_its_request_and_nothing_else(tmp_path):
+    import threading
+    import time
+    import urllib.request
+
+    from localserve.config import load_config
+    from localserve.serve.serving import serving
+
+    (tmp_path / "hostile.jinja").write_text(HOSTILE, encoding="utf-8")
+    (tmp_path / "models.toml").write_text(
+        '[models.g]\nembedded = true\nchat_template = "hostile.jinja"\nn_ctx = 2048\n'
+        "n_threads = 2\nmax_num_batched_tokens = 256\nmax_num_seqs = 4\n"
+        "[server]\nshutdown_grace_s = 2\nengine_process = false\n",
+        encoding="utf-8",
+    )
+    config = load_config(tmp_path / "models.toml")
+    config.default = "g"
+    with serving(config, thread=True) as served:
+        http = served.thread.http
+        client = openai.OpenAI(base_url=http + "/v1", api_key="-", max_retries=0)
+        one = client.chat.completions.create(model="g", messages=CHAT[1:], max_tokens=2)
+        assert one.usage.prompt_tokens > 5
+        failed: list[Exception] = []
+
+        def hostile() -> None:
+            try:
+                client.chat.completions.create(model="g", messages=CHAT, max_tokens=2)
+            except openai.BadRequestError as e:
+                failed.append(e)
+
+        started = time.monotonic()
+        thread = threading.Thread(target=hostile)
+        thread.start()
+        time.sleep(0.3)  # the render is under way on a tokenizer thread
+        tick = time.monotonic()
+        with urllib.request.urlopen(http + "/healthz", timeout=5) as answer:
+            assert answer.status == 200
+        assert time.monotonic() - tick < 1.0  # the event loop is not stalled
+        thread.join(timeout=30)
+        assert time.monotonic() - started < 10
+        assert len(failed) == 1 and "chat_template" in str(failed[0])
+        assert "too much work" in str(failed[0]) or "took over" in str(failed[0])
+        again = client.chat.completions.create(model="g", messages=CHAT[1:], max_tokens=2)
+        assert again.usage.prompt_tokens == one.usage.prompt_tokens

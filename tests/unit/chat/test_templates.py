@@ -111,6 +111,17 @@ def test_the_sandbox_forbids_python_internals():
         ChatTemplate("{% set ns = namespace(_x=1) %}").render(HELLO)
 
 
+def test_concatenation_and_loops_still_mean_what_they_meant():
+    t = ChatTemplate(
+        "{% for m in messages %}{{ loop.index }}/{{ loop.length }} "
+        "{{ m.role ~ ':' ~ (m.content ~ '!') }}"
+        "{% if loop.last %}.{% endif %} {% endfor %}{% for i in range(3) %}{% if i == 1 %}"
+        "{% continue %}{% endif %}{{ i }}{% endfor %}"
+    )
+    chat = [*HELLO, {"role": "assistant", "content": "Hi"}]
+    assert t.render(chat) == "1/2 user:Hello! 2/2 assistant:Hi!. 02"
+
+
 def test_the_generation_tag_renders_its_body():
     assert ChatTemplate("{% generation %}hi{% endgeneration %}").render(HELLO) == "hi"
 
@@ -124,6 +135,7 @@ HOSTILE = {
     "string-multiplication": "{{ 'x' * 1000000000 }}",
     "list-multiplication": "{% set l = [1] * 1000000000 %}",
     "doubling-by-tilde": NS + "{% set ns.s = ns.s ~ ns.s %}" + END,
+    "nested-tilde": NS + "{% set ns.s = (ns.s ~ ('' ~ ns.s)) %}" + END,
     "doubling-by-plus": NS + "{% set ns.s = ns.s + ns.s %}" + END,
     "deep-recursion": FN + "{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
     "exponential-recursion": FN + "{% if n < 64 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}"
