@@ -121,3 +121,31 @@ def test_a_hostile_template_file_fails_its_request_and_nothing_else(tmp_path):
         assert "too much work" in str(failed[0]) or "took over" in str(failed[0])
         again = client.chat.completions.create(model="g", messages=CHAT[1:], max_tokens=2)
         assert again.usage.prompt_tokens == one.usage.prompt_tokens
+
+
+def vocab(path: Path, **cfg):
+    from localserve.runners.llama import VocabOnly
+
+    return VocabOnly(path, ModelConfig(path=str(path), **cfg))
+
+
+def test_the_template_source_is_chosen_as_models_toml_says(tmp_path, jinja_gguf):
+    embedded = ensure_embedded()
+    none = vocab(embedded)  # the embedded GGUF carries no template
+    with pytest.raises(ValueError, match="chat_template: the model has none"):
+        none.apply_chat_template(CHAT)
+    builtin = vocab(jinja_gguf, chat_template="gemma")  # a name beats the file's Jinja
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert builtin.apply_chat_template(parts) == "<start_of_turn>user\nHi<end_of_turn>\n" + (
+        "<start_of_turn>model\n"
+    )
+    with pytest.raises(ValueError, match="built-in chat template 'gemma' cannot show tools"):
+        builtin.apply_chat_template(CHAT, tools=[{"type": "function", "function": {"name": "f"}}])
+    (tmp_path / "t.jinja").write_text("{{ bos_token }}[{{ messages[-1].content }}|{{ x }}]")
+    own = vocab(embedded, chat_template=str(tmp_path / "t.jinja"))
+    assert own.apply_chat_template(CHAT, x=1) == "[What is the capital of France?|1]"  # no <bos>
+    (tmp_path / "bad.jinja").write_text("{% for %}")
+    with pytest.raises(ValueError, match="chat_template: the template is not valid Jinja"):
+        vocab(embedded, chat_template=str(tmp_path / "bad.jinja")).apply_chat_template(CHAT)
+    for v in (none, builtin, own):
+        v.close()
