@@ -259,6 +259,9 @@ def _sized_filter(fn: Callable, width_arg: int) -> Callable:
         if isinstance(width, int):
             lines = str(value).count("\n") + 1
             _budget.get().check_size(len(str(value)) + width * lines)
+        elif isinstance(width, str):  # indent's width may be the indent itself
+            lines = str(value).count("\n") + 1
+            _budget.get().check_size(len(str(value)) + len(width) * lines)
         return fn(value, *args, **kwargs)
 
     return bounded
@@ -366,14 +369,16 @@ class ChatTemplate:
         self,
         messages: list[dict],
         tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
         *,
         add_generation_prompt: bool = True,
         now: Callable[[], datetime] = datetime.now,
         max_s: float = MAX_RENDER_S,
-        **template_kwargs: Any,
     ) -> str:
-        """The prompt text of a chat. Raises ChatTemplateError (a ValueError) when the template
-        refuses the chat, fails, or exceeds its time or size bound."""
+        """The prompt text of a chat; `template_kwargs` (a client's chat_template_kwargs, such as
+        enable_thinking) become template variables. Raises ChatTemplateError (a ValueError) when
+        the template refuses the chat, fails, or exceeds its time or size bound."""
+        template_kwargs = template_kwargs or {}
         clash = sorted(RESERVED & template_kwargs.keys())
         if clash:
             raise ValueError(f"chat_template_kwargs: {clash[0]!r} is set by the server")

@@ -148,7 +148,7 @@ class _TokenText:
         if self._template_error is not None:
             raise self._template_error
         if self._jinja is not None:
-            text = self._jinja.render(messages, tools, **template_kwargs)
+            text = self._jinja.render(messages, tools, template_kwargs)
             # the tokenizer adds the BOS itself (llama-server strips it the same way)
             bos = self._jinja.bos_token
             if self._adds_bos and bos and text.startswith(bos):

@@ -34,9 +34,9 @@ def render(t: ChatTemplate, chat: dict) -> str:
     return t.render(
         chat["messages"],
         chat.get("tools"),
+        chat.get("kwargs"),
         add_generation_prompt=chat.get("add_generation_prompt", True),
         now=lambda: NOW,
-        **chat.get("kwargs", {}),
     )
 
 
@@ -90,18 +90,25 @@ def test_an_undefined_attribute_is_a_clear_error():
 
 def test_strftime_now_and_template_kwargs_reach_the_template():
     t = ChatTemplate("{{ strftime_now('%d %b %Y') }} {{ enable_thinking }} {{ bos_token }}", "<s>")
-    assert t.render(HELLO, now=lambda: NOW, enable_thinking=False) == "15 Jan 2026 False <s>"
+    text = t.render(HELLO, None, {"enable_thinking": False}, now=lambda: NOW)
+    assert text == "15 Jan 2026 False <s>"
 
 
 def test_template_kwargs_cannot_replace_the_servers_variables():
     with pytest.raises(ValueError, match="chat_template_kwargs: 'bos_token' is set by the server"):
-        ChatTemplate("{{ bos_token }}").render(HELLO, bos_token="<s>")
+        ChatTemplate("{{ bos_token }}").render(HELLO, None, {"bos_token": "<s>"})
+
+
+def test_template_kwargs_are_template_variables_never_the_renders_own_bounds():
+    t = ChatTemplate("{{ max_s }} {{ now }}" + HOSTILE["nested-loops"])
+    with pytest.raises(ChatTemplateError, match="too much work|took over"):
+        t.render(HELLO, None, {"max_s": 1e9, "now": "x"})
 
 
 def test_tojson_keeps_text_as_it_is_and_takes_transformers_arguments():
     t = ChatTemplate("{{ x | tojson }}|{{ x | tojson(indent=2, sort_keys=true) }}")
     want = '{"b": "é<", "a": 1}|{\n  "a": 1,\n  "b": "é<"\n}'
-    assert t.render(HELLO, x={"b": "é<", "a": 1}) == want
+    assert t.render(HELLO, None, {"x": {"b": "é<", "a": 1}}) == want
 
 
 def test_the_sandbox_forbids_python_internals():
@@ -147,6 +154,7 @@ HOSTILE = {
     "huge-center-filter": "{{ 'x' | center(1000000000) }}",
     "huge-replace": "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
     "huge-indent": "{{ messages | tojson(indent=100000) }}",
+    "huge-indent-text": "{{ ('x\n' * 100000) | indent('y' * 100000) }}",
     "recursive-loop": "{% for m in [1] recursive %}{{ loop([1, 2]) }}{% endfor %}",
 }
 
