@@ -15,6 +15,7 @@ import pytest
 from localserve.chat.templates import ChatTemplate
 from localserve.config import Config, ModelConfig, ServerConfig
 from localserve.runners.models import ensure_embedded
+from tests.support.live import WS
 
 pytestmark = pytest.mark.model
 
@@ -121,6 +122,18 @@ def test_a_hostile_template_file_fails_its_request_and_nothing_else(tmp_path):
         assert "too much work" in str(failed[0]) or "took over" in str(failed[0])
         again = client.chat.completions.create(model="g", messages=CHAT[1:], max_tokens=2)
         assert again.usage.prompt_tokens == one.usage.prompt_tokens
+        # the same over the websocket protocol: that chat's bad_request, the connection open
+        ws = WS(served.thread.url)
+        try:
+            ws.hello("alice")
+            ws.send({"type": "chat", "id": "h", "messages": CHAT, "max_tokens": 2})
+            error = ws.until(lambda f: f["type"] == "error", timeout=30)[-1]
+            assert (error["code"], error["id"]) == ("bad_request", "h")
+            assert error["message"].startswith("chat_template: the template ")
+            ws.chat("ok", "Hi", max_tokens=2)
+            assert ws.until_done("ok")[-1]["type"] == "done"
+        finally:
+            ws.close()
 
 
 def vocab(path: Path, **cfg):
