@@ -39,7 +39,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # how chats become a prompt: "template" = llama.cpp's chat template (chat_template below);
     # "transcript" = a plain "User: ... / Assistant:" dialogue, which base models continue best
     chat_format: Literal["template", "transcript"] = "template"
-    chat_template: str | None = None  # llama.cpp built-in template name; None = the GGUF's own
+    # None = the GGUF's own (Jinja, rendered as transformers does); a llama.cpp built-in name
+    # ("gemma", "chatml", ...); or a `.jinja` file (relative to models.toml's folder)
+    chat_template: str | None = None
     # the system message of chats that bring none; its KV is computed once and shared by every
     # user's requests (None: the transcript format's preamble, no system message for templates)
     system_prompt: str | None = None
@@ -245,10 +247,22 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         raise ConfigError(f"{p}: no such configuration file")
     config = parse_config(p.read_text(encoding="utf-8"), str(p))
     # relative model paths are relative to the file that names them
-    for model in config.models.values():
+    for name, model in config.models.items():
         if model.path and not Path(model.path).expanduser().is_absolute():
             model.path = str((p.parent / model.path).resolve())
+        if is_template_file(model.chat_template):
+            template = Path(model.chat_template).expanduser()
+            model.chat_template = str(template if template.is_absolute() else p.parent / template)
+            if not Path(model.chat_template).is_file():
+                raise ConfigError(
+                    f"{p}: models.{name}.chat_template: no such file: {model.chat_template}"
+                )
     return config
+
+
+def is_template_file(chat_template: str | None) -> bool:
+    """Whether models.toml's chat_template names a `.jinja` file (else a name or Jinja text)."""
+    return bool(chat_template) and chat_template.lower().endswith(".jinja")
 
 
 def check_model(name: str, model: ModelConfig, source: str) -> None:

@@ -43,7 +43,11 @@ class Runner(Protocol):
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any
+    ) -> str:
+        """A chat's prompt text; `tools` and `template_kwargs` (enable_thinking, ...) reach a
+        Jinja template. Raises ValueError when the template cannot render the chat."""
 
     def piece(self, token: int) -> bytes: ...
 

@@ -111,8 +111,10 @@ class Vocabulary:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self._vocab.tokenize(text, add_special)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return self._vocab.apply_chat_template(messages)
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs
+    ) -> str:
+        return self._vocab.apply_chat_template(messages, tools, **template_kwargs)
 
     def where(self) -> str:
         return self.where_text

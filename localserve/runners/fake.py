@@ -85,8 +85,13 @@ class FakeRunner:
         words = [FIRST_WORD + sum(w.encode()) % (self.n_vocab - FIRST_WORD) for w in text.split()]
         return ([BOS] if add_special else []) + words
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}> {m['content']} " for m in messages) + "<model> "
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs
+    ) -> str:
+        """`<role> text ` per message (and `<tools> names ` first when tools are offered)."""
+        names = [t.get("function", {}).get("name", "?") for t in tools or ()]
+        head = f"<tools> {' '.join(names)} " if names else ""
+        return head + "".join(f"<{m['role']}> {_text(m)} " for m in messages) + "<model> "
 
     def piece(self, token: int) -> bytes:
         return b"" if token < FIRST_WORD else f"w{token} ".encode()
@@ -188,3 +193,10 @@ class FakeRunner:
     def close(self) -> None:
         self.cells.clear()
         self.refs.clear()
+
+
+def _text(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # [{type: text, text}] parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""

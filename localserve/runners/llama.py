@@ -18,7 +18,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from localserve.config import ModelConfig
+from localserve.chat.templates import ChatTemplate, ChatTemplateError, is_jinja
+from localserve.config import ConfigError, ModelConfig, is_template_file
 from localserve.engine.batch import Batch, Sampled
 from localserve.engine.runner import DecodeError, KVCacheFull, RunTimings, apply_cell_ops
 from localserve.engine.sampling_params import MIN_TEMPERATURE, SamplingParams
@@ -97,11 +98,14 @@ class _SamplerChain:
 
 
 class _TokenText:
-    """Text in and out of tokens with a model's vocabulary and chat template (`vocab`,
-    `_template` are set by the class that loads the model)."""
+    """Text in and out of tokens with a model's vocabulary and chat template (`vocab` and the
+    template are set by the class that loads the model, with `_load_template`)."""
 
     vocab = None
-    _template: bytes | None = None
+    _template: bytes | None = None  # a llama.cpp built-in template (a name, or marked text)
+    _jinja: ChatTemplate | None = None  # the model's own Jinja template, rendered as HF does
+    _template_error: ValueError | None = None  # why the configured template cannot be used
+    _adds_bos = False  # the tokenizer puts the BOS in front by itself
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -113,11 +117,54 @@ class _TokenText:
                 return buf[:n]
             size = -n
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Format a chat with llama.cpp's built-in template (no Jinja)."""
+    def _load_template(self, model, cfg: ModelConfig) -> None:
+        """The template to use: a `.jinja` file or Jinja text from models.toml, a llama.cpp
+        built-in name from models.toml, else the GGUF's own (Jinja; llama.cpp's marker-based
+        guess when jinja2 cannot parse it)."""
+        try:
+            source = _template_source(model, cfg)
+        except ValueError as e:
+            self._template_error = e
+            return
+        if source is None or not is_jinja(source):
+            self._template = None if source is None else source.encode()
+            return
+        bos, eos = (_token_text(self.vocab, t) for t in _special_tokens(self.vocab))
+        try:
+            self._jinja = ChatTemplate(source, bos, eos)
+        except ChatTemplateError as e:
+            if cfg.chat_template:  # the operator's own template: say so at start-up
+                self._template_error = e
+                return
+            log.warning("the GGUF's chat template: %s; using llama.cpp's built-in guess", e)
+            self._template = source.encode()
+        self._adds_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs
+    ) -> str:
+        """Format a chat: the model's Jinja template (with `tools` and `template_kwargs` such as
+        enable_thinking), or llama.cpp's built-in one. Raises ValueError naming the problem."""
+        if self._template_error is not None:
+            raise self._template_error
+        if self._jinja is not None:
+            text = self._jinja.render(messages, tools, template_kwargs)
+            # the tokenizer adds the BOS itself (llama-server strips it the same way)
+            bos = self._jinja.bos_token
+            if self._adds_bos and bos and text.startswith(bos):
+                text = text[len(bos) :]
+            return text
+        return self._apply_builtin(messages, tools)
+
+    def _apply_builtin(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """llama.cpp's built-in template (no Jinja): roles and text only."""
         if self._template is None:
             raise ValueError("chat_template: the model has none; set one in models.toml")
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        name = self._template.decode(errors="replace")
+        what = repr(name) if len(name) <= 40 else "the model's Jinja template"
+        if tools:
+            raise ValueError(f"tools: llama.cpp's built-in chat template {what} cannot show tools")
+        keep = [(m["role"].encode(), _text_of(m.get("content")).encode()) for m in messages]
         chat = (llama_cpp.llama_chat_message * len(keep))()
         for i, (role, content) in enumerate(keep):
             chat[i].role, chat[i].content = role, content
@@ -128,12 +175,44 @@ class _TokenText:
                 self._template, chat, len(keep), True, buf, size
             )
             if n < 0:
-                name = self._template.decode(errors="replace")
-                what = repr(name) if len(name) <= 40 else "the model's Jinja template"
                 raise ValueError(f"chat_template: llama.cpp does not know {what}")
             if n <= size:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = n
+
+
+def _text_of(content) -> str:
+    """A message's text: a string, or the text of its [{type: text, text}] parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def _special_tokens(vocab) -> tuple[int, int]:
+    return llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)
+
+
+def _token_text(vocab, token: int) -> str:
+    """A special token's text (BOS, EOS), "" when the vocabulary has none."""
+    if token < 0:
+        return ""
+    return (llama_cpp.llama_vocab_get_text(vocab, token) or b"").decode("utf-8", errors="replace")
+
+
+def _template_source(model, cfg: ModelConfig) -> str | None:
+    """models.toml's chat_template (a `.jinja` file's text, Jinja text or a built-in name), else
+    the GGUF's `tokenizer.chat_template`; None when neither has one."""
+    configured = cfg.chat_template
+    if is_template_file(configured):
+        path = Path(configured).expanduser()
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"chat_template: cannot read {path}: {e}") from None
+    if configured:
+        return configured
+    raw = llama_cpp.llama_model_chat_template(model, None)  # None if the GGUF has none
+    return None if raw is None else raw.decode("utf-8", errors="replace")
 
 
 class VocabOnly(_TokenText):
@@ -147,7 +226,7 @@ class VocabOnly(_TokenText):
         if not self.model:
             raise ValueError(f"llama.cpp could not read the vocabulary of {path}")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self._template = _chat_template(self.model, cfg)
+        self._load_template(self.model, cfg)
 
     def close(self) -> None:
         if self.model is not None:
@@ -155,10 +234,10 @@ class VocabOnly(_TokenText):
             self.model = None
 
 
-def _chat_template(model, cfg: ModelConfig) -> bytes | None:
-    if cfg.chat_template:
-        return cfg.chat_template.encode()
-    return llama_cpp.llama_model_chat_template(model, None)  # None if the GGUF has none
+def _describe_template(text: _TokenText) -> str:
+    if text._jinja is not None:
+        return text._jinja.source
+    return (text._template or b"").decode(errors="replace")
 
 
 class LlamaRunner(_TokenText):
@@ -187,7 +266,7 @@ class LlamaRunner(_TokenText):
             llama_cpp.llama_model_is_recurrent(self.model)
             or llama_cpp.llama_model_is_hybrid(self.model)
         )
-        self._template = _chat_template(self.model, cfg)
+        self._load_template(self.model, cfg)
         self.info = self._describe(name, cfg)
         self._eog_ids = np.array(
             [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)],
@@ -251,7 +330,7 @@ class LlamaRunner(_TokenText):
             n_layer=n_layer,
             n_gpu_layers=min(n_gpu, n_layer),
             n_threads=cfg.threads()[0],
-            chat_template=(self._template or b"").decode(errors="replace"),
+            chat_template=cfg.chat_template or _describe_template(self),
             max_num_seqs=cfg.max_num_seqs,
             # empty unless the layers are split or off the CPU
             devices=split_devices(self.placement, {d.name: d.description for d in rpc.devices()}),

@@ -49,9 +49,7 @@ def check_messages(messages: Sequence[tuple[str, str]]) -> None:
             raise ValueError(f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)}")
 
 
-def check_template(
-    name: str, chat_format: str, apply_template: Callable[[list[dict[str, str]]], str]
-) -> None:
+def check_template(name: str, chat_format: str, apply_template: Callable[..., str]) -> None:
     """At start-up, before any client: a "template" model renders a chat, or ConfigError naming
     the key (a model without a template, a name llama.cpp does not know) rather than a 400 that
     blames every client later. The transcript format needs no template."""
@@ -89,7 +87,7 @@ class Rendered(NamedTuple):
 def render_chat(
     messages: Sequence[tuple[str, str]],
     chat_format: str,
-    apply_template: Callable[[list[dict[str, str]]], str],
+    apply_template: Callable[..., str],
     system_prompt: str | None = None,
 ) -> Rendered:
     """The prompt text of a chat; `system_prompt` is the default for chats without one."""
@@ -166,7 +164,7 @@ class PromptBuilder:
     def __init__(
         self,
         tokenize: Callable[[str], list[int]],
-        apply_template: Callable[[list[dict[str, str]]], str],
+        apply_template: Callable[..., str],
         n_ctx: int,
         chat_format: str,
         system_prompt: str | None = None,

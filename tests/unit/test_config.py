@@ -285,3 +285,24 @@ def test_threads_unknown_core_count_falls_back_to_one(monkeypatch):
 def test_a_ttft_target_within_one_step_is_refused():
     message = config_error("[scheduler]\nitl_target_ms = 200\nttft_target_ms = 150\n")
     assert "ttft_target_ms" in message and "itl_target_ms" in message
+
+
+def test_a_jinja_chat_template_file_is_found_beside_models_toml(tmp_path):
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "qwen.jinja").write_text("{{ messages }}", encoding="utf-8")
+    toml = tmp_path / "models.toml"
+    toml.write_text('[models.x]\npath = "x.gguf"\nchat_template = "templates/qwen.jinja"\n')
+    assert load_config(toml).models["x"].chat_template == str(tmp_path / "templates/qwen.jinja")
+
+
+def test_a_missing_jinja_chat_template_file_names_the_key(tmp_path):
+    toml = tmp_path / "models.toml"
+    toml.write_text('[models.x]\npath = "x.gguf"\nchat_template = "/nowhere/t.jinja"\n')
+    with pytest.raises(ConfigError, match=r"models\.x\.chat_template: no such file: /nowhere/t"):
+        load_config(toml)
+
+
+def test_a_chat_template_name_stays_a_name(tmp_path):
+    toml = tmp_path / "models.toml"
+    toml.write_text('[models.x]\npath = "x.gguf"\nchat_template = "chatml"\n')
+    assert load_config(toml).models["x"].chat_template == "chatml"

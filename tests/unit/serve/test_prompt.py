@@ -136,3 +136,16 @@ def test_a_template_that_does_not_render_is_refused_at_start_naming_the_key():
         check_template("g", "template", none)
     check_template("g", "transcript", none)  # the transcript needs no template
     check_template("g", "template", lambda messages: "<start>Hello")
+
+
+def test_a_jinja_template_that_cannot_render_a_simple_chat_is_refused_at_start():
+    from localserve.chat.templates import ChatTemplate
+    from localserve.config import ConfigError
+    from localserve.serve.prompt import check_template
+
+    template = ChatTemplate("{{ raise_exception('System message required') }}")
+    with pytest.raises(ConfigError) as e:
+        check_template("g", "template", template.render)
+    assert str(e.value).startswith(
+        "[models.g] chat_template: the template refused this chat: System message required; set"
+    )
