@@ -169,6 +169,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # ... and web pages elsewhere that may use its websocket and HTTP API (origins, e.g.
     # "https://chat.example.org"); the server's own page always may
     allowed_origins: list[str] = msgspec.field(default_factory=list)
+    # A chat (websocket or /v1/chat/completions) whose prompt plus its reply's max_tokens does not
+    # fit the model's n_ctx: "truncate" leaves out its oldest turns (never a system prompt, never
+    # the newest user turn; the reply says how many messages: `dropped_messages`); when even those
+    # two leave less room than max_tokens, the reply gets the rest of the context. "refuse": a
+    # prompt that does not fit is refused (too_long, context_length_exceeded). Raw completions
+    # (/v1/completions) are always refused.
+    context_overflow: Literal["truncate", "refuse"] = "truncate"
 
     def __post_init__(self) -> None:
         if not self.usage and (self.daily_tokens or any(self.daily_tokens_per_user.values())):

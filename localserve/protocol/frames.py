@@ -133,6 +133,8 @@ class Finished(msgspec.Struct, tag="done"):
     usage: ReplyUsage
     timings: Timings
     recorded: bool = True  # its usage row committed (older servers: always claimed)
+    # the chat's oldest messages left out so that it fit the context (context_overflow)
+    dropped_messages: int = 0
 
 
 class Error(msgspec.Struct, tag="error", omit_defaults=True):

@@ -43,8 +43,10 @@ MAX_ERROR_CHARS = 200  # an error message quotes at most this much of what the c
 LOCKED = "too many failed attempts from your address;"
 REPEATED = "too many failed attempts with this token;"
 
-# how a front-end asks for its prompt: built by the server's prompt builder, when admitted
-BuildPrompt = Callable[[PromptBuilder], Awaitable[Prompt]]
+# how a front-end asks for its prompt: built by the server's prompt builder, when admitted; the
+# number is the reply's max_tokens when a chat too long for the context is to drop its oldest
+# turns (context_overflow = "truncate"), None when it is to be refused ("refuse")
+BuildPrompt = Callable[[PromptBuilder, int | None], Awaitable[Prompt]]
 
 
 class Sink(Protocol):
@@ -68,6 +70,7 @@ class Request:
     is_waiting: bool = True
     reserved_tokens: int = 0  # of its user's daily quota, until it is done
     is_recorded: bool = False  # its usage row committed when its `done` went out
+    num_dropped_messages: int = 0  # the chat's oldest messages left out to fit the context
 
 
 class Refusal(Exception):
@@ -100,6 +103,11 @@ class Frontdoor(Protocol):
 
     @property
     def model_name(self) -> str: ...
+
+    @property
+    def max_model_len(self) -> int:
+        """The model's context length (n_ctx): prompt and reply together, in tokens."""
+        ...
 
     @property
     def is_shutting_down(self) -> bool: ...
@@ -183,6 +191,10 @@ class Admission:
     @property
     def records_usage(self) -> bool:
         return self.usage is not None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.prompts.n_ctx
 
     @property
     def num_waiting(self) -> int:
@@ -299,7 +311,9 @@ class Admission:
     ) -> bool:
         """Build the prompt and hand the request to the engine; False when its sink closed
         meanwhile (it is released here: nothing was queued)."""
-        built = await prompt(self.prompts)
+        truncate = self.config.context_overflow == "truncate"
+        built = await prompt(self.prompts, params.max_tokens if truncate else None)
+        request.num_dropped_messages = built.num_dropped_messages
         if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
             params = msgspec.structs.replace(params, format_stop=built.stops)
         if built.strip_space:  # "Assistant: ..." (the transcript): the space is the format's

@@ -12,7 +12,8 @@
 `PromptBuilder` renders and tokenizes off the event loop (in a thread at normal priority while
 a small allowance lasts, else in a small pool of low-priority threads), says once
 (`PromptTooLong`) when a prompt does not fit the context, and finds the system prompt's tokens
-that requests may share.
+that requests may share. Given the reply's length (`[server] context_overflow = "truncate"`), a
+chat longer than the context drops its oldest turns first (chat/fitting.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+from localserve.chat.fitting import fit_chat
 from localserve.config import ConfigError
 from localserve.engine.kv import common_prefix
 
@@ -156,6 +158,7 @@ class Prompt(NamedTuple):
     system_tokens: int  # the first ones are a system prompt that other requests may share
     is_default_system: bool  # the server's own system prompt: shared with every user
     strip_space: bool = False  # the format's space starts the reply: the engine drops it
+    num_dropped_messages: int = 0  # the chat's oldest messages left out to fit the context
 
 
 class PromptBuilder:
@@ -185,10 +188,20 @@ class PromptBuilder:
         self._allowance = float(PROMPT_CHARS_PER_S)  # characters
         self._refilled = clock()
 
-    async def chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
-        """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat."""
+    async def chat(
+        self, messages: Sequence[tuple[str, str]], reply_tokens: int | None = None
+    ) -> Prompt:
+        """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat.
+
+        With `reply_tokens` (the reply's max_tokens), a chat whose prompt and reply do not fit
+        drops its oldest turns (chat/fitting.py); when even its system prompt and newest turn
+        leave less room than that, the reply gets what is left (and may end at the context).
+        PromptTooLong then means that the prompt alone does not fit. Without it, as for
+        context_overflow = "refuse": PromptTooLong when the prompt does not fit.
+        """
         size = sum(len(content) for _, content in messages) + len(self.system_prompt or "")
-        return await self._run(self._chat, messages, size)
+        chat = functools.partial(self._chat, reply_tokens=reply_tokens)
+        return await self._run(chat, messages, size)
 
     async def text(self, text: str) -> Prompt:
         """A raw prompt (OpenAI's completions): the text as it is, nothing shared."""
@@ -213,16 +226,40 @@ class PromptBuilder:
         self._allowance -= size
         return True
 
-    def _chat(self, messages: Sequence[tuple[str, str]]) -> Prompt:
-        r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
-        tokens = self._tokens(r.text)
+    def _chat(self, messages: Sequence[tuple[str, str]], reply_tokens: int | None) -> Prompt:
+        num_dropped_messages = 0
+        if reply_tokens is None:
+            r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
+            tokens = self._tokens(r.text)
+        else:
+            check_messages(messages)  # before any share of it is counted
+            fitted = fit_chat(messages, self.n_ctx, reply_tokens, self._measure, self._count)
+            r, tokens = fitted.payload
+            if isinstance(tokens, PromptTooLong):  # even without every droppable turn
+                raise tokens
+            num_dropped_messages = fitted.num_dropped_messages
         # the system prompt's tokens as the prompt has them (a word may straddle the boundary)
         system_text = r.text[: r.system_chars]
         cached = len(system_text) <= MAX_CACHED_SYSTEM_CHARS  # the cache is bounded in bytes
         tokenize = self._system_tokens if cached else self.tokenize
         system = tokenize(system_text) if system_text else []
         system_tokens = common_prefix(system, tokens)
-        return Prompt(tokens, r.stops, system_tokens, r.is_default_system, r.strip_space)
+        return Prompt(
+            tokens, r.stops, system_tokens, r.is_default_system, r.strip_space, num_dropped_messages
+        )
+
+    def _measure(self, messages: list[tuple[str, str]]):
+        """A chat's prompt, for fit_chat: (its token count, (rendered, tokens or PromptTooLong))."""
+        r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
+        try:
+            tokens = self._tokens(r.text)
+        except PromptTooLong as e:  # the count is a lower bound when it was probed
+            return e.num_tokens, (r, e)
+        return len(tokens), (r, tokens)
+
+    def _count(self, content: str) -> int:
+        """A message content's own tokens: its share of the prompt (about), for fit_chat."""
+        return len(self.tokenize(content, add_special=False))
 
     def _text(self, text: str) -> Prompt:
         if not text:

@@ -28,7 +28,12 @@ async def create_chat_completion(door: Frontdoor, request: HttpRequest) -> Respo
     if max_tokens is None:
         max_tokens = body.max_tokens
     return await start_reply(
-        door, request, body, "chat", max_tokens, lambda prompts: prompts.chat(messages)
+        door,
+        request,
+        body,
+        "chat",
+        max_tokens,
+        lambda prompts, reply: prompts.chat(messages, reply),
     )
 
 

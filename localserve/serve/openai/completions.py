@@ -29,7 +29,7 @@ async def create_completion(door: Frontdoor, request: HttpRequest) -> Response:
             )
         prompt = prompt[0]
     return await start_reply(
-        door, request, body, "text", body.max_tokens, lambda prompts: prompts.text(prompt)
+        door, request, body, "text", body.max_tokens, lambda prompts, _: prompts.text(prompt)
     )
 
 

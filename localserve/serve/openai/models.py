@@ -1,4 +1,5 @@
-"""`GET /v1/models` and `GET /v1/models/{model}`: the one model this server has.
+"""`GET /v1/models` and `GET /v1/models/{model}`: the one model this server has, with its context
+length (`max_model_len`, as vLLM names it: prompt and reply together, in tokens).
 
 Both need the same API key as the other endpoints on a server with tokens; an unknown model is
 a 404 that names the one there is.
@@ -40,6 +41,7 @@ class Models:
             "object": "model",
             "created": self.created,
             "owned_by": "localserve",
+            "max_model_len": self.door.max_model_len,  # the context length, as vLLM says it
         }
 
 

@@ -32,6 +32,7 @@ log = logging.getLogger("localserve.serve.openai.reply")
 _encoder = msgspec.json.Encoder()
 _MARK = "\x00"  # stands for a chunk's text in its encoded template
 _MARK_JSON = _encoder.encode(_MARK)
+DROPPED_HEADER = "x-localserve-dropped-messages"  # a chat's messages left out (context_overflow)
 
 
 async def start_reply(
@@ -57,6 +58,7 @@ async def start_reply(
     if admitted is None:  # the client left while its prompt was built
         return Response(status_code=499)
     reply.request = admitted
+    reply.bodies.dropped_messages = admitted.num_dropped_messages
     return reply
 
 
@@ -159,7 +161,9 @@ class Reply:
             error = errors.failed(done, self.door.is_shutting_down)
             return await error.response()(self.scope, _no_receive, send)
         body = self._unrecorded(self.bodies.whole("".join(parts), done))
-        response = Response(_encoder.encode(body), media_type="application/json")
+        response = Response(
+            _encoder.encode(body), media_type="application/json", headers=self._headers()
+        )
         await response(self.scope, _no_receive, send)
 
     async def _send_stream(self, send) -> None:
@@ -167,6 +171,7 @@ class Reply:
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
+            *((k.encode(), v.encode()) for k, v in self._headers().items()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         bodies = self.bodies
@@ -224,6 +229,12 @@ class Reply:
                 await send(message)
         except TimeoutError:
             self._give_up(f"not reading for {timeout:g} s")
+
+    def _headers(self) -> dict[str, str]:
+        """A chat's reply says in a header too how many of its oldest messages were left out."""
+        if self.kind != "chat":
+            return {}
+        return {DROPPED_HEADER: str(self.bodies.dropped_messages)}
 
     def _unrecorded(self, body: dict) -> dict:
         """The reply's last object says `"recorded": false` when its usage row was not

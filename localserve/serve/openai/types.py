@@ -93,6 +93,8 @@ class ReplyBodies:
         self.model = model
         self.include_usage = include_usage
         self.created = int(time.time())
+        # a chat's oldest messages left out to fit the context (set when it is admitted)
+        self.dropped_messages = 0
 
     def whole(self, text: str, done: Done) -> dict:
         """A reply that comes whole, with its usage."""
@@ -111,7 +113,7 @@ class ReplyBodies:
                 "finish_reason": done.finish_reason,
             }
         body = self.envelope([choice], whole=True)
-        body["usage"] = usage(done)
+        body["usage"] = self.usage(done)
         return body
 
     def chunk(self, delta, finish_reason: str | None = None) -> dict:
@@ -128,8 +130,15 @@ class ReplyBodies:
     def usage_chunk(self, done: Done) -> dict:
         """The stream's last chunk when the client asked for usage: no choices, the usage."""
         chunk = self.envelope([], whole=False)
-        chunk["usage"] = usage(done)
+        chunk["usage"] = self.usage(done)
         return chunk
+
+    def usage(self, done: Done) -> dict:
+        """The reply's usage; a chat's also says how many of its messages were left out."""
+        counts = usage(done)
+        if self.kind == "chat":
+            counts["dropped_messages"] = self.dropped_messages
+        return counts
 
     def envelope(self, choices: list, whole: bool) -> dict:
         obj = (

@@ -165,7 +165,10 @@ class Connection:
         t = done.timings
         timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"])
         recorded = request.is_recorded
-        self.send(Finished(request.client_id, done.finish_reason, usage, timings, recorded))
+        dropped = request.num_dropped_messages
+        self.send(
+            Finished(request.client_id, done.finish_reason, usage, timings, recorded, dropped)
+        )
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -334,7 +337,12 @@ class Connection:
         messages = [(m.role, m.content) for m in chat.messages]
         try:
             request = await self.door.submit(
-                self, self.user, chat.id, engine_id, chat, lambda prompts: prompts.chat(messages)
+                self,
+                self.user,
+                chat.id,
+                engine_id,
+                chat,
+                lambda prompts, reply: prompts.chat(messages, reply),
             )
         except Refusal as e:
             return self.error(e.code, e.message, chat.id, e.retry_after_s)

@@ -84,6 +84,32 @@ def test_the_prompt_builder_says_too_long_once_with_both_numbers():
         builder.shutdown()
 
 
+def test_given_the_reply_length_the_builder_drops_the_oldest_turns_and_says_how_many():
+    runner = FakeRunner(n_ctx=256)
+    builder = PromptBuilder(runner.tokenize, runner.apply_chat_template, 256, "template")
+    turns = [("user", "word " * 20), ("assistant", "word " * 20)] * 8
+    chat = [("system", "Be brief."), *turns, ("user", "last question")]
+    try:
+        with pytest.raises(PromptTooLong):  # refuse: as before
+            asyncio.run(builder.chat(chat))
+        prompt = asyncio.run(builder.chat(chat, reply_tokens=32))
+        assert len(prompt.tokens) + 32 <= 256 and prompt.num_dropped_messages % 2 == 0
+        assert 0 < prompt.num_dropped_messages < len(turns)
+        kept = chat[:1] + chat[1 + prompt.num_dropped_messages :]
+        assert prompt.tokens == runner.tokenize(
+            runner.apply_chat_template([{"role": r, "content": c} for r, c in kept])
+        )
+        assert prompt.system_tokens > 0  # the system prompt is still shared
+        # the newest turn alone leaves no room for max_tokens: the reply gets what is left
+        prompt = asyncio.run(builder.chat(chat, reply_tokens=250))
+        assert prompt.num_dropped_messages == len(turns) and len(prompt.tokens) < 256
+        with pytest.raises(PromptTooLong):  # the newest turn alone does not fit: refused
+            asyncio.run(builder.chat([*chat, ("user", "word " * 300)], reply_tokens=32))
+        assert asyncio.run(builder.chat(chat[-3:], reply_tokens=32)).num_dropped_messages == 0
+    finally:
+        builder.shutdown()
+
+
 def test_prompts_within_an_allowance_are_built_at_normal_priority():
     from localserve.serve import prompt as prompt_module
 
