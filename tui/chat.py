@@ -214,6 +214,8 @@ class ChatClient:
         else:
             self.history.append(Message("assistant", text))
             self._print("\n" + _summary(finished))
+            if finished.dropped_messages:
+                self._print(dropped_line(finished.dropped_messages))
         return True
 
     async def _stream(self, request: Chat, reply: list[str]) -> Finished | None:
@@ -247,6 +249,12 @@ def _summary(done: Finished) -> str:
         parts += [f"ITL {t.itl_ms:.0f} ms", f"{1e3 / t.itl_ms:.1f} tokens/s"]
     parts += [f"{n} tokens", done.finish_reason]
     return "       [" + " · ".join(parts) + "]"
+
+
+def dropped_line(num_dropped: int) -> str:
+    """The notice under a reply to a chat the server shortened to fit the model's context."""
+    oldest = "oldest message was" if num_dropped == 1 else f"{num_dropped} oldest messages were"
+    return f"       [the {oldest} left out: the chat is longer than the model's context]"
 
 
 def quota_line(quota) -> str:

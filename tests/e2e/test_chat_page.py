@@ -841,3 +841,25 @@ def test_at_the_bound_a_conversation_is_kept_here_until_there_is_room(browser, s
     wait_until(lambda: other.chat_titles() == ["one too many"], 10, "on the server")
     other.close()
     ann.close()
+
+
+def test_a_chat_longer_than_the_context_says_its_oldest_messages_were_left_out(browser):
+    """The server drops a long chat's oldest turns (context_overflow = "truncate"); the reply
+    says so in a note under it, and a chat that fits has none."""
+    runner = ScriptedRunner(n_ctx=256, n_seq_max=8, step_s=0.01, reply=["Sure."])
+    server = FakeServer(runner=runner)
+    try:
+        dora = Person.open(browser, server, "dora")
+        dora.settings(0, 32)
+        for turn in range(4):  # about 65 tokens a turn: the fourth does not fit with 32 more
+            dora.say(f"question {turn}: " + "word " * 60)
+            wait_until(lambda n=turn: dora.page.locator(".msg.assistant").count() == n + 1, 30)
+            dora.wait_reply("done")
+            note = dora.reply().locator(".meta .dropped")
+            assert note.count() == (1 if turn == 3 else 0), turn
+        assert note.inner_text() == (
+            "the 4 oldest messages were left out: the chat is longer than the model's context"
+        )
+        dora.close()
+    finally:
+        server.close()

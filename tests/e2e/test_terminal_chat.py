@@ -73,3 +73,21 @@ def test_unreachable_server_is_a_clear_message():
     client = ChatClient("ws://127.0.0.1:9", "eve", lines=script(), out=out)
     assert asyncio.run(client.run()) == 1
     assert "cannot connect" in out.getvalue()
+
+
+def test_a_chat_longer_than_the_context_gets_a_notice_line():
+    """The server drops the oldest turns of a chat too long for its context; the client says so
+    under the reply (the paced fake runner: only the counts matter here)."""
+    from tests.support.fakes import FakeServer
+
+    server = FakeServer(n_ctx=256)
+    try:
+        lines = [f"question {turn}: " + "word " * 60 for turn in range(4)]
+        client, out = make_client(server, "erin", *lines)
+        assert asyncio.run(client.run()) == 0
+        notices = [line for line in out.getvalue().splitlines() if "left out" in line]
+        assert notices and all("oldest messages were left out" in n for n in notices), notices
+        assert "left out" not in out.getvalue().split("model> ")[1]  # the first turn fits
+        assert len(client.history) == 8  # the client keeps it all; the server sends less
+    finally:
+        server.close()

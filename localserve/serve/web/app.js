@@ -743,6 +743,7 @@
       msg.usage = done.usage;
       msg.timings = done.timings;
       msg.finish = done.finish_reason;
+      msg.dropped = done.dropped_messages || 0;  // left out to fit the context (not kept)
       if (done.finish_reason === "error") msg.status = "error";
       else if (done.finish_reason !== "cancelled") msg.status = "done";
       else if (msg.status === "stopping") msg.status = "stopped";  // the person pressed Stop
@@ -1063,6 +1064,10 @@
       add(`${u.completion_tokens} tokens`);
       if (t.queue_ms > 50) add(`queued ${ms(t.queue_ms)}`);
       add(`prompt ${u.prompt_tokens} (${u.cached_tokens} cached)`);
+    }
+    if (msg.dropped) {
+      const oldest = msg.dropped === 1 ? "oldest message was" : `${msg.dropped} oldest messages were`;
+      add(`the ${oldest} left out: the chat is longer than the model's context`, "dropped");
     }
   }
 

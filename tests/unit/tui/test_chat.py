@@ -1,6 +1,7 @@
-"""The terminal chat client (tui/chat.py): the line that tells a user where they stand today,
-its own commands (/help, an unknown /word, Ctrl-C at the prompt) and how it reads lines not typed.
-Its chats with the real server are e2e/test_terminal_chat.py."""
+"""The terminal chat client (tui/chat.py): the line that tells a user where they stand today, the
+notice of a chat shortened to fit the context, its own commands (/help, an unknown /word, Ctrl-C
+at the prompt) and how it reads lines not typed. Its chats with the real server are
+e2e/test_terminal_chat.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ def test_the_chat_client_says_where_a_user_stands():
     assert quota_line(quota) == (
         "Today: 12,345 of your 50,000 tokens used, 37,655 left (resets at 00:00)."
     )
+
+
+def test_the_chat_client_says_when_the_oldest_messages_were_left_out():
+    from tui.chat import dropped_line
+
+    assert dropped_line(6).strip() == (
+        "[the 6 oldest messages were left out: the chat is longer than the model's context]"
+    )
+    assert "the oldest message was left out" in dropped_line(1)
 
 
 class Said:
