@@ -91,6 +91,13 @@ def test_the_openai_default_reply_length_is_read_and_checked():
     assert "server.default_max_tokens" in config_error("[server]\ndefault_max_tokens = 0\n")
 
 
+def test_context_overflow_truncates_by_default_and_names_a_wrong_value():
+    assert parse_config("").server.context_overflow == "truncate"
+    refuse = parse_config('[server]\ncontext_overflow = "refuse"\n')
+    assert refuse.server.context_overflow == "refuse"
+    assert "server.context_overflow" in config_error('[server]\ncontext_overflow = "shift"\n')
+
+
 # --- errors name the key ---------------------------------------------------------------------
 
 MODEL_FIELD_ERRORS = [
