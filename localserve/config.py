@@ -171,10 +171,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     # A chat (websocket or /v1/chat/completions) whose prompt plus its reply's max_tokens does not
     # fit the model's n_ctx: "truncate" leaves out its oldest turns (never a system prompt, never
-    # the newest user turn; the reply says how many messages: `dropped_messages`); when even those
-    # two leave less room than max_tokens, the reply gets the rest of the context. "refuse": a
-    # prompt that does not fit is refused (too_long, context_length_exceeded). Raw completions
-    # (/v1/completions) are always refused.
+    # the newest user turn; the reply says how many messages: `dropped_messages`) until there is
+    # room for max_tokens (at most half of n_ctx); when even those two leave less, the reply
+    # gets the rest of the context. "refuse": a prompt that does not fit is refused (too_long,
+    # context_length_exceeded). Raw completions (/v1/completions) are always refused.
     context_overflow: Literal["truncate", "refuse"] = "truncate"
 
     def __post_init__(self) -> None:

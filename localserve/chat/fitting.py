@@ -3,7 +3,10 @@
 A chat whose prompt and reply do not fit the model's context (`n_ctx`) loses its oldest turns,
 whole — a user message with the replies that answered it — until the prompt plus the reply's
 `max_tokens` fits. System messages are never dropped (wherever they stand), nor is the newest
-turn (the last user message and what follows it).
+turn (the last user message and what follows it). Room is kept for at most half the context's
+worth of reply (MAX_REPLY_FRACTION): a max_tokens larger than that (an app asking for 4,096 of a
+4,096-token context) would otherwise leave out the whole chat for a reply that is rarely that
+long; such a reply may still run on to the end of the context.
 
 What it costs: the whole chat is measured (rendered and tokenized) once, as every chat is; only
 a chat that does not fit has each droppable message's content tokenized once more, to know each
@@ -33,6 +36,7 @@ Payload = TypeVar("Payload")
 Message = tuple[str, str]  # (role, content)
 
 STEP_FRACTION = 4  # the cut moves in steps of n_ctx // STEP_FRACTION tokens of content
+MAX_REPLY_FRACTION = 2  # room is kept for at most n_ctx // MAX_REPLY_FRACTION reply tokens
 MAX_MEASUREMENTS = 4  # chats measured at most before every droppable turn goes
 
 
@@ -100,7 +104,8 @@ def fit_chat(
     count: Callable[[str], int],
     step: int | None = None,
 ) -> Fitted[Payload]:
-    """Drop the oldest turns until `measure(messages)` tokens + `reply_tokens` fit `n_ctx`.
+    """Drop the oldest turns until `measure(messages)` tokens + `reply_tokens` (at most half of
+    `n_ctx`) fit `n_ctx`.
 
     `measure` renders and tokenizes a chat: its prompt's token count and whatever the caller
     wants back for the chat that is kept; `count` counts a message content's tokens. When even
@@ -109,6 +114,7 @@ def fit_chat(
     fit: refuse; else the reply gets what is left of the context).
     """
     messages = list(messages)
+    reply_tokens = min(reply_tokens, n_ctx // MAX_REPLY_FRACTION)
     num_tokens, payload = measure(messages)
     if num_tokens + reply_tokens <= n_ctx:
         return Fitted(messages, 0, num_tokens, payload)

@@ -194,8 +194,9 @@ class PromptBuilder:
         """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat.
 
         With `reply_tokens` (the reply's max_tokens), a chat whose prompt and reply do not fit
-        drops its oldest turns (chat/fitting.py); when even its system prompt and newest turn
-        leave less room than that, the reply gets what is left (and may end at the context).
+        drops its oldest turns (chat/fitting.py; room is kept for at most half the context's
+        worth of reply); when even its system prompt and newest turn leave less room than that,
+        the reply gets what is left (and may end at the context).
         PromptTooLong then means that the prompt alone does not fit. Without it, as for
         context_overflow = "refuse": PromptTooLong when the prompt does not fit.
         """

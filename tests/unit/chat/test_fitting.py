@@ -132,10 +132,20 @@ def test_without_room_for_the_reply_every_droppable_turn_goes():
     gets the smallest chat there is (its reply will end at the context)."""
     meter = Meter()
     messages = [("system", "Be brief."), *chat(10, system=False)[:-1], ("user", words(900))]
-    fitted = fit_chat(messages, 1024, 512, meter.measure, meter.count)
+    fitted = fit_chat(messages, 1024, 500, meter.measure, meter.count)
     assert fitted.messages == [messages[0], messages[-1]]
     assert fitted.num_dropped_messages == 20
-    assert fitted.num_tokens < 1024 < fitted.num_tokens + 512
+    assert fitted.num_tokens < 1024 < fitted.num_tokens + 500
+
+
+def test_a_max_tokens_over_half_the_context_keeps_room_for_half_only():
+    """An app asking for a reply as long as the context does not lose the whole chat for it."""
+    meter = Meter()
+    messages = chat(10)  # about 1,070 tokens
+    whole = fit_chat(messages, 2048, 4096, meter.measure, meter.count)
+    assert whole.num_dropped_messages > 0 and whole.num_tokens + 1024 <= 2048
+    assert whole.messages[-3:] == messages[-3:]  # the latest turns are kept, not just the newest
+    assert fit_chat(chat(3), 2048, 4096, meter.measure, meter.count).num_dropped_messages == 0
 
 
 def test_a_prompt_too_long_on_its_own_comes_back_as_it_is_for_the_caller_to_refuse():

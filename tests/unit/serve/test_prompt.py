@@ -100,8 +100,12 @@ def test_given_the_reply_length_the_builder_drops_the_oldest_turns_and_says_how_
             runner.apply_chat_template([{"role": r, "content": c} for r, c in kept])
         )
         assert prompt.system_tokens > 0  # the system prompt is still shared
-        # the newest turn alone leaves no room for max_tokens: the reply gets what is left
+        # max_tokens over half the context: room for half is kept, and the latest turns
         prompt = asyncio.run(builder.chat(chat, reply_tokens=250))
+        assert prompt.num_dropped_messages < len(turns) and len(prompt.tokens) + 128 <= 256
+        # the newest turn alone leaves no room for max_tokens: the reply gets what is left
+        big = [*chat[:-1], ("user", "word " * 200)]
+        prompt = asyncio.run(builder.chat(big, reply_tokens=100))
         assert prompt.num_dropped_messages == len(turns) and len(prompt.tokens) < 256
         with pytest.raises(PromptTooLong):  # the newest turn alone does not fit: refused
             asyncio.run(builder.chat([*chat, ("user", "word " * 300)], reply_tokens=32))
