@@ -719,7 +719,7 @@
     const message = String(frame.message || "");
     switch (frame.code) {
       case "busy": return `The server is busy: ${message}. Try again in a moment.`;
-      case "too_long": return `This conversation is too long for the model (${message}). Start a new chat.`;
+      case "too_long": return `Too long for the model (${message}): shorten the message or start a new chat.`;
       case "shutting_down": return "The server is shutting down; try again when it is back.";
       case "internal": return `The server failed this reply: ${message}`;
       default: return `Refused (${frame.code}): ${message}`;
