@@ -29,6 +29,7 @@ Pure logic over token counts: the caller measures (renders and tokenizes) and co
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
@@ -89,9 +90,9 @@ def cut_points(shares: Sequence[int], step: int) -> list[int]:
 def choose_cut(shares: Sequence[int], excess: int, step: int, at_least: int = 0) -> int:
     """How many of the oldest turns to drop: the first cut point past `at_least` turns whose
     turns' shares add up to `excess` tokens or more (or all of them when none does)."""
-    points = cut_points(shares, step)
-    for k in points:
-        if k > at_least and sum(shares[:k]) >= excess:
+    dropped = [0, *itertools.accumulate(shares)]  # tokens of the k oldest turns
+    for k in cut_points(shares, step):
+        if k > at_least and dropped[k] >= excess:
             return k
     return len(shares)
 
