@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 Payload = TypeVar("Payload")
-Message = tuple[str, str]  # (role, content)
+Message = tuple  # (role, content, ...): a pair, or chat/messages.py's PromptMessage
 
 STEP_FRACTION = 4  # the cut moves in steps of n_ctx // STEP_FRACTION tokens of content
 MAX_REPLY_FRACTION = 2  # room is kept for at most n_ctx // MAX_REPLY_FRACTION reply tokens
@@ -119,7 +119,7 @@ def fit_chat(
     num_tokens, payload = measure(messages)
     if num_tokens + reply_tokens <= n_ctx:
         return Fitted(messages, 0, num_tokens, payload)
-    turns = droppable_turns([role for role, _ in messages])
+    turns = droppable_turns([m[0] for m in messages])
     if not turns:
         return Fitted(messages, 0, num_tokens, payload)
     shares = [sum(count(messages[i][1]) for i in turn) for turn in turns]

@@ -7,7 +7,9 @@
   transcript it answers ("User: What is the capital of France? / Assistant: The capital of
   France is Paris."). Generation stops where the model starts the user's next turn, and the
   space after "Assistant:" that the model's reply starts with is the format's, not the reply's
-  (the engine drops it: `strip_space`).
+  (the engine drops it: `strip_space`). Offered tools are listed after its system part, with
+  the Hermes call form (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) the
+  reply is read for; calls and tool results in the history are written in the same form.
 
 `PromptBuilder` renders and tokenizes off the event loop (in a thread at normal priority while
 a small allowance lasts, else in a small pool of low-priority threads), says once
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import threading
 import time
@@ -29,26 +32,38 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from localserve.chat.fitting import fit_chat
+from localserve.chat.messages import ROLES, PromptMessage, as_prompt_message
 from localserve.config import ConfigError
 from localserve.engine.kv import common_prefix
 
-ROLES = ("system", "user", "assistant")
+TOOL_FORMAT_OF_TRANSCRIPTS = "hermes"  # how the transcript shows tools and reads calls
 PREAMBLE = (
     "The following is a conversation between a curious user and a knowledgeable, helpful "
     "assistant. The assistant answers clearly and truthfully."
 )
 TRANSCRIPT_STOPS = ("\nUser:",)
 MAX_CACHED_SYSTEM_CHARS = 16 << 10  # system prompts up to this long are cached (rendered, tokens)
-_SPEAKERS = {"user": "User", "assistant": "Assistant"}
+_SPEAKERS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
+TOOLS_INTRO = (
+    "The assistant can call these functions (each given as JSON: its name, what it does, and "
+    "a JSON Schema of its arguments):"
+)
+TOOLS_HOW = (
+    "To call one, the assistant answers with only this, one line per call:\n"
+    '<tool_call>{"name": "<function name>", "arguments": {<its arguments>}}</tool_call>\n'
+    "The results come back as Tool lines."
+)
+
+Messages = Sequence[PromptMessage | tuple]
 
 
-def check_messages(messages: Sequence[tuple[str, str]]) -> None:
+def check_messages(messages: Messages) -> None:
     """Raise ValueError for an empty chat or an unknown role."""
     if not messages:
         raise ValueError("messages: at least one message is needed")
-    for i, (role, _) in enumerate(messages):
-        if role not in ROLES:
-            raise ValueError(f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)}")
+    for i, m in enumerate(messages):
+        if m[0] not in ROLES:
+            raise ValueError(f"messages[{i}].role: {m[0]!r} is not one of {', '.join(ROLES)}")
 
 
 def check_template(name: str, chat_format: str, apply_template: Callable[..., str]) -> None:
@@ -68,13 +83,30 @@ def check_template(name: str, chat_format: str, apply_template: Callable[..., st
         ) from None
 
 
-def render_transcript(messages: Sequence[tuple[str, str]]) -> str:
+def render_transcript(messages: Sequence[PromptMessage], tools: list | None = None) -> str:
     """A 'User: / Assistant:' dialogue ending with an open assistant turn."""
-    system = [content for role, content in messages if role == "system"]
+    system = [m.content for m in messages if m.role == "system"]
     lines = ["\n".join(system) if system else PREAMBLE, ""]
-    lines += [f"{_SPEAKERS[r]}: {c.strip()}" for r, c in messages if r != "system"]
+    if tools:
+        lines[1:1] = ["", TOOLS_INTRO, *map(_json, tools), TOOLS_HOW]
+    lines += [_transcript_line(m) for m in messages if m.role != "system"]
     lines.append("Assistant:")
     return "\n".join(lines)
+
+
+def _transcript_line(m: PromptMessage) -> str:
+    text = m.content.strip()
+    if m.tool_calls:
+        calls = (f'<tool_call>{{"name": {_json(c.name)}, "arguments": {c.arguments}}}</tool_call>'
+                 for c in m.tool_calls)  # fmt: skip
+        text = "\n".join([text, *calls]) if text else "\n".join(calls)
+    if m.role == "tool" and m.name:
+        return f"Tool ({m.name}): {text}"
+    return f"{_SPEAKERS[m.role]}: {text}"
+
+
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 class Rendered(NamedTuple):
@@ -87,34 +119,44 @@ class Rendered(NamedTuple):
 
 
 def render_chat(
-    messages: Sequence[tuple[str, str]],
+    messages: Messages,
     chat_format: str,
     apply_template: Callable[..., str],
     system_prompt: str | None = None,
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
 ) -> Rendered:
-    """The prompt text of a chat; `system_prompt` is the default for chats without one."""
+    """The prompt text of a chat; `system_prompt` is the default for chats without one.
+
+    `tools`: the functions offered (OpenAI's function specs); `template_kwargs`: what a Jinja
+    template reads beside the messages (enable_thinking, ...)."""
     check_messages(messages)
-    system = [c for r, c in messages if r == "system"]
-    is_default = not system or system == [system_prompt]
+    messages = [as_prompt_message(m) for m in messages]
+    system = [m.content for m in messages if m.role == "system"]
+    is_default = (not system or system == [system_prompt]) and not tools
     if not system and system_prompt is not None:
-        messages = [("system", system_prompt), *messages]
+        messages = [PromptMessage("system", system_prompt), *messages]
     if chat_format == "transcript":
-        text = render_transcript(messages)
+        text = render_transcript(messages, tools)
         head = "\n".join(system) if system else PREAMBLE if system_prompt is None else system_prompt
-        return Rendered(text, TRANSCRIPT_STOPS, len(head) + 2, is_default, strip_space=True)
-    text = apply_template([{"role": r, "content": c} for r, c in messages])
-    return Rendered(text, (), _system_chars(messages, text, apply_template), is_default)
+        system_chars = len(head) + 2 if not tools else 0  # the tools follow the system part
+        return Rendered(text, TRANSCRIPT_STOPS, system_chars, is_default, strip_space=True)
+    kwargs = template_kwargs or {}
+    chat = [m.as_template() for m in messages]
+    text = apply_template(chat, tools, **kwargs) if tools or kwargs else apply_template(chat)
+    system_chars = _system_chars(messages, text, apply_template) if not tools else 0
+    return Rendered(text, (), system_chars, is_default)
 
 
-def _system_chars(messages, text: str, apply_template) -> int:
+def _system_chars(messages: list[PromptMessage], text: str, apply_template) -> int:
     """Where the system part of a templated prompt ends (0 without a system message).
 
     Templates place the system prompt differently (a turn of its own, or inside the first user
     turn), so render it before two different user messages: the common start is the part every
     chat with this system prompt shares.
     """
-    system = tuple(c for r, c in messages if r == "system")
-    if not system or messages[0][0] != "system":
+    system = tuple(m.content for m in messages if m.role == "system")
+    if not system or messages[0].role != "system":
         return 0
     # the cache holds its keys: only short system prompts go in (it is bounded in bytes)
     cached = sum(map(len, system)) <= MAX_CACHED_SYSTEM_CHARS
@@ -159,6 +201,20 @@ class Prompt(NamedTuple):
     is_default_system: bool  # the server's own system prompt: shared with every user
     strip_space: bool = False  # the format's space starts the reply: the engine drops it
     num_dropped_messages: int = 0  # the chat's oldest messages left out to fit the context
+    tail: str = ""  # the rendered prompt's last characters (has it opened a reasoning block?)
+
+
+TAIL_CHARS = 64
+
+
+class ChatExtras(NamedTuple):
+    """What a chat's prompt shows beside its messages."""
+
+    tools: list | None = None  # the functions offered (OpenAI's function specs)
+    template_kwargs: dict | None = None  # what a Jinja template reads (enable_thinking, ...)
+
+
+NO_EXTRAS = ChatExtras()
 
 
 class PromptBuilder:
@@ -189,7 +245,10 @@ class PromptBuilder:
         self._refilled = clock()
 
     async def chat(
-        self, messages: Sequence[tuple[str, str]], reply_tokens: int | None = None
+        self,
+        messages: Messages,
+        reply_tokens: int | None = None,
+        extras: ChatExtras = NO_EXTRAS,
     ) -> Prompt:
         """A conversation's prompt. Raises PromptTooLong, or ValueError for a bad chat.
 
@@ -200,8 +259,9 @@ class PromptBuilder:
         PromptTooLong then means that the prompt alone does not fit. Without it, as for
         context_overflow = "refuse": PromptTooLong when the prompt does not fit.
         """
-        size = sum(len(content) for _, content in messages) + len(self.system_prompt or "")
-        chat = functools.partial(self._chat, reply_tokens=reply_tokens)
+        size = sum(len(m[1]) for m in messages) + len(self.system_prompt or "")
+        size += len(_json(extras.tools)) if extras.tools else 0
+        chat = functools.partial(self._chat, reply_tokens=reply_tokens, extras=extras)
         return await self._run(chat, messages, size)
 
     async def text(self, text: str) -> Prompt:
@@ -227,14 +287,15 @@ class PromptBuilder:
         self._allowance -= size
         return True
 
-    def _chat(self, messages: Sequence[tuple[str, str]], reply_tokens: int | None) -> Prompt:
+    def _chat(self, messages: Messages, reply_tokens: int | None, extras: ChatExtras) -> Prompt:
         num_dropped_messages = 0
         if reply_tokens is None:
-            r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
+            r = self._render(messages, extras)
             tokens = self._tokens(r.text)
         else:
             check_messages(messages)  # before any share of it is counted
-            fitted = fit_chat(messages, self.n_ctx, reply_tokens, self._measure, self._count)
+            measure = functools.partial(self._measure, extras=extras)
+            fitted = fit_chat(messages, self.n_ctx, reply_tokens, measure, self._count)
             r, tokens = fitted.payload
             if isinstance(tokens, PromptTooLong):  # even without every droppable turn
                 raise tokens
@@ -246,12 +307,28 @@ class PromptBuilder:
         system = tokenize(system_text) if system_text else []
         system_tokens = common_prefix(system, tokens)
         return Prompt(
-            tokens, r.stops, system_tokens, r.is_default_system, r.strip_space, num_dropped_messages
+            tokens,
+            r.stops,
+            system_tokens,
+            r.is_default_system,
+            r.strip_space,
+            num_dropped_messages,
+            r.text[-TAIL_CHARS:],
         )
 
-    def _measure(self, messages: list[tuple[str, str]]):
+    def _render(self, messages: Messages, extras: ChatExtras) -> Rendered:
+        return render_chat(
+            messages,
+            self.chat_format,
+            self.apply_template,
+            self.system_prompt,
+            extras.tools,
+            extras.template_kwargs,
+        )
+
+    def _measure(self, messages: Messages, extras: ChatExtras = NO_EXTRAS):
         """A chat's prompt, for fit_chat: (its token count, (rendered, tokens or PromptTooLong))."""
-        r = render_chat(messages, self.chat_format, self.apply_template, self.system_prompt)
+        r = self._render(messages, extras)
         try:
             tokens = self._tokens(r.text)
         except PromptTooLong as e:  # the count is a lower bound when it was probed
