@@ -83,8 +83,9 @@ def check_template(name: str, chat_format: str, apply_template: Callable[..., st
         ) from None
 
 
-def render_transcript(messages: Sequence[PromptMessage], tools: list | None = None) -> str:
+def render_transcript(messages: Messages, tools: list | None = None) -> str:
     """A 'User: / Assistant:' dialogue ending with an open assistant turn."""
+    messages = [as_prompt_message(m) for m in messages]
     system = [m.content for m in messages if m.role == "system"]
     lines = ["\n".join(system) if system else PREAMBLE, ""]
     if tools:
