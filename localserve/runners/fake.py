@@ -164,6 +164,9 @@ class FakeRunner:
                 [item.num_tokens for item in batch.items],
             )
         )
+        for item in rows:  # as the llama.cpp runner: masks computed while it "decodes"
+            if isinstance(item.seq.sampler, Constrained):
+                item.seq.sampler.prepare()
         return [self._sample(item) for item in rows]
 
     def _place(self, seq_id: int, start: int, k: int) -> None:

@@ -440,8 +440,12 @@ class LlamaRunner(_TokenText):
         try:
             sampler = seq.sampler
             if isinstance(sampler, Constrained):  # this row's logits only
-                sampler.mask(self._row(row))
-                token = self._draw(sampler.inner, row)
+                inner = sampler.inner
+                token = sampler.sample(
+                    self._row(row),
+                    lambda: self._draw(inner, row),
+                    may_redraw=not isinstance(inner, _SamplerChain),
+                )
                 if 0 <= token < self.n_vocab:
                     is_last = sampler.accept(token)
             else:
@@ -462,6 +466,9 @@ class LlamaRunner(_TokenText):
             return []
         start = time.perf_counter()
         rows = self._fill(batch)
+        for _, seq in rows:  # constrained rows: their masks are computed during the decode
+            if isinstance(seq.sampler, Constrained):
+                seq.sampler.prepare()
         filled = time.perf_counter()
         rc = llama_cpp.llama_decode(self.ctx, self._batch)  # releases the GIL
         decoded = time.perf_counter()
