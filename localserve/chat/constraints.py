@@ -33,7 +33,6 @@ from typing import Any
 import llguidance
 
 from localserve.engine.sampling_params import Constraint
-from localserve.runners.grammar import parser_limits  # the limits the engine's matchers use
 
 MAX_SCHEMA_BYTES = 32 * 1024  # canonical JSON text of one schema
 MAX_GRAMMAR_BYTES = 32 * 1024  # a Lark grammar's text
@@ -93,11 +92,19 @@ ANNOTATIONS = frozenset(
         "discriminator",
     ]
 )
+# llguidance's parser limits, for the server's validation and every request's matcher in the
+# engine (localserve.runners.grammar): a grammar past them errors instead of running away.
+PARSER_LIMITS = dict(step_lexer_fuel=200_000, step_max_items=50_000, max_lexer_states=50_000)
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_ONE = ("items", "additionalProperties")
 # strict JSON, compact: no whitespace runs a model could loop in
 _JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def parser_limits() -> llguidance.LLParserLimits:
+    """PARSER_LIMITS as llguidance takes them (its error texts without grammar internals)."""
+    return llguidance.LLParserLimits(**PARSER_LIMITS, verbose_errors=False)
 
 
 class ConstraintError(ValueError):
@@ -207,7 +214,10 @@ class ConstraintCompiler:
         kind, source = parse_response_format(fmt, where)
         if kind is None:
             return None
-        return await self._compile_async(kind, source)
+        try:
+            return await self._compile_async(kind, source)
+        except ConstraintError as e:  # the compiler's own words: say which field they are about
+            raise ConstraintError(f"{where}: {e}") from None
 
     async def json_schema(self, schema: Any, where: str = "schema") -> Constraint:
         return await self._compile_async("json_schema", check_schema(schema, where))
@@ -302,4 +312,4 @@ def _check_lark(text: Any) -> str:
 
 
 def _too_slow(timeout_s: float) -> str:
-    return f"response_format: too complex (not compiled within {timeout_s:g} s)"
+    return f"too complex (not compiled within {timeout_s:g} s)"

@@ -35,17 +35,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance
 import numpy as np
 
+from localserve.chat.constraints import parser_limits  # the limits the server checked with
 from localserve.engine.sampling_params import Constraint
 from localserve.runners.sampling import SamplingError
-
-# llguidance's parser limits for every request's matcher, the same as the server checks
-# schemas with (localserve.chat.constraints): a grammar past them errors instead of running away.
-PARSER_LIMITS = dict(step_lexer_fuel=200_000, step_max_items=50_000, max_lexer_states=50_000)
-
-
-def parser_limits() -> llguidance.LLParserLimits:
-    """PARSER_LIMITS as llguidance takes them (its error texts without grammar internals)."""
-    return llguidance.LLParserLimits(**PARSER_LIMITS, verbose_errors=False)
 
 
 class GrammarEngine:

@@ -103,6 +103,12 @@ class Frontdoor(Protocol):
         ...
 
     @property
+    def constraints(self) -> ConstraintCompiler:
+        """Structured output's compiler (schemas, Lark grammars: checked, bounded, cached); a
+        constraint it gives goes to `submit(..., constraint=...)`."""
+        ...
+
+    @property
     def model_name(self) -> str: ...
 
     @property

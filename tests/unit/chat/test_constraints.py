@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from localserve.chat import constraints
 from localserve.chat.constraints import (
     MAX_DEPTH,
     MAX_ENUM,
@@ -78,3 +80,13 @@ def test_a_lark_grammar_may_embed_a_json_schema_for_tool_calls():
         "lark", 'start: "<tool_call>" %json{"type": "object"} "</tool_call>"'
     )
     assert c.kind == "lark" and c.grammar
+
+
+def test_a_compile_past_the_time_bound_is_refused(monkeypatch):
+    monkeypatch.setattr(constraints, "_compile", lambda kind, text: time.sleep(0.5))
+    compiler = ConstraintCompiler(timeout_s=0.05)
+    with pytest.raises(ConstraintError, match="too complex"):
+        asyncio.run(compiler.json_schema(CITY))
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
+    with pytest.raises(ConstraintError, match="^response_format: too complex"):
+        asyncio.run(compiler.response_format(fmt))
