@@ -67,14 +67,23 @@ def one_run(runner, constraint, n_constrained: int, tokens: int) -> dict:
                 masks.append(sampler.compute_s / sampler.num_masks)
                 waits.append(sampler.wait_s / sampler.num_masks)
 
+    cpu, sample_s, decode_s, steps = time.process_time(), 0.0, 0.0, 0
     engine.step()  # the requests are commands until a step drains them
     while engine.scheduler.has_work:
         engine.step()
         watch()
+        sample_s += runner.timings.sample_s
+        decode_s += runner.timings.decode_s
+        steps += 1
+    cpu = time.process_time() - cpu
     dones = {e.request_id: e for e in events if isinstance(e, Done)}
     free = [d.timings["itl_ms"] for r, d in dones.items() if int(r[1:]) >= n_constrained]
     bound = [d for r, d in dones.items() if int(r[1:]) < n_constrained]
+    num_tokens = sum(d.completion_tokens for d in dones.values())
     return {
+        "sample_ms_per_step": sample_s / steps * 1e3,
+        "decode_ms_per_step": decode_s / steps * 1e3,
+        "cpu_ms_per_token": cpu / num_tokens * 1e3,
         "free_itl_ms": statistics.mean(x for x in free if x),
         "constrained_itl_ms": statistics.mean(d.timings["itl_ms"] for d in bound)
         if bound
@@ -91,15 +100,18 @@ def _mean(runs: list[dict], key: str) -> float | None:
 
 
 def report(results: dict[str, list]) -> None:
-    base = _mean(results["0 of 16"], "free_itl_ms")
+    base = statistics.median(x["free_itl_ms"] for x in results["0 of 16"])
     print(
-        "\n| run | free streams' ITL ms | vs all-free | constrained ITL ms "
+        "\n| run | free streams' ITL ms (median) | vs all-free | sampling ms/step "
+        "| decode ms/step | process CPU ms/token | constrained ITL ms "
         "| mask compute ms/token | engine-thread wait ms/token | constrained finish |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, runs in results.items():
-        free = _mean(runs, "free_itl_ms")
-        cells = [_mean(runs, k) for k in ("constrained_itl_ms", "mask_ms", "wait_ms")]
+        free = statistics.median(x["free_itl_ms"] for x in runs)
+        keys = ("sample_ms_per_step", "decode_ms_per_step", "cpu_ms_per_token")
+        keys += ("constrained_itl_ms", "mask_ms", "wait_ms")
+        cells = [_mean(runs, k) for k in keys]
         shown = ["-" if c is None else f"{c:.2f}" for c in cells]
         finish = ", ".join(sorted({f for x in runs for f in x["constrained_finish"]})) or "-"
         print(
