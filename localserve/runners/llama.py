@@ -314,10 +314,41 @@ class LlamaRunner(_TokenText):
 
     def _grammar_tokenizer(self):
         """llguidance's view of the vocabulary; every end-of-generation token is its EOS, so
-        a grammar allows the reply to end exactly where it accepts."""
-        from llguidance.llamacpp import lltokenizer_from_vocab
+        a grammar allows the reply to end exactly where it accepts.
 
-        return lltokenizer_from_vocab(self.vocab, eos_token=self._eog_ids.tolist())
+        As `llguidance.llamacpp.lltokenizer_from_vocab` builds it (control tokens, and
+        user-defined ones that look like `<...>`, marked with a 0xff byte: special, matched
+        only by name), but with llama.cpp's current attribute call: the deprecated one that
+        helper uses warns once per token, 262,144 warnings that slow the build several-fold.
+        """
+        import llguidance
+
+        special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        user = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        pieces = []
+        for t in range(self.n_vocab):
+            piece = self._raw_piece(t)
+            attr = llama_cpp.llama_vocab_get_attr(self.vocab, t)
+            if attr & special or (attr & user and piece[:1] == b"<" and piece[-1:] == b">"):
+                piece = b"\xff" + piece
+            pieces.append(piece)
+        tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return llguidance.LLTokenizer.from_llamacpp(
+            tokens=pieces,
+            vocab_ptr=self.vocab,
+            tokenize_fptr=tokenize,
+            eos_token=self._eog_ids.tolist(),
+            slices=None,
+        )
+
+    def _raw_piece(self, token: int) -> bytes:
+        """A token's bytes with special tokens rendered (their text, e.g. `<end_of_turn>`)."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
+        return buf.raw[:n]
 
     def where(self) -> str:
         """The start-up block: backend and devices, layers, KV cache, flash attention."""

@@ -98,3 +98,45 @@ def test_websocket_chat_with_a_schema_and_a_bad_one(live, connect):
     assert error["code"] == "bad_request" and "'not'" in error["message"]
     ws.chat("c", "hi", max_tokens=4)  # the connection goes on
     assert ws.until_done("c")[-1]["type"] == "done"
+
+
+def test_a_lark_grammar_forces_a_tool_call_with_arguments_per_schema():
+    """What tool_choice=required needs: `<tool_call>{json args}</tool_call>` whatever the
+    weights, through the public API (ConstraintCompiler.lark -> SamplingParams.constraint),
+    on the real model in-process, beside an unconstrained request."""
+    from localserve.chat.constraints import ConstraintCompiler
+    from localserve.config import ModelConfig
+    from localserve.engine.engine import Engine
+    from localserve.engine.events import Done, Token
+    from localserve.engine.sampling_params import SamplingParams
+    from localserve.runners.llama import LlamaRunner
+    from localserve.runners.models import ensure_embedded
+
+    args = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    grammar = f'start: "<tool_call>" %json{json.dumps(args)} "</tool_call>"'
+    constraint = ConstraintCompiler().compile_sync("lark", grammar)
+    cfg = ModelConfig(embedded=True, n_ctx=1024, max_num_seqs=4, max_num_batched_tokens=128)
+    runner = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
+    events: list = []
+    try:
+        engine = Engine(runner, on_events=events.extend)
+        prompt = runner.tokenize("What is the weather in Paris?")
+        engine.add_request("call", prompt, SamplingParams(max_tokens=60, constraint=constraint))
+        engine.add_request("free", prompt, SamplingParams(max_tokens=10, temperature=0))
+        for _ in range(500):
+            engine.step()
+            if not engine.scheduler.has_work:
+                break
+    finally:
+        runner.close()
+    text = "".join(e.text for e in events if isinstance(e, Token) and e.request_id == "call")
+    done = {e.request_id: e for e in events if isinstance(e, Done)}
+    assert done["call"].finish_reason == "stop", done["call"]
+    assert text.startswith("<tool_call>") and text.endswith("</tool_call>"), text
+    assert set(json.loads(text[len("<tool_call>") : -len("</tool_call>")])) == {"city"}
+    assert done["free"].finish_reason == "length" and done["free"].completion_tokens == 10
