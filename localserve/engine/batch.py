@@ -27,6 +27,7 @@ class Sampled(NamedTuple):
     piece: bytes = b""  # the token's bytes (may be part of a character)
     is_eog: bool = False
     error: str = ""
+    is_last: bool = False  # the request's grammar is complete: the reply ends after this token
 
 
 @dataclass

@@ -17,6 +17,19 @@ MIN_REPEAT_PENALTY = 0.01  # llama.cpp divides positive logits by it (0 would gi
 MAX_CANDIDATES = 1024
 
 
+class Constraint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a reply must match, as a compiled grammar the runner's grammar engine follows.
+
+    `grammar` is llguidance's grammar text (its JSON form, made by `localserve.chat.constraints`
+    from a JSON schema, "any JSON object" or a Lark grammar, and checked there: bounded and
+    validated before it reaches the engine). `kind` says which ("json_object", "json_schema",
+    "lark"), for logs and metrics. The constraint applies to its own request's tokens only.
+    """
+
+    kind: str
+    grammar: str
+
+
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Per-request sampling; temperature 0 (or below MIN_TEMPERATURE) means greedy.
 
@@ -39,6 +52,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     # the chat format's replies start with a space of its own ("Assistant: ..."): not streamed
     strip_space: bool = False
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # structured output: the reply follows this grammar
 
     def __post_init__(self) -> None:
         # runs on direct construction and on msgspec decoding (as a ValidationError)

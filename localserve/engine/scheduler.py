@@ -121,7 +121,7 @@ class Scheduler:
             if s.error:  # this sequence alone; the rest go on
                 self.fail([s.seq], f"sampling failed for this request: {s.error}")
                 continue
-            s.seq.append_token(s.token, s.piece, s.is_eog, now)
+            s.seq.append_token(s.token, s.piece, s.is_eog, now, s.is_last)
             if s.seq.is_finished:
                 self._remove_running(s.seq, keep=True)
 

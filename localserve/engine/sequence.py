@@ -149,8 +149,11 @@ class Sequence:
         self.queued_time = now
         self.num_preemptions += 1
 
-    def append_token(self, token: int, piece: bytes, is_eog: bool, now: float) -> None:
-        """Accept a sampled token; the text it releases waits in `unsent`."""
+    def append_token(
+        self, token: int, piece: bytes, is_eog: bool, now: float, is_last: bool = False
+    ) -> None:
+        """Accept a sampled token; the text it releases waits in `unsent`. `is_last`: the
+        request's grammar allows nothing after it, so the reply ends here ("stop")."""
         if self.first_token_time is None:
             self.first_token_time = now
         else:
@@ -165,6 +168,9 @@ class Sequence:
         self.unsent += delta
         if hit_stop:
             self.finish(FinishReason.STOP, now)
+        elif is_last:
+            self.finish(FinishReason.STOP, now)
+            self.unsent += self.stream.flush()
         elif self.num_output_tokens >= self.params.max_tokens or (
             len(self.tokens) >= self.max_total_tokens
         ):

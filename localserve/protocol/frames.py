@@ -8,7 +8,7 @@ decoder; anything else is a `bad_request`. The `stats` frame carries the engine'
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -57,6 +57,9 @@ class Chat(SamplingFields, tag="chat", forbid_unknown_fields=True, kw_only=True)
 
     id: str
     messages: list[Message]
+    # structured output, as OpenAI's: {"type": "json_object"} or {"type": "json_schema",
+    # "json_schema": {"name": ..., "schema": {...}}}; checked and bounded by the server
+    response_format: dict[str, Any] | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):

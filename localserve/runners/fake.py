@@ -15,10 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from localserve.engine.batch import Batch, Sampled
 from localserve.engine.runner import KVCacheFull, RunTimings, apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
 from localserve.protocol.snapshot import ModelInfo
+from localserve.runners.grammar import Constrained, GrammarEngine, sample_constrained
+from localserve.runners.sampling import SamplingError
 
 EOG = 1
 BOS = 2
@@ -65,6 +69,7 @@ class FakeRunner:
         self.refs: dict[int, int] = {}  # cell -> sequences holding it
         self._next_cell = 0
         self.num_samplers = 0
+        self._grammar: GrammarEngine | None = None  # made at the first constrained request
         self.info = ModelInfo(
             model="fake",
             backend="CPU",
@@ -101,7 +106,33 @@ class FakeRunner:
 
     def new_sampler(self, params: SamplingParams) -> Any:
         self.num_samplers += 1
-        return {"seed": params.seed}
+        if params.constraint is None:
+            return {"seed": params.seed}
+        if self._grammar is None:
+            self._grammar = GrammarEngine(self._grammar_tokenizer, self.n_vocab)
+        return self._grammar.new_sampler({"seed": params.seed}, params.constraint)
+
+    def _grammar_tokenizer(self):
+        """llguidance's tokenizer over the fake's pieces ("w123 "; EOG is its end)."""
+        import llguidance
+        from llguidance._tokenizer import TokenizerWrapper
+
+        pieces = [
+            self.piece(t) if t >= FIRST_WORD else b"\xff<t%d>" % t for t in range(self.n_vocab)
+        ]
+
+        class _Words:
+            eos_token_id, bos_token_id, tokens = EOG, BOS, pieces
+            special_token_ids = list(range(FIRST_WORD))
+
+            def __call__(self, data: bytes) -> list[int]:
+                return self.tokenize(data)
+
+            def tokenize(self, data: bytes | str) -> list[int]:
+                text = data.decode(errors="replace") if isinstance(data, bytes) else data
+                return [int(w[1:]) for w in text.split() if w[:1] == "w" and w[1:].isdigit()]
+
+        return llguidance.LLTokenizer(TokenizerWrapper(_Words()))
 
     def free_sampler(self, sampler: Any) -> None:
         if sampler is not None:
@@ -133,6 +164,9 @@ class FakeRunner:
                 [item.num_tokens for item in batch.items],
             )
         )
+        for item in rows:  # as the llama.cpp runner: masks computed while it "decodes"
+            if isinstance(item.seq.sampler, Constrained):
+                item.seq.sampler.prepare()
         return [self._sample(item) for item in rows]
 
     def _place(self, seq_id: int, start: int, k: int) -> None:
@@ -150,7 +184,15 @@ class FakeRunner:
         if item.seq.request_id in self.failing_requests:
             return Sampled(item.seq, error="fake: the logits are not finite")
         token = self._next_token(item.seq.tokens[-1], item.start + item.num_tokens)
-        return Sampled(item.seq, token, self.piece(token), token == EOG)
+        sampler, is_last = item.seq.sampler, False
+        if isinstance(sampler, Constrained):  # its own token if allowed, else the first allowed
+            logits = np.zeros(self.n_vocab, dtype=np.float32)
+            logits[token] = 1.0
+            try:
+                token, is_last = sample_constrained(sampler, logits)
+            except SamplingError as e:
+                return Sampled(item.seq, error=str(e))
+        return Sampled(item.seq, token, self.piece(token), token == EOG, is_last=is_last)
 
     def _next_token(self, last: int, position: int) -> int:
         if self.eog_every and (last + position) % self.eog_every == 0:
@@ -191,6 +233,8 @@ class FakeRunner:
         return len(self.cells.get(seq_id, ()))
 
     def close(self) -> None:
+        if self._grammar is not None:
+            self._grammar.close()
         self.cells.clear()
         self.refs.clear()
 

@@ -25,6 +25,7 @@ from localserve.engine.runner import DecodeError, KVCacheFull, RunTimings, apply
 from localserve.engine.sampling_params import MIN_TEMPERATURE, SamplingParams
 from localserve.protocol.snapshot import ModelInfo
 from localserve.runners import rpc
+from localserve.runners.grammar import Constrained, GrammarEngine
 from localserve.runners.placement import describe, parse_log, split_devices
 from localserve.runners.sampling import Sampler, SamplingError
 
@@ -273,6 +274,8 @@ class LlamaRunner(_TokenText):
             dtype=np.int32,
         )
         self._eog_set = frozenset(self._eog_ids.tolist())
+        # structured output: llguidance's tokenizer, built at the first constrained request
+        self._grammar = GrammarEngine(self._grammar_tokenizer, self.n_vocab)
         self._pieces: dict[int, bytes] = {}
         self._positions = np.arange(self.n_ctx, dtype=np.int32)
         self._init_batch()
@@ -308,6 +311,44 @@ class LlamaRunner(_TokenText):
                 )
             raise ValueError(f"models.{name}: llama.cpp could not create a context (n_ctx?)")
         return ctx
+
+    def _grammar_tokenizer(self):
+        """llguidance's view of the vocabulary; every end-of-generation token is its EOS, so
+        a grammar allows the reply to end exactly where it accepts.
+
+        As `llguidance.llamacpp.lltokenizer_from_vocab` builds it (control tokens, and
+        user-defined ones that look like `<...>`, marked with a 0xff byte: special, matched
+        only by name), but with llama.cpp's current attribute call: the deprecated one that
+        helper uses warns once per token, 262,144 warnings that slow the build several-fold.
+        """
+        import llguidance
+
+        special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        user = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        pieces = []
+        for t in range(self.n_vocab):
+            piece = self._raw_piece(t)
+            attr = llama_cpp.llama_vocab_get_attr(self.vocab, t)
+            if attr & special or (attr & user and piece[:1] == b"<" and piece[-1:] == b">"):
+                piece = b"\xff" + piece
+            pieces.append(piece)
+        tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return llguidance.LLTokenizer.from_llamacpp(
+            tokens=pieces,
+            vocab_ptr=self.vocab,
+            tokenize_fptr=tokenize,
+            eos_token=self._eog_ids.tolist(),
+            slices=None,
+        )
+
+    def _raw_piece(self, token: int) -> bytes:
+        """A token's bytes with special tokens rendered (their text, e.g. `<end_of_turn>`)."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
+        return buf.raw[:n]
 
     def where(self) -> str:
         """The start-up block: backend and devices, layers, KV cache, flash attention."""
@@ -371,9 +412,15 @@ class LlamaRunner(_TokenText):
 
     # --- sampling --------------------------------------------------------------------------
 
-    def new_sampler(self, params: SamplingParams) -> Sampler | _SamplerChain:
+    def new_sampler(self, params: SamplingParams) -> Sampler | _SamplerChain | Constrained:
         """numpy sampling on the logits; llama.cpp's chain only for penalties (repeat, frequency,
-        presence), which need the token history."""
+        presence), which need the token history; either under the request's grammar, if any."""
+        inner = self._new_inner_sampler(params)
+        if params.constraint is None:
+            return inner
+        return self._grammar.new_sampler(inner, params.constraint)
+
+    def _new_inner_sampler(self, params: SamplingParams) -> Sampler | _SamplerChain:
         if not params.has_penalties:
             return Sampler(params, self._eog_ids)
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -403,23 +450,43 @@ class LlamaRunner(_TokenText):
         return _SamplerChain(chain)
 
     def free_sampler(self, sampler) -> None:
+        if isinstance(sampler, Constrained):
+            sampler = sampler.inner
         if isinstance(sampler, _SamplerChain):
             llama_cpp.llama_sampler_free(sampler.ptr)
 
+    def _row(self, row: int) -> np.ndarray:
+        """A writable view of the logits of batch row `row` (the chain reads the same memory)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def _draw(self, sampler, row: int) -> int:
+        if isinstance(sampler, _SamplerChain):
+            return llama_cpp.llama_sampler_sample(sampler.ptr, self.ctx, row)
+        return sampler.sample(self._row(row))
+
     def _sample(self, row: int, seq) -> Sampled:
         """One sequence's token; a failure is returned for that sequence alone, never raised."""
+        is_last = False
         try:
-            if isinstance(seq.sampler, _SamplerChain):
-                token = llama_cpp.llama_sampler_sample(seq.sampler.ptr, self.ctx, row)
+            sampler = seq.sampler
+            if isinstance(sampler, Constrained):  # this row's logits only
+                inner = sampler.inner
+                token = sampler.sample(
+                    self._row(row),
+                    lambda: self._draw(inner, row),
+                    may_redraw=not isinstance(inner, _SamplerChain),
+                )
+                if 0 <= token < self.n_vocab:
+                    is_last = sampler.accept(token)
             else:
-                ptr = llama_cpp.llama_get_logits_ith(self.ctx, row)
-                token = seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
-        except Exception as e:  # numpy or ctypes: this sequence's problem only
+                token = self._draw(sampler, row)
+        except Exception as e:  # numpy, ctypes or the grammar: this sequence's problem only
             why = str(e) if isinstance(e, SamplingError) else f"sampling failed: {e}"
             return Sampled(seq, error=why)
         if not 0 <= token < self.n_vocab:
             return Sampled(seq, error=f"sampling gave token {token}, outside the vocabulary")
-        return Sampled(seq, token, self.piece(token), token in self._eog_set)
+        return Sampled(seq, token, self.piece(token), token in self._eog_set, is_last=is_last)
 
     # --- the step --------------------------------------------------------------------------
 
@@ -430,6 +497,9 @@ class LlamaRunner(_TokenText):
             return []
         start = time.perf_counter()
         rows = self._fill(batch)
+        for _, seq in rows:  # constrained rows: their masks are computed during the decode
+            if isinstance(seq.sampler, Constrained):
+                seq.sampler.prepare()
         filled = time.perf_counter()
         rc = llama_cpp.llama_decode(self.ctx, self._batch)  # releases the GIL
         decoded = time.perf_counter()
@@ -481,6 +551,7 @@ class LlamaRunner(_TokenText):
     def close(self) -> None:
         if self.ctx is None:
             return
+        self._grammar.close()
         self._point_seq_ids(self._seq_addrs)
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)

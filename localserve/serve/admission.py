@@ -21,14 +21,15 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
+from localserve.chat.constraints import ConstraintCompiler
 from localserve.config import ServerConfig
 from localserve.engine.client import EngineClient, EngineUnavailable
 from localserve.engine.events import Done
-from localserve.engine.sampling_params import SamplingParams, sampling_params
+from localserve.engine.sampling_params import Constraint, SamplingParams, sampling_params
 from localserve.ops.auth import Access, AuthThrottle, address_group
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
@@ -102,6 +103,12 @@ class Frontdoor(Protocol):
         ...
 
     @property
+    def constraints(self) -> ConstraintCompiler:
+        """Structured output's compiler (schemas, Lark grammars: checked, bounded, cached); a
+        constraint it gives goes to `submit(..., constraint=...)`."""
+        ...
+
+    @property
     def model_name(self) -> str: ...
 
     @property
@@ -140,6 +147,8 @@ class Frontdoor(Protocol):
         engine_id: str,
         fields: SamplingFields,
         prompt: BuildPrompt,
+        response_format: Any = None,
+        constraint: Constraint | None = None,
     ) -> Request | None: ...
 
     def cancel(self, request: Request) -> None: ...
@@ -175,6 +184,7 @@ class Admission:
         self.model_name = model_name
         self.throttle = AuthThrottle(config().max_auth_failures_per_minute)
         self.requests: dict[str, Request] = {}  # by engine id
+        self.constraints = ConstraintCompiler()  # structured output: schemas compiled, cached
         self.counts = Counts()
         self.is_shutting_down = False
         self._numbers = itertools.count(1)  # connections and HTTP requests
@@ -260,9 +270,14 @@ class Admission:
         engine_id: str,
         fields: SamplingFields,
         prompt: BuildPrompt,
+        response_format: Any = None,
+        constraint: Constraint | None = None,
     ) -> Request | None:
         """Check the limits and the sampling values, build the prompt, hand it to the engine.
 
+        `response_format` (OpenAI's, the websocket chat frame's) is compiled off the loop into
+        the request's constraint (a bad one is a bad_request naming the keyword); a caller
+        that compiled its own (tool calling, `self.constraints`) passes `constraint` instead.
         Raises Refusal (busy, shutting_down, too_long, bad_request, quota_exceeded,
         unavailable); returns None when the sink closed while the prompt was being built
         (nothing was queued).
@@ -273,8 +288,10 @@ class Admission:
                 self.engine.reject()
             raise problem
         try:
-            params = sampling_params(fields)
-        except ValueError as e:
+            if response_format is not None and constraint is None:
+                constraint = await self.constraints.response_format(response_format)
+            params = sampling_params(fields, constraint=constraint)
+        except ValueError as e:  # ConstraintError too
             raise Refusal("bad_request", str(e)) from None
         request = self._open(Request(engine_id, client_id, user, sink))
         allowance = self.usage.allowance(user) if self.usage is not None else None

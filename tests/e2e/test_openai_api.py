@@ -185,7 +185,13 @@ def test_errors_have_openai_shape_and_exception_types(live):
         "n": {"n": 2},
         "logprobs": {"logprobs": True},
         "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
-        "response_format": {"response_format": {"type": "json_object"}},
+        "response_format.json_schema.schema": {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+            }
+        },
+        "response_format.type": {"response_format": {"type": "yaml"}},
         "messages[0].content[0]": {
             "messages": [
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}

@@ -1,8 +1,9 @@
 """`POST /v1/chat/completions`: a conversation in, the assistant's next message out.
 
 Messages are system, user and assistant turns (developer counts as system); their content is a
-string or text parts. Tool calling, log probabilities, structured output, audio and predicted
-output are refused with a 400 that names the field.
+string or text parts. `response_format` (json_object, json_schema) constrains the reply to
+JSON (localserve.chat.constraints). Tool calling, log probabilities, audio and predicted output
+are refused with a 400 that names the field.
 
 Tested in tests/e2e/test_openai_api.py.
 """
@@ -34,6 +35,7 @@ async def create_chat_completion(door: Frontdoor, request: HttpRequest) -> Respo
         "chat",
         max_tokens,
         lambda prompts, reply: prompts.chat(messages, reply),
+        body.response_format,  # admission compiles it (localserve.chat.constraints)
     )
 
 
@@ -47,9 +49,6 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
     for param in ("tool_choice", "function_call"):
         if getattr(body, param) not in (None, "none"):
             raise unsupported(param, "tool calling")
-    fmt = body.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise unsupported("response_format", f"response_format {str(fmt.get('type'))[:40]!r}")
     if body.audio is not None or (body.modalities not in (None, ["text"])):
         raise unsupported("modalities" if body.audio is None else "audio", "audio output")
     if body.prediction is not None:

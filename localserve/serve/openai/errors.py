@@ -102,6 +102,8 @@ def failed(done: Done, is_shutting_down: bool) -> ApiError:
 
 
 def _param_of(message: str) -> str | None:
-    """The field an admission message starts with (`temperature: must be ...`)."""
+    """The field an admission message starts with (`temperature: must be ...`, or a path such
+    as `response_format.json_schema.schema: ...`)."""
     head, sep, _ = message.partition(":")
-    return head if sep and head.replace("_", "").isalnum() else None
+    bare = head.translate(str.maketrans("", "", "_.$[]"))
+    return head if sep and bare.isalnum() else None

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import logging
 import secrets
+from typing import Any
 
 import msgspec
 from starlette.requests import Request as HttpRequest
@@ -42,8 +43,10 @@ async def start_reply(
     kind: str,
     max_tokens: int | None,
     prompt: BuildPrompt,
+    response_format: Any = None,
 ) -> Response:
-    """Admit a chat ("chat") or text completion ("text"); its reply, or the refusal's error."""
+    """Admit a chat ("chat") or text completion ("text"); its reply, or the refusal's error.
+    `response_format` (chat only) constrains the reply (admission compiles it)."""
     user = await identify(door, request, body.user)
     config = door.config
     fields = sampling_fields(body, max_tokens, min(config.default_max_tokens, config.max_tokens))
@@ -52,7 +55,9 @@ async def start_reply(
     client_id = f"{prefix}-{num}{secrets.token_hex(4)}"
     reply = Reply(door, request.scope, body, kind, client_id, user)
     try:
-        admitted = await door.submit(reply, user, client_id, f"{num}:{client_id}", fields, prompt)
+        admitted = await door.submit(
+            reply, user, client_id, f"{num}:{client_id}", fields, prompt, response_format
+        )
     except Refusal as e:
         raise errors.refused(e, kind) from None
     if admitted is None:  # the client left while its prompt was built

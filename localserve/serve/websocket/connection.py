@@ -343,6 +343,7 @@ class Connection:
                 engine_id,
                 chat,
                 lambda prompts, reply: prompts.chat(messages, reply),
+                chat.response_format,
             )
         except Refusal as e:
             return self.error(e.code, e.message, chat.id, e.retry_after_s)

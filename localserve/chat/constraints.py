@@ -1,0 +1,315 @@
+"""Structured output: a client's `response_format` (or a grammar) checked, bounded, compiled.
+
+A JSON schema is client input. Before it reaches the engine it is bounded in size (bytes) and
+complexity (nesting depth, enum sizes, pattern lengths, subschemas in all), every keyword is
+checked against those the grammar engine (llguidance) really enforces — an unsupported one is
+refused naming it, never silently ignored — and the grammar is compiled and validated under
+llguidance's parser limits on a worker thread with a time bound: off the event loop and off the
+engine thread. Results are cached (LRU) by the schema's canonical text, so a client that sends
+the same schema every time pays once.
+
+The public API (for `response_format`, and for tool calling's `tool_choice`):
+
+    compiler = ConstraintCompiler()
+    c = await compiler.response_format({"type": "json_schema", "json_schema": {...}})
+    c = await compiler.json_schema(schema_dict)        # any JSON schema within the bounds
+    c = await compiler.lark(text)                      # llguidance Lark; may embed %json{...}
+    c = compiler.compile_sync("lark", text)            # the same, blocking (tests, scripts)
+
+Each returns a `localserve.engine.sampling_params.Constraint` to put in a request's
+`SamplingParams.constraint` (admission does it: `Frontdoor.submit(..., constraint=c)`), or
+raises ConstraintError (a ValueError) whose message names the offending keyword or limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import llguidance
+
+from localserve.engine.sampling_params import Constraint
+
+MAX_SCHEMA_BYTES = 32 * 1024  # canonical JSON text of one schema
+MAX_GRAMMAR_BYTES = 32 * 1024  # a Lark grammar's text
+MAX_DEPTH = 12  # nested subschemas
+MAX_SUBSCHEMAS = 512  # subschemas in all
+MAX_ENUM = 256  # values of one enum
+MAX_PATTERN_CHARS = 256  # one regex pattern (pattern, patternProperties keys)
+COMPILE_TIMEOUT_S = 2.0  # a grammar not compiled within this long is refused
+CACHE_SIZE = 256  # compiled constraints kept by canonical text
+
+# llguidance enforces these (benchmarks/grammar_engine_choice.py checks each); annotations are
+# allowed and have no effect on the output.
+ENFORCED = frozenset(
+    [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        "pattern",
+        "format",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+    ]
+)
+ANNOTATIONS = frozenset(
+    [
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "discriminator",
+    ]
+)
+# llguidance's parser limits, for the server's validation and every request's matcher in the
+# engine (localserve.runners.grammar): a grammar past them errors instead of running away.
+PARSER_LIMITS = dict(step_lexer_fuel=200_000, step_max_items=50_000, max_lexer_states=50_000)
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties")
+# strict JSON, compact: no whitespace runs a model could loop in
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def parser_limits() -> llguidance.LLParserLimits:
+    """PARSER_LIMITS as llguidance takes them (its error texts without grammar internals)."""
+    return llguidance.LLParserLimits(**PARSER_LIMITS, verbose_errors=False)
+
+
+class ConstraintError(ValueError):
+    """A response_format or grammar refused; the message names the keyword or the limit."""
+
+
+def check_schema(schema: Any, where: str = "schema") -> str:
+    """Check a JSON schema against the bounds and the enforced keywords; its canonical text."""
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"{where}: a JSON schema must be an object")
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise ConstraintError(f"{where}: over {MAX_SCHEMA_BYTES} bytes")
+    count = [0]
+    _check_node(schema, where, 0, count)
+    return text
+
+
+def _check_node(node: Any, where: str, depth: int, count: list[int]) -> None:
+    if isinstance(node, bool):  # true / false are schemas too
+        return
+    if not isinstance(node, dict):
+        raise ConstraintError(f"{where}: a subschema must be an object or a boolean")
+    count[0] += 1
+    if depth > MAX_DEPTH:
+        raise ConstraintError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    if count[0] > MAX_SUBSCHEMAS:
+        raise ConstraintError(f"{where}: more than {MAX_SUBSCHEMAS} subschemas")
+    for key, value in node.items():
+        if key not in ENFORCED and key not in ANNOTATIONS and not key.startswith("x-"):
+            raise ConstraintError(f"{where}: the keyword {key[:60]!r} is not supported")
+        _check_value(key, value, f"{where}.{key}")
+    for key in _SUBSCHEMA_MAPS:
+        for name, sub in _mapping(node, key, where).items():
+            if key == "patternProperties":
+                _check_pattern(name, f"{where}.{key}")
+            _check_node(sub, f"{where}.{key}.{str(name)[:40]}", depth + 1, count)
+    for key in _SUBSCHEMA_LISTS:
+        subs = node.get(key, [])
+        if not isinstance(subs, list):
+            raise ConstraintError(f"{where}.{key}: must be a list of schemas")
+        for i, sub in enumerate(subs):
+            _check_node(sub, f"{where}.{key}[{i}]", depth + 1, count)
+    for key in _SUBSCHEMA_ONE:
+        if key in node:
+            _check_node(node[key], f"{where}.{key}", depth + 1, count)
+
+
+def _mapping(node: dict, key: str, where: str) -> dict:
+    value = node.get(key, {})
+    if not isinstance(value, dict):
+        raise ConstraintError(f"{where}.{key}: must be an object")
+    return value
+
+
+def _check_value(key: str, value: Any, where: str) -> None:
+    if key == "enum":
+        if not isinstance(value, list) or not value:
+            raise ConstraintError(f"{where}: must be a non-empty list")
+        if len(value) > MAX_ENUM:
+            raise ConstraintError(f"{where}: more than {MAX_ENUM} values")
+    elif key == "pattern":
+        _check_pattern(value, where)
+    elif key in ("minLength", "maxLength", "minItems", "maxItems") and (
+        not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10_000
+    ):
+        raise ConstraintError(f"{where}: must be an integer in [0, 10000]")
+
+
+def _check_pattern(value: Any, where: str) -> None:
+    if not isinstance(value, str):
+        raise ConstraintError(f"{where}: a pattern must be a string")
+    if len(value) > MAX_PATTERN_CHARS:
+        raise ConstraintError(f"{where}: a pattern longer than {MAX_PATTERN_CHARS} characters")
+
+
+def _compile(kind: str, source: str) -> Constraint:
+    """The grammar of a checked source, validated under the parser limits (a worker thread)."""
+    try:
+        if kind == "lark":
+            grammar = llguidance.LLMatcher.grammar_from_lark(source)
+        else:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(source, _JSON_OPTIONS)
+    except ValueError as e:
+        raise ConstraintError(f"the {kind} was refused: {e}") from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        grammar, None, limits=parser_limits()
+    )
+    if is_error or messages:  # a warning is a keyword it would ignore: refuse rather than lie
+        raise ConstraintError(f"the {kind} was refused: {'; '.join(messages)[:300]}")
+    return Constraint(kind=kind, grammar=grammar)
+
+
+class ConstraintCompiler:
+    """Compiles constraints on one worker thread, each within COMPILE_TIMEOUT_S, cached."""
+
+    def __init__(self, cache_size: int = CACHE_SIZE, timeout_s: float = COMPILE_TIMEOUT_S):
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="constraints")
+        self._cache: OrderedDict[tuple[str, str], Constraint] = OrderedDict()
+        self._lock = threading.Lock()
+        self._cache_size = cache_size
+        self.timeout_s = timeout_s
+        self.num_compiled = 0  # cache misses
+
+    async def response_format(self, fmt: Any, where: str = "response_format") -> Constraint | None:
+        """OpenAI's `response_format`: None for text, else its constraint."""
+        kind, source = parse_response_format(fmt, where)
+        if kind is None:
+            return None
+        try:
+            return await self._compile_async(kind, source)
+        except ConstraintError as e:  # the compiler's own words: say which field they are about
+            raise ConstraintError(f"{where}: {e}") from None
+
+    async def json_schema(self, schema: Any, where: str = "schema") -> Constraint:
+        return await self._compile_async("json_schema", check_schema(schema, where))
+
+    async def lark(self, text: str) -> Constraint:
+        return await self._compile_async("lark", _check_lark(text))
+
+    def compile_sync(self, kind: str, source: Any) -> Constraint:
+        """Blocking: kind "json_schema" (a dict), "json_object" (ignored) or "lark" (text)."""
+        kind, text = _checked(kind, source)
+        future = self._worker.submit(self._cached, kind, text)
+        try:
+            return future.result(self.timeout_s)
+        except TimeoutError:
+            raise ConstraintError(_too_slow(self.timeout_s)) from None
+
+    async def _compile_async(self, kind: str, text: str) -> Constraint:
+        with self._lock:
+            hit = self._cache.get((kind, text))
+        if hit is not None:
+            return hit
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(self._worker, self._cached, kind, text), self.timeout_s
+            )
+        except TimeoutError:
+            raise ConstraintError(_too_slow(self.timeout_s)) from None
+
+    def _cached(self, kind: str, text: str) -> Constraint:
+        key = (kind, text)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        constraint = _compile("lark" if kind == "lark" else "json_schema", text)
+        constraint = Constraint(kind=kind, grammar=constraint.grammar)
+        with self._lock:
+            self.num_compiled += 1
+            self._cache[key] = constraint
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return constraint
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+JSON_OBJECT_SCHEMA = '{"type":"object"}'  # json_object: any JSON object
+
+
+def parse_response_format(fmt: Any, where: str = "response_format") -> tuple[str | None, str]:
+    """(kind, checked canonical source) of OpenAI's `response_format`; (None, "") for text."""
+    if fmt is None:
+        return None, ""
+    if not isinstance(fmt, dict):
+        raise ConstraintError(f"{where}: must be an object")
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None, ""
+    if kind == "json_object":
+        return "json_object", JSON_OBJECT_SCHEMA
+    if kind != "json_schema":
+        raise ConstraintError(
+            f"{where}.type: {str(kind)[:40]!r} is not one of text, json_object, json_schema"
+        )
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise ConstraintError(f"{where}.json_schema: must be an object with a schema")
+    name = spec.get("name", "")
+    if not isinstance(name, str) or len(name) > 64:
+        raise ConstraintError(f"{where}.json_schema.name: a string of at most 64 characters")
+    return "json_schema", check_schema(spec["schema"], f"{where}.json_schema.schema")
+
+
+def _checked(kind: str, source: Any) -> tuple[str, str]:
+    if kind == "json_object":
+        return kind, JSON_OBJECT_SCHEMA
+    if kind == "json_schema":
+        return kind, check_schema(source)
+    if kind == "lark":
+        return kind, _check_lark(source)
+    raise ConstraintError(f"constraint kind {kind[:40]!r} is not json_object, json_schema or lark")
+
+
+def _check_lark(text: Any) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise ConstraintError("grammar: must be a non-empty string")
+    if len(text.encode()) > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(f"grammar: over {MAX_GRAMMAR_BYTES} bytes")
+    return text
+
+
+def _too_slow(timeout_s: float) -> str:
+    return f"too complex (not compiled within {timeout_s:g} s)"
