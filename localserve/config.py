@@ -47,6 +47,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     system_prompt: str | None = None
     # the tool-call format of the model's replies; "auto" = guessed from its chat template
     tool_format: ToolFormat | Literal["auto"] = "auto"
+    # how its replies mark reasoning ("auto": from the template; "think": <think>...</think>,
+    # "magistral": [THINK]...[/THINK]; "none": no split, reasoning stays in the answer)
+    reasoning_format: Literal["auto", "none", "think", "magistral"] = "auto"
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
     # sequence ids kept for cached prefixes (finished turns, system prompts) beyond max_num_seqs

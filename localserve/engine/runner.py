@@ -40,6 +40,7 @@ class Runner(Protocol):
     info: ModelInfo
     timings: RunTimings  # of the last run()
     supports_prefix_reuse: bool  # can a sequence be cut back to a prefix (trim_seq)?
+    template_source: str | None  # its chat template's text or built-in name (formats are read)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 

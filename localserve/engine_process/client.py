@@ -111,6 +111,10 @@ class Vocabulary:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self._vocab.tokenize(text, add_special)
 
+    @property
+    def template_source(self) -> str | None:
+        return self._vocab.template_source
+
     def apply_chat_template(
         self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs
     ) -> str:

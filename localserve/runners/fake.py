@@ -62,6 +62,7 @@ class FakeRunner:
     timings: RunTimings = field(default_factory=RunTimings)
     supports_prefix_reuse: bool = True
     failing_requests: set[str] = field(default_factory=set)  # their sampling fails (a fault)
+    template_source: str | None = None  # a chat template's text, for the formats it shows
 
     def __post_init__(self) -> None:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max

@@ -18,6 +18,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from localserve.chat.formats import model_formats
 from localserve.chat.templates import ChatTemplate, ChatTemplateError, is_jinja
 from localserve.config import ConfigError, ModelConfig, is_template_file
 from localserve.engine.batch import Batch, Sampled
@@ -107,6 +108,7 @@ class _TokenText:
     _jinja: ChatTemplate | None = None  # the model's own Jinja template, rendered as HF does
     _template_error: ValueError | None = None  # why the configured template cannot be used
     _adds_bos = False  # the tokenizer puts the BOS in front by itself
+    template_source: str | None = None  # the template's text (or built-in name), as configured
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -127,6 +129,7 @@ class _TokenText:
         except ValueError as e:
             self._template_error = e
             return
+        self.template_source = source
         if source is None or not is_jinja(source):
             self._template = None if source is None else source.encode()
             return
@@ -277,6 +280,12 @@ class LlamaRunner(_TokenText):
         # structured output: llguidance's tokenizer, built at the first constrained request
         self._grammar = GrammarEngine(self._grammar_tokenizer, self.n_vocab)
         self._pieces: dict[int, bytes] = {}
+        # control tokens the model's call and reasoning formats are written with ([TOOL_CALLS],
+        # <|python_tag|>, ...): their pieces are rendered, as llama-server's preserved tokens
+        formats = model_formats(
+            cfg.chat_format, self.template_source, cfg.tool_format, cfg.reasoning_format
+        )
+        self._preserved = self._token_ids(formats.preserved_tokens)
         self._positions = np.arange(self.n_ctx, dtype=np.int32)
         self._init_batch()
         self.timings = RunTimings()
@@ -400,12 +409,18 @@ class LlamaRunner(_TokenText):
         cached = self._pieces.get(token)
         if cached is None:
             buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            special = token in self._preserved
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
             cached = self._pieces[token] = buf.raw[:n]
         return cached
+
+    def _token_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The ids of those texts that are one token each in this vocabulary."""
+        ids = (self.tokenize(text, add_special=False) for text in texts)
+        return frozenset(t[0] for t in ids if len(t) == 1)
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog_set
