@@ -27,9 +27,20 @@ class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
     token: str | None = None
 
 
-class Message(msgspec.Struct, forbid_unknown_fields=True):
-    role: str  # system | user | assistant
-    content: str
+class WireToolCall(msgspec.Struct, forbid_unknown_fields=True):
+    """A tool call: in a `done` frame (the reply's), or in an assistant message of the history."""
+
+    id: Annotated[str, msgspec.Meta(max_length=256)]
+    name: Annotated[str, msgspec.Meta(max_length=64)]
+    arguments: str  # JSON text
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    role: str  # system | user | assistant | tool
+    content: str = ""
+    tool_calls: list[WireToolCall] | None = None  # an assistant message's calls
+    tool_call_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None  # a tool result's
+    name: Annotated[str, msgspec.Meta(max_length=64)] | None = None  # the tool that answered
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
@@ -60,6 +71,11 @@ class Chat(SamplingFields, tag="chat", forbid_unknown_fields=True, kw_only=True)
     # structured output, as OpenAI's: {"type": "json_object"} or {"type": "json_schema",
     # "json_schema": {"name": ..., "schema": {...}}}; checked and bounded by the server
     response_format: dict[str, Any] | None = None
+    # tool calling and the thinking switch, as OpenAI's chat completions (docs/protocol.md)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):
@@ -110,9 +126,10 @@ class Queued(msgspec.Struct, tag="queued"):
     position: int  # 1 = next to be admitted
 
 
-class TokenDelta(msgspec.Struct, tag="token"):
+class TokenDelta(msgspec.Struct, tag="token", omit_defaults=True):
     id: str
     text: str  # one or more tokens' text (coalesced when the client reads slowly)
+    reasoning: str = ""  # a thinking model's reasoning, split from the answer (before it)
 
 
 class ReplyUsage(msgspec.Struct):
@@ -138,6 +155,7 @@ class Finished(msgspec.Struct, tag="done"):
     recorded: bool = True  # its usage row committed (older servers: always claimed)
     # the chat's oldest messages left out so that it fit the context (context_overflow)
     dropped_messages: int = 0
+    tool_calls: list[WireToolCall] = msgspec.field(default_factory=list)  # finish "tool_calls"
 
 
 class Error(msgspec.Struct, tag="error", omit_defaults=True):

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol
 import msgspec
 
 from localserve.chat.constraints import ConstraintCompiler
+from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.engine.client import EngineClient, EngineUnavailable
 from localserve.engine.events import Done
@@ -72,6 +73,7 @@ class Request:
     reserved_tokens: int = 0  # of its user's daily quota, until it is done
     is_recorded: bool = False  # its usage row committed when its `done` went out
     num_dropped_messages: int = 0  # the chat's oldest messages left out to fit the context
+    prompt_tail: str = ""  # the rendered prompt's end (it may have opened a reasoning block)
 
 
 class Refusal(Exception):
@@ -110,6 +112,11 @@ class Frontdoor(Protocol):
 
     @property
     def model_name(self) -> str: ...
+
+    @property
+    def formats(self) -> ModelFormats:
+        """The model's call and reasoning formats (what its replies are read for)."""
+        ...
 
     @property
     def max_model_len(self) -> int:
@@ -185,6 +192,7 @@ class Admission:
         self.throttle = AuthThrottle(config().max_auth_failures_per_minute)
         self.requests: dict[str, Request] = {}  # by engine id
         self.constraints = ConstraintCompiler()  # structured output: schemas compiled, cached
+        self.formats = ModelFormats(None, None, None)  # the server sets the model's
         self.counts = Counts()
         self.is_shutting_down = False
         self._numbers = itertools.count(1)  # connections and HTTP requests
@@ -331,6 +339,7 @@ class Admission:
         truncate = self.config.context_overflow == "truncate"
         built = await prompt(self.prompts, params.max_tokens if truncate else None)
         request.num_dropped_messages = built.num_dropped_messages
+        request.prompt_tail = built.tail
         if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
             params = msgspec.structs.replace(params, format_stop=built.stops)
         if built.strip_space:  # "Assistant: ..." (the transcript): the space is the format's

@@ -21,6 +21,7 @@ import threading
 
 import uvicorn
 
+from localserve.chat.formats import model_formats
 from localserve.config import ModelConfig, ServerConfig
 from localserve.engine.client import EngineClient
 from localserve.engine.runner import Runner
@@ -79,6 +80,9 @@ class Server:
         )
         self.admission = Admission(
             engine, self.prompts, lambda: self.config, lambda: self.usage, access, self.model_name
+        )
+        self.admission.formats = model_formats(
+            model.chat_format, runner.template_source, model.tool_format, model.reasoning_format
         )
         self.router = SinkRouter(self.admission, lambda: self.usage, self.model_name)
         self.snapshots = Snapshots(engine)

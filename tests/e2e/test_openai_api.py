@@ -184,7 +184,7 @@ def test_errors_have_openai_shape_and_exception_types(live):
     refused = {
         "n": {"n": 2},
         "logprobs": {"logprobs": True},
-        "tools": {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        "tools[0].function.name": {"tools": [{"type": "function", "function": {"name": "a b"}}]},
         "response_format.json_schema.schema": {
             "response_format": {
                 "type": "json_schema",

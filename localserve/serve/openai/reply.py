@@ -25,8 +25,10 @@ from starlette.responses import Response
 from localserve.engine.events import Done
 from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal, Request
 from localserve.serve.openai import errors
+from localserve.serve.openai.read import ReadReply
 from localserve.serve.openai.types import ReplyBodies, RequestFields
 from localserve.serve.openai.validation import identify, sampling_fields
+from localserve.serve.tool_use import NO_TOOLS, ToolUse
 
 log = logging.getLogger("localserve.serve.openai.reply")
 
@@ -44,9 +46,11 @@ async def start_reply(
     max_tokens: int | None,
     prompt: BuildPrompt,
     response_format: Any = None,
+    use: ToolUse = NO_TOOLS,
 ) -> Response:
     """Admit a chat ("chat") or text completion ("text"); its reply, or the refusal's error.
-    `response_format` (chat only) constrains the reply (admission compiles it)."""
+    `response_format` (chat only) constrains the reply (admission compiles it); `use`: its
+    tools (a forced call's grammar, what the reply is read for)."""
     user = await identify(door, request, body.user)
     config = door.config
     fields = sampling_fields(body, max_tokens, min(config.default_max_tokens, config.max_tokens))
@@ -54,9 +58,17 @@ async def start_reply(
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     client_id = f"{prefix}-{num}{secrets.token_hex(4)}"
     reply = Reply(door, request.scope, body, kind, client_id, user)
+    reply.use = use if kind == "chat" else None
     try:
         admitted = await door.submit(
-            reply, user, client_id, f"{num}:{client_id}", fields, prompt, response_format
+            reply,
+            user,
+            client_id,
+            f"{num}:{client_id}",
+            fields,
+            prompt,
+            response_format,
+            constraint=use.constraint,
         )
     except Refusal as e:
         raise errors.refused(e, kind) from None
@@ -93,7 +105,17 @@ class Reply:
         self.pending: list[str] = []
         self.num_pending_bytes = 0
         self.done: Done | None = None
+        self.use: ToolUse | None = None  # a chat's tools: what its reply is read for
         self._ready = asyncio.Event()
+
+    @functools.cached_property
+    def reading(self) -> ReadReply | None:
+        """The reply's reader (its reasoning and calls read out as it comes), made at its first
+        text: the prompt it continues is known by then."""
+        if self.use is None or self.request is None:
+            return None
+        reading = self.use.reading(self.door, self.request.prompt_tail)
+        return None if reading is None else ReadReply(reading)
 
     # the sink: called by the server with the engine's events
 
@@ -165,7 +187,14 @@ class Reply:
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
             return await error.response()(self.scope, _no_receive, send)
-        body = self._unrecorded(self.bodies.whole("".join(parts), done))
+        text = "".join(parts)
+        if self.reading is None:
+            body = self.bodies.whole(text, done)
+        else:
+            read = self.reading.whole(text)
+            finish = "tool_calls" if read.calls else done.finish_reason
+            body = self.bodies.whole(read.content, done, read.reasoning, read.calls, finish)
+        body = self._unrecorded(body)
         response = Response(
             _encoder.encode(body), media_type="application/json", headers=self._headers()
         )
@@ -188,10 +217,14 @@ class Reply:
         ).split(_MARK_JSON)
         head, tail = b"data: " + head, tail + b"\n\n"
         done = None
+        reading = self.reading
         while done is None and not self.is_closed:
             text, done = await self._next()
-            if text:
+            if text and reading is None:
                 await self._write_bytes(send, head + _encoder.encode(text) + tail)
+            elif reading is not None:
+                for delta in reading.deltas(text, done is not None):
+                    await self._write(send, bodies.chunk(delta))
         if self.is_closed or done is None:
             return
         await self._end_stream(send, done)
@@ -211,7 +244,10 @@ class Reply:
                 }
             }
             return await self._write(send, payload)
-        last = self.bodies.chunk({} if self.kind == "chat" else "", done.finish_reason)
+        finish = done.finish_reason
+        if self.reading is not None and self.reading.num_calls:
+            finish = "tool_calls"
+        last = self.bodies.chunk({} if self.kind == "chat" else "", finish)
         if self.bodies.include_usage:
             await self._write(send, last)
             last = self.bodies.usage_chunk(done)

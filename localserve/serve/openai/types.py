@@ -24,11 +24,25 @@ class ContentPart(msgspec.Struct, kw_only=True):
     text: str | None = None
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str = "{}"  # JSON text
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A call an assistant message made (in the history a client sends back)."""
+
+    id: str = ""
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -65,6 +79,8 @@ class ChatCompletionRequest(RequestFields, kw_only=True):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and llama-server's extension
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
@@ -96,14 +112,27 @@ class ReplyBodies:
         # a chat's oldest messages left out to fit the context (set when it is admitted)
         self.dropped_messages = 0
 
-    def whole(self, text: str, done: Done) -> dict:
-        """A reply that comes whole, with its usage."""
+    def whole(
+        self,
+        text: str,
+        done: Done,
+        reasoning: str = "",
+        tool_calls: list[dict] | None = None,
+        finish_reason: str | None = None,
+    ) -> dict:
+        """A reply that comes whole, with its usage (a chat: its reasoning and calls too)."""
         if self.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+                message["content"] = text or None  # OpenAI's: no text beside the calls
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": done.finish_reason,
+                "finish_reason": finish_reason or done.finish_reason,
             }
         else:
             choice = {

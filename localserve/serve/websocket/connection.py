@@ -20,6 +20,9 @@ import logging
 
 import msgspec
 
+from localserve.chat.messages import PromptMessage, ToolCallMade
+from localserve.chat.reply import ReasoningText
+from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
 from localserve.ops.auth import address_group, check_user_name
 from localserve.protocol.frames import (
@@ -34,8 +37,10 @@ from localserve.protocol.frames import (
     ReplyUsage,
     Subscribe,
     Timings,
+    WireToolCall,
 )
 from localserve.serve.admission import MAX_ERROR_CHARS, Frontdoor, Refusal, Request
+from localserve.serve.tool_use import ReplyReading, ToolUse, tool_use
 from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S, client_address
 from localserve.serve.websocket import conversations
 from localserve.serve.websocket.connections import Connections
@@ -77,6 +82,8 @@ class Connection:
         self._transport = scope.get("extensions", {}).get("localserve")
         self.user: str | None = None
         self.requests: dict[str, Request] = {}  # by the client's id
+        self._uses: dict[str, ToolUse] = {}  # chats whose replies are read (tools, reasoning)
+        self._readings: dict[str, ReplyReading | None] = {}  # made at their first text
         self.outbox = Outbox()
         self.is_closed = False  # nothing more is sent
         self.is_closing = False  # nothing more is read
@@ -149,9 +156,28 @@ class Connection:
     # the engine's events for this connection's requests (the server routes them here)
 
     def on_token(self, request: Request, text: str) -> None:
-        if not self.is_closed:
+        if self.is_closed:
+            return
+        reading = self._reading(request)
+        if reading is None:
             self.outbox.put_text(request.client_id, text)
-            self._check_backlog()
+        else:
+            self._put_events(request.client_id, reading.feed(text))
+        self._check_backlog()
+
+    def _reading(self, request: Request) -> ReplyReading | None:
+        cid = request.client_id
+        if cid not in self._readings:
+            use = self._uses.pop(cid, None)
+            self._readings[cid] = use.reading(self.door, request.prompt_tail) if use else None
+        return self._readings[cid]
+
+    def _put_events(self, client_id: str, events) -> None:
+        for event in events:  # the calls go in the done frame, whole
+            if isinstance(event, ContentDelta):
+                self.outbox.put_text(client_id, event.text)
+            elif isinstance(event, ReasoningText):
+                self.outbox.put_text(client_id, event.text, reasoning=True)
 
     def on_queued(self, request: Request, position: int) -> None:
         self.send(Queued(request.client_id, position))
@@ -159,6 +185,15 @@ class Connection:
     def on_done(self, request: Request, done: Done) -> None:
         if self.requests.get(request.client_id) is request:
             del self.requests[request.client_id]
+        reading = self._reading(request)
+        self._readings.pop(request.client_id, None)
+        calls, finish_reason = [], done.finish_reason
+        if reading is not None:
+            held, made = reading.finish()
+            self._put_events(request.client_id, held)
+            calls = [WireToolCall(c.id, c.name, c.arguments) for c in made]
+            if calls and finish_reason in ("stop", "length"):
+                finish_reason = "tool_calls"
         if done.finish_reason == "error":
             self.error(done.error_code, done.error or "engine error", request.client_id)
         usage = ReplyUsage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
@@ -167,7 +202,7 @@ class Connection:
         recorded = request.is_recorded
         dropped = request.num_dropped_messages
         self.send(
-            Finished(request.client_id, done.finish_reason, usage, timings, recorded, dropped)
+            Finished(request.client_id, finish_reason, usage, timings, recorded, dropped, calls)
         )
 
     # --- closing ----------------------------------------------------------------------------
@@ -334,7 +369,18 @@ class Connection:
         if self.door.is_in_flight(engine_id) or chat.id in self.requests:
             message = f"id {chat.id!r} is already in flight on this connection"
             return self.error("bad_request", message, chat.id)
-        messages = [(m.role, m.content) for m in chat.messages]
+        try:
+            messages = [_prompt_message(m, i) for i, m in enumerate(chat.messages)]
+            use = await tool_use(
+                self.door,
+                chat.tools,
+                chat.tool_choice,
+                chat.parallel_tool_calls,
+                chat.chat_template_kwargs,
+                chat.response_format is not None,
+            )
+        except ValueError as e:
+            return self.error("bad_request", str(e), chat.id)
         try:
             request = await self.door.submit(
                 self,
@@ -342,13 +388,16 @@ class Connection:
                 chat.id,
                 engine_id,
                 chat,
-                lambda prompts, reply: prompts.chat(messages, reply),
+                lambda prompts, reply: prompts.chat(messages, reply, use.extras),
                 chat.response_format,
+                constraint=use.constraint,
             )
         except Refusal as e:
             return self.error(e.code, e.message, chat.id, e.retry_after_s)
         if request is not None:
             self.requests[chat.id] = request
+            self._uses[chat.id] = use
+            self._readings.pop(chat.id, None)
             self.on_queued(request, self.door.num_waiting)
 
     def _cancel(self, cancel: Cancel) -> None:
@@ -358,6 +407,19 @@ class Connection:
         if request is None:  # also the answer for another connection's ids: nothing leaks
             return self.error("unknown_id", f"no request {cancel.id!r} in flight here", cancel.id)
         self.door.cancel(request)
+
+
+def _prompt_message(m, i: int) -> PromptMessage:
+    """A chat frame's message for the prompt builder; ValueError naming what is wrong."""
+    if m.tool_calls and m.role != "assistant":
+        raise ValueError(f"messages[{i}].tool_calls: only an assistant message makes calls")
+    if m.role == "tool" and not m.tool_call_id:
+        raise ValueError(f"messages[{i}].tool_call_id: a tool message answers a call: its id")
+    calls = tuple(ToolCallMade(c.id, c.name, c.arguments) for c in m.tool_calls or ())
+    is_tool = m.role == "tool"
+    return PromptMessage(
+        m.role, m.content, calls, m.tool_call_id if is_tool else None, m.name if is_tool else None
+    )
 
 
 def _recover_id(message: str) -> str | None:

@@ -2,7 +2,8 @@
 
 Frames are encoded when they are queued, so `num_bytes` is what they hold. Token text for a
 request is merged into one waiting frame (a slow reader gets fewer, larger frames, never more
-of them); only the newest stats frame is kept.
+of them), its reasoning beside its text (a reply's reasoning all comes before its answer); only
+the newest stats frame is kept.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _encoder = msgspec.json.Encoder()
 
 
 _TOKEN_FRAME_BYTES = len(_encoder.encode(TokenDelta("", "")))  # without its id and text
+_REASONING_FIELD_BYTES = len(b',"reasoning":""')
 
 
 class _OpenText:
@@ -56,16 +58,22 @@ class Outbox:
         data = _encoder.encode(frame)
         self._push(data, len(data))
 
-    def put_text(self, client_id: str, text: str) -> None:
+    def put_text(self, client_id: str, text: str, reasoning: bool = False) -> None:
+        """Reply text (or reasoning) for a request, merged into its waiting frame if any."""
         size = len(_encoder.encode(text)) - 2  # as JSON (escapes included), less the quotes
         pending = self._open_text.get(client_id)
         if pending is not None:  # coalesce: the client has not read the last delta yet
-            pending.frame.text += text
+            if reasoning:
+                size += 0 if pending.frame.reasoning else _REASONING_FIELD_BYTES
+                pending.frame.reasoning += text
+            else:
+                pending.frame.text += text
             pending.num_bytes += size
             self.num_bytes += size
             return
-        frame = TokenDelta(client_id, text)
+        frame = TokenDelta(client_id, "", text) if reasoning else TokenDelta(client_id, text)
         size += _TOKEN_FRAME_BYTES + len(client_id.encode())
+        size += _REASONING_FIELD_BYTES if reasoning else 0
         self._open_text[client_id] = pending = _OpenText(frame, size)
         self._push(pending, size)
 

@@ -1,0 +1,256 @@
+"""Tool calling and reasoning through the real `openai` package and the websocket protocol.
+
+With the embedded model (a base model, shown tools in the transcript's Hermes form) the calls
+are forced (`tool_choice` "required" or a named function), so they are deterministic whatever
+the weights: their arguments parse and validate against the tool's schema, whole and streamed,
+and the follow-up carrying the call and its result is answered. What a model writes unforced
+(`auto`), and its reasoning, are scripted on the fake runner: the reply is read for them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import openai
+import pytest
+
+from localserve.engine.batch import Sampled
+from localserve.runners.fake import EOG
+from tests.support.fakes import FakeServer, PacedRunner
+from tests.support.live import WS
+
+MODEL = "gemma-3-270m"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def client(server, timeout: float = 180) -> openai.OpenAI:
+    """Long timeouts: the first forced call builds the grammar tokenizer (seconds)."""
+    return openai.OpenAI(base_url=server.http + "/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+def check_weather_arguments(arguments: str) -> dict:
+    args = json.loads(arguments)
+    assert set(args) == {"city", "unit"} and isinstance(args["city"], str), args
+    assert args["unit"] in ("celsius", "fahrenheit") and len(args["city"]) <= 30
+    return args
+
+
+# --- forced calls on the real model -------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_a_required_call_comes_back_whole_with_valid_arguments(live):
+    reply = client(live).chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=[WEATHER], tool_choice="required", max_tokens=80
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls  # parallel calls allowed: a base model writes several
+    assert 1 <= len(calls) <= 8 and len({c.id for c in calls}) == len(calls)
+    for call in calls:
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert call.id.startswith("call_")
+        check_weather_arguments(call.function.arguments)
+    assert choice.message.content is None
+
+
+@pytest.mark.model
+def test_a_named_call_streams_by_index_and_its_result_is_answered(live):
+    c = client(live)
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        max_tokens=80,
+        stream=True,
+    )
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
+        for part in delta.tool_calls or ():
+            call = calls.setdefault(part.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = part.id or call["id"]
+            call["name"] = (part.function.name if part.function else None) or call["name"]
+            call["arguments"] += (part.function.arguments or "") if part.function else ""
+    assert finish == "tool_calls" and list(calls) == [0]
+    call = calls[0]
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    args = check_weather_arguments(call["arguments"])
+    history = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(args)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature": 21}'},
+    ]
+    answer = c.chat.completions.create(
+        model=MODEL, messages=history, tools=[WEATHER], max_tokens=16, temperature=0
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert answer.usage.prompt_tokens > 60  # the tools, the call and its result were shown
+
+
+@pytest.mark.model
+def test_a_forced_call_over_the_websocket(live):
+    ws = WS(live.url)
+    ws.hello("tess")
+    ws.chat("t1", "What is the weather in Paris?", max_tokens=80, tools=[WEATHER],
+            tool_choice="required", parallel_tool_calls=False)  # fmt: skip
+    done = ws.until_done("t1", timeout=180)[-1]
+    assert done["finish_reason"] == "tool_calls", done
+    [call] = done["tool_calls"]
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    check_weather_arguments(call["arguments"])
+    ws.close()
+
+
+@pytest.mark.model
+def test_bad_tool_fields_are_refused_naming_them(live):
+    c = client(live)
+    cases = {
+        "tools[0].function.name": {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+        "tool_choice": {"tools": [WEATHER], "tool_choice": "sometimes"},
+        "messages[1].tool_call_id": {
+            "messages": [*QUESTION, {"role": "tool", "content": "21 degrees"}],
+        },
+        "chat_template_kwargs": {"extra_body": {"chat_template_kwargs": {"a b": 1}}},
+    }
+    for param, fields in cases.items():
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(**({"model": MODEL, "messages": QUESTION} | fields))
+        assert e.value.param == param, (param, e.value.body)
+
+
+# --- what a model writes unforced, scripted -----------------------------------------------------
+
+
+@dataclass
+class Scripted(PacedRunner):
+    """The fake runner, but every reply is `reply`, one piece per token."""
+
+    reply: list[str] = field(default_factory=list)
+
+    def _sample(self, item):
+        n = len(item.seq.tokens) - item.seq.num_prompt_tokens
+        if n >= len(self.reply):
+            return Sampled(item.seq, EOG, b"", True)
+        return Sampled(item.seq, 100 + n, self.reply[n].encode(), False)
+
+
+def scripted(reply: str, template: str) -> FakeServer:
+    pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]  # tags split across tokens
+    runner = Scripted(n_ctx=4096, n_seq_max=8, step_s=0.001, reply=pieces, template_source=template)
+    return FakeServer(runner=runner)
+
+
+QWEN3_LIKE = "{% if tools %}<tool_call>{% endif %}<think></think>"  # marks the formats read
+REPLY = (
+    "<think>The user wants the weather; I should call the tool.</think>"
+    "Let me check.<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+    "</tool_call>"
+)
+
+
+def test_an_auto_call_and_the_reasoning_are_read_out_of_the_reply():
+    server = scripted(REPLY, QWEN3_LIKE)
+    try:
+        c = client(server, timeout=30)
+        reply = c.chat.completions.create(model="fake", messages=QUESTION, tools=[WEATHER])
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert message.content == "Let me check."
+        assert message.model_extra["reasoning_content"].startswith("The user wants the weather")
+        [call] = message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+        stream = c.chat.completions.create(
+            model="fake", messages=QUESTION, tools=[WEATHER], stream=True
+        )
+        content = reasoning = arguments = ""
+        finish = None
+        for chunk in stream:
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            for part in delta.tool_calls or ():
+                arguments += part.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert (content, finish) == ("Let me check.", "tool_calls")
+        assert reasoning == message.model_extra["reasoning_content"]
+        assert json.loads(arguments) == {"city": "Paris", "unit": "celsius"}
+    finally:
+        server.close()
+
+
+def test_without_tools_the_call_is_text_and_the_reasoning_still_split():
+    server = scripted(REPLY, QWEN3_LIKE)
+    try:
+        reply = client(server, timeout=30).chat.completions.create(model="fake", messages=QUESTION)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "stop" and not message.tool_calls
+        assert message.content.startswith("Let me check.<tool_call>")
+        assert "reasoning_content" in message.model_extra
+    finally:
+        server.close()
+
+
+def test_the_websocket_streams_reasoning_apart_and_ends_with_the_calls():
+    server = scripted(REPLY, QWEN3_LIKE)
+    try:
+        ws = WS(server.url)
+        ws.hello("ria")
+        ws.chat("r1", "weather?", max_tokens=200, tools=[WEATHER])
+        frames = ws.until_done("r1", timeout=30)
+        text = "".join(f.get("text", "") for f in frames if f["type"] == "token")
+        reasoning = "".join(f.get("reasoning", "") for f in frames if f["type"] == "token")
+        done = frames[-1]
+        assert text == "Let me check." and reasoning.startswith("The user wants the weather")
+        assert done["finish_reason"] == "tool_calls"
+        assert [c["name"] for c in done["tool_calls"]] == ["get_weather"]
+        ws.close()
+    finally:
+        server.close()
+
+
+def test_a_model_without_a_call_format_refuses_tools():
+    server = scripted("Hello.", "no formats here")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            client(server, timeout=30).chat.completions.create(
+                model="fake", messages=QUESTION, tools=[WEATHER]
+            )
+        assert e.value.param == "tools" and "tool_format" in e.value.message
+    finally:
+        server.close()
