@@ -35,7 +35,7 @@ class WireToolCall(msgspec.Struct, forbid_unknown_fields=True):
     arguments: str  # JSON text
 
 
-class Message(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class Message(msgspec.Struct, forbid_unknown_fields=True):
     role: str  # system | user | assistant | tool
     content: str = ""
     tool_calls: list[WireToolCall] | None = None  # an assistant message's calls
