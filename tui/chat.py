@@ -5,7 +5,9 @@ every turn resends it), shows TTFT, ITL and tokens/s under each reply. Ctrl-C st
 current reply (not the program); at the prompt it leaves, with status 0 like `/quit` and
 Ctrl-D. `/help` lists the client's commands; any other `/word` is answered here, not sent to
 the model (`//` at the start sends one `/`). Standard input from a file or a pipe is read as
-messages, one a line, each reply printed, until its end.
+messages, one a line, each reply printed, until its end. A thinking model's reasoning (the
+token frames' `reasoning`) is printed before its answer, each line starting "thinking: ",
+dimmed on a terminal; it is not kept in the history the model is sent again.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ COMMANDS_HELP = "\n".join(
     [f"  {name:6} {what}" for name, what in COMMANDS]
     + ["  Ctrl-C while a reply streams stops it; a line starting // sends one /"]
 )
+DIM, UNDIM = "\x1b[2m", "\x1b[0m"
+THINKING = "thinking: "
 _COMMAND = re.compile(r"/[A-Za-z][\w-]*")  # "/new", not "/usr/bin ..." or "/ 2"
 # what the server says when a hello's token does not match: with no token sent, the fix is one
 NO_TOKEN = (
@@ -95,6 +99,7 @@ class ChatClient:
         out: TextIO = sys.stdout,
         echo: bool = False,
         err: TextIO | None = None,
+        color: bool | None = None,
     ) -> None:
         self.url, self.user, self.token = url, user, token
         self.max_tokens, self.temperature = max_tokens, temperature
@@ -102,6 +107,8 @@ class ChatClient:
         self.out = out
         self.echo = echo  # print each line after the prompt (input that is not a terminal)
         self.err = err or out  # where a failure to connect is said
+        # reasoning dimmed: on a terminal only (not in a file or a pipe), unless $NO_COLOR
+        self.color = color if color is not None else _is_terminal(out)
         self.history: list[Message] = []
         self.client: Client | None = None
         self._current: str | None = None  # id of the reply being streamed
@@ -199,7 +206,7 @@ class ChatClient:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
         )
-        reply: list[str] = []
+        reply = ReplyPrinter(self._print, self.color)
         self._print("model> ", end="")
         try:
             finished = await self._stream(request, reply)
@@ -208,7 +215,8 @@ class ChatClient:
             return False
         finally:
             self._current = None
-        text = "".join(reply).strip()
+        reply.end()
+        text = reply.answer()
         if finished is None:
             self.history.pop()  # the turn never happened
         else:
@@ -218,13 +226,13 @@ class ChatClient:
                 self._print(dropped_line(finished.dropped_messages))
         return True
 
-    async def _stream(self, request: Chat, reply: list[str]) -> Finished | None:
+    async def _stream(self, request: Chat, reply: ReplyPrinter) -> Finished | None:
         """Print the reply as it arrives; its done frame, or None if it was refused."""
         async with contextlib.aclosing(chat(self.client, request)) as frames:
             async for frame in frames:
                 if isinstance(frame, TokenDelta):
-                    reply.append(frame.text)
-                    self._print(frame.text, end="")
+                    reply.reasoning(frame.reasoning)
+                    reply.text(frame.text)
                 elif isinstance(frame, Finished):
                     return frame
                 elif isinstance(frame, Error):  # the last frame, unless `internal` (then done)
@@ -237,6 +245,58 @@ class ChatClient:
         out = file or self.out
         out.write(text + end)
         out.flush()
+
+
+def _is_terminal(out: TextIO) -> bool:
+    try:
+        return out.isatty() and not os.environ.get("NO_COLOR")
+    except (AttributeError, ValueError):  # closed, or not a real stream
+        return False
+
+
+class ReplyPrinter:
+    """Prints one reply as it streams: its reasoning first, each line starting "thinking: "
+    (dimmed when `color`), then its answer on a line of its own; keeps the answer's text.
+    Blank lines at the ends of the reasoning and the answer's leading ones are left out."""
+
+    def __init__(self, write, color: bool) -> None:
+        self._write = write  # print-like: write(text, end="")
+        self._color = color
+        self._answer: list[str] = []
+        self._thinking = False  # reasoning printed, the answer not started
+        self._newlines = 0  # reasoning newlines not printed yet (none after its last line)
+
+    def reasoning(self, text: str) -> None:
+        for i, line in enumerate(text.split("\n")):
+            if i:
+                self._newlines += 1 if self._thinking else 0
+            if not line:
+                continue
+            if not self._thinking:
+                self._thinking = True
+                piece = THINKING + line
+            else:
+                piece = ("\n" + THINKING) * self._newlines + line
+            self._newlines = 0
+            self._write(f"{DIM}{piece}{UNDIM}" if self._color else piece, end="")
+
+    def text(self, text: str) -> None:
+        if self._thinking or not self._answer:
+            text = text.lstrip("\n")  # the answer starts on the line under the reasoning
+        if not text:
+            return
+        if self._thinking:
+            self._write("\n", end="")
+            self._thinking = False
+        self._answer.append(text)
+        self._write(text, end="")
+
+    def end(self) -> None:
+        """The reply is over: nothing more to print of it (the summary line comes next)."""
+        self._thinking = False
+
+    def answer(self) -> str:
+        return "".join(self._answer).strip()
 
 
 def _summary(done: Finished) -> str:

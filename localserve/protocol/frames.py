@@ -217,6 +217,7 @@ class StoredMessage(msgspec.Struct, omit_defaults=True):
     finish: Word | None = None  # the reply's finish_reason
     usage: ReplyUsage | None = None
     timings: Timings | None = None
+    reasoning: str | None = None  # a thinking model's reasoning, shown folded (never resent)
 
 
 class SavedConversation(msgspec.Struct):

@@ -21,12 +21,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from localserve.engine.batch import Sampled
 from localserve.ops.auth import Access
-from localserve.runners.fake import EOG
 from localserve.serve.page import CSP
 from tests.support.cli import kill_serve, start_serve
-from tests.support.fakes import FakeServer, PacedRunner
+from tests.support.fakes import FakeServer, ScriptedRunner
 from tests.support.waiting import wait_until
 
 CHROMIUM = (
@@ -250,19 +248,6 @@ class Person:
         assert not self.problems, self.problems  # no script error, no CSP violation
 
 
-@dataclass
-class ScriptedRunner(PacedRunner):
-    """The fake runner, but every reply is `reply`, one piece per token."""
-
-    reply: list[str] = field(default_factory=list)
-
-    def _sample(self, item):
-        n = len(item.seq.tokens) - item.seq.num_prompt_tokens
-        if n >= len(self.reply):
-            return Sampled(item.seq, EOG, b"", True)
-        return Sampled(item.seq, 100 + n, self.reply[n].encode(), False)
-
-
 HOSTILE = [
     "Here you go:\n\n",
     "<script>window.pwned = 'script'</script>\n\n",
@@ -280,8 +265,8 @@ HOSTILE = [
 
 @pytest.fixture
 def scripted():
-    def make(reply: list[str], **config) -> FakeServer:
-        runner = ScriptedRunner(n_ctx=4096, n_seq_max=8, step_s=0.01, reply=reply)
+    def make(reply: list[str], runner: ScriptedRunner | None = None, **config) -> FakeServer:
+        runner = runner or ScriptedRunner(n_ctx=4096, n_seq_max=8, step_s=0.01, reply=reply)
         server = FakeServer(runner=runner, **config)
         made.append(server)
         return server
@@ -863,3 +848,71 @@ def test_a_chat_longer_than_the_context_says_its_oldest_messages_were_left_out(b
         dora.close()
     finally:
         server.close()
+
+
+THOUGHT = "First <b>a</b> thought.\nThen another, rather longer one " + "x" * 200 + "."
+THINKING_REPLY = ["<think>", "\n", *[w + " " for w in THOUGHT.split(" ")], "\n</think>", "\n\n"]
+
+
+def test_reasoning_shows_folded_apart_from_the_answer_and_is_never_sent_back(
+    browser, scripted, tmp_path
+):
+    """A thinking model's reasoning (the token frames' `reasoning`: a scripted reply on a
+    runner whose template shows `<think>`) streams into a "Thinking…" fold above the answer,
+    as plain text; the fold closes when the answer starts. It is kept with the conversation on
+    the server (a reload and a phone show it) and the next turn sends only the answer."""
+    pieces = [*THINKING_REPLY, "The ", "answer ", "is ", "**4**."]
+    runner = ScriptedRunner(  # step_s: the thinking takes a second or two
+        n_ctx=4096, n_seq_max=8, step_s=0.05, reply=pieces, template_source="<think>"
+    )
+    server = scripted(pieces, access=Access(FAMILY), state_dir=str(tmp_path), runner=runner)
+    ann = Person.open(browser, server, "ann", FAMILY["ann"])
+    page = ann.page
+    sent: list[dict] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda f: sent.append(json.loads(f))))
+    page.reload()  # the connection opens again, watched
+    page.wait_for_selector("#input:not([disabled])")
+    ann.say("What is 2 + 2?")
+    fold = ann.reply().locator("details.reasoning")
+    page.wait_for_selector(".msg.assistant details.reasoning[open]")
+    assert fold.locator("summary").inner_text() == "Thinking…"
+    shot(page, "reasoning-streaming")
+    ann.wait_reply("done")
+    assert fold.get_attribute("open") is None  # folded once the answer came
+    assert fold.locator("summary").inner_text().startswith("Thought for ")
+    assert ann.reply().locator(".body").inner_text() == "The answer is 4."
+    assert ann.reply().locator(".body strong").inner_text() == "4"  # the answer is Markdown
+    text = fold.locator(".text")
+    assert text.evaluate("(t) => t.children.length") == 0  # the reasoning is text, never HTML
+    assert text.evaluate("(t) => t.textContent").strip() == THOUGHT
+    assert ann.reply().evaluate("(m) => m.firstElementChild.tagName") == "DETAILS"  # above it
+    fold.locator("summary").click()
+    assert fold.get_attribute("open") is not None
+    shot(page, "reasoning-open")
+    saved(ann)
+    page.reload()  # kept on the server
+    page.wait_for_selector(".msg.assistant details.reasoning")
+    assert fold.get_attribute("open") is None
+    assert fold.locator("summary").inner_text() == "Reasoning"
+    assert text.evaluate("(t) => t.textContent").strip() == THOUGHT
+    ann.say("And 3 + 3?")
+    wait_until(lambda: page.locator(".msg.assistant").count() == 2, 30, "a second reply")
+    ann.wait_reply("done")
+    [*_, second] = [f for f in sent if f.get("type") == "chat"]
+    assert second["messages"] == [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "The answer is **4**."},
+        {"role": "user", "content": "And 3 + 3?"},
+    ]
+    saved(ann)
+    phone = Person.open(browser, server, "ann", FAMILY["ann"], viewport=PHONE)
+    wait_until(lambda: phone.page.locator(".msg.assistant").count() == 2, 10, "its messages")
+    phone.page.locator("details.reasoning summary").first.click()
+    wide = phone.page.evaluate("""() => {
+        const d = document.documentElement, m = document.getElementById('messages');
+        return [d.scrollWidth - d.clientWidth, m.scrollWidth - m.clientWidth];
+    }""")
+    assert wide == [0, 0]
+    shot(phone.page, "reasoning-on-the-phone")
+    ann.close()
+    phone.close()

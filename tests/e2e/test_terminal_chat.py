@@ -91,3 +91,41 @@ def test_a_chat_longer_than_the_context_gets_a_notice_line():
         assert len(client.history) == 8  # the client keeps it all; the server sends less
     finally:
         server.close()
+
+
+def test_reasoning_is_printed_apart_before_the_answer():
+    """A thinking model's reasoning (a scripted reply on a runner whose template reads
+    `<think>`): each of its lines starts "thinking: ", the answer comes on a line of its own,
+    and only the answer goes into the history the model is sent again. Dimmed on a terminal,
+    plain (no escape codes) when the output is not one."""
+    from tests.support.fakes import FakeServer, ScriptedRunner
+
+    reply = "<think>\nFirst a thought.\nThen another.\n</think>\n\nThe answer is 4."
+    pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]  # tags split across tokens
+    runner = ScriptedRunner(
+        n_ctx=4096, n_seq_max=8, step_s=0.001, reply=pieces, template_source="<think>"
+    )
+    server = FakeServer(runner=runner)
+    try:
+        client, out = make_client(server, "fay", "What is 2 + 2?", "And 3 + 3?")
+        client.max_tokens = 200
+        assert asyncio.run(client.run()) == 0
+        text = out.getvalue()
+        assert "\x1b[" not in text
+        first = text.split("model> ")[1].splitlines()
+        assert first[:3] == [
+            "thinking: First a thought.",
+            "thinking: Then another.",
+            "The answer is 4.",
+        ]
+        assert [m.content for m in client.history if m.role == "assistant"] == [
+            "The answer is 4."
+        ] * 2
+        client, out = make_client(server, "fay", "What is 2 + 2?", color=True)
+        client.max_tokens = 200
+        assert asyncio.run(client.run()) == 0
+        shown = out.getvalue().split("model> ")[1].replace("\x1b[0m\x1b[2m", "")  # piece by piece
+        dim = "\x1b[2mthinking: First a thought.\nthinking: Then another.\x1b[0m"
+        assert shown.startswith(dim + "\nThe answer is 4.\n")
+    finally:
+        server.close()

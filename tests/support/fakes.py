@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from localserve.runners.fake import FakeRunner
+from localserve.engine.batch import Sampled
+from localserve.runners.fake import EOG, FakeRunner
 from tests.support.waiting import wait_until
 
 
@@ -38,6 +39,20 @@ class WideRunner(PacedRunner):
     def piece(self, token: int) -> bytes:
         piece = super().piece(token)
         return piece * (self.width // len(piece)) if piece else piece
+
+
+@dataclass
+class ScriptedRunner(PacedRunner):
+    """The paced fake runner, but every reply is `reply`, one piece per token (with a
+    `template_source` that shows `<think>`, its reply's reasoning is read apart)."""
+
+    reply: list[str] = field(default_factory=list)
+
+    def _sample(self, item):
+        n = len(item.seq.tokens) - item.seq.num_prompt_tokens
+        if n >= len(self.reply):
+            return Sampled(item.seq, EOG, b"", True)
+        return Sampled(item.seq, 100 + n, self.reply[n].encode(), False)
 
 
 class FakeServer:

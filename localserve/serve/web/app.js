@@ -90,6 +90,7 @@
     chat.messages = chat.messages.filter(
       (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string");
     for (const m of chat.messages) {  // a reply that was coming when its page closed
+      if (m.reasoning !== undefined && typeof m.reasoning !== "string") delete m.reasoning;
       if (m.role === "assistant" && LIVE.includes(m.status)) {
         m.status = "interrupted";
         m.error = state.remote ? "this reply was still coming when it was last saved (on " +
@@ -153,7 +154,7 @@
   // saved meanwhile) is kept as a conversation of its own rather than lost. What this browser
   // kept for the person before the server had users is moved to the server, then removed here.
 
-  const KEPT = ["role", "content", "status", "error", "finish", "usage", "timings"];
+  const KEPT = ["role", "content", "status", "error", "finish", "usage", "timings", "reasoning"];
   const wellFormed = (s) => (typeof s === "string" && s.toWellFormed ? s.toWellFormed() : s);
   const storedMessage = (m) => Object.fromEntries(KEPT.filter((k) => m[k] !== undefined && m[k] !== null)
     .map((k) => [k, wellFormed(m[k])]));
@@ -613,6 +614,8 @@
         break;
       case "token":
         if (p && typeof frame.text === "string") {
+          if (typeof frame.reasoning === "string" && frame.reasoning) think(p.msg, frame.reasoning);
+          if (frame.text && p.msg.thinkingSince) thought(p.msg);
           p.msg.content += frame.text;
           if (p.msg.status !== "stopping") p.msg.status = "streaming";
           touch(p.msg);
@@ -736,9 +739,24 @@
     renderStatus();
   }
 
+  // A thinking model's reasoning comes before its answer, in the token frames' `reasoning`:
+  // kept apart from the content (saved with the conversation, never sent back to the model),
+  // timed from its first piece to the answer's first (in this page only: a reload says
+  // "Reasoning").
+  function think(msg, text) {
+    if (!msg.reasoning) msg.thinkingSince = performance.now();
+    msg.reasoning = (msg.reasoning || "") + text;
+  }
+
+  function thought(msg) {
+    msg.thoughtMs = performance.now() - msg.thinkingSince;
+    msg.thinkingSince = null;
+  }
+
   function finish(id, p, done) {
     state.pending.delete(id);
     const msg = p.msg;
+    if (msg.thinkingSince) thought(msg);  // all reasoning, no answer (or cut short)
     if (done) {
       msg.usage = done.usage;
       msg.timings = done.timings;
@@ -773,7 +791,8 @@
   function ask(chat, reply) {
     const id = `r${Date.now().toString(36)}${randomId(3)}`;
     Object.assign(reply, { id, status: "sending", content: "", error: null, position: null,
-                           usage: null, timings: null, finish: null });
+                           usage: null, timings: null, finish: null, reasoning: null,
+                           thinkingSince: null, thoughtMs: null });
     const limits = state.welcome?.limits || {};
     const { temperature, max_tokens } = state.settings;
     const frame = { type: "chat", id, messages: history(chat, reply), temperature,
@@ -1024,7 +1043,9 @@
     }
     if (markdown) body.replaceChildren(markdown(msg.content));
     else body.textContent = msg.content;
-    body.classList.toggle("cursor", msg.status === "streaming" || msg.status === "sending");
+    const coming = msg.status === "streaming" || msg.status === "sending";
+    const thinking = fillReasoning(msg, el, body, coming);
+    body.classList.toggle("cursor", coming && !thinking);
     meta.innerHTML = "";
     const add = (text, cls) => {
       const span = document.createElement("span");
@@ -1069,6 +1090,33 @@
       const oldest = msg.dropped === 1 ? "oldest message was" : `${msg.dropped} oldest messages were`;
       add(`the ${oldest} left out: the chat is longer than the model's context`, "dropped");
     }
+  }
+
+  // The reply's reasoning, folded above its answer (<details class="reasoning">), as plain text
+  // (it is model text): open while it streams, closed once the answer starts (the person may
+  // open it again). Returns whether the model is thinking still.
+  function fillReasoning(msg, el, body, coming) {
+    let box = el.querySelector("details.reasoning");
+    if (!msg.reasoning) {
+      if (box) box.remove();
+      return false;
+    }
+    if (!box) {
+      box = document.createElement("details");
+      box.className = "reasoning";
+      box.append(document.createElement("summary"), document.createElement("div"));
+      box.lastChild.className = "text";
+      el.insertBefore(box, body);
+    }
+    const thinking = coming && !msg.content;
+    box.querySelector("summary").textContent = thinking ? "Thinking…"
+      : Number.isFinite(msg.thoughtMs) ? `Thought for ${ms(msg.thoughtMs)}` : "Reasoning";
+    const text = box.querySelector(".text");
+    text.textContent = msg.reasoning;
+    text.classList.toggle("cursor", thinking);
+    if (box.thinking !== thinking) box.open = thinking;  // only when it changes: the person's
+    box.thinking = thinking;                              // own opening stays
+    return thinking;
   }
 
   function quotaWait() {  // the composer's text while the quota is used up

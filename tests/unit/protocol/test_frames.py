@@ -15,6 +15,8 @@ from localserve.protocol.frames import (
     Error,
     Hello,
     Message,
+    SaveConversation,
+    StoredMessage,
     Subscribe,
     TokenDelta,
 )
@@ -67,3 +69,14 @@ def test_server_frames_carry_their_type_and_an_error_omits_a_missing_id():
         "message": "later",
     }
     assert msgspec.json.decode(encode(Error("busy", "later", "r")))["id"] == "r"
+
+
+def test_a_saved_reply_keeps_its_reasoning_and_drops_fields_it_does_not_know():
+    frame = decode(
+        b'{"type": "save_conversation", "conversation": {"id": "c1", "messages": ['
+        b'{"role": "assistant", "content": "4.", "reasoning": "2 + 2", "thinkingSince": 5}]}}'
+    )
+    assert isinstance(frame, SaveConversation)
+    [message] = frame.conversation.messages
+    assert message == StoredMessage("assistant", "4.", reasoning="2 + 2")
+    assert b"reasoning" not in msgspec.json.encode(StoredMessage("assistant", "4."))
