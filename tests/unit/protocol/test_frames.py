@@ -40,7 +40,7 @@ def test_each_client_frame_decodes_by_its_type():
         b'{"user": "ann"}',
         b'{"type": "hello", "user": "ann", "admin": true}',
         b'{"type": "chat", "id": "r", "messages": [], "n": 2}',
-        b'{"type": "chat", "id": "r", "messages": [{"role": "user", "content": "x", "author": "a"}]}',
+        b'{"type": "chat", "id": "r", "messages": [{"role": "user", "content": "x", "by": "a"}]}',
         b'{"type": "chat", "id": 5, "messages": []}',
         b'{"type": "subscribe", "interval_ms": 3600001}',
         b"[]",
