@@ -10,14 +10,11 @@ and the follow-up carrying the call and its result is answered. What a model wri
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import openai
 import pytest
 
-from localserve.engine.batch import Sampled
-from localserve.runners.fake import EOG
-from tests.support.fakes import FakeServer, PacedRunner
+from tests.support.fakes import FakeServer, ScriptedRunner
 from tests.support.live import WS
 
 MODEL = "gemma-3-270m"
@@ -155,22 +152,9 @@ def test_bad_tool_fields_are_refused_naming_them(live):
 # --- what a model writes unforced, scripted -----------------------------------------------------
 
 
-@dataclass
-class Scripted(PacedRunner):
-    """The fake runner, but every reply is `reply`, one piece per token."""
-
-    reply: list[str] = field(default_factory=list)
-
-    def _sample(self, item):
-        n = len(item.seq.tokens) - item.seq.num_prompt_tokens
-        if n >= len(self.reply):
-            return Sampled(item.seq, EOG, b"", True)
-        return Sampled(item.seq, 100 + n, self.reply[n].encode(), False)
-
-
 def scripted(reply: str, template: str) -> FakeServer:
     pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]  # tags split across tokens
-    runner = Scripted(n_ctx=4096, n_seq_max=8, step_s=0.001, reply=pieces, template_source=template)
+    runner = ScriptedRunner(step_s=0.001, reply=pieces, template_source=template)
     return FakeServer(runner=runner)
 
 
