@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from localserve.serve.prompt import render_chat
-from tests.support.live import WS, LiveServer, configured, live_config
+from tests.support.live import LiveServer, configured, live_config
 
 pytestmark = pytest.mark.model
 
@@ -28,28 +28,12 @@ SYSTEM = "You are a patient librarian who answers in one short sentence."
 
 @pytest.fixture(scope="module")
 def live():
-    """The live fixture's server (tests/e2e/conftest.py) with a context of N_CTX tokens."""
-    import msgspec
-
+    """The live fixture's server (tests/e2e/conftest.py) with a context of N_CTX tokens; the
+    conftest's `connect` connects to this one."""
     from localserve.serve.serving import serving
 
-    config = live_config()
-    model = msgspec.structs.replace(config.models[MODEL], n_ctx=N_CTX)
-    with serving(msgspec.structs.replace(config, models={MODEL: model}), thread=True) as served:
+    with serving(live_config(N_CTX), thread=True) as served:
         yield LiveServer(served)
-
-
-@pytest.fixture
-def connect(live):
-    opened: list[WS] = []
-
-    def make() -> WS:
-        opened.append(WS(live.url))
-        return opened[-1]
-
-    yield make
-    for ws in opened:
-        ws.close()
 
 
 def client(live) -> openai.OpenAI:

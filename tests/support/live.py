@@ -55,7 +55,7 @@ def configured(live, access=None, **limits):
         server.config, admission.access, admission.throttle = old
 
 
-def live_config():
+def live_config(n_ctx: int = 4096):
     """The embedded model, small batches, 2 threads: quick on a laptop's CPU."""
     from localserve.config import Config, ModelConfig, ServerConfig
 
@@ -63,7 +63,7 @@ def live_config():
         embedded=True,
         chat_format="transcript",
         chat_template="gemma",
-        n_ctx=4096,
+        n_ctx=n_ctx,
         max_num_seqs=8,
         max_num_batched_tokens=256,
         n_threads=2,
