@@ -98,8 +98,9 @@ PARSER_LIMITS = dict(step_lexer_fuel=200_000, step_max_items=50_000, max_lexer_s
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_ONE = ("items", "additionalProperties")
-# strict JSON, compact: no whitespace runs a model could loop in
-_JSON_OPTIONS = {"whitespace_flexible": False}
+# strict JSON, compact: no whitespace runs a model could loop in (also for Lark %json, as
+# "x-guidance": localserve.chat.tools)
+COMPACT_JSON = {"whitespace_flexible": False}
 
 
 def parser_limits() -> llguidance.LLParserLimits:
@@ -134,6 +135,8 @@ def _check_node(node: Any, where: str, depth: int, count: list[int]) -> None:
     if count[0] > MAX_SUBSCHEMAS:
         raise ConstraintError(f"{where}: more than {MAX_SUBSCHEMAS} subschemas")
     for key, value in node.items():
+        if key == "x-guidance":  # llguidance's own options (whitespace, ...) are the server's
+            raise ConstraintError(f"{where}: the keyword 'x-guidance' is not supported")
         if key not in ENFORCED and key not in ANNOTATIONS and not key.startswith("x-"):
             raise ConstraintError(f"{where}: the keyword {key[:60]!r} is not supported")
         _check_value(key, value, f"{where}.{key}")
@@ -187,7 +190,7 @@ def _compile(kind: str, source: str) -> Constraint:
         if kind == "lark":
             grammar = llguidance.LLMatcher.grammar_from_lark(source)
         else:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(source, _JSON_OPTIONS)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(source, COMPACT_JSON)
     except ValueError as e:
         raise ConstraintError(f"the {kind} was refused: {e}") from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(

@@ -20,6 +20,8 @@ import json
 import re
 from typing import Any, NamedTuple
 
+from localserve.chat.constraints import COMPACT_JSON, check_schema
+
 MAX_TOOLS = 128
 MAX_DESCRIPTION_CHARS = 8192
 MAX_TOOLS_BYTES = 256 << 10  # all the specs, as JSON
@@ -112,8 +114,12 @@ def forced_call_grammar(
     tool_format: str, tools: list[dict], name: str | None = None, parallel: bool = True
 ) -> str:
     """An llguidance Lark grammar for a reply that is only calls in `tool_format`: one (or,
-    with `parallel`, up to MAX_PARALLEL_CALLS) of `name`, or of any offered tool."""
+    with `parallel`, up to MAX_PARALLEL_CALLS) of `name`, or of any offered tool. A tool's
+    parameters past response_format's bounds raise ConstraintError naming them."""
     offered = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    for fn in offered:  # the schemas become a grammar: bounded as response_format's are
+        if "parameters" in fn:
+            check_schema(fn["parameters"], f"{fn['name']}.parameters")
     if tool_format in ("hermes", "transcript"):
         sep = _lark("\n" if tool_format == "hermes" else "")
         arguments = _calls(offered, "arguments")
@@ -122,10 +128,10 @@ def forced_call_grammar(
     if tool_format in ("llama3", "gemma"):
         return _repeat(f"%json{_calls(offered, 'parameters')}", '"; "', parallel)
     if tool_format == "mistral":
-        items = {"type": "array", "items": json.loads(_calls(offered, "arguments")), "minItems": 1}
+        items = {"type": "array", "items": _call_schema(offered, "arguments"), "minItems": 1}
         if not parallel:
             items["maxItems"] = 1
-        return f'start: "[TOOL_CALLS]" %json{json.dumps(items, ensure_ascii=False)}'
+        return f'start: "[TOOL_CALLS]" %json{_compact(items)}'
     raise ToolsError(
         f"tool_choice: a forced call is not supported for the {tool_format!r} tool format "
         '(use "auto")'
@@ -133,7 +139,17 @@ def forced_call_grammar(
 
 
 def _calls(functions: list[dict], arguments_key: str) -> str:
-    """The JSON schema of one call object of any of `functions`."""
+    """The JSON schema of one call object of any of `functions`, compact."""
+    return _compact(_call_schema(functions, arguments_key))
+
+
+def _compact(schema: dict) -> str:
+    """`schema` for Lark's %json, without the whitespace runs a model could loop in (llguidance
+    lets JSON in a Lark grammar have any whitespace unless told otherwise)."""
+    return json.dumps({**schema, "x-guidance": COMPACT_JSON}, ensure_ascii=False)
+
+
+def _call_schema(functions: list[dict], arguments_key: str) -> dict:
     options = [
         {
             "type": "object",
@@ -146,8 +162,7 @@ def _calls(functions: list[dict], arguments_key: str) -> str:
         }
         for fn in functions
     ]
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return json.dumps(schema, ensure_ascii=False)
+    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def _repeat(call: str, sep: str, parallel: bool) -> str:

@@ -117,6 +117,7 @@ def test_a_lark_grammar_forces_a_tool_call_with_arguments_per_schema():
         "properties": {"city": {"type": "string", "maxLength": 20}},
         "required": ["city"],
         "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False},  # else whitespace runs: see chat.tools
     }
     grammar = f'start: "<tool_call>" %json{json.dumps(args)} "</tool_call>"'
     constraint = ConstraintCompiler().compile_sync("lark", grammar)

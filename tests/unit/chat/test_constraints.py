@@ -36,7 +36,9 @@ def test_response_formats_are_parsed_text_means_none():
         parse_response_format({"type": "yaml"})
 
 
-@pytest.mark.parametrize("keyword", ["uniqueItems", "not", "if", "contains", "dependentRequired"])
+@pytest.mark.parametrize(
+    "keyword", ["uniqueItems", "not", "if", "contains", "dependentRequired", "x-guidance"]
+)
 def test_an_unsupported_keyword_is_refused_by_name(keyword):
     with pytest.raises(ConstraintError, match=f"'{keyword}'"):
         check_schema({"type": "object", "properties": {"a": {keyword: {}}}})

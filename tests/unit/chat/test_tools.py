@@ -84,6 +84,57 @@ def test_the_forced_call_grammar_is_valid_in_every_format(tool_format, parallel,
     assert ('"get_time"' in text) is (name is None)
 
 
+def _bytes_tokenizer() -> llguidance.LLTokenizer:
+    """One token per byte, and an end: enough to walk a grammar byte by byte."""
+    from llguidance._tokenizer import TokenizerWrapper
+
+    class _Bytes:
+        eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+        tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"]
+
+        def __call__(self, data: bytes) -> list[int]:
+            return self.tokenize(data)
+
+        def tokenize(self, data: bytes | str) -> list[int]:
+            return list(data.encode() if isinstance(data, str) else data)
+
+    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
+
+
+@pytest.mark.parametrize(
+    "tool_format, opening",
+    [
+        ("hermes", '<tool_call>\n{"name":"get_weather","arguments":{'),
+        ("transcript", '<tool_call>{"name":"get_weather","arguments":{'),
+        ("llama3", '{"name":"get_weather","parameters":{'),
+        ("mistral", '[TOOL_CALLS][{"name":"get_weather","arguments":{'),
+    ],
+)
+def test_a_forced_call_has_no_room_for_whitespace_runs(tool_format, opening):
+    """A model could loop in whitespace inside the JSON (the reply then ends by length, not
+    with a call): the forced grammars' JSON is compact."""
+    grammar = llguidance.grammar_from(
+        "lark", forced_call_grammar(tool_format, check_tools([WEATHER]))
+    )
+    matcher = llguidance.LLMatcher(_bytes_tokenizer(), grammar)
+    assert matcher.consume_tokens(list(opening.encode())), matcher.get_error()
+    assert matcher.validate_tokens(list(b'"city"')) == 6
+    assert matcher.validate_tokens(list(b" ")) == 0 and matcher.validate_tokens(list(b"\n")) == 0
+
+
+def test_a_forced_call_bounds_the_tool_schemas_as_response_format_does():
+    from localserve.chat.constraints import ConstraintError
+
+    hostile = {"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}
+    with pytest.raises(ConstraintError, match="f.parameters: the keyword 'not'"):
+        forced_call_grammar("hermes", check_tools([hostile]))
+    sneaky = {"type": "object", "x-guidance": {"whitespace_flexible": True}}
+    with pytest.raises(ConstraintError, match="x-guidance"):
+        forced_call_grammar(
+            "hermes", check_tools([{"function": {"name": "f", "parameters": sneaky}}])
+        )
+
+
 def test_a_format_without_a_forced_form_is_said():
     with pytest.raises(ToolsError, match="not supported for the 'deepseek' tool format"):
         forced_call_grammar("deepseek", check_tools([WEATHER]))
