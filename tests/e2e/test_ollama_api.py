@@ -360,3 +360,55 @@ def test_the_usage_row_says_ollama_and_the_counts_of_the_done_object(tmp_path):
         (reply.prompt_eval_count, reply.eval_count),
         (parts[-1].prompt_eval_count, parts[-1].eval_count),
     ]
+
+
+SCRIPTED_TEMPLATE = "{% if tools %}<tool_call>{% endif %}<think></think>"  # the formats read
+SCRIPTED_REPLY = (
+    "<think>The user wants the weather; I should call the tool.</think>"
+    "Let me check.<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "</tool_call>"
+)
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+
+
+def test_a_scripted_call_and_thinking_come_back_as_ollama_shows_them():
+    """What a model writes (reasoning, a call) is scripted on the fake runner: the reply is read
+    into `message.thinking` and `message.tool_calls` (arguments an object), whole and
+    streamed; `show` says the model has tools and thinking."""
+    from tests.support.fakes import FakeServer, ScriptedRunner
+
+    pieces = [SCRIPTED_REPLY[i : i + 3] for i in range(0, len(SCRIPTED_REPLY), 3)]
+    runner = ScriptedRunner(step_s=0.001, reply=pieces, template_source=SCRIPTED_TEMPLATE)
+    server = FakeServer(runner=runner)
+    try:
+        fake = ollama.Client(host=server.http, timeout=30)
+        assert {"completion", "tools", "thinking"} == set(fake.show("fake").capabilities)
+        question = ask("What is the weather in Paris?")
+        reply = fake.chat(model="fake", messages=question, tools=[WEATHER], think=True)
+        message = reply.message
+        assert message.content == "Let me check."
+        assert message.thinking.startswith("The user wants the weather")
+        [call] = message.tool_calls
+        assert (call.function.name, call.function.arguments) == ("get_weather", {"city": "Paris"})
+        parts = list(fake.chat(model="fake", messages=question, tools=[WEATHER], stream=True))
+        assert "".join(p.message.content for p in parts) == "Let me check."
+        assert "".join(p.message.thinking or "" for p in parts) == message.thinking
+        streamed = [c for p in parts for c in p.message.tool_calls or ()]
+        assert [c.function.arguments for c in streamed] == [{"city": "Paris"}]
+        generated = fake.generate("fake", "weather?", think=True)
+        assert generated.thinking == message.thinking
+    finally:
+        server.close()
+
+
+def test_langchain_ollama_invokes_and_streams(live):
+    from langchain_ollama import ChatOllama
+
+    chat = ChatOllama(model=MODEL, base_url=live.http, num_predict=12, temperature=0)
+    answer = chat.invoke("What is the capital of France?")
+    assert answer.content.strip()
+    assert answer.usage_metadata["output_tokens"] <= 12
+    assert "".join(c.content for c in chat.stream("Say hello.")).strip()
+    live.wait_idle()
