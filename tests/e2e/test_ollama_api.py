@@ -12,6 +12,8 @@ import urllib.parse
 
 import ollama
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from localserve.ops.auth import Access
 from localserve.serve.ollama.models import VERSION
@@ -412,3 +414,76 @@ def test_langchain_ollama_invokes_and_streams(live):
     assert answer.usage_metadata["output_tokens"] <= 12
     assert "".join(c.content for c in chat.stream("Say hello.")).strip()
     live.wait_idle()
+
+
+# --- a fuzzer for request bodies --------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+OPTION_NAMES = ["num_predict", "temperature", "top_p", "top_k", "min_p", "repeat_penalty",
+                "seed", "stop", "frequency_penalty", "presence_penalty", "num_ctx"]  # fmt: skip
+options = st.dictionaries(st.sampled_from(OPTION_NAMES), json_values, max_size=4).map(
+    lambda o: o | {"num_predict": 3} if "num_predict" not in o else o
+)
+bodies = st.fixed_dictionaries(
+    {
+        "model": st.just(MODEL) | json_values,
+        "options": options | json_values,
+    },
+    optional={
+        "messages": st.just(ask())
+        | st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "system", "tool", "x"]) | json_values,
+                    "content": st.text(max_size=30) | json_values,
+                },
+                optional={"tool_calls": json_values, "tool_name": json_values},
+            ),
+            max_size=3,
+        )
+        | json_values,
+        "prompt": st.text(max_size=30) | json_values,
+        **{
+            k: json_values
+            for k in (
+                "stream",
+                "format",
+                "think",
+                "keep_alive",
+                "tools",
+                "raw",
+                "system",
+                "images",
+                "suffix",
+            )
+        },  # fmt: skip
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=bodies, path=st.sampled_from(["/api/chat", "/api/generate"]))
+def test_fuzzed_bodies_never_crash_the_server(live, body, path):
+    given = body["options"]
+    if given is None:
+        body["options"] = {"num_predict": 3}  # replies stay short
+    elif isinstance(given, dict):
+        n = given.get("num_predict")
+        if not isinstance(n, int) or n in (-1, -2) or 8 < n <= 10**6:  # -1, -2: the cap
+            given["num_predict"] = 3
+    status, headers, payload = request(live, "POST", path, body)
+    assert status in (200, 400, 404, 413, 429), (status, payload[:300])
+    if status != 200:
+        error_of(payload)
+    elif headers["Content-Type"] == "application/x-ndjson":
+        lines = payload.decode().split("\n")
+        assert lines[-1] == "" and json.loads(lines[-2])["done"] is True
+    reply = request(live, "POST", "/api/generate", {"model": MODEL, "prompt": "Hi",
+                                                     "options": {"num_predict": 1}})  # fmt: skip
+    assert reply[0] == 200

@@ -41,18 +41,19 @@ MAX_NAME_CHARS = 64  # a tool's name, as a client sends it back
 async def chat(door: Frontdoor, request: HttpRequest) -> Response:
     body = await read_body(door, request, ChatRequest)
     check_common(door, body)
+    user = await identify(door, request)
     messages = _messages(body.messages)
     if not messages:
         return _loaded(door, "chat")
     use = await _tool_use(door, body, body.tools)
-    return await _reply(
-        door, request, body, "chat", lambda p, reply: p.chat(messages, reply, use.extras), use
-    )
+    build = lambda p, reply: p.chat(messages, reply, use.extras)  # noqa: E731
+    return await _reply(door, request, user, body, "chat", build, use)
 
 
 async def generate(door: Frontdoor, request: HttpRequest) -> Response:
     body = await read_body(door, request, GenerateRequest)
     check_common(door, body)
+    user = await identify(door, request)
     for name in ("images", "suffix", "template", "context"):
         if getattr(body, name):
             raise unsupported(name, f"/api/generate's {name}")
@@ -62,14 +63,14 @@ async def generate(door: Frontdoor, request: HttpRequest) -> Response:
     if body.raw:
         if body.think or body.system:
             raise OllamaError(400, "raw: a raw prompt takes no system and no think")
-        return await _reply(door, request, body, "generate", lambda p, _: p.text(prompt), NO_TOOLS)
+        build = lambda p, _: p.text(prompt)  # noqa: E731
+        return await _reply(door, request, user, body, "generate", build, NO_TOOLS)
     messages = [PromptMessage("user", prompt)]
     if body.system:
         messages.insert(0, PromptMessage("system", body.system))
     use = await _tool_use(door, body, None)
-    return await _reply(
-        door, request, body, "generate", lambda p, reply: p.chat(messages, reply, use.extras), use
-    )
+    build = lambda p, reply: p.chat(messages, reply, use.extras)  # noqa: E731
+    return await _reply(door, request, user, body, "generate", build, use)
 
 
 async def _tool_use(door: Frontdoor, body: OllamaFields, tools) -> ToolUse:
@@ -80,8 +81,9 @@ async def _tool_use(door: Frontdoor, body: OllamaFields, tools) -> ToolUse:
         raise OllamaError(400, str(e)) from None
 
 
-async def _reply(door, request, body: OllamaFields, kind: str, prompt, use: ToolUse) -> Response:
-    user = await identify(door, request)
+async def _reply(
+    door, request, user: str, body: OllamaFields, kind: str, prompt, use: ToolUse
+) -> Response:
     config = door.config
     fields = sampling_fields(
         body.options, min(config.default_max_tokens, config.max_tokens), config.max_tokens
