@@ -105,6 +105,7 @@ def test_chat_streams_and_ends_with_the_done_fields(live):
     assert last.prompt_eval_count > 5 and last.total_duration > last.eval_duration > 0
     whole = client(live).chat(model=TAGGED, messages=ask(), options={"num_predict": 20, "seed": 1})
     assert whole.done and whole.message.role == "assistant"
+    assert (parts[0].model, whole.model) == (MODEL, TAGGED)  # as the request named it
     assert whole.message.content == text  # the same seed, the same reply
     live.wait_idle()
 

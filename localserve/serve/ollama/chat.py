@@ -27,6 +27,7 @@ from localserve.serve.ollama.types import ChatRequest, GenerateRequest, OllamaFi
 from localserve.serve.ollama.validation import (
     check_common,
     identify,
+    public_name,
     read_body,
     response_format,
     sampling_fields,
@@ -44,7 +45,7 @@ async def chat(door: Frontdoor, request: HttpRequest) -> Response:
     user = await identify(door, request)
     messages = _messages(body.messages)
     if not messages:
-        return _loaded(door, "chat")
+        return _loaded(door, "chat", body.model)
     use = await _tool_use(door, body, body.tools)
     build = lambda p, reply: p.chat(messages, reply, use.extras)  # noqa: E731
     return await _reply(door, request, user, body, "chat", build, use)
@@ -58,7 +59,7 @@ async def generate(door: Frontdoor, request: HttpRequest) -> Response:
         if getattr(body, name):
             raise unsupported(name, f"/api/generate's {name}")
     if not body.prompt:
-        return _loaded(door, "generate")
+        return _loaded(door, "generate", body.model)
     prompt = body.prompt
     if body.raw:
         if body.think or body.system:
@@ -90,12 +91,14 @@ async def _reply(
     )
     stream = body.stream is not False
     fmt = response_format(body.format)
-    return await start_reply(door, request, user, kind, stream, fields, prompt, fmt, use)
+    return await start_reply(
+        door, request, user, kind, stream, fields, prompt, fmt, use, body.model
+    )
 
 
-def _loaded(door: Frontdoor, kind: str) -> Response:
+def _loaded(door: Frontdoor, kind: str, model: str | None) -> Response:
     """Ollama's answer to a request with nothing to say: the model is loaded."""
-    body = {"model": door.model_name, "created_at": created_at()}
+    body = {"model": model or public_name(door), "created_at": created_at()}
     if kind == "chat":
         body["message"] = {"role": "assistant", "content": ""}
     else:

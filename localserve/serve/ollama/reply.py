@@ -32,6 +32,7 @@ from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal, Request
 from localserve.serve.ollama import errors
+from localserve.serve.ollama.validation import public_name
 from localserve.serve.tool_use import NO_TOOLS, ReplyReading, ToolUse
 
 log = logging.getLogger("localserve.serve.ollama.reply")
@@ -50,11 +51,14 @@ async def start_reply(
     prompt: BuildPrompt,
     response_format: Any = None,
     use: ToolUse = NO_TOOLS,
+    model: str | None = None,
 ) -> Response:
-    """Admit a chat (`kind` "chat": /api/chat's objects) or a generation ("generate")."""
+    """Admit a chat (`kind` "chat": /api/chat's objects) or a generation ("generate"); its
+    objects name the model as the request did (`model`; None: the tagged name)."""
     num = door.next_number()
     client_id = f"ollama-{num}{secrets.token_hex(4)}"
     reply = OllamaReply(door, request.scope, kind, stream, client_id, user, use)
+    reply.model = model or public_name(door)
     try:
         admitted = await door.submit(
             reply,
@@ -100,6 +104,7 @@ class OllamaReply:
         self.client_id = client_id
         self.user = user
         self.use = use
+        self.model = public_name(door)  # as the request named it
         self.started = time.monotonic()
         self.request: Request | None = None
         self.is_closed = False
@@ -224,7 +229,7 @@ class OllamaReply:
         return content, thinking, calls
 
     def _object(self, content: str, thinking: str, calls: list[dict]) -> dict:
-        body: dict[str, Any] = {"model": self.door.model_name, "created_at": created_at()}
+        body: dict[str, Any] = {"model": self.model, "created_at": created_at()}
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if thinking:
