@@ -227,6 +227,29 @@ def test_a_token_server_needs_a_users_token_and_names_the_user_by_it(live):
     live.wait_idle()
 
 
+def test_the_same_limits_hold_a_429_with_retry_after_for_that_user_only(live):
+    access = Access({"kate": "correct-horse", "liz": "battery-staple"})
+    with configured(live, access=access, max_inflight_per_user=1):
+        stream = client(live, "correct-horse").chat(
+            model=MODEL, messages=ask(), stream=True, options={"num_predict": 300}
+        )
+        next(iter(stream))
+        with pytest.raises(ollama.ResponseError) as e:
+            client(live, "correct-horse").chat(model=MODEL, messages=ask())
+        assert e.value.status_code == 429 and e.value.error
+        status, headers, _ = request(
+            live, "POST", "/api/chat", {"messages": ask()},
+            {"Authorization": "Bearer correct-horse"},
+        )  # fmt: skip
+        assert status == 429 and int(headers["Retry-After"]) >= 1
+        other = client(live, "battery-staple").chat(
+            model=MODEL, messages=ask(), options={"num_predict": 2}
+        )
+        assert other.done  # someone else is not held back
+        stream.close()
+    live.wait_idle()
+
+
 def test_an_open_server_names_the_user_ollama(live):
     url = urllib.parse.urlsplit(live.http)
     body = json.dumps({"model": MODEL, "messages": ask(), "options": {"num_predict": 300}})
