@@ -217,23 +217,32 @@ def test_a_token_server_needs_a_users_token_and_names_the_user_by_it(live):
         with pytest.raises(ollama.ResponseError) as e:
             client(live).list()
         assert e.value.status_code == 401
-        stream = client(live, "correct-horse").chat(
-            model=MODEL, messages=ask(), stream=True, options={"num_predict": 200}
-        )
-        next(iter(stream))
-        users = {s.user for s in live.snapshot().seqs}
-        stream.close()
-        assert "kate" in users
+        with pytest.raises(ollama.ResponseError) as e:
+            client(live, "wrong").chat(model=MODEL, messages=ask())
+        assert e.value.status_code == 401
+        assert client(live, "correct-horse").list().models
+        sock = held_chat(live, "correct-horse")
+        wait_until(lambda: prefilling(live, "kate"), 30, "kate's request, named by her token")
+        sock.close()
     live.wait_idle()
+
+
+def held_chat(live, token: str) -> socket.socket:
+    """A whole chat in its long prefill (a reply could stop at once), on a raw socket."""
+    body = json.dumps({"messages": ask("tell me more " * 900), "stream": False}).encode()
+    url = urllib.parse.urlsplit(live.http)
+    sock = socket.create_connection((url.hostname, url.port))
+    head = (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
+            b"\r\nContent-Length: %d\r\n\r\n")  # fmt: skip
+    sock.sendall(head % (token.encode(), len(body)) + body)
+    return sock
 
 
 def test_the_same_limits_hold_a_429_with_retry_after_for_that_user_only(live):
     access = Access({"kate": "correct-horse", "liz": "battery-staple"})
     with configured(live, access=access, max_inflight_per_user=1):
-        stream = client(live, "correct-horse").chat(
-            model=MODEL, messages=ask(), stream=True, options={"num_predict": 300}
-        )
-        next(iter(stream))
+        sock = held_chat(live, "correct-horse")
+        wait_until(lambda: prefilling(live, "kate"), 30, "kate's prefill under way")
         with pytest.raises(ollama.ResponseError) as e:
             client(live, "correct-horse").chat(model=MODEL, messages=ask())
         assert e.value.status_code == 429 and e.value.error
@@ -246,17 +255,13 @@ def test_the_same_limits_hold_a_429_with_retry_after_for_that_user_only(live):
             model=MODEL, messages=ask(), options={"num_predict": 2}
         )
         assert other.done  # someone else is not held back
-        stream.close()
+        sock.close()
     live.wait_idle()
 
 
 def test_an_open_server_names_the_user_ollama(live):
-    url = urllib.parse.urlsplit(live.http)
-    body = json.dumps({"model": MODEL, "messages": ask(), "options": {"num_predict": 300}})
-    sock = socket.create_connection((url.hostname, url.port))
-    head = b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
-    sock.sendall(head % len(body) + body.encode())
-    wait_until(lambda: DEFAULT_USER in {s.user for s in live.snapshot().seqs}, 30, "running")
+    sock = held_chat(live, "any-key")  # an open server ignores the key
+    wait_until(lambda: prefilling(live, DEFAULT_USER), 30, "the request, as the user ollama")
     sock.close()
     live.wait_idle()
 
@@ -285,15 +290,26 @@ def test_a_dropped_chat_is_cancelled_mid_prefill_and_its_cells_freed(live):
 
 
 def test_closing_a_stream_mid_reply_cancels_it(live):
-    before = live.snapshot().counters.cancellations
-    stream = client(live).chat(
-        model=MODEL, messages=ask(), stream=True, options={"num_predict": 1500}
-    )
-    for i, _ in enumerate(stream):
-        if i == 5:
+    """Ollama has no ignore_eos and the model may stop by itself: a reply still running after
+    five chunks is closed (another seed until one is)."""
+    for seed in range(10):
+        before = live.snapshot().counters.cancellations
+        stream = client(live).chat(
+            model=MODEL, messages=ask(), stream=True,
+            options={"num_predict": 1500, "seed": seed, "temperature": 1.0},
+        )  # fmt: skip
+        for i, _ in enumerate(stream):
+            if i == 5:
+                break
+        running = DEFAULT_USER in {s.user for s in live.snapshot().seqs}
+        stream.close()
+        if running:
+            gone = lambda b=before: live.snapshot().counters.cancellations > b  # noqa: E731
+            wait_until(gone, 10, "cancelled")
             break
-    stream.close()
-    wait_until(lambda: live.snapshot().counters.cancellations > before, 10, "cancelled")
+        live.wait_idle()
+    else:
+        pytest.fail("every reply stopped within five chunks")
     live.wait_idle()
 
 
