@@ -1,9 +1,10 @@
 """The ASGI app on the server's one port: websockets to a `Connection` each, HTTP to Starlette.
 
-HTTP is /healthz and /metrics (health.py), the chat page (page.py) and the OpenAI API under /v1
-(openai/). A request from a web browser that is neither this server's own page nor allowed
-(ops.auth.browser_refusal) is refused with a 403 before anything else, websocket or HTTP; a
-websocket beyond max_connections gets a 503 instead of an upgrade.
+HTTP is /healthz and /metrics (health.py), the chat page (page.py), the OpenAI API under /v1
+(openai/) and the Ollama API under /api (ollama/). A request from a web browser that is neither
+this server's own page nor allowed (ops.auth.browser_refusal) is refused with a 403 before
+anything else, websocket or HTTP; a websocket beyond max_connections gets a 503 instead of an
+upgrade.
 
 Tested in tests/e2e/test_websocket_connection.py and tests/e2e/test_chat_page.py.
 """
@@ -16,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 
 from localserve.ops.auth import browser_refusal
-from localserve.serve import openai, page
+from localserve.serve import ollama, openai, page
 from localserve.serve.admission import Frontdoor
 from localserve.serve.health import Health
 from localserve.serve.transport import client_address
@@ -34,8 +35,9 @@ class App:
     def __init__(self, door: Frontdoor, connections: Connections, health: Health) -> None:
         self.door = door
         self.connections = connections
-        routes = [*health.routes(), *page.routes(), *openai.routes(door)]
-        self.http = Starlette(routes=routes, exception_handlers=openai.exception_handlers())
+        routes = [*health.routes(), *page.routes(), *openai.routes(door), *ollama.routes(door)]
+        handlers = ollama.exception_handlers(openai.exception_handlers())
+        self.http = Starlette(routes=routes, exception_handlers=handlers)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "websocket":

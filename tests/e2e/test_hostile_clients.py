@@ -357,3 +357,41 @@ def test_a_socket_that_stops_reading_and_closes_does_not_outlive_it(live, bob):
         client.send("", opcode=0x8)  # a close frame, and still nothing read
         wait_until(lambda: live.server.limits.num_sockets <= baseline, 30, "socket gone")
         client.sock.close()
+
+
+# --- the Ollama API (issue 29) ----------------------------------------------------------------
+
+
+def test_hostile_ollama_bodies_and_a_dropped_stream_fail_only_themselves(live, bob):
+    """Wrong option types, huge and deep bodies, broken JSON and a stream dropped mid-reply on
+    /api: each a clear error (or cancelled), bob's replies whole."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(live.http)
+    ask = [{"role": "user", "content": QUESTION}]
+    hostile = [
+        json.dumps({"messages": ask, "options": {"temperature": "hot"}}).encode(),
+        json.dumps({"messages": ask, "options": {"num_predict": 10**12}}).encode(),
+        json.dumps({"messages": ask, "format": {"type": "object", "uniqueItems": True}}).encode(),
+        b'{"messages": ' + b"[" * 20000 + b"]" * 20000 + b"}",
+        b'{"messages": [' + b"x" * (live.config.max_frame_bytes + 1) + b"]}",
+        b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
+    ]
+    for _ in range(3):
+        for body in hostile:
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+            conn.request("POST", "/api/chat", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            payload = response.read()
+            conn.close()
+            assert response.status in (400, 413), (response.status, payload[:200])
+            assert set(json.loads(payload)) == {"error"}
+        sock = socket.create_connection((url.hostname, url.port))
+        body = json.dumps({"messages": ask, "options": {"num_predict": 500}}).encode()
+        head = b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+        sock.sendall(head % len(body) + body)
+        sock.recv(100)  # its stream started
+        sock.close()
+    assert len(bob.finish()) >= 1

@@ -1,0 +1,70 @@
+"""The Ollama API on the server's port, under `/api`: version, tags, show, ps, chat, generate
+(and embed refused), for the apps that speak only Ollama's API (Home Assistant, phone apps,
+editor plugins, the `ollama` packages).
+
+Every chat passes the same admission as any other request (through the `Frontdoor`): the same
+users (a bearer token's), limits, fairness, quotas and usage rows (api "ollama"). Errors have
+Ollama's shape, `{"error": "..."}`. One module per noun: the bodies (types), the errors, the
+checks and mappings before admission (validation), the chat and generate endpoints (chat), the
+model endpoints (models), and the reply, streamed as NDJSON or sent whole.
+
+Tested in tests/e2e/test_ollama_api.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Route
+
+from localserve.serve.admission import Frontdoor
+from localserve.serve.ollama.chat import chat, generate
+from localserve.serve.ollama.errors import OllamaError
+from localserve.serve.ollama.models import OllamaModels
+
+PREFIX = "/api"
+
+Endpoint = Callable[[Frontdoor, HttpRequest], Awaitable[Response]]
+Handler = Callable[[HttpRequest, Exception], Awaitable[Response]]
+
+
+def routes(door: Frontdoor) -> list[Route]:
+    """The API's routes, every one answering through `door`."""
+    models = OllamaModels(door)
+    return [
+        Route(f"{PREFIX}/version", models.version, methods=["GET", "HEAD"]),
+        Route(f"{PREFIX}/tags", models.tags, methods=["GET", "HEAD"]),
+        Route(f"{PREFIX}/ps", models.ps, methods=["GET"]),
+        Route(f"{PREFIX}/show", models.show, methods=["POST"]),
+        Route(f"{PREFIX}/embed", models.embed, methods=["POST"]),
+        Route(f"{PREFIX}/embeddings", models.embed, methods=["POST"]),
+        Route(f"{PREFIX}/chat", _bound(chat, door), methods=["POST"]),
+        Route(f"{PREFIX}/generate", _bound(generate, door), methods=["POST"]),
+    ]
+
+
+def exception_handlers(others: dict) -> dict:
+    """Starlette's own errors (unknown path, wrong method) in Ollama's shape under /api, the
+    other front-ends' (`others`: their handlers) elsewhere."""
+    fallback: Handler | None = others.get(HTTPException)
+
+    async def http_error(request: HttpRequest, exc: HTTPException) -> Response:
+        if not request.url.path.startswith(PREFIX + "/") and fallback is not None:
+            return await fallback(request, exc)
+        message = f"{request.method} {request.url.path[:100]}: {exc.detail}"
+        return OllamaError(exc.status_code, message, exc.headers).response()
+
+    async def ollama_error(request: HttpRequest, exc: OllamaError) -> Response:
+        return exc.response()
+
+    return others | {HTTPException: http_error, OllamaError: ollama_error}
+
+
+def _bound(endpoint: Endpoint, door: Frontdoor) -> Callable[[HttpRequest], Awaitable[Response]]:
+    async def handle(request: HttpRequest) -> Response:
+        return await endpoint(door, request)
+
+    return handle

@@ -1,0 +1,111 @@
+"""The Ollama API's model endpoints: `/api/version`, `/api/tags`, `/api/show`, `/api/ps`, and
+`/api/embed` / `/api/embeddings` refused (this server has no embeddings).
+
+The server has one model, loaded for as long as it runs: /api/tags and /api/ps list it (ps with
+an `expires_at` far ahead: `keep_alive` changes nothing), /api/show describes it with its
+`capabilities` (completion, and tools and thinking when localserve reads the model's calls and
+reasoning). /api/pull, /api/create and the other model-management calls are unknown paths
+(404). On a server with tokens these need a user's token too.
+
+Tested in tests/e2e/test_ollama_api.py.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import msgspec
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+
+from localserve.serve.admission import Frontdoor
+from localserve.serve.ollama.errors import OllamaError
+from localserve.serve.ollama.types import ModelRequest
+from localserve.serve.ollama.validation import check_model, identify, public_name, read_body
+
+# what /api/version says: recent enough for clients that check it (tools, think, format)
+VERSION = "0.12.0"
+NEVER = "2318-01-01T00:00:00Z"  # /api/ps's expires_at: the one model is never unloaded
+
+_encoder = msgspec.json.Encoder()
+
+
+class OllamaModels:
+    """The model endpoints; `started` is when the server started (the model's modified_at)."""
+
+    def __init__(self, door: Frontdoor, started: float | None = None) -> None:
+        self.door = door
+        started = time.time() if started is None else started
+        self.modified_at = datetime.fromtimestamp(started, UTC).isoformat().replace("+00:00", "Z")
+
+    async def version(self, request: HttpRequest) -> Response:
+        return _json({"version": VERSION})
+
+    async def tags(self, request: HttpRequest) -> Response:
+        await identify(self.door, request)
+        return _json({"models": [self._card()]})
+
+    async def ps(self, request: HttpRequest) -> Response:
+        await identify(self.door, request)
+        card = self._card() | {
+            "expires_at": NEVER,
+            "size_vram": 0,
+            "context_length": self.door.max_model_len,
+        }
+        del card["modified_at"]
+        return _json({"models": [card]})
+
+    async def show(self, request: HttpRequest) -> Response:
+        await identify(self.door, request)
+        body = await read_body(self.door, request, ModelRequest)
+        name = body.model or body.name
+        if not name:
+            raise OllamaError(400, "model: the model to show is required")
+        check_model(self.door, name)
+        formats = self.door.formats
+        capabilities = ["completion"]
+        if formats.tool is not None:
+            capabilities.append("tools")
+        if formats.reasoning is not None:
+            capabilities.append("thinking")
+        return _json(
+            {
+                "modelfile": "",
+                "parameters": "",
+                "template": "",
+                "details": _details(),
+                "model_info": {"general.context_length": self.door.max_model_len},
+                "capabilities": capabilities,
+                "modified_at": self.modified_at,
+            }
+        )
+
+    async def embed(self, request: HttpRequest) -> Response:
+        raise OllamaError(501, "embeddings are not supported by localserve (no embedding model)")
+
+    def _card(self) -> dict:
+        name = public_name(self.door)
+        return {
+            "name": name,
+            "model": name,
+            "modified_at": self.modified_at,
+            "size": 0,  # not known to the front-end; the model is loaded already
+            "digest": "",
+            "details": _details(),
+        }
+
+
+def _details() -> dict:
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": "",
+        "families": None,
+        "parameter_size": "",
+        "quantization_level": "",
+    }
+
+
+def _json(body) -> Response:
+    return Response(_encoder.encode(body), media_type="application/json")

@@ -1,0 +1,84 @@
+"""The Ollama API's request bodies, as msgspec decodes them.
+
+Fields are None when not given; unknown fields are ignored (clients send many), but a known
+field of the wrong type is a 400 that names it. `Options` holds the sampling options Ollama's
+`options` object carries (the model-loading ones, num_ctx, num_gpu ..., are ignored: the server
+has one model loaded with its own settings).
+
+Tested in tests/e2e/test_ollama_api.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Options(msgspec.Struct, kw_only=True):
+    """Ollama's `options`: the ones that sample a reply (the rest are accepted and ignored)."""
+
+    num_predict: int | None = None  # max_tokens; -1 (and -2) mean "as long as allowed"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+
+
+class CallFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: dict[str, Any] | str = msgspec.field(default_factory=dict)
+
+
+class CallMade(msgspec.Struct, kw_only=True):
+    """A call an assistant message made (Ollama's: no id, the arguments an object)."""
+
+    function: CallFunction
+
+
+class OllamaMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | None = None
+    thinking: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[CallMade] | None = None
+    tool_name: str | None = None  # a tool message: the function that answered
+
+
+class OllamaFields(msgspec.Struct, kw_only=True):
+    """Fields /api/chat and /api/generate both take."""
+
+    model: str | None = None  # None: the server's model
+    stream: bool | None = None  # None: true, Ollama's default
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
+    options: Options | None = None
+    keep_alive: str | int | float | None = None  # accepted: the one model stays loaded
+    think: bool | str | None = None  # true/false, or a level ("low", "medium", "high")
+
+
+class ChatRequest(OllamaFields, kw_only=True):
+    messages: list[OllamaMessage] = msgspec.field(default_factory=list)
+    tools: list[Any] | None = None
+
+
+class GenerateRequest(OllamaFields, kw_only=True):
+    prompt: str | None = None
+    system: str | None = None
+    raw: bool | None = None
+    suffix: str | None = None
+    images: list[str] | None = None
+    template: str | None = None
+    context: list[int] | None = None
+
+
+class ModelRequest(msgspec.Struct, kw_only=True):
+    """/api/show's body: the model (`name` in older clients)."""
+
+    model: str | None = None
+    name: str | None = None
+    verbose: bool | None = None

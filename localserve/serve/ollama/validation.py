@@ -1,0 +1,144 @@
+"""What every Ollama request is checked for before admission: its body, its model, its user,
+and how its fields map to the server's (`options` to the sampling fields, `format` to a
+response_format, `think` to the template's enable_thinking).
+
+The body is read bounded in bytes (max_frame_bytes) and in time (BODY_TIMEOUT_S) and decoded
+into its endpoint's type; the model, when named, must be this server's (with or without
+Ollama's ":latest" tag). `Authorization: Bearer` names the user on a server with tokens
+(failures throttled like any token check); on an open server every Ollama request is
+DEFAULT_USER's (Ollama's API names no user).
+
+Tested in tests/e2e/test_ollama_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
+
+from localserve.protocol.frames import SamplingFields
+from localserve.serve.admission import Frontdoor
+from localserve.serve.ollama.errors import OllamaError, retry_after
+from localserve.serve.ollama.types import OllamaFields, Options
+from localserve.serve.transport import bearer_token, client_address
+
+DEFAULT_USER = "ollama"  # the user of an open server's Ollama requests
+BODY_TIMEOUT_S = 30.0  # a request body must arrive within this long
+TAG = ":latest"  # Ollama's default tag: "gemma-3-270m" and "gemma-3-270m:latest" are one model
+THINK_LEVELS = ("low", "medium", "high")
+
+Body = TypeVar("Body")
+
+
+async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
+    """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
+    limit = door.config.max_frame_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise OllamaError(413, f"request body over {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise OllamaError(413, f"request body over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise OllamaError(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from None
+    except ClientDisconnect:
+        raise OllamaError(400, "the client left before its body arrived") from None
+    data = b"".join(chunks)
+    if not data.strip():
+        raise OllamaError(400, "missing request body")
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as e:
+        raise OllamaError(400, f"invalid request: {e}") from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise OllamaError(400, f"invalid JSON body: {e}") from None
+
+
+def public_name(door: Frontdoor) -> str:
+    """The model's name as Ollama clients see it: tagged (":latest" unless it has a tag)."""
+    name = door.model_name
+    return name if ":" in name else name + TAG
+
+
+def check_model(door: Frontdoor, model: str | None) -> None:
+    """A 404 unless `model` is None or this server's (tagged or not)."""
+    if model is None or model in (door.model_name, public_name(door)):
+        return
+    raise OllamaError(
+        404, f"model {model[:100]!r} not found; this server has {public_name(door)!r}"
+    )
+
+
+async def identify(door: Frontdoor, request: HttpRequest) -> str:
+    """The user: the bearer token's owner (a server with tokens), else DEFAULT_USER."""
+    access = door.access
+    if not access.requires_tokens:
+        return DEFAULT_USER
+    token = bearer_token(request)
+    user = access.user_for_token(token)
+    refused = await door.authenticate(
+        client_address(request.scope), "api key", token, user is not None, "invalid API key"
+    )
+    if refused is not None and refused.retry_after_s:
+        raise OllamaError(429, refused.message, retry_after(refused.retry_after_s))
+    if refused is not None:
+        raise OllamaError(
+            401,
+            "unauthorized: give a user's token as the API key (Authorization: Bearer <token>)",
+            {"WWW-Authenticate": 'Bearer realm="localserve"'},
+        )
+    return user
+
+
+def sampling_fields(options: Options | None, default_max: int, cap: int) -> SamplingFields:
+    """The one sampling definition from Ollama's options: those not given keep the defaults;
+    num_predict not given is `default_max`, and -1 or -2 ("no limit", "fill the context") is
+    the server's cap."""
+    given: dict[str, Any] = {"max_tokens": default_max}
+    if options is not None:
+        for name in SamplingFields.__struct_fields__:
+            value = getattr(options, name, None)
+            if value is not None:
+                given[name] = value
+        if options.num_predict is not None:
+            given["max_tokens"] = cap if options.num_predict in (-1, -2) else options.num_predict
+    return SamplingFields(**given)
+
+
+def response_format(fmt: str | dict | None) -> dict | None:
+    """Ollama's `format` as OpenAI's response_format: "json" any JSON object, an object a JSON
+    schema (admission checks and compiles it); "" or null none."""
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    raise OllamaError(400, f'format: "json" or a JSON schema object, not {fmt[:40]!r}')
+
+
+def template_kwargs(think: bool | str | None) -> dict | None:
+    """`think` as the template's switch: true (or a level) enable_thinking, false not; None
+    leaves the template's default."""
+    if think is None:
+        return None
+    if isinstance(think, str) and think not in THINK_LEVELS:
+        raise OllamaError(400, f"think: true, false or one of {', '.join(THINK_LEVELS)}")
+    return {"enable_thinking": think is not False}
+
+
+def check_common(door: Frontdoor, body: OllamaFields) -> None:
+    """The model, and `keep_alive`'s type (its value is accepted: the model stays loaded)."""
+    check_model(door, body.model)
+    keep = body.keep_alive
+    if isinstance(keep, str) and len(keep) > 32:
+        raise OllamaError(400, 'keep_alive: a duration such as "5m" or a number of seconds')
