@@ -40,9 +40,9 @@ MAX_NAME_CHARS = 64  # a tool's name, as a client sends it back
 
 
 async def chat(door: Frontdoor, request: HttpRequest) -> Response:
+    user = await identify(door, request)  # before anything else is answered
     body = await read_body(door, request, ChatRequest)
     check_common(door, body)
-    user = await identify(door, request)
     messages = _messages(body.messages)
     if not messages:
         return _loaded(door, "chat", body.model)
@@ -52,9 +52,9 @@ async def chat(door: Frontdoor, request: HttpRequest) -> Response:
 
 
 async def generate(door: Frontdoor, request: HttpRequest) -> Response:
+    user = await identify(door, request)  # before anything else is answered
     body = await read_body(door, request, GenerateRequest)
     check_common(door, body)
-    user = await identify(door, request)
     for name in ("images", "suffix", "template", "context"):
         if getattr(body, name):
             raise unsupported(name, f"/api/generate's {name}")
