@@ -294,6 +294,7 @@ class Engine(EngineClient):
             cached_tokens=seq.cached_tokens,
             timings=timings,
             error=seq.error,
+            stop=seq.stream.stop_hit,
         )
 
     def _fail_all(self, message: str) -> None:

@@ -31,6 +31,7 @@ class Done(msgspec.Struct, tag=True):
     timings: dict[str, float | None]  # queue_ms, ttft_ms, itl_ms, e2e_ms; None: never happened
     error: str = ""
     error_code: str = "internal"  # the protocol's code for an error: internal | unavailable
+    stop: str = ""  # the stop string that ended the reply ("" for none: EOS, a grammar, ...)
 
 
 class Admitted(msgspec.Struct, tag=True):

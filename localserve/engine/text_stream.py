@@ -19,6 +19,7 @@ class TextStream:
         self._pending = ""
         self._strip_space = strip_space  # until the first text is released
         self.text = ""  # everything released so far
+        self.stop_hit = ""  # the stop string that ended the stream ("" when none did)
 
     def push(self, piece: bytes) -> tuple[str, bool]:
         """Add a token's bytes; return (text safe to release, whether a stop string was hit)."""
@@ -27,7 +28,9 @@ class TextStream:
             return self._release(len(self._pending)), False
         hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
         if hits:
-            delta = self._release(min(hits))
+            at = min(hits)
+            self.stop_hit = next(s for s in self._stop if self._pending.find(s) == at)
+            delta = self._release(at)
             self._pending = ""
             return delta, True
         return self._release(len(self._pending) - self._held_back()), False

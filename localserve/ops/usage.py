@@ -64,7 +64,7 @@ MIGRATIONS: list[list[str]] = [
             model TEXT NOT NULL,
             request_id TEXT NOT NULL,        -- the server's id (as in the monitor and logs)
             client_id TEXT NOT NULL,         -- the id the client gave it
-            api TEXT NOT NULL,               -- websocket | http | ollama
+            api TEXT NOT NULL,               -- websocket | http | ollama | anthropic
             prompt_tokens INTEGER NOT NULL,
             cached_tokens INTEGER NOT NULL,  -- of prompt_tokens: reused, not computed
             completion_tokens INTEGER NOT NULL,

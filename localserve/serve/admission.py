@@ -111,6 +111,12 @@ class Frontdoor(Protocol):
         ...
 
     @property
+    def prompts(self) -> PromptBuilder:
+        """The prompt builder: a prompt rendered and counted without generating (the
+        Anthropic API's count_tokens)."""
+        ...
+
+    @property
     def model_name(self) -> str: ...
 
     @property

@@ -62,6 +62,7 @@ def test_stop_prefix_that_turns_out_not_to_be_a_stop_is_released():
 def test_earliest_of_several_stop_strings_wins():
     stream = TextStream(("world", "lo"))
     assert stream.push(b"hello world") == ("hel", True)
+    assert stream.stop_hit == "lo"  # which one ended it (the Anthropic API's stop_sequence)
 
 
 def test_repeated_prefix_characters_hold_back_only_a_possible_stop():

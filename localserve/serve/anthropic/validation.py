@@ -1,0 +1,115 @@
+"""What every Anthropic request is checked for before admission: its user, its body, its model,
+and its sampling fields as the server's.
+
+The user comes first, before the body is read: `x-api-key` (Anthropic's header) or
+`Authorization: Bearer` (what Claude Code's ANTHROPIC_AUTH_TOKEN sends) names them on a server
+with tokens (failures throttled like any token check); on an open server every Anthropic
+request is DEFAULT_USER's. The body is read bounded in bytes (max_frame_bytes) and in time
+(BODY_TIMEOUT_S); the model must be this server's (a 404 naming it otherwise). `max_tokens` is
+required (as Anthropic has it) and capped by the server's max_tokens.
+
+Tested in tests/e2e/test_anthropic_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
+
+from localserve.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from localserve.protocol.frames import SamplingFields
+from localserve.serve.admission import Frontdoor
+from localserve.serve.anthropic.errors import AnthropicError, invalid, retry_after
+from localserve.serve.anthropic.types import MessagesRequest
+from localserve.serve.transport import bearer_token, client_address
+
+DEFAULT_USER = "anthropic"  # the user of an open server's Anthropic requests
+BODY_TIMEOUT_S = 30.0  # a request body must arrive within this long
+
+Body = TypeVar("Body")
+
+
+async def identify(door: Frontdoor, request: HttpRequest) -> str:
+    """The user: the API key's owner (a server with tokens), else DEFAULT_USER."""
+    access = door.access
+    if not access.requires_tokens:
+        return DEFAULT_USER
+    token = request.headers.get("x-api-key") or bearer_token(request)
+    user = access.user_for_token(token)
+    refused = await door.authenticate(
+        client_address(request.scope), "api key", token, user is not None, "invalid API key"
+    )
+    if refused is not None and refused.retry_after_s:
+        raise AnthropicError(429, refused.message, retry_after(refused.retry_after_s))
+    if refused is not None:
+        raise AnthropicError(
+            401, "invalid x-api-key: give a user's token as the API key (x-api-key: <token>)"
+        )
+    return user
+
+
+async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
+    """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
+    limit = door.config.max_frame_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise AnthropicError(413, f"request body over {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise AnthropicError(413, f"request body over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise AnthropicError(
+            408, f"request body not received within {BODY_TIMEOUT_S:g} s"
+        ) from None
+    except ClientDisconnect:
+        raise AnthropicError(400, "the client left before its body arrived") from None
+    data = b"".join(chunks)
+    if not data.strip():
+        raise AnthropicError(400, "missing request body")
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as e:
+        raise AnthropicError(400, f"invalid request: {_named(str(e))}") from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise AnthropicError(400, f"invalid JSON body: {e}") from None
+
+
+def _named(message: str) -> str:
+    """msgspec's "Object missing required field `max_tokens`" as Anthropic says it."""
+    return message.replace("Object missing required field", "field required:")
+
+
+def check_model(door: Frontdoor, model: str) -> None:
+    if model != door.model_name:
+        raise AnthropicError(
+            404, f"model: {model[:100]!r} not found; this server has {door.model_name!r}"
+        )
+
+
+def sampling_fields(door: Frontdoor, body: MessagesRequest) -> SamplingFields:
+    """The one sampling definition from the request: max_tokens (required, at least 1, at most
+    the server's), stop_sequences, temperature, top_p, top_k; the rest the defaults."""
+    cap = door.config.max_tokens
+    if body.max_tokens < 1:
+        raise invalid("max_tokens", "at least 1")
+    given: dict[str, Any] = {"max_tokens": min(body.max_tokens, cap)}
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(body, name)
+        if value is not None:
+            given[name] = value
+    stops = body.stop_sequences or []
+    if len(stops) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in stops):
+        raise invalid(
+            "stop_sequences", f"at most {MAX_STOP_STRINGS}, each 1-{MAX_STOP_CHARS} characters"
+        )
+    given["stop"] = stops
+    return SamplingFields(**given)
