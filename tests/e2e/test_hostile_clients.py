@@ -395,3 +395,87 @@ def test_hostile_ollama_bodies_and_a_dropped_stream_fail_only_themselves(live, b
         sock.recv(100)  # its stream started
         sock.close()
     assert len(bob.finish()) >= 1
+
+
+# --- the Anthropic Messages API (issue 29) ----------------------------------------------------
+
+
+def test_hostile_anthropic_bodies_and_a_dropped_stream_fail_only_themselves(live, bob):
+    """Malformed bodies, wrong types, huge block lists, deep nesting and a stream dropped
+    mid-reply on /v1/messages: each a clear 4xx in Anthropic's shape (or cancelled), bob's
+    replies whole."""
+    import socket
+    import urllib.parse
+
+    from localserve.serve.anthropic.messages import MAX_BLOCKS
+
+    url = urllib.parse.urlsplit(live.http)
+    base = {"model": "gemma-3-270m", "max_tokens": 5}
+    ask = [{"role": "user", "content": QUESTION}]
+    many = [{"type": "text", "text": "x"}] * (MAX_BLOCKS + 1)
+    limit = 256 << 10  # the default max_frame_bytes: a body the block count alone refuses
+    assert len(json.dumps(many, separators=(",", ":"))) < limit
+    result = {"type": "tool_result", "tool_use_id": "t", "content": many}
+    hostile = [
+        (base | {"messages": ask, "max_tokens": "many"}, "max_tokens"),
+        (base | {"messages": ask, "temperature": "hot"}, "temperature"),
+        (base | {"messages": ask, "temperature": -3}, "temperature"),
+        (base | {"messages": ask, "stop_sequences": ["x"] * 100}, "stop_sequences"),
+        (base | {"messages": ask, "tools": [{"name": "f"}]}, "input_schema"),
+        (
+            base | {"messages": ask, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+            "tools[0].type",
+        ),  # fmt: skip
+        (base | {"messages": ask, "tool_choice": {"type": "tool"}}, "tool_choice"),
+        (base | {"messages": ask, "thinking": {"type": "maybe"}}, "thinking"),
+        (base | {"messages": [{"role": "user", "content": many}]}, "content blocks"),
+        (base | {"messages": [{"role": "user", "content": [result]}]}, "content blocks"),
+        (base | {"messages": [{"role": "system", "content": "x"}]}, "role"),
+        (base | {"messages": [{"role": "user", "content": [{"type": "document"}]}]}, "document"),
+        (base | {"messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "type"),
+        (base | {"messages": [{"role": "assistant", "content": "prefill"}]}, "prefill"),
+        (base | {"messages": []}, "messages"),
+        (base | {"messages": "hi"}, "messages"),
+        ([1, 2], "object"),
+    ]
+    raw = [
+        b'{"messages": ' + b"[" * 20000 + b"]" * 20000 + b"}",
+        b'{"messages": [' + b"x" * (limit + 1) + b"]}",
+        b'{"model": "gemma-3-270m", "max_tokens": 5, "messages": [{"role": "user", '
+        b'"content": "\xff\xfe"}]}',
+        b"{",
+        b"",
+    ]
+    compact = [(json.dumps(b, separators=(",", ":")).encode(), words) for b, words in hostile]
+    bodies = compact + [(b, "") for b in raw]
+    for _ in range(2):
+        with configured(live, max_frame_bytes=limit):
+            refuse_all(url, bodies)
+        sock = socket.create_connection((url.hostname, url.port))
+        body = json.dumps(base | {"messages": ask, "max_tokens": 500, "stream": True}).encode()
+        head = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+        sock.sendall(head % len(body) + body)
+        sock.recv(100)  # its stream started
+        sock.close()
+    assert len(bob.finish()) >= 1
+
+
+def refuse_all(url, bodies: list[tuple[bytes, str]]) -> None:
+    """Each body to both endpoints: a 400 or 413 in Anthropic's shape whose message names
+    `words`."""
+    import http.client
+
+    for body, words in bodies:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            payload = response.read()
+            conn.close()
+            if path.endswith("count_tokens") and words in ("max_tokens", "temperature",
+                                                           "stop_sequences"):  # fmt: skip
+                continue  # not count_tokens' fields: ignored there
+            assert response.status in (400, 413), (path, body[:100], payload[:200])
+            error = json.loads(payload)
+            assert error["type"] == "error", payload[:200]
+            assert words in error["error"]["message"], (words, payload[:300])
