@@ -13,6 +13,8 @@ import urllib.parse
 
 import anthropic
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from localserve.ops.auth import Access
 from localserve.serve.anthropic.blocks import SIGNATURE
@@ -389,3 +391,66 @@ def test_the_usage_row_says_anthropic(tmp_path):
         reply.usage.output_tokens,
         final.usage.output_tokens,
     ]
+
+
+# --- a fuzzer for request bodies --------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+blocks = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image"])},
+    optional={k: json_values | st.text(max_size=10)
+              for k in ("text", "id", "name", "input", "tool_use_id", "content", "is_error")},
+)  # fmt: skip
+content = st.text(max_size=30) | st.lists(blocks, max_size=3) | json_values
+turns = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "x"]) | json_values, "content": content}
+    ),
+    min_size=0,
+    max_size=3,
+)
+bodies = st.fixed_dictionaries(
+    {"model": st.just(MODEL) | json_values, "max_tokens": st.integers(-2, 3) | json_values},
+    optional={
+        "messages": st.just(ask()) | turns | json_values,
+        "system": st.text(max_size=20) | st.lists(blocks, max_size=2) | json_values,
+        **{
+            k: json_values
+            for k in (
+                "stream",
+                "stop_sequences",
+                "temperature",
+                "top_p",
+                "top_k",
+                "tools",
+                "tool_choice",
+                "thinking",
+                "metadata",
+            )
+        },
+    },  # fmt: skip
+)
+
+
+@pytest.mark.model
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=bodies, path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]))
+def test_fuzzed_bodies_never_crash_the_server(live, body, path):
+    if not isinstance(body["max_tokens"], int) or body["max_tokens"] > 8:
+        body["max_tokens"] = 3  # replies stay short (a wrong type is tried by the rest)
+    status, headers, payload = request(live, "POST", path, body)
+    assert status in (200, 400, 404, 413, 429), (status, payload[:300])
+    if status != 200:
+        error_of(payload)
+    elif headers["Content-Type"].startswith("text/event-stream"):
+        names = [n for n, _ in events_of(payload)]
+        assert names[-1] in ("message_stop", "error"), names
+    reply = request(live, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 1,
+                                                    "messages": ask("Hi")})  # fmt: skip
+    assert reply[0] == 200
