@@ -169,8 +169,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Browsers (auth.browser_refusal): the names a browser may call this server by, besides IP
     # addresses and localhost (e.g. "homeserver.local", "chat.example.org") ...
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
-    # ... and web pages elsewhere that may use its websocket and HTTP API (origins, e.g.
-    # "https://chat.example.org"); the server's own page always may
+    # ... and web pages elsewhere that may use its websocket and HTTP API, with CORS (origins,
+    # e.g. "https://chat.example.org", "chrome-extension://<id>"); its own page always may
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     # A chat (websocket or /v1/chat/completions) whose prompt plus its reply's max_tokens does not
     # fit the model's n_ctx: "truncate" leaves out its oldest turns (never a system prompt, never
@@ -188,9 +188,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         origins = [o.strip().lower().rstrip("/") for o in self.allowed_origins]
         for origin in origins:
             scheme, sep, rest = origin.partition("://")
-            if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+            if scheme not in ORIGIN_SCHEMES or not sep or not rest or "/" in rest:
                 raise ValueError(f"allowed_origins: {origin!r} is not an origin like https://host")
         self.allowed_origins = origins
+
+
+# web pages, and browser extensions (their pages and workers send these origins)
+ORIGIN_SCHEMES = ("http", "https", "chrome-extension", "moz-extension", "safari-web-extension")
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

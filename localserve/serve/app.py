@@ -2,7 +2,8 @@
 
 HTTP is /healthz and /metrics (health.py), the chat page (page.py), the OpenAI API under /v1
 (openai/), the Anthropic Messages API under /v1/messages (anthropic/) and the Ollama API under
-/api (ollama/). A request from a web browser that is neither
+/api (ollama/), all with CORS for the web pages listed in `[server] allowed_origins` (cors.py).
+A request from a web browser that is neither
 this server's own page nor allowed (ops.auth.browser_refusal) is refused with a 403 before
 anything else, websocket or HTTP; a websocket beyond max_connections gets a 503 instead of an
 upgrade.
@@ -20,6 +21,7 @@ from starlette.responses import PlainTextResponse
 from localserve.ops.auth import browser_refusal
 from localserve.serve import anthropic, ollama, openai, page
 from localserve.serve.admission import Frontdoor
+from localserve.serve.cors import Cors
 from localserve.serve.health import Health
 from localserve.serve.transport import client_address
 from localserve.serve.websocket.connection import Connection
@@ -40,7 +42,8 @@ class App:
         routes += anthropic.routes(door)
         handlers = ollama.exception_handlers(openai.exception_handlers())
         handlers = anthropic.exception_handlers(handlers)
-        self.http = Starlette(routes=routes, exception_handlers=handlers)
+        http = Starlette(routes=routes, exception_handlers=handlers)
+        self.http = Cors(http, lambda: door.config.allowed_origins, (openai.PREFIX, ollama.PREFIX))
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "websocket":

@@ -479,3 +479,53 @@ def refuse_all(url, bodies: list[tuple[bytes, str]]) -> None:
             error = json.loads(payload)
             assert error["type"] == "error", payload[:200]
             assert words in error["error"]["message"], (words, payload[:300])
+
+
+# --- CORS preflights (issue 29) -----------------------------------------------------------------
+
+
+def test_hostile_preflights_get_a_clear_refusal_and_harm_nobody(live, bob):
+    """Huge or garbled Access-Control-Request-Headers and odd methods from a listed origin: each
+    a 400 naming the field or a refusal of the method, never a reflection of it; bob's replies
+    whole."""
+    import http.client
+    import urllib.parse
+
+    from localserve.serve.cors import MAX_REQUESTED_CHARS, MAX_REQUESTED_HEADERS
+
+    url = urllib.parse.urlsplit(live.http)
+    page = "http://127.0.0.1:1"
+
+    def preflight(path: str, method: str, asked: str | None = "content-type"):
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        headers = {"Origin": page, "Access-Control-Request-Method": method}
+        conn.request("OPTIONS", path, headers=headers | ({} if asked is None else {
+            "Access-Control-Request-Headers": asked}))  # fmt: skip
+        response = conn.getresponse()
+        body = response.read()
+        conn.close()
+        return response.status, response.headers, body
+
+    hostile_headers = [
+        "x" * (MAX_REQUESTED_CHARS + 1),
+        "a," * 30000,  # 60 KB
+        ",".join(f"x-h{i}" for i in range(MAX_REQUESTED_HEADERS + 1)),
+        "content-type, x y",
+        "content-type;authorization",
+        "(x)",
+        ",,,",
+        "content-type, \u00e9".encode().decode("latin-1"),
+    ]
+    odd_methods = ["TRACE", "CONNECT", "PROPFIND", "post", "GET", "M" * 10000, "OPTIONS"]
+    with configured(live, allowed_origins=[page]):
+        for _ in range(3):
+            for asked in hostile_headers:
+                status, headers, body = preflight("/v1/chat/completions", "POST", asked)
+                assert status == 400 and b"Access-Control-Request-Headers" in body, asked[:40]
+                assert "access-control-allow-headers" not in headers
+            for method in odd_methods:
+                status, headers, body = preflight("/v1/chat/completions", method)
+                assert status == 400 and body == b"Disallowed CORS method", method[:40]
+            status, headers, _ = preflight("/api/tags", "GET", None)
+            assert status == 200 and headers["access-control-allow-methods"] == "GET, HEAD"
+    assert len(bob.finish()) >= 1

@@ -98,6 +98,17 @@ def test_context_overflow_truncates_by_default_and_names_a_wrong_value():
     assert "server.context_overflow" in config_error('[server]\ncontext_overflow = "shift"\n')
 
 
+def test_allowed_origins_are_web_or_extension_origins_in_lower_case():
+    text = '[server]\nallowed_origins = ["HTTPS://Chat.Example.org/", "chrome-extension://abc"]\n'
+    assert parse_config(text).server.allowed_origins == [
+        "https://chat.example.org",
+        "chrome-extension://abc",
+    ]
+    for bad in ["*", "null", "chat.example.org", "https://x/path", "file://x", "https://"]:
+        text = f'[server]\nallowed_origins = ["{bad}"]\n'
+        assert "allowed_origins" in config_error(text), bad
+
+
 # --- errors name the key ---------------------------------------------------------------------
 
 MODEL_FIELD_ERRORS = [
