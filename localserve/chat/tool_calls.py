@@ -349,7 +349,9 @@ class ToolCallParser:
             for t in self.opening_triggers:
                 if self._held.startswith(t):
                     return 0, t
-        hits = [(p, t) for t in self.triggers if (p := self._held.find(t)) >= 0]
+        # each search resumes where the previous delta's stopped: a long call holds its text,
+        # and searching all of it again for a trigger it lacks at every token is quadratic
+        hits = [(p, t) for t in self.triggers if (p := self._find(self._held, t, 0)) >= 0]
         return min(hits) if hits else None
 
     def _partial_trigger_len(self) -> int:
