@@ -134,6 +134,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
     # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10
+    # Front-ends a household reaches the server through (Open WebUI): users of the users file
+    # (their tokens are the front-ends' API keys) that may say on whose behalf they ask, with
+    # X-Localserve-User or Open WebUI's X-OpenWebUI-User-Name/-Id; the request is then the user
+    # "<frontend>/<person>" ("openwebui/alice": quotas, usage, fairness, prefix isolation of its
+    # own; daily_tokens_per_user takes such names). Headers from anyone else are ignored. One
+    # front-end names at most max_people_per_frontend people while the server runs; a new one
+    # past it is refused (serve/frontends.py).
+    trusted_frontends: list[str] = msgspec.field(default_factory=list)
+    max_people_per_frontend: Positive = 256
     # Running it for a team (usage.py). State: the usage database and the access log live in
     # state_dir ("" = $LOCALSERVE_STATE_DIR, else $XDG_STATE_HOME/localserve, else
     # ~/.local/state/localserve); usage = false records nothing.

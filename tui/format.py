@@ -73,6 +73,22 @@ def span(seconds: float, window_s: float) -> str:
     return f"in the last {seconds:.0f} s" if seconds >= 1 else "just now"
 
 
+# a user's name in the tables: "openwebui/alice" whole, longer ones cut short; on a narrow
+# table (80 columns, today's totals beside it) less, so that the timings still show
+USER_WIDTH = 16
+NARROW_USER_WIDTH = 12
+
+
+def user_label(user: str, limit: int = USER_WIDTH) -> str:
+    """A user's name in at most `limit` characters. A trusted front-end's person
+    ("openwebui/alice smith") keeps the person's part ("…/alice smith"): cut at the end, all of
+    one front-end's people would read alike ("openwebui…")."""
+    frontend, sep, person = " ".join(user.split()).partition("/")
+    if len(user) <= limit or not sep or not person:
+        return clip(user, limit)
+    return "…/" + clip(person, limit - 2)
+
+
 def clip(text: str, limit: int) -> str:
     """`text` on one line, cut to at most `limit` characters with an ellipsis."""
     text = " ".join(text.split())

@@ -16,7 +16,18 @@ from textual.widgets import DataTable, Label, Sparkline, Static
 
 from localserve.protocol.frames import UserUsage
 from localserve.protocol.snapshot import Device, Percentiles, Snapshot, Worker
-from tui.format import MISSING, clip, duration, pct, plural, rate, tokens
+from tui.format import (
+    MISSING,
+    NARROW_USER_WIDTH,
+    USER_WIDTH,
+    clip,
+    duration,
+    pct,
+    plural,
+    rate,
+    tokens,
+    user_label,
+)
 
 USER_COLORS = [
     "dodger_blue1",
@@ -351,13 +362,14 @@ class RunningTable(DataTable):
 
     def show(self, snap: Snapshot) -> None:
         self.clear()
+        width = user_width(self)
         for r in snap.seqs:
             if r.phase == "prefill":
                 phase = "prefill " + pct(r.computed_tokens / max(r.prompt_tokens, 1))
             else:
                 phase = "decode" + (f" ({r.num_preemptions}×↺)" if r.num_preemptions else "")
             self.add_row(
-                Text(r.user, style=user_color(r.user)),
+                Text(user_label(r.user, width), style=user_color(r.user)),
                 r.client_id,
                 phase,
                 duration(r.ttft_s),
@@ -368,6 +380,11 @@ class RunningTable(DataTable):
                 duration(r.since_last_token_s),
                 str(r.cached_tokens),
             )
+
+
+def user_width(table: DataTable) -> int:
+    """How much of a user's name a table shows: less on a narrow one (80 columns)."""
+    return USER_WIDTH if table.size.width > 60 else NARROW_USER_WIDTH
 
 
 class WaitingTable(DataTable):
@@ -382,10 +399,11 @@ class WaitingTable(DataTable):
 
     def show(self, snap: Snapshot) -> None:
         self.clear()
+        width = user_width(self)
         for w in snap.waiting_seqs:
             request = w.client_id + (" (preempted)" if w.is_preempted else "")
             self.add_row(
-                Text(w.user, style=user_color(w.user)),
+                Text(user_label(w.user, width), style=user_color(w.user)),
                 duration(w.waited_s),
                 str(w.prompt_tokens),
                 request,
@@ -494,7 +512,7 @@ class TodayTable:
 
 
 TODAY_TITLE = "today"
-TODAY_USER_WIDTH = 10  # longer names are cut short
+TODAY_USER_WIDTH = 10  # longer names are cut short ("…/alice": format.user_label)
 TODAY_DROPPABLE = ("cached", "req", "out")  # left out in this order while the table is too wide
 TITLE_SHIFT = 1  # the panel draws its title this many columns right of its text (its padding)
 
@@ -506,7 +524,7 @@ def today_table(
     `title_width` characters that names the columns shown, each head above its column."""
     rows = list(usage[: max(height, 1)])
     more = f"+{len(usage) - len(rows)} more" if len(usage) > len(rows) else ""
-    names = [clip(u.user, TODAY_USER_WIDTH) for u in rows]
+    names = [user_label(u.user, TODAY_USER_WIDTH) for u in rows]
     # the user column: as wide as the title's "today" and a space before the next head
     user_head = " " * (len(TODAY_TITLE) + 2 - TITLE_SHIFT)
     users = [Text(n, style=known_color(u.user)) for n, u in zip(names, rows, strict=True)]

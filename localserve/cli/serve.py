@@ -45,7 +45,13 @@ def add(sub) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from localserve.ops.auth import Access, load_daily_tokens, load_users
+    from localserve.ops.auth import (
+        Access,
+        check_frontends,
+        is_known_user,
+        load_daily_tokens,
+        load_users,
+    )
     from localserve.serve.server import run
     from localserve.serve.serving import serving
 
@@ -55,7 +61,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = config.server.port if args.port is None else args.port
     access = Access(load_users(args.users), args.monitor_token)
     daily_tokens = load_daily_tokens(args.users)
-    if unknown := sorted(set(daily_tokens) - set(access.users)):
+    trusted = config.server.trusted_frontends
+    check_frontends(trusted, access.users)
+    if unknown := sorted(u for u in daily_tokens if not is_known_user(u, access.users, trusted)):
         raise ConfigError(f"{args.users}: daily_tokens for users it does not have: {unknown}")
     config.server = team_options(config.server, args, daily_tokens)
     access.check_bind(host, args.open)  # before the model loads: fail fast

@@ -75,6 +75,28 @@ def check_user_name(name: str) -> bool:
     return 0 < len(name) <= MAX_USER_NAME and name.isprintable() and name.strip() == name
 
 
+def check_frontends(trusted: list[str], users: dict[str, str]) -> None:
+    """`[server] trusted_frontends` against the users: only on a server with tokens (a front-end
+    is known by its API key), only known users, and no user named like one of their people."""
+    key = "[server] trusted_frontends"
+    if trusted and not users:
+        raise ConfigError(
+            f"{key}: needs a server with tokens (a users file, --users, or $LOCALSERVE_USERS): "
+            "a front-end is known by its API key"
+        )
+    for name in trusted:
+        if name not in users:
+            raise ConfigError(f"{key}: {name!r} is not a user of the users file")
+        if taken := [u for u in users if u.startswith(name + "/")]:
+            raise ConfigError(f"{key}: the user {taken[0]!r} would be one of {name!r}'s people")
+
+
+def is_known_user(name: str, users: dict[str, str], trusted: list[str]) -> bool:
+    """A user of the users file, or a person of a trusted front-end ("openwebui/alice")."""
+    frontend, sep, person = name.partition("/")
+    return name in users or bool(sep and person and frontend in trusted)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

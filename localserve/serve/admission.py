@@ -34,6 +34,7 @@ from localserve.engine.sampling_params import Constraint, SamplingParams, sampli
 from localserve.ops.auth import Access, AuthThrottle, address_group
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
+from localserve.serve.frontends import People
 from localserve.serve.prompt import Prompt, PromptBuilder, PromptTooLong
 
 log = logging.getLogger("localserve.serve.admission")
@@ -102,6 +103,11 @@ class Frontdoor(Protocol):
     @property
     def access(self) -> Access:
         """Who may connect: the users' tokens and the monitor token."""
+        ...
+
+    @property
+    def people(self) -> People:
+        """The people trusted front-ends named (frontends.py), bounded per front-end."""
         ...
 
     @property
@@ -196,6 +202,7 @@ class Admission:
         self._usage = usage
         self.model_name = model_name
         self.throttle = AuthThrottle(config().max_auth_failures_per_minute)
+        self.people = People()  # named by trusted front-ends
         self.requests: dict[str, Request] = {}  # by engine id
         self.constraints = ConstraintCompiler()  # structured output: schemas compiled, cached
         self.formats = ModelFormats(None, None, None)  # the server sets the model's

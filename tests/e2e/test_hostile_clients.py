@@ -528,4 +528,60 @@ def test_hostile_preflights_get_a_clear_refusal_and_harm_nobody(live, bob):
                 assert status == 400 and body == b"Disallowed CORS method", method[:40]
             status, headers, _ = preflight("/api/tags", "GET", None)
             assert status == 200 and headers["access-control-allow-methods"] == "GET, HEAD"
+
+
+# --- a trusted front-end's person headers (issue 29) ------------------------------------------
+
+
+def test_hostile_person_headers_fail_only_themselves(live, bob):
+    """A trusted front-end's key with header floods, huge values, control characters and more
+    people than its bound: each a 400 naming the header (or the transport's 400 for what HTTP
+    forbids, or 403 past the bound), the registry bounded, bob's replies whole."""
+    import http.client
+    import urllib.parse
+
+    from localserve.ops.auth import Access
+    from localserve.serve.frontends import People
+
+    url = urllib.parse.urlsplit(live.http)
+    key = "owui-connection-key"
+
+    def ask(headers: list[tuple[str, str | bytes]]) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        conn.putrequest("GET", "/v1/models")
+        conn.putheader("Authorization", f"Bearer {key}")
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        response = conn.getresponse()
+        payload = response.read()
+        conn.close()
+        return response.status, payload
+
+    name = "X-OpenWebUI-User-Name"
+    admission = live.server.admission
+    old_people, admission.people = admission.people, People()
+    access = Access({"openwebui": key})
+    limits = dict(trusted_frontends=["openwebui"], max_people_per_frontend=50)
+    try:
+        with configured(live, access=access, **limits):
+            status, payload = ask([(name, f"p{i}") for i in range(1000)])  # ~20 KiB of head
+            assert status == 400 and b"given 1000 times" in payload
+            status, _ = ask([(name, "p") for _ in range(5000)])  # past the head's bound
+            assert status in (400, 431)
+            status, payload = ask([(name, "x" * 60_000)])
+            assert status == 400 and b"longer than 1024" in payload
+            for raw in (b"a\x00b", b"a\x01b", b"a\x7fb", b"a\x1b[31mred"):
+                assert ask([(name, raw)])[0] == 400  # what HTTP forbids: the transport's 400
+            for encoded in ("a%00b", "a%1B%5B31mred", "%E2%80%AE"):
+                status, payload = ask([(name, encoded)])
+                assert (
+                    status == 400 and payload.startswith(b'{"error"') and name.encode() in payload
+                )
+            statuses = [ask([(name, f"person {i}")])[0] for i in range(120)]
+            assert statuses[:50] == [200] * 50 and set(statuses[50:]) == {403}
+            assert admission.people.num_people("openwebui") == 50
+            assert ask([(name, "person 7")])[0] == 200  # a known one goes on
+    finally:
+        admission.people = old_people
     assert len(bob.finish()) >= 1

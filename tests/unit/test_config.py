@@ -10,6 +10,7 @@ from localserve.config import (
     DEFAULT_MODEL,
     ConfigError,
     ModelConfig,
+    ServerConfig,
     builtin_config,
     load_config,
     parse_config,
@@ -324,3 +325,16 @@ def test_a_chat_template_name_stays_a_name(tmp_path):
     toml = tmp_path / "models.toml"
     toml.write_text('[models.x]\npath = "x.gguf"\nchat_template = "chatml"\n')
     assert load_config(toml).models["x"].chat_template == "chatml"
+
+
+def test_trusted_frontends_and_their_peoples_quotas_are_server_keys():
+    config = parse_config(
+        '[server]\ntrusted_frontends = ["openwebui"]\nmax_people_per_frontend = 8\n'
+        '[server.daily_tokens_per_user]\n"openwebui/alice" = 5000\n'
+    )
+    assert config.server.trusted_frontends == ["openwebui"]
+    assert config.server.max_people_per_frontend == 8
+    assert config.server.daily_tokens_per_user == {"openwebui/alice": 5000}
+    assert ServerConfig().max_people_per_frontend == 256
+    with pytest.raises(ConfigError, match="server.max_people_per_frontend"):
+        parse_config("[server]\nmax_people_per_frontend = 0\n")

@@ -5,7 +5,8 @@ response_format, `think` to the template's enable_thinking).
 The body is read bounded in bytes (max_frame_bytes) and in time (BODY_TIMEOUT_S) and decoded
 into its endpoint's type; the model, when named, must be this server's (with or without
 Ollama's ":latest" tag). `Authorization: Bearer` names the user on a server with tokens
-(failures throttled like any token check); on an open server every Ollama request is
+(failures throttled like any token check; a trusted front-end's may name a person behind it:
+frontends.py); on an open server every Ollama request is
 DEFAULT_USER's (Ollama's API names no user).
 
 Tested in tests/e2e/test_ollama_api.py.
@@ -22,6 +23,7 @@ from starlette.requests import Request as HttpRequest
 
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
+from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.ollama.errors import OllamaError, retry_after
 from localserve.serve.ollama.types import OllamaFields, Options
 from localserve.serve.transport import bearer_token, client_address
@@ -79,7 +81,8 @@ def check_model(door: Frontdoor, model: str | None) -> None:
 
 
 async def identify(door: Frontdoor, request: HttpRequest) -> str:
-    """The user: the bearer token's owner (a server with tokens), else DEFAULT_USER."""
+    """The user: the bearer token's owner (a server with tokens; a trusted front-end's person,
+    by header), else DEFAULT_USER."""
     access = door.access
     if not access.requires_tokens:
         return DEFAULT_USER
@@ -96,7 +99,10 @@ async def identify(door: Frontdoor, request: HttpRequest) -> str:
             "unauthorized: give a user's token as the API key (Authorization: Bearer <token>)",
             {"WWW-Authenticate": 'Bearer realm="localserve"'},
         )
-    return user
+    try:
+        return on_behalf_of(door, request, user)
+    except PersonRefused as e:
+        raise OllamaError(e.status, e.message) from None
 
 
 def sampling_fields(options: Options | None, default_max: int, cap: int) -> SamplingFields:

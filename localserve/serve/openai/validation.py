@@ -3,8 +3,9 @@
 The body is read bounded in bytes (max_frame_bytes) and in time (BODY_TIMEOUT_S) and decoded
 into its endpoint's type; the model, when named, must be this server's. The API key
 (`Authorization: Bearer`) names the user on a server with tokens (failures throttled like any
-token check); on an open server the `user` field does (DEFAULT_USER when absent). Fields that
-would change the output and are not supported are refused with a 400 that names them.
+token check; a trusted front-end's key may name a person behind it: frontends.py); on an open
+server the `user` field does (DEFAULT_USER when absent). Fields that would change the output
+and are not supported are refused with a 400 that names them.
 
 Tested in tests/e2e/test_openai_api.py.
 """
@@ -21,6 +22,7 @@ from starlette.requests import Request as HttpRequest
 from localserve.ops.auth import check_user_name
 from localserve.protocol.frames import SAMPLING_FIELDS, SamplingFields
 from localserve.serve.admission import Frontdoor
+from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.openai.errors import CHALLENGE, ApiError, retry_after, unsupported
 from localserve.serve.openai.types import RequestFields
 from localserve.serve.transport import bearer_token, client_address
@@ -72,7 +74,8 @@ def check_model(door: Frontdoor, model: str | None) -> None:
 
 
 async def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> str:
-    """The user: the API key's owner (a server with tokens), else the `user` field."""
+    """The user: the API key's owner (a server with tokens; a trusted front-end's person, by
+    header), else the `user` field."""
     access = door.access
     if access.requires_tokens:
         token = bearer_token(request)
@@ -91,7 +94,11 @@ async def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> 
                 "(Authorization: Bearer <token>)"
             )
             raise ApiError(401, message, "invalid_api_key", headers=CHALLENGE)
-        return user
+        try:
+            return on_behalf_of(door, request, user)
+        except PersonRefused as e:
+            code = "invalid_value" if e.status == 400 else "permission_denied"
+            raise ApiError(e.status, e.message, code, e.header) from None
     name = DEFAULT_USER if named is None else named
     if not check_user_name(name):
         raise ApiError(

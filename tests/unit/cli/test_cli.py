@@ -201,3 +201,31 @@ def test_every_command_says_what_it_does_and_every_option_has_help_with_its_defa
             ):
                 missing.append(f"{name} {flag}: help without its default {action.default!r}")
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("users", "trusted", "words"),
+    [
+        (None, '["openwebui"]', ["trusted_frontends: needs a server with tokens"]),
+        ('openwebui = "owui-connection-key"', '["owui"]', ["'owui' is not a user"]),
+    ],
+)
+def test_trusted_frontends_are_checked_before_anything_loads(tmp_path, users, trusted, words):
+    (tmp_path / "models.toml").write_text(f"[server]\ntrusted_frontends = {trusted}\n")
+    argv = ["serve", "--state-dir", str(tmp_path)]
+    if users is not None:
+        (tmp_path / "users.toml").write_text(f"[users]\n{users}\n")
+        argv += ["--users", str(tmp_path / "users.toml")]
+    line = slip_line(localserve(*argv, cwd=tmp_path), "[server] trusted_frontends", *words)
+    assert line.startswith("localserve: [server] trusted_frontends: ")
+
+
+def test_a_frontends_people_may_have_quotas_in_the_users_file(tmp_path):
+    (tmp_path / "models.toml").write_text('[server]\ntrusted_frontends = ["openwebui"]\n')
+    (tmp_path / "users.toml").write_text(
+        '[users]\nopenwebui = "owui-connection-key"\n'
+        '[daily_tokens]\n"openwebui/alice" = 5000\n"nobody/x" = 5\n'
+    )
+    argv = ["serve", "--state-dir", str(tmp_path), "--users", str(tmp_path / "users.toml")]
+    line = slip_line(localserve(*argv, cwd=tmp_path), "daily_tokens for users it does not have")
+    assert "nobody/x" in line and "openwebui/alice" not in line

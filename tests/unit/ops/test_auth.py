@@ -155,3 +155,22 @@ def test_a_network_bind_needs_tokens_or_open(host):
         Access({}).check_bind(host, is_open=False)
     Access({}).check_bind(host, is_open=True)  # open on purpose
     Access({"alice": "alice-token"}).check_bind(host, is_open=False)
+
+
+def test_trusted_frontends_are_checked_against_the_users():
+    from localserve.ops.auth import check_frontends, is_known_user
+
+    users = {"openwebui": "owui-connection-key", "kate": "kates-token"}
+    check_frontends(["openwebui"], users)
+    check_frontends([], {})
+    with pytest.raises(ConfigError, match=r"^\[server\] trusted_frontends: needs a server with"):
+        check_frontends(["openwebui"], {})
+    with pytest.raises(ConfigError, match=r"trusted_frontends: 'owui' is not a user of the"):
+        check_frontends(["owui"], users)
+    with pytest.raises(ConfigError, match=r"the user 'openwebui/bob' would be one of"):
+        check_frontends(["openwebui"], users | {"openwebui/bob": "bobs-token"})
+    assert is_known_user("kate", users, ["openwebui"])
+    assert is_known_user("openwebui/alice", users, ["openwebui"])
+    assert not is_known_user("openwebui/alice", users, [])
+    assert not is_known_user("openwebui/", users, ["openwebui"])
+    assert not is_known_user("mallory", users, ["openwebui"])

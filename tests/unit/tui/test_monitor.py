@@ -678,3 +678,53 @@ def test_a_throttled_hello_says_the_servers_words_and_waits_as_long_as_it_asks(m
     items, waits = source_items(monkeypatch, connect, 2)
     assert items == [Refused("too many failed attempts; try again in 30 s", 30.0)] * 2
     assert waits == [30.0]
+
+
+PEOPLE = {"ana": "openwebui/alice", "eve": "openwebui/evangeline smith-jones"}
+
+
+def behind_a_frontend(snap):
+    """The snapshot with two of its users people of a trusted front-end (frontends.py)."""
+
+    def renamed(row):
+        return msgspec.structs.replace(row, user=PEOPLE.get(row.user, row.user))
+
+    seqs = [renamed(s) for s in snap.seqs]
+    return msgspec.structs.replace(
+        snap, seqs=seqs, waiting_seqs=[renamed(w) for w in snap.waiting_seqs]
+    )
+
+
+def test_a_frontends_people_are_rows_of_their_own_by_name(fake_snapshots):
+    """ "openwebui/alice" shows whole in every table; a longer name keeps the person's part, not
+    the front-end's (cut at the end, all its people would read "openwebui…"); at 80 columns the
+    running table still shows up to ITL."""
+    snapshots = [behind_a_frontend(s) for s in fake_snapshots]
+    usage = [UserUsage(PEOPLE.get(u.user, u.user), *msgspec.structs.astuple(u)[1:]) for u in USAGE]
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(80, 24)) as pilot:
+            feed(app, Connected("ws://test"), *with_usage(snapshots, usage))
+            await settle(pilot)
+            table = app.query_one(RunningTable)
+            users = {str(table.get_row_at(i)[0]) for i in range(table.row_count)}
+            assert "…/alice" in users and "…/evangelin…" in users  # 80 columns: 12 of a name
+            waiting = app.query_one(WaitingTable)
+            assert {str(waiting.get_row_at(i)[0]) for i in range(waiting.row_count)} <= users
+            heads = [str(c.label) for c in table.ordered_columns]
+            upto = heads.index("ITL") + 1
+            right = sum(c.get_render_width(table) for c in table.ordered_columns[:upto])
+            assert right <= table.scrollable_content_region.width, heads[:upto]
+            lines = today_lines(app)
+            assert lines[0].startswith("…/evangel… ")  # 10 of a name
+            assert any(line.startswith("…/alice ") for line in lines), lines
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            feed(app, Connected("ws://test"), *with_usage(snapshots, usage))
+            await settle(pilot)
+            table = app.query_one(RunningTable)
+            users = {str(table.get_row_at(i)[0]) for i in range(table.row_count)}
+            assert "openwebui/alice" in users and "…/evangeline sm…" in users
+
+    asyncio.run(run())

@@ -1,0 +1,168 @@
+"""People behind a trusted front-end: whose request it is when Open WebUI (or another front-end
+all of a household reaches the server through) asks with its one API key.
+
+A user of the users file listed in `[server] trusted_frontends` may say on whose behalf it asks,
+with a header: `X-Localserve-User` (any front-end), or Open WebUI's `X-OpenWebUI-User-Name` and
+`X-OpenWebUI-User-Id` (sent with its ENABLE_FORWARD_USER_INFO_HEADERS=true). The request is then
+the user `<frontend>/<person>` ("openwebui/alice") everywhere: its own fairness share, quota,
+usage rows, prefix-cache isolation and monitor row. Without a header the front-end is itself
+the user. From any other caller (another user's key, no key, an open server) the headers are
+ignored, silently: they never change who the caller is, and refusing them would break clients
+that pass them on without meaning anything by them.
+
+Which header names the person: the id decides who a person is, the name is what they are called
+here. Open WebUI lets people change their display name but not their id, so an id keeps the
+first name it came with while the server runs (renaming oneself to a sister's name gets neither
+her quota nor her cached prompts), and a name one id has is refused to another (403). The name
+is shown (the monitor, `localserve usage`), since an id is a UUID nobody recognizes; without a
+name the id is the name. `X-Localserve-User` is taken over Open WebUI's name when both come.
+
+Names are client input: percent-decoded (Open WebUI sends `quote(name, safe=" ")`) as UTF-8,
+NFKC-normalized, runs of white space made one space, lower-cased, then 1-MAX_PERSON_NAME
+printable characters; each header at most MAX_HEADER_CHARS and given once. A bad one is a 400
+naming the header. One front-end may name at most `[server] max_people_per_frontend` people
+while the server runs: a new one past it is refused (403 naming the bound) while the known ones
+go on. Forgetting idle ones instead would not bound memory (the day's usage counters and the
+quota stay per name) and would free their names for another id to take.
+
+Tested in tests/unit/serve/test_frontends.py and tests/e2e/test_trusted_frontends.py.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import unquote_to_bytes
+
+from starlette.requests import HTTPConnection
+
+from localserve.config import ServerConfig
+from localserve.ops.auth import Access
+
+PERSON_HEADER = "X-Localserve-User"
+NAME_HEADER = "X-OpenWebUI-User-Name"
+ID_HEADER = "X-OpenWebUI-User-Id"
+MAX_PERSON_NAME = 64  # characters of the person's name (the user is "<frontend>/<name>")
+MAX_HEADER_CHARS = 1024  # a header's value as sent (percent-encoded UTF-8 takes up to 9 a char)
+MAX_ID_CHARS = 128  # Open WebUI's ids are UUIDs (36)
+_SPACES = re.compile(r"\s+")
+
+
+class PersonRefused(Exception):
+    """A trusted front-end's person header that cannot be used: the status and why (the message
+    begins with the header's name); each front-end answers it in its own shape."""
+
+    def __init__(self, status: int, header: str, message: str) -> None:
+        super().__init__(f"{header}: {message}")
+        self.status, self.header, self.message = status, header, f"{header}: {message}"
+
+
+@dataclass
+class _Named:
+    """The people one front-end named: each name's id (None: named without one), each id's
+    name. At most the bound of names, so at most that many ids."""
+
+    ids: dict[str, str | None] = field(default_factory=dict)  # by name
+    names: dict[str, str] = field(default_factory=dict)  # by id
+
+
+class People:
+    """The people each trusted front-end has named since the server started, bounded per
+    front-end (owned by the event loop, like the rest of admission)."""
+
+    def __init__(self) -> None:
+        self._named: dict[str, _Named] = {}  # by front-end: only trusted ones, so bounded
+
+    def num_people(self, frontend: str) -> int:
+        named = self._named.get(frontend)
+        return len(named.ids) if named else 0
+
+    def person(self, frontend: str, name: str, account: str | None, limit: int, header: str) -> str:
+        """The name this person goes by here (an id keeps its first name); PersonRefused (403)
+        for a name another id has, or a new person past `limit`."""
+        named = self._named.setdefault(frontend, _Named())
+        if account is not None and account in named.names:
+            return named.names[account]
+        if name in named.ids:
+            owner = named.ids[name]
+            if owner is not None and account is not None and owner != account:
+                raise PersonRefused(403, header, f"{name!r} is another account's name here")
+        elif len(named.ids) >= limit:
+            raise PersonRefused(
+                403,
+                header,
+                f"{frontend} has named {limit} people already, the most one front-end may "
+                "([server] max_people_per_frontend); known ones go on",
+            )
+        if account is not None:
+            named.ids[name] = account
+            named.names[account] = name
+        else:
+            named.ids.setdefault(name, None)
+        return name
+
+
+class Doorkeeper(Protocol):
+    """What on_behalf_of reads of the server (admission's Frontdoor has it all)."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def access(self) -> Access: ...
+
+    @property
+    def people(self) -> People: ...
+
+
+def on_behalf_of(door: Doorkeeper, request: HTTPConnection, user: str) -> str:
+    """The request's user: `user` (the authenticated caller), or "<user>/<person>" when `user`
+    is a trusted front-end naming a person by header. Raises PersonRefused (400 for a bad
+    header, 403 past the bounds). Every HTTP front-end calls it after authenticating."""
+    config = door.config
+    if user not in config.trusted_frontends or not door.access.requires_tokens:
+        return user
+    headers = request.headers
+    account = _value(headers.getlist(ID_HEADER.lower()), ID_HEADER, MAX_ID_CHARS)
+    if account is not None and not (account.isascii() and account.isprintable()):
+        raise PersonRefused(400, ID_HEADER, "printable ASCII characters only")
+    for header in (PERSON_HEADER, NAME_HEADER):
+        raw = _value(headers.getlist(header.lower()), header, MAX_HEADER_CHARS)
+        if raw is not None:
+            name = person_name(raw, header)
+            break
+    else:
+        if account is None:
+            return user  # the front-end asks for itself
+        header, name = ID_HEADER, person_name(account, ID_HEADER)
+    limit = config.max_people_per_frontend
+    return f"{user}/{door.people.person(user, name, account, limit, header)}"
+
+
+def person_name(raw: str, header: str) -> str:
+    """A header's value as a person's name: percent-decoded UTF-8, NFKC, white space runs one
+    space, lower case; PersonRefused (400) unless 1-MAX_PERSON_NAME printable characters."""
+    try:  # Starlette decodes header bytes as Latin-1: back to the bytes, then UTF-8
+        text = unquote_to_bytes(raw.encode("latin-1")).decode("utf-8")
+    except UnicodeError:
+        raise PersonRefused(400, header, "not UTF-8 (percent-encoded or plain)") from None
+    name = _SPACES.sub(" ", unicodedata.normalize("NFKC", text)).strip().lower()
+    if not 0 < len(name) <= MAX_PERSON_NAME or not name.isprintable():
+        raise PersonRefused(
+            400, header, f"a name of 1-{MAX_PERSON_NAME} printable characters is needed"
+        )
+    return name
+
+
+def _value(values: list[str], header: str, limit: int) -> str | None:
+    """The header's one value (None when absent); PersonRefused (400) when it came more than
+    once or is longer than `limit`."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise PersonRefused(400, header, f"given {len(values)} times; give it once")
+    if len(values[0]) > limit:
+        raise PersonRefused(400, header, f"longer than {limit} characters")
+    return values[0].strip()
