@@ -148,8 +148,16 @@ def test_two_people_through_one_key_get_their_own_usage_rows(live, tmp_path):
         status, payload = post(live, "/api/chat", ollama_body("Say hi."), owui_headers(ALICE))
         assert status == 200, payload[:200]
         assert json.loads(payload.splitlines()[-1])["done"] is True
-        wait_until(lambda: len(rows_of(store, "openwebui/alice")) == 2, 10, "alice's rows")
-        assert {r.api for r in rows_of(store, "openwebui/alice")} == {"http", "ollama"}
+        anthropic = {
+            "model": MODEL,
+            "max_tokens": 6,
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+        headers = owui_headers(ALICE) | {"Authorization": "", "x-api-key": KEY}
+        status, payload = post(live, "/v1/messages", anthropic, headers)
+        assert status == 200, payload[:200]
+        wait_until(lambda: len(rows_of(store, "openwebui/alice")) == 3, 10, "alice's rows")
+        assert {r.api for r in rows_of(store, "openwebui/alice")} == {"http", "ollama", "anthropic"}
         assert len(rows_of(store, "openwebui/bob")) == 1
         assert rows_of(store, "openwebui") == []
         today = {u.user for u in store.today()}

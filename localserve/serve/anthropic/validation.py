@@ -25,6 +25,7 @@ from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
 from localserve.serve.anthropic.errors import AnthropicError, invalid, retry_after
 from localserve.serve.anthropic.types import MessagesRequest
+from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.transport import bearer_token, client_address
 
 DEFAULT_USER = "anthropic"  # the user of an open server's Anthropic requests
@@ -34,7 +35,8 @@ Body = TypeVar("Body")
 
 
 async def identify(door: Frontdoor, request: HttpRequest) -> str:
-    """The user: the API key's owner (a server with tokens), else DEFAULT_USER."""
+    """The user: the API key's owner (a server with tokens; or the person a trusted front-end
+    names, serve/frontends.py), else DEFAULT_USER."""
     access = door.access
     if not access.requires_tokens:
         return DEFAULT_USER
@@ -49,7 +51,10 @@ async def identify(door: Frontdoor, request: HttpRequest) -> str:
         raise AnthropicError(
             401, "invalid x-api-key: give a user's token as the API key (x-api-key: <token>)"
         )
-    return user
+    try:  # a trusted front-end (Open WebUI, a gateway) may name the person it asks for
+        return on_behalf_of(door, request, user)
+    except PersonRefused as e:
+        raise AnthropicError(e.status, e.message) from None
 
 
 async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
