@@ -66,10 +66,12 @@ def fit_lines(path, model, usable: int, gpu: bool) -> list[str]:
     header = read_header(path)
     need = estimate(header, model, gpu)
     where = f"{need.device / MIB:.0f} MiB on the GPU + {need.host / MIB:.0f} MiB RAM" if gpu else ""
+    weights = (need.weights_device + need.weights_host) / MIB
+    compute = (need.compute_device + need.compute_host) / MIB
+    cells = f"{need.n_cells} {model.cache_type_k}/{model.cache_type_v} cells"
     lines = [
-        f"needs ~{need.total / MIB:.0f} MiB {where}(weights {(need.weights_device + need.weights_host) / MIB:.0f}, "
-        f"KV {need.kv / MIB:.0f} for {need.n_cells} {model.cache_type_k}/{model.cache_type_v} cells, "
-        f"compute {(need.compute_device + need.compute_host) / MIB:.0f})"
+        f"needs ~{need.total / MIB:.0f} MiB {where}(weights {weights:.0f}, "
+        f"KV {need.kv / MIB:.0f} for {cells}, compute {compute:.0f})"
     ]
     share = max(1, model.n_ctx // model.max_num_seqs)
     kinds = dict.fromkeys([model.cache_type_k, "q8_0", "q4_0"])
