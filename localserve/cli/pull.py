@@ -47,13 +47,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     target = Path(args.config or "models.toml")
     existing = target.read_text(encoding="utf-8") if target.is_file() else ""
     candidates = hub.pick(hub.list_models(repo), quant, file, repo)
-    usable, where = _usable()
-    chosen, why = choose(repo, candidates, usable, where, named=bool(quant or file))
+    usable, where, gpu = _usable()
+    chosen, why = choose(repo, candidates, (usable, where, gpu), named=bool(quant or file))
     name = args.name or entry_name(repo, chosen.quant)
     _check_free(name, existing, target)
     print(f"pull: {chosen.name} ({chosen.size / MIB:.0f} MiB): {why}", file=sys.stderr)
     path = hub.download(repo, chosen)
-    n_ctx = fitting_context(path, chosen, usable)
+    n_ctx = fitting_context(path, chosen, usable, gpu)
     text = entry_text(name, path, n_ctx)
     parse_config(existing + text, str(target))  # the file stays valid, or nothing is written
     with target.open("a", encoding="utf-8") as out:
@@ -63,30 +63,35 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _usable() -> tuple[int, str]:
+def _usable() -> tuple[int, str, bool]:
+    """(bytes usable, where: RAM or the GPU's name, whether that is a GPU)."""
     from localserve.cli.models import memory_there
 
-    available, _ = memory_there()
-    return available.usable, available.where
+    available, gpu = memory_there()
+    return available.usable, available.where, gpu
 
 
-def choose(repo: str, candidates, usable: int, where: str, named: bool):
-    """The first candidate whose footprint at MIN_CONTEXT fits, and a sentence saying why."""
+def choose(repo: str, candidates, memory: tuple[int, str, bool], named: bool):
+    """The first candidate whose footprint at MIN_CONTEXT fits (a named one even when it does
+    not, with a warning), and a sentence saying why."""
     from localserve.runners import hub
-    from localserve.runners.footprint import estimate
+    from localserve.runners.footprint import counted, estimate
 
+    usable, where, gpu = memory
     header = hub.remote_header(repo, candidates[0].files[0].name)  # shapes: the same for all
-    cfg = ModelConfig(path="-", n_ctx=MIN_CONTEXT)
-    need = estimate(header, cfg)
-    rest = need.total - need.weights_host - need.weights_device  # KV and compute
+    need = estimate(header, ModelConfig(path="-", n_ctx=MIN_CONTEXT), gpu)
+    # KV and compute from the header; the weights by each candidate's size
+    rest = counted(need, gpu) - need.weights_device - (0 if gpu else need.weights_host)
+    room = f"{usable / MIB:.0f} MiB usable in {where}"
     for m in candidates:
         total = m.size + rest
-        if total <= usable:
-            how = "as named" if named else f"the best quantization that fits ({m.quant or '?'})"
-            return m, (
-                f"{how}: needs ~{total / MIB:.0f} MiB at n_ctx {MIN_CONTEXT}, "
-                f"{usable / MIB:.0f} MiB usable in {where}"
-            )
+        if total <= usable or named:
+            if named:
+                fits = "fits" if total <= usable else "does NOT fit: it may not load"
+                how = f"as named ({fits})"
+            else:
+                how = f"the best quantization that fits ({m.quant or '?'})"
+            return m, f"{how}: needs ~{total / MIB:.0f} MiB at n_ctx {MIN_CONTEXT}, {room}"
     smallest = min(candidates, key=lambda m: m.size)
     raise ConfigError(
         f"pull: {repo}: {smallest.name} needs ~{(smallest.size + rest) / MIB:.0f} MiB at n_ctx "
@@ -94,7 +99,7 @@ def choose(repo: str, candidates, usable: int, where: str, named: bool):
     )
 
 
-def fitting_context(path: Path, model, usable: int) -> int:
+def fitting_context(path: Path, model, usable: int, gpu: bool = False) -> int:
     """The largest n_ctx up to DEFAULT_CONTEXT that fits (the other parts of a split model
     counted beside the first's header)."""
     from localserve.runners.footprint import largest_context
@@ -102,7 +107,7 @@ def fitting_context(path: Path, model, usable: int) -> int:
 
     others = model.size - model.files[0].size
     cfg = ModelConfig(path=str(path))
-    cells = largest_context(read_header(path), cfg, usable - others)
+    cells = largest_context(read_header(path), cfg, usable - others, gpu)
     return max(256, min(cells, DEFAULT_CONTEXT))
 
 

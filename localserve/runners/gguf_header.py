@@ -91,16 +91,18 @@ class _Cursor:
         self.pos += n
         return text
 
-    def value(self, kind: int):
+    def value(self, kind: int, depth: int = 0):
         kind = GGUFValueType(kind)
         if kind == GGUFValueType.STRING:
             return self.string()
         if kind == GGUFValueType.ARRAY:
+            if depth >= 4:  # llama.cpp writes no arrays of arrays: a hostile file's recursion
+                raise ValueError("GGUF: arrays nested too deep")
             item, n = GGUFValueType(self.take("<I")), self.take("<Q")
             if n > MAX_KEPT_ARRAY:
                 self._skip(item, n)
                 return ArrayLength(n)
-            return [self.value(item) for _ in range(n)]
+            return [self.value(item, depth + 1) for _ in range(n)]
         return self.take(_SCALARS[kind])
 
     def _skip(self, item: GGUFValueType, n: int) -> None:

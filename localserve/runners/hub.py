@@ -86,10 +86,10 @@ def _hub_error(repo: str, e: Exception) -> ConfigError:
 
 def list_models(repo: str) -> list[HubModel]:
     """The repository's GGUF models (split files grouped), with sizes and sha256s."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
 
     try:
-        info = HfApi().model_info(repo, files_metadata=True)
+        info = HfApi(endpoint=constants.ENDPOINT).model_info(repo, files_metadata=True)
     except Exception as e:  # huggingface_hub's errors and the network's, said in one line
         raise _hub_error(repo, e) from None
     groups: dict[str, list[HubFile]] = {}
@@ -136,10 +136,10 @@ def _quants(models: list[HubModel]) -> str:
 
 def remote_header(repo: str, file: str) -> GgufHeader:
     """The header of a file on the hub, read with Range requests (a few MiB, not the file)."""
-    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub import constants, get_session, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
-    url, size = hf_hub_url(repo, file), 1 << 20
+    url, size = hf_hub_url(repo, file, endpoint=constants.ENDPOINT), 1 << 20
     while True:
         headers = build_hf_headers() | {"Range": f"bytes=0-{size - 1}"}
         try:
@@ -176,7 +176,7 @@ def download(repo: str, model: HubModel) -> Path:
     paths = []
     for f in model.files:
         try:
-            path = Path(hf_hub_download(repo, f.name))
+            path = Path(hf_hub_download(repo, f.name, endpoint=constants.ENDPOINT, cache_dir=cache))
         except Exception as e:
             raise _hub_error(repo, e) from None
         check_sha256(path, f)
