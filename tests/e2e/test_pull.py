@@ -6,16 +6,22 @@ file is refused; each slip is one line. No test reaches the internet."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import subprocess
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
+import openai
 import pytest
 
 from localserve.runners.models import ensure_embedded
 from tests.support.cli import localserve, slip_line
 from tests.support.fake_hub import FakeHub
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.model
 
@@ -66,18 +72,32 @@ def test_a_pull_picks_q4_k_m_writes_the_entry_and_the_model_answers(hub, tmp_pat
     assert str(tmp_path / "hf") in model["path"] and 256 <= model["n_ctx"] <= 8192
     again = pull(hub, tmp_path, REPO)  # never clobbered
     assert "already has [models.gemma-3-270m-q4_k_m]" in slip_line(again, "--name")
-    said = localserve(
-        "generate",
-        "--model",
-        "gemma-3-270m-q4_k_m",
-        "--chat",
-        "--max-tokens",
-        "8",
-        "Hi",
-        cwd=tmp_path,
-        timeout=300,
+    with serving(tmp_path, "gemma-3-270m-q4_k_m") as url:  # the server loads it and answers
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model="gemma-3-270m-q4_k_m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+    assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.prompt_tokens > 3
+
+
+@contextlib.contextmanager
+def serving(cwd: Path, model: str):
+    """`localserve serve --model MODEL` with cwd's models.toml, on a free port: its http URL."""
+    command = [sys.executable, "-m", "localserve", "serve", "--model", model, "--port", "0"]
+    env = os.environ | {"LOCALSERVE_STATE_DIR": str(cwd / "state"), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert said.returncode == 0 and said.stdout.strip(), said.stderr
+    try:
+        for line in proc.stdout:
+            if found := re.search(r"on ws://(127\.0\.0\.1:\d+)", line):
+                threading.Thread(target=proc.stdout.read, daemon=True).start()  # drained
+                yield f"http://{found[1]}"
+                return
+        raise AssertionError(f"the server exited: {proc.wait()}")
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 def test_a_corrupted_file_is_refused_and_not_added(hub, tmp_path):

@@ -28,6 +28,7 @@ class FakeHub:
         self.drop_after: int | None = None
         self.corrupt = False
         self.ranges: list[str] = []  # Range headers seen on file GETs
+        self.authorizations: list[str] = []  # Authorization headers seen (HF_TOKEN)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -53,6 +54,7 @@ class FakeHub:
 
     def _serve(self, h, body: bool) -> None:
         path = unquote(urlparse(h.path).path)
+        self.authorizations.append(h.headers.get("Authorization", ""))
         if path.startswith("/api/models/"):
             return self._info(h, path.removeprefix("/api/models/"))
         parts = path.strip("/").split("/")

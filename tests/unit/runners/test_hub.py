@@ -15,7 +15,7 @@ from localserve.cli import pull
 from localserve.config import ConfigError, parse_config
 from localserve.runners import hub
 from tests.support.fake_hub import FakeHub
-from tests.unit.runners.test_footprint import tiny_gguf
+from tests.support.tiny_gguf import tiny_gguf
 
 
 @pytest.fixture
@@ -46,8 +46,10 @@ def test_specs_name_a_repo_a_quant_or_a_file():
             hub.parse_spec(bad)
 
 
-def test_split_files_are_one_model_and_q4_k_m_comes_first(fake):
+def test_split_files_are_one_model_and_q4_k_m_comes_first(fake, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
     models = hub.list_models("org/m-GGUF")
+    assert "Bearer hf_secret" in fake.authorizations  # HF_TOKEN used when set
     by_quant = {m.quant: m for m in models}
     assert set(by_quant) == {"Q8_0", "Q4_K_M", "F16"}
     assert [f.name for f in by_quant["F16"].files] == [
