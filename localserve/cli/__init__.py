@@ -22,6 +22,7 @@ from localserve.cli import (
     generate,
     models,
     monitor,
+    pull,
     serve,
     sweep,
     usage,
@@ -38,7 +39,20 @@ DESCRIPTION = (
 CONFIG_HELP = "models.toml (default: $LOCALSERVE_MODELS or ./models.toml)"
 
 # in the order `localserve --help` lists them
-COMMANDS = (chat, demo, monitor, serve, worker, usage, generate, models, bench, sweep, bench_engine)
+COMMANDS = (
+    chat,
+    demo,
+    monitor,
+    serve,
+    worker,
+    usage,
+    generate,
+    models,
+    pull,
+    bench,
+    sweep,
+    bench_engine,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

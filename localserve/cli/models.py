@@ -1,4 +1,5 @@
-"""`localserve models`: the configured models, where their files are, and the llama.cpp build.
+"""`localserve models`: the configured models, where their files are, what fits in the memory
+there is (runners/footprint.py: estimated from each GGUF's header), and the llama.cpp build.
 
 Tested in tests/unit/cli/test_cli.py.
 """
@@ -27,15 +28,61 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     print(_source_line(args.config))
+    available, gpu = memory_there()
+    print(
+        f"memory: {available.free / GiB:.1f} GiB free in {available.where}, "
+        f"{available.reserve / GiB:.1f} GiB kept back: {available.usable / GiB:.1f} GiB for models"
+    )
     for name, model in config.models.items():
         mark = "*" if name == config.default else " "
         path = resolve_model(name, model)
         print(f"{mark} {name:20} {path}  n_ctx={model.n_ctx} max_num_seqs={model.max_num_seqs}")
+        for line in fit_lines(path, model, available.usable, gpu):
+            print(f"    {line}")
     print(_build_line())
     warning = gpu_warning()
     if warning:
         print(warning, file=sys.stderr)
     return 0
+
+
+GiB = 1 << 30
+
+
+def memory_there():
+    """(Available, gpu): a local GPU's free memory on a build that offloads, else the RAM."""
+    from localserve.runners.footprint import device_available, host_available
+
+    device = device_available()
+    return (device, True) if device is not None else (host_available(), False)
+
+
+def fit_lines(path, model, usable: int, gpu: bool) -> list[str]:
+    """What the model needs at its settings, and the context and parallel sequences each KV
+    cell type allows in `usable` bytes."""
+    from localserve.runners.footprint import MIB, capacity, estimate, shape
+    from localserve.runners.gguf_header import read_header
+
+    header = read_header(path)
+    need = estimate(header, model, gpu)
+    where = f"{need.device / MIB:.0f} MiB on the GPU + {need.host / MIB:.0f} MiB RAM" if gpu else ""
+    weights = (need.weights_device + need.weights_host) / MIB
+    compute = (need.compute_device + need.compute_host) / MIB
+    cells = f"{need.n_cells} {model.cache_type_k}/{model.cache_type_v} cells"
+    lines = [
+        f"needs ~{need.total / MIB:.0f} MiB {where}(weights {weights:.0f}, "
+        f"KV {need.kv / MIB:.0f} for {cells}, compute {compute:.0f})"
+    ]
+    share = max(1, model.n_ctx // model.max_num_seqs)
+    kinds = dict.fromkeys([model.cache_type_k, "q8_0", "q4_0"])
+    for kind in kinds:
+        cells, seqs = capacity(header, model, usable, gpu, kind)
+        trained = " (all it was trained for)" if cells == shape(header).context_length else ""
+        lines.append(
+            f"fits with {kind} cells: n_ctx up to {cells}{trained}, "
+            f"or {seqs} parallel sequences of {share}"
+        )
+    return lines
 
 
 def _source_line(path: str | None) -> str:

@@ -22,6 +22,8 @@ _DEVICE = re.compile(r"using device (\S+) \((.*?)\) \(.*?\) - (\d+) MiB free")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _MODEL_BUFFER = re.compile(r"(\S+) model buffer size = +([\d.]+) MiB")
 _KV_BUFFER = re.compile(r"(\S+) KV buffer size = +([\d.]+) MiB")
+_COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([\d.]+) MiB")
+_OUTPUT_BUFFER = re.compile(r"(\S+) +output buffer size = +([\d.]+) MiB")
 _KV_TYPES = re.compile(r"K \((\w+)\): .*V \((\w+)\)")
 _FA_AUTO = re.compile(r"Flash Attention (enabled|not supported)|(enabling) flash_attn")
 # a debug line per layer, the output layer last: "layer  12 assigned to device RPC0, is_swa = 1"
@@ -40,6 +42,8 @@ class Placement:
     model_mib: dict[str, float] = field(default_factory=dict)  # by buffer (CPU_Mapped, CUDA0)
     kv_mib: dict[str, float] = field(default_factory=dict)  # by device buffer (CPU, CUDA0)
     kv_types: tuple[str, str] = ("f16", "f16")
+    compute_mib: dict[str, float] = field(default_factory=dict)  # the graph's, by device buffer
+    output_mib: dict[str, float] = field(default_factory=dict)  # logits rows, by buffer
     flash_attn: bool | None = None  # None: not said (flash_attn = "on" or "off" as asked)
     layer_devices: dict[int, str] = field(default_factory=dict)  # layer -> device (CPU, RPC1)
 
@@ -62,6 +66,10 @@ def parse_log(lines: list[str], flash_attn: str = "auto") -> Placement:
             p.model_mib[m[1]] = p.model_mib.get(m[1], 0.0) + float(m[2])
         elif m := _KV_BUFFER.search(line):
             p.kv_mib[m[1]] = p.kv_mib.get(m[1], 0.0) + float(m[2])
+        elif m := _COMPUTE_BUFFER.search(line):
+            p.compute_mib[m[1]] = p.compute_mib.get(m[1], 0.0) + float(m[2])
+        elif m := _OUTPUT_BUFFER.search(line):
+            p.output_mib[m[1]] = p.output_mib.get(m[1], 0.0) + float(m[2])
         elif m := _KV_TYPES.search(line):
             p.kv_types = (m[1], m[2])
         elif m := _FA_AUTO.search(line):

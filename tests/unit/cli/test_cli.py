@@ -29,6 +29,7 @@ COMMANDS = {
     "serve",
     "generate",
     "models",
+    "pull",
     "bench",
     "sweep",
     "bench-engine",
