@@ -20,9 +20,7 @@ Tested in tests/e2e/test_anthropic_api.py.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import logging
 import secrets
 
 import msgspec
@@ -33,13 +31,12 @@ from localserve.chat.messages import PromptMessage
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.admission import Frontdoor, Refusal, Request
+from localserve.serve.admission import Frontdoor, Refusal
 from localserve.serve.anthropic import errors
 from localserve.serve.anthropic.blocks import Blocks
+from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.prompt import Prompt, PromptBuilder
 from localserve.serve.tool_use import ReplyReading, ToolUse
-
-log = logging.getLogger("localserve.serve.anthropic.reply")
 
 _encoder = msgspec.json.Encoder()
 
@@ -77,35 +74,21 @@ async def start_reply(
     return reply
 
 
-class AnthropicReply:
-    """One request's reply: the sink of its engine events and the ASGI response that sends it.
-
-    Streaming, text is written as it comes; text that arrives while a write is blocked is
-    coalesced into the next events, and a client that lets max_outbox_bytes pile up, or takes
-    nothing for write_timeout_s, is cut off and its request cancelled.
-    """
+class AnthropicReply(HttpReply):
+    """One request's reply (serve/http_reply.py: the sink and its delivery), as Anthropic's
+    server-sent events or one message."""
 
     api = "anthropic"  # in the usage record
 
     def __init__(
         self, door: Frontdoor, scope, stream: bool, client_id: str, user: str, use: ToolUse
     ) -> None:
-        self.door = door
-        self.scope = scope
-        self.stream = stream
-        self.client_id = client_id
-        self.user = user
+        super().__init__(door, scope, stream, client_id, user)
         self.use = use
         self.model = door.model_name  # as the request named it
         self.stop_sequences: tuple[str, ...] = ()
         self.input_tokens = 0  # the prompt's, once built
-        self.request: Request | None = None
-        self.is_closed = False
-        self.pending: list[str] = []
-        self.num_pending_bytes = 0
-        self.done: Done | None = None
         self.blocks = Blocks()
-        self._ready = asyncio.Event()
 
     @functools.cached_property
     def reading(self) -> ReplyReading | None:
@@ -113,63 +96,6 @@ class AnthropicReply:
         if self.request is None:
             return None
         return self.use.reading(self.door, self.request.prompt_tail)
-
-    # the sink: called by the server with the engine's events
-
-    def on_token(self, request: Request, text: str) -> None:
-        self.pending.append(text)
-        self.num_pending_bytes += len(text.encode())
-        limit = self.door.config.max_outbox_bytes
-        if self.stream and self.num_pending_bytes > limit:
-            self._give_up(f"not reading: over {limit} bytes unsent")
-        self._ready.set()
-
-    def on_queued(self, request: Request, position: int) -> None:
-        pass
-
-    def on_done(self, request: Request, done: Done) -> None:
-        self.done = done
-        self._ready.set()
-
-    def _give_up(self, why: str) -> None:
-        """The client is gone or not reading: cancel the request, cut the connection."""
-        if self.is_closed:
-            return
-        self.is_closed = True
-        log.warning("%s (%s): %s; request cancelled", self.client_id, self.user, why)
-        if self.request is not None and self.done is None:
-            self.door.cancel(self.request)
-        transport = self.scope.get("extensions", {}).get("localserve")
-        if transport is not None and why.startswith("not reading"):
-            transport.abort()
-        self._ready.set()
-
-    # the ASGI response
-
-    async def __call__(self, scope, receive, send) -> None:
-        send = functools.partial(self._send_within_timeout, send)
-        watcher = asyncio.create_task(self._watch(receive))
-        try:
-            if self.stream:
-                await self._send_stream(send)
-            else:
-                await self._send_whole(send)
-        finally:
-            watcher.cancel()
-            if self.done is None:  # gone, or this failed: nobody will read the rest
-                self._give_up("the reply was not delivered")
-
-    async def _watch(self, receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return self._give_up("the client closed the connection")
-
-    async def _next(self) -> tuple[str, Done | None]:
-        await self._ready.wait()
-        self._ready.clear()
-        text, self.pending, self.num_pending_bytes = "".join(self.pending), [], 0
-        return text, self.done
 
     def _events(self, text: str, is_last: bool) -> list[dict]:
         """The block events this piece of text settles (the last: what was held, the stop)."""
@@ -193,12 +119,12 @@ class AnthropicReply:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
-            return await error.response()(self.scope, _no_receive, send)
+            return await error.response()(self.scope, no_receive, send)
         self._events("".join(parts), True)
         body = self._shell(self.blocks.content) | self._stop(done)
         body["usage"] = self._usage(done)
         response = Response(_encoder.encode(self._unrecorded(body)), media_type="application/json")
-        await response(self.scope, _no_receive, send)
+        await response(self.scope, no_receive, send)
 
     async def _send_stream(self, send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -250,28 +176,6 @@ class AnthropicReply:
             "output_tokens": done.completion_tokens,
         }
 
-    def _unrecorded(self, body: dict) -> dict:
-        """`"recorded": false` when the usage row was not committed (no usage record: no key)."""
-        request = self.request
-        if self.door.records_usage and request is not None and not request.is_recorded:
-            body["recorded"] = False
-        return body
-
     async def _write(self, send, event: dict) -> None:
         data = b"event: %s\ndata: %s\n\n" % (event["type"].encode(), _encoder.encode(event))
         await send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def _send_within_timeout(self, send, message) -> None:
-        """Every write: a client whose socket takes nothing for write_timeout_s is cut off."""
-        if self.is_closed:
-            return
-        timeout = self.door.config.write_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                await send(message)
-        except TimeoutError:
-            self._give_up(f"not reading for {timeout:g} s")
-
-
-async def _no_receive():
-    return {"type": "http.disconnect"}

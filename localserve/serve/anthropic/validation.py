@@ -5,7 +5,7 @@ The user comes first, before the body is read: `x-api-key` (Anthropic's header) 
 `Authorization: Bearer` (what Claude Code's ANTHROPIC_AUTH_TOKEN sends) names them on a server
 with tokens (failures throttled like any token check); on an open server every Anthropic
 request is DEFAULT_USER's. The body is read bounded in bytes (max_frame_bytes) and in time
-(BODY_TIMEOUT_S); the model must be this server's (a 404 naming it otherwise). `max_tokens` is
+(serve/http_body.py); the model must be this server's (a 404 naming it otherwise). `max_tokens` is
 required (as Anthropic has it) and capped by the server's max_tokens.
 
 Tested in tests/e2e/test_anthropic_api.py.
@@ -13,11 +13,8 @@ Tested in tests/e2e/test_anthropic_api.py.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, TypeVar
 
-import msgspec
-from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from localserve.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -26,10 +23,10 @@ from localserve.serve.admission import Frontdoor
 from localserve.serve.anthropic.errors import AnthropicError, invalid, retry_after
 from localserve.serve.anthropic.types import MessagesRequest
 from localserve.serve.frontends import PersonRefused, on_behalf_of
+from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.transport import bearer_token, client_address
 
 DEFAULT_USER = "anthropic"  # the user of an open server's Anthropic requests
-BODY_TIMEOUT_S = 30.0  # a request body must arrive within this long
 
 Body = TypeVar("Body")
 
@@ -59,33 +56,12 @@ async def identify(door: Frontdoor, request: HttpRequest) -> str:
 
 async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
     """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
-    limit = door.config.max_frame_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise AnthropicError(413, f"request body over {limit} bytes")
-    chunks, size = [], 0
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise AnthropicError(413, f"request body over {limit} bytes")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise AnthropicError(
-            408, f"request body not received within {BODY_TIMEOUT_S:g} s"
-        ) from None
-    except ClientDisconnect:
-        raise AnthropicError(400, "the client left before its body arrived") from None
-    data = b"".join(chunks)
-    if not data.strip():
-        raise AnthropicError(400, "missing request body")
-    try:
-        return msgspec.json.decode(data, type=kind)
-    except msgspec.ValidationError as e:
-        raise AnthropicError(400, f"invalid request: {_named(str(e))}") from None
-    except (msgspec.DecodeError, RecursionError) as e:
-        raise AnthropicError(400, f"invalid JSON body: {e}") from None
+        return await read_json(request, door.config.max_frame_bytes, kind)
+    except BodyProblem as e:
+        if e.invalid is not None:
+            raise AnthropicError(400, f"invalid request: {_named(str(e.invalid))}") from None
+        raise AnthropicError(e.status, e.message) from None
 
 
 def _named(message: str) -> str:

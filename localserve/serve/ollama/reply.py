@@ -13,10 +13,8 @@ Tested in tests/e2e/test_ollama_api.py.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
-import logging
 import secrets
 import time
 from datetime import UTC, datetime
@@ -30,12 +28,11 @@ from localserve.chat.reply import ReasoningText
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal, Request
+from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal
+from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.ollama import errors
 from localserve.serve.ollama.validation import public_name
 from localserve.serve.tool_use import NO_TOOLS, ReplyReading, ToolUse
-
-log = logging.getLogger("localserve.serve.ollama.reply")
 
 _encoder = msgspec.json.Encoder()
 NS_PER_MS = 1_000_000
@@ -83,13 +80,9 @@ def created_at() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-class OllamaReply:
-    """One request's reply: the sink of its engine events and the ASGI response that sends it.
-
-    Streaming, text is written as it comes; text that arrives while a write is blocked is
-    coalesced into the next line, and a client that lets max_outbox_bytes pile up, or takes
-    nothing for write_timeout_s, is cut off and its request cancelled.
-    """
+class OllamaReply(HttpReply):
+    """One request's reply (serve/http_reply.py: the sink and its delivery), as NDJSON lines
+    or one JSON object."""
 
     api = "ollama"  # in the usage record
 
@@ -97,21 +90,11 @@ class OllamaReply:
         self, door: Frontdoor, scope, kind: str, stream: bool, client_id: str, user: str,
         use: ToolUse,
     ) -> None:  # fmt: skip
-        self.door = door
-        self.scope = scope
+        super().__init__(door, scope, stream, client_id, user)
         self.kind = kind
-        self.stream = stream
-        self.client_id = client_id
-        self.user = user
         self.use = use
         self.model = public_name(door)  # as the request named it
         self.started = time.monotonic()
-        self.request: Request | None = None
-        self.is_closed = False
-        self.pending: list[str] = []
-        self.num_pending_bytes = 0
-        self.done: Done | None = None
-        self._ready = asyncio.Event()
 
     @functools.cached_property
     def reading(self) -> ReplyReading | None:
@@ -119,63 +102,6 @@ class OllamaReply:
         if self.request is None:
             return None
         return self.use.reading(self.door, self.request.prompt_tail)
-
-    # the sink: called by the server with the engine's events
-
-    def on_token(self, request: Request, text: str) -> None:
-        self.pending.append(text)
-        self.num_pending_bytes += len(text.encode())
-        limit = self.door.config.max_outbox_bytes
-        if self.stream and self.num_pending_bytes > limit:
-            self._give_up(f"not reading: over {limit} bytes unsent")
-        self._ready.set()
-
-    def on_queued(self, request: Request, position: int) -> None:
-        pass
-
-    def on_done(self, request: Request, done: Done) -> None:
-        self.done = done
-        self._ready.set()
-
-    def _give_up(self, why: str) -> None:
-        """The client is gone or not reading: cancel the request, cut the connection."""
-        if self.is_closed:
-            return
-        self.is_closed = True
-        log.warning("%s (%s): %s; request cancelled", self.client_id, self.user, why)
-        if self.request is not None and self.done is None:
-            self.door.cancel(self.request)
-        transport = self.scope.get("extensions", {}).get("localserve")
-        if transport is not None and why.startswith("not reading"):
-            transport.abort()
-        self._ready.set()
-
-    # the ASGI response
-
-    async def __call__(self, scope, receive, send) -> None:
-        send = functools.partial(self._send_within_timeout, send)
-        watcher = asyncio.create_task(self._watch(receive))
-        try:
-            if self.stream:
-                await self._send_stream(send)
-            else:
-                await self._send_whole(send)
-        finally:
-            watcher.cancel()
-            if self.done is None:  # gone, or this failed: nobody will read the rest
-                self._give_up("the reply was not delivered")
-
-    async def _watch(self, receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return self._give_up("the client closed the connection")
-
-    async def _next(self) -> tuple[str, Done | None]:
-        await self._ready.wait()
-        self._ready.clear()
-        text, self.pending, self.num_pending_bytes = "".join(self.pending), [], 0
-        return text, self.done
 
     async def _send_whole(self, send) -> None:
         parts = []
@@ -187,11 +113,11 @@ class OllamaReply:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
-            return await error.response()(self.scope, _no_receive, send)
+            return await error.response()(self.scope, no_receive, send)
         content, thinking, calls = self._read("".join(parts), True)
         body = self._object(content, thinking, calls) | self._done_fields(done)
         response = Response(_encoder.encode(body), media_type="application/json")
-        await response(self.scope, _no_receive, send)
+        await response(self.scope, no_receive, send)
 
     async def _send_stream(self, send) -> None:
         headers = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
@@ -261,25 +187,11 @@ class OllamaReply:
             "eval_count": done.completion_tokens,
             "eval_duration": int(max(0.0, total - ttft) * NS_PER_MS),
         }
-        request = self.request
-        if self.door.records_usage and request is not None and not request.is_recorded:
-            out["recorded"] = False
-        return out
+        return self._unrecorded(out)
 
     async def _write(self, send, obj: dict) -> None:
         data = _encoder.encode(obj) + b"\n"
         await send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def _send_within_timeout(self, send, message) -> None:
-        """Every write: a client whose socket takes nothing for write_timeout_s is cut off."""
-        if self.is_closed:
-            return
-        timeout = self.door.config.write_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                await send(message)
-        except TimeoutError:
-            self._give_up(f"not reading for {timeout:g} s")
 
 
 def _arguments(text: str) -> Any:
@@ -288,7 +200,3 @@ def _arguments(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
-
-
-async def _no_receive():
-    return {"type": "http.disconnect"}

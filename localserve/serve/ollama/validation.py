@@ -2,7 +2,7 @@
 and how its fields map to the server's (`options` to the sampling fields, `format` to a
 response_format, `think` to the template's enable_thinking).
 
-The body is read bounded in bytes (max_frame_bytes) and in time (BODY_TIMEOUT_S) and decoded
+The body is read bounded in bytes (max_frame_bytes) and in time (serve/http_body.py) and decoded
 into its endpoint's type; the model, when named, must be this server's (with or without
 Ollama's ":latest" tag). `Authorization: Bearer` names the user on a server with tokens
 (failures throttled like any token check; a trusted front-end's may name a person behind it:
@@ -14,22 +14,19 @@ Tested in tests/e2e/test_ollama_api.py.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, TypeVar
 
-import msgspec
-from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
 from localserve.serve.frontends import PersonRefused, on_behalf_of
+from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.ollama.errors import OllamaError, retry_after
 from localserve.serve.ollama.types import OllamaFields, Options
 from localserve.serve.transport import bearer_token, client_address
 
 DEFAULT_USER = "ollama"  # the user of an open server's Ollama requests
-BODY_TIMEOUT_S = 30.0  # a request body must arrive within this long
 TAG = ":latest"  # Ollama's default tag: "gemma-3-270m" and "gemma-3-270m:latest" are one model
 THINK_LEVELS = ("low", "medium", "high")
 
@@ -38,31 +35,10 @@ Body = TypeVar("Body")
 
 async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
     """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
-    limit = door.config.max_frame_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise OllamaError(413, f"request body over {limit} bytes")
-    chunks, size = [], 0
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise OllamaError(413, f"request body over {limit} bytes")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise OllamaError(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from None
-    except ClientDisconnect:
-        raise OllamaError(400, "the client left before its body arrived") from None
-    data = b"".join(chunks)
-    if not data.strip():
-        raise OllamaError(400, "missing request body")
-    try:
-        return msgspec.json.decode(data, type=kind)
-    except msgspec.ValidationError as e:
-        raise OllamaError(400, f"invalid request: {e}") from None
-    except (msgspec.DecodeError, RecursionError) as e:
-        raise OllamaError(400, f"invalid JSON body: {e}") from None
+        return await read_json(request, door.config.max_frame_bytes, kind)
+    except BodyProblem as e:
+        raise OllamaError(e.status, e.message) from None
 
 
 def public_name(door: Frontdoor) -> str:

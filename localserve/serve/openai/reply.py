@@ -12,9 +12,7 @@ Tested in tests/e2e/test_openai_api.py.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import logging
 import secrets
 from typing import Any
 
@@ -23,14 +21,13 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from localserve.engine.events import Done
-from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal, Request
+from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal
+from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.openai import errors
 from localserve.serve.openai.read import ReadReply
 from localserve.serve.openai.types import ReplyBodies, RequestFields
 from localserve.serve.openai.validation import identify, sampling_fields
 from localserve.serve.tool_use import NO_TOOLS, ToolUse
-
-log = logging.getLogger("localserve.serve.openai.reply")
 
 _encoder = msgspec.json.Encoder()
 _MARK = "\x00"  # stands for a chunk's text in its encoded template
@@ -79,34 +76,20 @@ async def start_reply(
     return reply
 
 
-class Reply:
-    """One request's reply: the sink of its engine events and the ASGI response that sends it.
-
-    Streaming, text is written as it comes; text that arrives while a write is blocked is
-    coalesced into the next event, and a client that lets max_outbox_bytes pile up, or takes
-    nothing for write_timeout_s, is cut off and its request cancelled.
-    """
+class Reply(HttpReply):
+    """One request's reply (serve/http_reply.py: the sink and its delivery), as OpenAI's SSE
+    chunks or one JSON body."""
 
     api = "http"  # in the usage record
 
     def __init__(
         self, door: Frontdoor, scope, body: RequestFields, kind: str, client_id: str, user: str
     ) -> None:
-        self.door = door
-        self.scope = scope
+        super().__init__(door, scope, bool(body.stream), client_id, user)
         self.kind = kind  # "chat" or "text"
-        self.client_id = client_id
-        self.user = user
-        self.stream = bool(body.stream)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.bodies = ReplyBodies(kind, client_id, door.model_name, include_usage)
-        self.request: Request | None = None
-        self.is_closed = False
-        self.pending: list[str] = []
-        self.num_pending_bytes = 0
-        self.done: Done | None = None
         self.use: ToolUse | None = None  # a chat's tools: what its reply is read for
-        self._ready = asyncio.Event()
 
     @functools.cached_property
     def reading(self) -> ReadReply | None:
@@ -117,63 +100,8 @@ class Reply:
         reading = self.use.reading(self.door, self.request.prompt_tail)
         return None if reading is None else ReadReply(reading)
 
-    # the sink: called by the server with the engine's events
-
-    def on_token(self, request: Request, text: str) -> None:
-        self.pending.append(text)
-        self.num_pending_bytes += len(_encoder.encode(text))  # as it will be sent
-        limit = self.door.config.max_outbox_bytes
-        if self.stream and self.num_pending_bytes > limit:
-            self._give_up(f"not reading: over {limit} bytes unsent")
-        self._ready.set()
-
-    def on_queued(self, request: Request, position: int) -> None:
-        pass
-
-    def on_done(self, request: Request, done: Done) -> None:
-        self.done = done
-        self._ready.set()
-
-    def _give_up(self, why: str) -> None:
-        """The client is gone or not reading: cancel the request, cut the connection."""
-        if self.is_closed:
-            return
-        self.is_closed = True
-        log.warning("%s (%s): %s; request cancelled", self.client_id, self.user, why)
-        if self.request is not None and self.done is None:
-            self.door.cancel(self.request)
-        transport = self.scope.get("extensions", {}).get("localserve")
-        if transport is not None and why.startswith("not reading"):
-            transport.abort()
-        self._ready.set()
-
-    # the ASGI response
-
-    async def __call__(self, scope, receive, send) -> None:
-        send = functools.partial(self._send_within_timeout, send)
-        watcher = asyncio.create_task(self._watch(receive))
-        try:
-            if self.stream:
-                await self._send_stream(send)
-            else:
-                await self._send_whole(send)
-        finally:
-            watcher.cancel()
-            if self.done is None:  # gone, or this failed: nobody will read the rest
-                self._give_up("the reply was not delivered")
-
-    async def _watch(self, receive) -> None:
-        """The client closing its connection (or stream) cancels the request."""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return self._give_up("the client closed the connection")
-
-    async def _next(self) -> tuple[str, Done | None]:
-        await self._ready.wait()
-        self._ready.clear()
-        text, self.pending, self.num_pending_bytes = "".join(self.pending), [], 0
-        return text, self.done
+    def _size(self, text: str) -> int:
+        return len(_encoder.encode(text))  # as it will be sent: JSON-escaped
 
     async def _send_whole(self, send) -> None:
         parts = []
@@ -186,7 +114,7 @@ class Reply:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
-            return await error.response()(self.scope, _no_receive, send)
+            return await error.response()(self.scope, no_receive, send)
         text = "".join(parts)
         if self.reading is None:
             body = self.bodies.whole(text, done)
@@ -198,7 +126,7 @@ class Reply:
         response = Response(
             _encoder.encode(body), media_type="application/json", headers=self._headers()
         )
-        await response(self.scope, _no_receive, send)
+        await response(self.scope, no_receive, send)
 
     async def _send_stream(self, send) -> None:
         headers = [
@@ -260,31 +188,8 @@ class Reply:
     async def _write_bytes(self, send, data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _send_within_timeout(self, send, message) -> None:
-        """Every write: a client whose socket takes nothing for write_timeout_s is cut off."""
-        if self.is_closed:
-            return
-        timeout = self.door.config.write_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                await send(message)
-        except TimeoutError:
-            self._give_up(f"not reading for {timeout:g} s")
-
     def _headers(self) -> dict[str, str]:
         """A chat's reply says in a header too how many of its oldest messages were left out."""
         if self.kind != "chat":
             return {}
         return {DROPPED_HEADER: str(self.bodies.dropped_messages)}
-
-    def _unrecorded(self, body: dict) -> dict:
-        """The reply's last object says `"recorded": false` when its usage row was not
-        committed (a server without a usage record promises nothing: no key)."""
-        request = self.request
-        if self.door.records_usage and request is not None and not request.is_recorded:
-            body["recorded"] = False
-        return body
-
-
-async def _no_receive():
-    return {"type": "http.disconnect"}

@@ -1,6 +1,6 @@
 """What every OpenAI request is checked for before admission: its body, its model, its user.
 
-The body is read bounded in bytes (max_frame_bytes) and in time (BODY_TIMEOUT_S) and decoded
+The body is read bounded in bytes (max_frame_bytes) and in time (serve/http_body.py) and decoded
 into its endpoint's type; the model, when named, must be this server's. The API key
 (`Authorization: Bearer`) names the user on a server with tokens (failures throttled like any
 token check; a trusted front-end's key may name a person behind it: frontends.py); on an open
@@ -12,55 +12,32 @@ Tested in tests/e2e/test_openai_api.py.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TypeVar
 
 import msgspec
-from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from localserve.ops.auth import check_user_name
 from localserve.protocol.frames import SAMPLING_FIELDS, SamplingFields
 from localserve.serve.admission import Frontdoor
 from localserve.serve.frontends import PersonRefused, on_behalf_of
+from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.openai.errors import CHALLENGE, ApiError, retry_after, unsupported
 from localserve.serve.openai.types import RequestFields
 from localserve.serve.transport import bearer_token, client_address
 
 DEFAULT_USER = "api"  # the user of an open server's HTTP requests that name none
-BODY_TIMEOUT_S = 30.0  # a request body must arrive within this long
 
 Body = TypeVar("Body", bound=RequestFields)
 
 
 async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
     """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
-    limit = door.config.max_frame_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise ApiError(413, f"request body over {limit} bytes", "request_too_large")
-    chunks, size = [], 0
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"request body over {limit} bytes", "request_too_large")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ApiError(
-            408, f"request body not received within {BODY_TIMEOUT_S:g} s", "timeout"
-        ) from None
-    except ClientDisconnect:
-        raise ApiError(400, "the client left before its body arrived", "gone") from None
-    try:
-        body = msgspec.json.decode(b"".join(chunks), type=kind)
-    except msgspec.ValidationError as e:
-        raise ApiError(400, f"invalid request: {e}", "invalid_value", _param(e)) from None
-    except (msgspec.DecodeError, RecursionError) as e:
-        raise ApiError(400, f"invalid JSON body: {e}", "invalid_json") from None
-    check_model(door, body.model)
-    return body
+        return await read_json(request, door.config.max_frame_bytes, kind)
+    except BodyProblem as e:
+        param = _param(e.invalid) if e.invalid is not None else None
+        raise ApiError(e.status, e.message, e.code, param) from None
 
 
 def check_model(door: Frontdoor, model: str | None) -> None:
