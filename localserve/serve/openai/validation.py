@@ -32,12 +32,15 @@ Body = TypeVar("Body", bound=RequestFields)
 
 
 async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:
-    """The request's JSON, bounded in bytes and time, as `kind`; 400/408/413 otherwise."""
+    """The request's JSON, bounded in bytes and time, as `kind`, naming this server's model;
+    400/404/408/413 otherwise."""
     try:
-        return await read_json(request, door.config.max_frame_bytes, kind)
+        body = await read_json(request, door.config.max_frame_bytes, kind)
     except BodyProblem as e:
         param = _param(e.invalid) if e.invalid is not None else None
         raise ApiError(e.status, e.message, e.code, param) from None
+    check_model(door, body.model)
+    return body
 
 
 def check_model(door: Frontdoor, model: str | None) -> None:
