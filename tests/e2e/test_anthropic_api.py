@@ -5,7 +5,6 @@ checked with a plain HTTP client."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from localserve.ops.auth import Access
 from localserve.serve.anthropic.blocks import SIGNATURE
 from localserve.serve.anthropic.validation import DEFAULT_USER
+from tests.support.clients import http_request as request
 from tests.support.fakes import FakeServer, ScriptedRunner, prefilling
 from tests.support.live import configured
 from tests.support.waiting import wait_until
@@ -54,20 +54,6 @@ def sampled(temperature: float, **more) -> dict:
 
 def ask(text: str = QUESTION) -> list[dict]:
     return [{"role": "user", "content": text}]
-
-
-def request(server, method: str, path: str, body=None, headers: dict | None = None):
-    """A plain HTTP request: (status, headers, body bytes)."""
-    url = urllib.parse.urlsplit(server.http)
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-    data = None
-    if body is not None:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn.request(method, path, data, {"Content-Type": "application/json"} | (headers or {}))
-    response = conn.getresponse()
-    payload = response.read()
-    conn.close()
-    return response.status, response.headers, payload
 
 
 def error_of(payload: bytes) -> tuple[str, str]:

@@ -4,7 +4,6 @@ client."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 from localserve.ops.auth import Access
 from localserve.serve.ollama.models import VERSION
 from localserve.serve.ollama.validation import DEFAULT_USER
+from tests.support.clients import http_request as request
 from tests.support.fakes import prefilling
 from tests.support.live import configured
 from tests.support.waiting import wait_until
@@ -36,20 +36,6 @@ def client(live, token: str | None = None) -> ollama.Client:
 
 def ask(text: str = QUESTION) -> list[dict]:
     return [{"role": "user", "content": text}]
-
-
-def request(live, method: str, path: str, body=None, headers: dict | None = None):
-    """A plain HTTP request: (status, headers, body bytes)."""
-    url = urllib.parse.urlsplit(live.http)
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-    data = None
-    if body is not None:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn.request(method, path, data, {"Content-Type": "application/json"} | (headers or {}))
-    response = conn.getresponse()
-    payload = response.read()
-    conn.close()
-    return response.status, response.headers, payload
 
 
 def error_of(payload: bytes) -> str:

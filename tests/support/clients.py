@@ -1,6 +1,7 @@
 """The clients the hostile-client and transport tests share: bob, who streams whole replies the
 whole time (Streamer); a websocket client on a bare socket that reads only when told to
-(RawClient); a process squatting on sockets (Squatter); and what a client checks of what it sees."""
+(RawClient); a process squatting on sockets (Squatter); a plain HTTP request (http_request);
+and what a client checks of what it sees."""
 
 from __future__ import annotations
 
@@ -13,6 +14,22 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
+
+
+def http_request(server, method: str, path: str, body=None, headers: dict | None = None):
+    """A plain HTTP request to a live server (its `.http` URL), JSON unless `body` is bytes:
+    (status, headers, body bytes)."""
+    url = urllib.parse.urlsplit(server.http)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    data = None
+    if body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request(method, path, data, {"Content-Type": "application/json"} | (headers or {}))
+    response = conn.getresponse()
+    payload = response.read()
+    conn.close()
+    return response.status, response.headers, payload
 
 
 def healthy_from(url: str, source: str, timeout: float = 5.0) -> bool:
