@@ -87,6 +87,8 @@ def memory() -> None:
 
 
 def swaps(rounds: int) -> None:
+    if rounds <= 0:
+        return
     cold, warm, swapped = [], [], []
     for _ in range(rounds):
         with serving(config(max_loaded_models=1), thread=True) as served:

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,16 @@ def test_alternating_requests_of_several_users_to_both_models_complete(serve):
         per_model = dict(db.execute("SELECT model, count(*) FROM requests GROUP BY model"))
         users = {u for (u,) in db.execute("SELECT DISTINCT user FROM requests")}
     assert per_model == {"gemma": 6, "small": 6} and users == {"ann", "bob", "cy"}
+    # the Ollama and Anthropic APIs pick the model by name too, and list them all
+    ollama = {"model": "small:latest", "stream": False, "options": {"num_predict": 4},
+              "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+    assert post(served, "/api/chat", ollama)["model"] == "small:latest"
+    tags = [m["name"] for m in get(served, "/api/tags")["models"]]
+    assert tags == ["gemma:latest", "small:latest", "missing:latest", "truncated:latest"]
+    anthropic = {"model": "small", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    assert post(served, "/v1/messages", anthropic)["model"] == "small"
+    counted = post(served, "/v1/messages/count_tokens", anthropic | {"model": "gemma"})
+    assert counted["input_tokens"] > 0
 
 
 def _rows(path) -> int:
@@ -181,9 +192,11 @@ def test_after_keep_alive_the_engine_process_is_gone_and_the_next_request_loads_
     pool = served.server.pool
     small = pool.slot("small")
     small.model.keep_alive = 1  # as models.toml's keep_alive = 1 would
+    before = rss_mib(os.getpid())  # the server's process (this one): gemma loaded
     status, body = chat(served, "small", "ann")
     assert status == 200, body
     pid = small.engine._process.pid
+    assert rss_mib(pid) > 100  # the engine process holds the model
     os.kill(pid, 0)  # the engine process is there
     tags = {m["name"]: m for m in get(served, "/api/ps")["models"]}
     assert "small:latest" in tags and tags["small:latest"]["expires_at"] < "2300"
@@ -197,6 +210,8 @@ def test_after_keep_alive_the_engine_process_is_gone_and_the_next_request_loads_
         return False
 
     wait_until(gone, 15, "the engine process exited")
+    # its vocabulary closed (after the process) and the heap trimmed: the memory is back
+    wait_until(lambda: rss_mib(os.getpid()) < before + 24, 10, f"RSS back near {before:.0f} MiB")
     assert "small:latest" not in {m["name"] for m in get(served, "/api/ps")["models"]}
     status, body = chat(served, "small", "ann")
     assert status == 200, body
@@ -208,6 +223,13 @@ def test_after_keep_alive_the_engine_process_is_gone_and_the_next_request_loads_
     wait_until(lambda: small.state == "unloaded", 30, "small unloaded by keep_alive 0")
     assert post(served, "/api/generate", {"model": "small:latest"})["done_reason"] == "load"
     assert small.is_loaded
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
 
 
 def post(served, path: str, body: dict) -> dict:
