@@ -92,6 +92,7 @@ class ModelSlot:
     _formats: ModelFormats | None = None
     _ready: asyncio.Future | None = None  # while loading
     _has_room: bool = False  # loading, its room made: counted as loaded by other loads
+    _told: list[Callable[[str], None]] = field(default_factory=list)  # waiters, told why
     _timer: asyncio.TimerHandle | None = None  # its keep_alive unload
 
     @property
@@ -229,14 +230,18 @@ class ModelPool:
                 if slot.state == "failed" and now < slot.retry_at:
                     wait = slot.retry_at - now
                     raise LoadFailure(f"model {slot.name} could not be loaded: {slot.reason}", wait)
-                slot._ready = asyncio.ensure_future(self._load(slot, waiting))
-            await asyncio.shield(slot._ready)
+                slot._ready = asyncio.ensure_future(self._load(slot))
+            slot._told.append(waiting)
+            try:
+                await asyncio.shield(slot._ready)
+            finally:
+                slot._told.remove(waiting)
 
-    async def _load(self, slot: ModelSlot, waiting: Callable[[str], None]) -> None:
+    async def _load(self, slot: ModelSlot) -> None:
         slot.state, slot.reason, slot.since = "loading", "", time.time()
         started = time.monotonic()
         try:
-            await self._make_room(slot, waiting)
+            await self._make_room(slot)
             slot._has_room, slot.reason = True, ""
             log.info("loading model %s", slot.name)
             loaded = await asyncio.get_running_loop().run_in_executor(None, self._loader, slot.name)
@@ -275,7 +280,7 @@ class ModelPool:
             self._budget = available.usable + held
         return self._budget
 
-    async def _make_room(self, slot: ModelSlot, waiting: Callable[[str], None]) -> None:
+    async def _make_room(self, slot: ModelSlot) -> None:
         """Evict idle models (least recently used first) until `slot` fits; wait while the
         ones in the way are busy; LoadFailure when it can never fit."""
         if not slot.need_bytes:
@@ -303,7 +308,8 @@ class ModelPool:
                 continue
             busy = ", ".join(s.name for s in loaded)
             slot.reason = f"waiting for memory: {busy} {'is' if len(loaded) == 1 else 'are'} busy"
-            waiting(slot.reason)
+            for tell in list(slot._told):  # every request waiting for this load
+                tell(slot.reason)
             self._memory_changed.clear()
             await self._memory_changed.wait()
             if self._closing:
