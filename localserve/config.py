@@ -7,6 +7,7 @@ raises `ConfigError` naming the key and the problem. Resolving a model to a file
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -78,6 +79,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     rpc_workers: Annotated[list[str], msgspec.Meta(max_length=MAX_DEVICES)] = msgspec.field(
         default_factory=list
     )
+    # idle time after which the model is unloaded (its engine process exits, its memory is
+    # returned): seconds or a duration ("5m", "1h"); -1 = never. A request's own keep_alive
+    # (Ollama's field) replaces it after that request, unless it is -1 here.
+    keep_alive: float | int | str = 300
 
     def threads(self) -> tuple[int, int]:
         """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""
@@ -188,6 +193,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # gets the rest of the context. "refuse": a prompt that does not fit is refused (too_long,
     # context_length_exceeded). Raw completions (/v1/completions) are always refused.
     context_overflow: Literal["truncate", "refuse"] = "truncate"
+    # Several models (serve/pool.py): the memory loaded models may use together, in MiB (0 =
+    # what runners/footprint.py finds available, the GPU's free memory or the RAM, less its
+    # reserve), and how many may be loaded at once (0 = as many as fit)
+    memory_budget_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_loaded_models: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         if not self.usage and (self.daily_tokens or any(self.daily_tokens_per_user.values())):
@@ -217,7 +227,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 def builtin_config() -> Config:
     """The configuration used when no models.toml exists: the embedded default model."""
-    default = ModelConfig(embedded=True, chat_format="transcript", chat_template="gemma")
+    default = ModelConfig(
+        embedded=True, chat_format="transcript", chat_template="gemma", keep_alive=-1
+    )
     return Config(models={DEFAULT_MODEL: default})
 
 
@@ -313,11 +325,36 @@ def check_model(name: str, model: ModelConfig, source: str) -> None:
             )
     if len(set(model.rpc_workers)) != len(model.rpc_workers):
         raise ConfigError(f"{source}: {key}.rpc_workers: a worker is listed twice")
+    try:
+        parse_keep_alive(model.keep_alive, f"{key}.keep_alive")
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
     if model.max_num_seqs + model.max_cached_prefixes > MAX_PARALLEL_SEQUENCES:
         raise ConfigError(
             f"{source}: {key}.max_cached_prefixes: max_num_seqs + max_cached_prefixes must be at "
             f"most {MAX_PARALLEL_SEQUENCES} (llama.cpp's sequence ids)"
         )
+
+
+def parse_keep_alive(value: float | int | str, where: str = "keep_alive") -> float:
+    """Seconds from a number or a duration ("300", "5m", "1h30m", "-1"); < 0 = never unload.
+    ValueError naming `where` for anything else."""
+    if isinstance(value, bool):
+        raise ValueError(f'{where}: seconds or a duration like "5m", not {value!r}')
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        if re.fullmatch(r"-?\d+(\.\d+)?", text):
+            seconds = float(text)
+        elif m := re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?", text or "x"):
+            h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+            seconds = h * 3600 + mi * 60 + s
+        else:
+            raise ValueError(f'{where}: {text[:40]!r} is not seconds or a duration like "5m"')
+    if math.isnan(seconds) or seconds > 365 * 86400:
+        raise ValueError(f"{where}: at most a year")
+    return -1.0 if seconds < 0 else seconds
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int] | None:

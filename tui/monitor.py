@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, RichLog, Static
 
-from localserve.protocol.frames import Stats, UserUsage
+from localserve.protocol.frames import ModelStatus, Stats, UserUsage
 from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis import diagnose
 from tui.source import Connected, Disconnected, Refused
@@ -93,6 +93,7 @@ class MonitorApp(App):
         self.snapshot: Snapshot | None = None
         self.usage_today: list[UserUsage] = []  # as the newest stats frame had it
         self.usage_problem = ""  # why the usage record cannot be written, as it had it
+        self.models: list[ModelStatus] = []  # every model and its state (several models)
         self.show_events = False  # where only one fits: the event log instead of today's totals
         self._placed: tuple[bool, bool] | None = None  # today shown, events shown with it
         self.connected = False
@@ -148,6 +149,7 @@ class MonitorApp(App):
         elif isinstance(item, Stats | Snapshot):
             if isinstance(item, Stats):  # a bare snapshot leaves the totals as they were
                 self.usage_today, self.usage_problem = item.usage_today, item.usage_problem
+                self.models = item.models
                 item = item.snapshot
             self.connected = True
             self.history.append(item)
@@ -162,7 +164,7 @@ class MonitorApp(App):
         if snap is None:
             return
         self._render_header()
-        d = diagnose(list(self.history))
+        d = diagnose(list(self.history), self.models)
         self.query_one(DiagnosisLine).show(d.level, d.headline)
         self.query_one(KVBar).show(snap)
         self.query_one(LatencyPanel).show(snap, self.history)
@@ -180,7 +182,9 @@ class MonitorApp(App):
     def _render_header(self) -> None:
         status = "paused" if self.paused else self.status
         connected = self.connected and not self.paused
-        self.query_one(HeaderBar).show(self.snapshot, connected, status, self.usage_problem)
+        self.query_one(HeaderBar).show(
+            self.snapshot, connected, status, self.usage_problem, self.models
+        )
 
     def _log_events(self, snap: Snapshot) -> None:
         log = self.query_one("#events", RichLog)

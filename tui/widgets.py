@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from localserve.protocol.frames import UserUsage
+from localserve.protocol.frames import ModelStatus, UserUsage
 from localserve.protocol.snapshot import Device, Percentiles, Snapshot, Worker
 from tui.format import (
     MISSING,
@@ -72,18 +72,26 @@ class HeaderBar(Static):
     problem and the usage record's. A model split across devices (RPC workers) gets a second
     line listing them."""
 
-    _state: tuple[Snapshot | None, bool, str, str] = (None, False, "", "")
+    _state: tuple[Snapshot | None, bool, str, str, Sequence[ModelStatus]] = (
+        None, False, "", "", ()
+    )  # fmt: skip
 
     def show(
-        self, snap: Snapshot | None, connected: bool, status: str, usage_problem: str = ""
+        self,
+        snap: Snapshot | None,
+        connected: bool,
+        status: str,
+        usage_problem: str = "",
+        models: Sequence[ModelStatus] = (),
     ) -> None:
-        self._state = (snap, connected, status, usage_problem)
+        self._state = (snap, connected, status, usage_problem, models)
         self.set_class(snap is not None and has_device_line(snap), "two-lines")
         self.refresh()
 
     def render(self) -> Text:
         """Drawn at the widget's current width (also after a resize)."""
-        return header_text(*self._state, width=self.size.width)
+        *state, models = self._state
+        return header_text(*state, width=self.size.width, models=models)
 
 
 SEPARATOR = " · "
@@ -91,7 +99,12 @@ PROBLEM_MIN = 30  # columns the engine's problem may take at least, the model's 
 
 
 def header_text(
-    snap: Snapshot | None, connected: bool, status: str, usage_problem: str, width: int
+    snap: Snapshot | None,
+    connected: bool,
+    status: str,
+    usage_problem: str,
+    width: int,
+    models: Sequence[ModelStatus] = (),
 ) -> Text:
     """The connection state (or, while connected, the engine's and the usage record's
     problems), then as many facts about the server as fit in `width` columns (a fact that does
@@ -125,6 +138,8 @@ def header_text(
     ]
     if m.devices:
         del facts[1]  # the devices' line says where
+    if len(models) > 1:  # several models: each with its state, after the engine's facts
+        facts.append(("models: " + ", ".join(model_word(x) for x in models), ""))
     text.append(" ")
     for i, (fact, style) in enumerate(facts):
         sep = SEPARATOR if i else ""
@@ -136,6 +151,16 @@ def header_text(
         text.append("\n")
         text.append_text(devices_text(m.devices, snap.workers, width))
     return text
+
+
+def model_word(m: ModelStatus) -> str:
+    """A model's state in a few words: "small loading (2 waiting)", "coder idle"."""
+    state = m.state
+    if state == "loaded":
+        state = "busy" if m.busy else "idle"
+    elif state == "loading" and m.waiting:
+        state = f"loading ({m.waiting} waiting)"
+    return f"{m.name} {state}"
 
 
 def has_device_line(snap: Snapshot) -> bool:

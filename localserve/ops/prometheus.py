@@ -105,27 +105,73 @@ class AuthCounts(NamedTuple):
     throttled: int = 0
 
 
-def render(snap: Snapshot, auth_failures: int = 0, auth_throttled: int = 0) -> str:
-    """The whole exposition, ending with a newline (the auth counts are the server's)."""
-    label = f'model_name="{_escape(snap.model.model)}"'
+def render(
+    snap: Snapshot | list[Snapshot],
+    auth_failures: int = 0,
+    auth_throttled: int = 0,
+    models: list[ModelState] | None = None,
+) -> str:
+    """The whole exposition, ending with a newline (the auth counts are the server's).
+
+    Several snapshots (one per loaded model) give each family one series per model, told apart
+    by `model_name` as vLLM's are; the server-wide auth counts go with the first model's label.
+    `models`: every configured model's state, as `localserve:model_loaded` (1 loaded, else 0,
+    with `state`) and `localserve:model_memory_bytes` (its estimated need)."""
+    snaps = snap if isinstance(snap, list) else [snap]
+    labels = [f'model_name="{_escape(s.model.model)}"' for s in snaps]
     auth = AuthCounts(auth_failures, auth_throttled)
     out: list[str] = []
     for name, kind, help_text, value in METRICS:
         out.append(f"# HELP {PREFIX}{name} {help_text}")
         out.append(f"# TYPE {PREFIX}{name} {kind}")
-        out.append(f"{PREFIX}{name}{{{label}}} {_number(value(snap, snap.counters, auth))}")
+        for i, (s, label) in enumerate(zip(snaps, labels, strict=True)):
+            if name.startswith("auth_") and i:
+                continue
+            out.append(f"{PREFIX}{name}{{{label}}} {_number(value(s, s.counters, auth))}")
     success = PREFIX + "request_success_total"
     reasons = ", ".join(FINISHED_REASONS)
     out += [
         f"# HELP {success} Finished requests by finished_reason ({reasons}).",
         f"# TYPE {success} counter",
     ]
-    for reason, count in FINISHED_REASONS.items():
-        out.append(f'{success}{{{label},finished_reason="{reason}"}} {count(snap.counters)}')
+    for s, label in zip(snaps, labels, strict=True):
+        for reason, count in FINISHED_REASONS.items():
+            out.append(f'{success}{{{label},finished_reason="{reason}"}} {count(s.counters)}')
     for name, help_text in HISTOGRAMS.items():
-        if name in snap.histograms:  # a snapshot from an older engine may lack the newer ones
-            out += _histogram(name, help_text, label, snap.histograms[name])
+        present = [(s, lb) for s, lb in zip(snaps, labels, strict=True) if name in s.histograms]
+        for i, (s, label) in enumerate(present):  # an older engine's snapshot may lack some
+            lines = _histogram(name, help_text, label, s.histograms[name])
+            out += lines if i == 0 else lines[2:]
+    out += _model_states(models or [])
     return "\n".join(out) + "\n"
+
+
+class ModelState(NamedTuple):
+    """A configured model as /metrics shows it (serve/pool.py's slot)."""
+
+    name: str
+    state: str  # loaded | loading | unloaded | failed
+    memory_bytes: int  # its estimated need, 0 when unknown
+
+
+def _model_states(models: list[ModelState]) -> list[str]:
+    if not models:
+        return []
+    loaded, memory = PREFIX + "model_loaded", PREFIX + "model_memory_bytes"
+    out = [
+        f"# HELP {loaded} 1 while the model is loaded, else 0; state: loaded, loading, "
+        "unloaded or failed.",
+        f"# TYPE {loaded} gauge",
+    ]
+    for m in models:
+        label = f'model_name="{_escape(m.name)}",state="{m.state}"'
+        out.append(f"{loaded}{{{label}}} {int(m.state == 'loaded')}")
+    out += [
+        f"# HELP {memory} The model's estimated memory need (weights, KV cache, compute).",
+        f"# TYPE {memory} gauge",
+    ]
+    out += [f'{memory}{{model_name="{_escape(m.name)}"}} {m.memory_bytes}' for m in models]
+    return out
 
 
 def _histogram(name: str, help_text: str, label: str, h) -> list[str]:

@@ -76,6 +76,8 @@ class Chat(SamplingFields, tag="chat", forbid_unknown_fields=True, kw_only=True)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # which of the server's models answers (the welcome frame's `models`); None = the default
+    model: str | None = None
 
 
 class Cancel(msgspec.Struct, tag="cancel", forbid_unknown_fields=True):
@@ -119,11 +121,15 @@ class Welcome(msgspec.Struct, tag="welcome"):
     backend: str = ""  # "CPU", "CUDA", ... ("" from older servers)
     quota: Quota | None = None  # this user's daily limit, when there is one
     conversations: bool = False  # the server keeps this person's conversations (see below)
+    models: list[str] = msgspec.field(default_factory=list)  # every model, the default first
 
 
-class Queued(msgspec.Struct, tag="queued"):
+class Queued(msgspec.Struct, tag="queued", omit_defaults=True):
     id: str
     position: int  # 1 = next to be admitted
+    # while the request's model loads: what it waits for ("loading model X", "waiting for
+    # memory: X is busy"); absent once it waits for the engine only
+    loading: str = ""
 
 
 class TokenDelta(msgspec.Struct, tag="token", omit_defaults=True):
@@ -140,11 +146,12 @@ class ReplyUsage(msgspec.Struct):
     cached_tokens: int
 
 
-class Timings(msgspec.Struct):
+class Timings(msgspec.Struct, omit_defaults=True):
     queue_ms: float | None
     ttft_ms: float | None
     itl_ms: float | None
     e2e_ms: float | None
+    load_ms: float | None = None  # its model was loaded first: this long (in the three above)
 
 
 class Finished(msgspec.Struct, tag="done"):
@@ -191,10 +198,23 @@ class UserUsage(msgspec.Struct):
         return self.prompt_tokens - self.cached_tokens + self.completion_tokens
 
 
+class ModelStatus(msgspec.Struct, omit_defaults=True):
+    """One configured model in the pool: its state and what waits for it."""
+
+    name: str
+    state: str  # loaded | loading | unloaded | failed
+    busy: bool = False  # loaded, with requests in flight
+    reason: str = ""  # why it failed, or what its load waits for ("waiting for memory: ...")
+    since: float = 0.0  # seconds since the epoch: when the state (or, idle, the idleness) began
+    memory_mib: float | None = None  # its estimated memory need
+    waiting: int = 0  # requests waiting for it to load
+
+
 class Stats(msgspec.Struct, tag="stats"):
-    snapshot: Snapshot
+    snapshot: Snapshot  # the default model's engine (else the loaded one used last)
     usage_today: list[UserUsage] = msgspec.field(default_factory=list)  # most tokens first
     usage_problem: str = ""  # why the usage record cannot be written now ("" while it can)
+    models: list[ModelStatus] = msgspec.field(default_factory=list)  # every model, default first
 
 
 # --- conversations kept on the server (a server with users; ops/conversations.py) -----------

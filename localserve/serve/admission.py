@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -35,6 +36,7 @@ from localserve.ops.auth import Access, AuthThrottle, address_group
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.frontends import People
+from localserve.serve.pool import LoadFailure, ModelPool, ModelSlot, UnknownModel
 from localserve.serve.prompt import Prompt, PromptBuilder, PromptTooLong
 
 log = logging.getLogger("localserve.serve.admission")
@@ -75,6 +77,11 @@ class Request:
     is_recorded: bool = False  # its usage row committed when its `done` went out
     num_dropped_messages: int = 0  # the chat's oldest messages left out to fit the context
     prompt_tail: str = ""  # the rendered prompt's end (it may have opened a reasoning block)
+    model: str = ""  # the model's name in models.toml
+    slot: ModelSlot | None = None  # the pool's slot of that model
+    loading: str = ""  # while its model loads: what it waits for ("loading model X", ...)
+    load_ms: float = 0.0  # how long it waited for its model to load (in its TTFT)
+    keep_alive_s: float | None = None  # its own keep_alive for the model (Ollama's field)
 
 
 class Refusal(Exception):
@@ -123,7 +130,33 @@ class Frontdoor(Protocol):
         ...
 
     @property
-    def model_name(self) -> str: ...
+    def model_name(self) -> str:
+        """The model this door serves (the server's default on the server's own door)."""
+        ...
+
+    @property
+    def model_names(self) -> list[str]:
+        """Every configured model, the default first."""
+        ...
+
+    def model(self, name: str | None) -> Frontdoor:
+        """The door of the model `name` (None: the default); UnknownModel (a ValueError) naming
+        the configured models."""
+        ...
+
+    def describe_models(self) -> list[dict]:
+        """Every model's state (pool.py's ModelSlot.describe), the default first."""
+        ...
+
+    async def loaded_prompts(self) -> PromptBuilder:
+        """This model's prompt builder, loading the model if it is not (Refusal when it
+        cannot be loaded)."""
+        ...
+
+    async def warm(self, keep_alive_s: float | None) -> None:
+        """Ollama's empty request: load this model and give it `keep_alive_s` (0: unload it
+        now when it is idle, without loading it). Refusal when it cannot be loaded."""
+        ...
 
     @property
     def formats(self) -> ModelFormats:
@@ -168,6 +201,7 @@ class Frontdoor(Protocol):
         prompt: BuildPrompt,
         response_format: Any = None,
         constraint: Constraint | None = None,
+        keep_alive_s: float | None = None,
     ) -> Request | None: ...
 
     def cancel(self, request: Request) -> None: ...
@@ -188,24 +222,19 @@ class Admission:
 
     def __init__(
         self,
-        engine: EngineClient,
-        prompts: PromptBuilder,
+        pool: ModelPool,
         config: Callable[[], ServerConfig],
         usage: Callable[[], Usage | None],
         access: Access,
-        model_name: str,
     ) -> None:
-        self.engine = engine
-        self.prompts = prompts
+        self.pool = pool
         self._config = config
         self.access = access
         self._usage = usage
-        self.model_name = model_name
         self.throttle = AuthThrottle(config().max_auth_failures_per_minute)
         self.people = People()  # named by trusted front-ends
         self.requests: dict[str, Request] = {}  # by engine id
         self.constraints = ConstraintCompiler()  # structured output: schemas compiled, cached
-        self.formats = ModelFormats(None, None, None)  # the server sets the model's
         self.counts = Counts()
         self.is_shutting_down = False
         self._numbers = itertools.count(1)  # connections and HTTP requests
@@ -223,9 +252,67 @@ class Admission:
     def records_usage(self) -> bool:
         return self.usage is not None
 
+    # --- the models: the default's here, another's through its door (model()) ----------------
+
+    @property
+    def model_name(self) -> str:
+        return self.pool.default
+
+    @property
+    def model_names(self) -> list[str]:
+        default = self.pool.default
+        return [default, *(n for n in self.pool.names if n != default)]
+
+    @property
+    def engine(self) -> EngineClient | None:
+        """The default model's engine (None while it is not loaded)."""
+        return self.pool.slot(None).engine
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.pool.slot(None).prompts
+
+    @property
+    def formats(self) -> ModelFormats:
+        return self.pool.slot(None).formats
+
     @property
     def max_model_len(self) -> int:
-        return self.prompts.n_ctx
+        return self.pool.slot(None).n_ctx
+
+    def model(self, name: str | None) -> Frontdoor:
+        slot = self.pool.slot(name)
+        return self if slot.name == self.pool.default else ModelDoor(self, slot)
+
+    def describe_models(self) -> list[dict]:
+        loading: dict[str, int] = {}  # requests waiting for their model to load, per model
+        for request in self.requests.values():
+            if request.loading:
+                loading[request.model] = loading.get(request.model, 0) + 1
+        return [
+            self.pool.slot(n).describe() | {"waiting": loading.get(n, 0)} for n in self.model_names
+        ]
+
+    async def loaded_prompts(self, name: str | None = None) -> PromptBuilder:
+        """The prompt builder of `name` (None: the default), loading it if it is not."""
+        slot = self.pool.slot(name)
+        try:
+            await self.pool.ready(slot, lambda reason: None)
+        except LoadFailure as e:
+            raise Refusal("unavailable", e.message, max(e.retry_after_s, 1)) from None
+        return slot.prompts
+
+    async def warm(self, keep_alive_s: float | None, name: str | None = None) -> None:
+        """Load `name` (None: the default) and give it `keep_alive_s` (Frontdoor.warm)."""
+        slot = self.pool.slot(name)
+        if keep_alive_s == 0 and not slot.is_loaded:
+            return
+        self.pool.acquire(slot)
+        try:
+            if keep_alive_s != 0:
+                await self.loaded_prompts(slot.name)
+        finally:
+            self.pool.release(slot, keep_alive_s)  # its timer armed, or unloaded at once
 
     @property
     def num_waiting(self) -> int:
@@ -293,6 +380,8 @@ class Admission:
         prompt: BuildPrompt,
         response_format: Any = None,
         constraint: Constraint | None = None,
+        keep_alive_s: float | None = None,
+        model: str | None = None,
     ) -> Request | None:
         """Check the limits and the sampling values, build the prompt, hand it to the engine.
 
@@ -301,20 +390,19 @@ class Admission:
         that compiled its own (tool calling, `self.constraints`) passes `constraint` instead.
         Raises Refusal (busy, shutting_down, too_long, bad_request, quota_exceeded,
         unavailable); returns None when the sink closed while the prompt was being built
-        (nothing was queued).
+        (nothing was queued). `model`: its name (None: the default), loaded here when it is not
+        (the request waits, `loading`, and is refused when the load fails).
         """
-        problem = self._check(user, fields.max_tokens)
-        if problem:
-            if problem.code in ("busy", "shutting_down", "unavailable"):
-                self.engine.reject()
-            raise problem
+        slot = self._admissible(user, fields.max_tokens, model)
         try:
             if response_format is not None and constraint is None:
                 constraint = await self.constraints.response_format(response_format)
             params = sampling_params(fields, constraint=constraint)
         except ValueError as e:  # ConstraintError too
             raise Refusal("bad_request", str(e)) from None
-        request = self._open(Request(engine_id, client_id, user, sink))
+        request = Request(engine_id, client_id, user, sink, model=slot.name, slot=slot)
+        request.keep_alive_s = keep_alive_s
+        request = self._open(request)
         allowance = self.usage.allowance(user) if self.usage is not None else None
         if allowance is not None:  # a quota: the reply may use at most what is left of it
             params = msgspec.structs.replace(params, max_tokens=min(params.max_tokens, allowance))
@@ -325,9 +413,13 @@ class Admission:
         except EngineUnavailable as e:  # it went down while the prompt was built
             self.release(request)
             raise _unavailable(str(e)) from None
+        except LoadFailure as e:
+            self.release(request)
+            raise Refusal("unavailable", e.message, max(e.retry_after_s, 1)) from None
         except PromptTooLong as e:
             self.release(request)
-            self.engine.reject()
+            if slot.engine is not None:
+                slot.engine.reject()
             raise Refusal("too_long", str(e)) from None
         except Refusal:
             raise
@@ -349,8 +441,11 @@ class Admission:
     ) -> bool:
         """Build the prompt and hand the request to the engine; False when its sink closed
         meanwhile (it is released here: nothing was queued)."""
+        slot = request.slot
+        if not slot.is_loaded:
+            await self._wait_for_model(request, slot)
         truncate = self.config.context_overflow == "truncate"
-        built = await prompt(self.prompts, params.max_tokens if truncate else None)
+        built = await prompt(slot.prompts, params.max_tokens if truncate else None)
         request.num_dropped_messages = built.num_dropped_messages
         request.prompt_tail = built.tail
         if not fields.ignore_eos:  # the format's end of turn is an EOS in all but name
@@ -364,7 +459,9 @@ class Admission:
             return False
         if has_quota:
             params = self._hold_prompt(request, params, len(built.tokens))
-        self.engine.add_request(
+        if slot.engine is None:  # unloaded while the prompt was built (it cannot be: active)
+            raise EngineUnavailable(f"model {slot.name} is not loaded")
+        slot.engine.add_request(
             request.engine_id,
             built.tokens,
             params,
@@ -374,6 +471,23 @@ class Admission:
             client_id=request.client_id,
         )
         return True
+
+    async def _wait_for_model(self, request: Request, slot: ModelSlot) -> None:
+        """Until the request's model is loaded; its sink is told it waits (`loading`), and why
+        when it waits for memory. LoadFailure when the model cannot be loaded."""
+        started = time.monotonic()
+
+        def waiting(reason: str) -> None:
+            request.loading = reason
+            if not request.sink.is_closed:
+                request.sink.on_queued(request, self.num_waiting)
+
+        waiting(f"loading model {slot.name}")
+        try:
+            await self.pool.ready(slot, waiting)
+        finally:
+            request.loading = ""
+            request.load_ms = (time.monotonic() - started) * 1e3
 
     def _hold(self, request: Request, tokens: int) -> None:
         """Reserve (or, negative, give back) tokens of the user's quota for this request."""
@@ -398,12 +512,25 @@ class Admission:
         self._hold(request, num_tokens + max_tokens - params.max_tokens)
         return msgspec.structs.replace(params, max_tokens=max_tokens)
 
-    def _check(self, user: str, max_tokens: int) -> Refusal | None:
+    def _admissible(self, user: str, max_tokens: int, model: str | None) -> ModelSlot:
+        """The slot of the model a chat asks for; Refusal when it is not to be let in."""
+        try:
+            slot = self.pool.slot(model)
+        except UnknownModel as e:
+            raise Refusal("bad_request", str(e)) from None
+        problem = self._check(user, max_tokens, slot)
+        if problem:
+            if problem.code in ("busy", "shutting_down", "unavailable") and slot.engine:
+                slot.engine.reject()  # counted by the engine's metrics
+            raise problem
+        return slot
+
+    def _check(self, user: str, max_tokens: int, slot: ModelSlot) -> Refusal | None:
         """Why a chat of this user's is refused before its prompt is built, or None."""
         c = self.config
         if self.is_shutting_down:
             return Refusal("shutting_down", "the server is shutting down")
-        if problem := self.engine.problem:  # the engine process is down or restarting
+        if slot.engine is not None and (problem := slot.engine.problem):  # down or restarting
             return _unavailable(problem)
         if self.usage is not None and (why := self.usage.record_refusal(user)):
             return Refusal("unavailable", why, retry_after_s=RETRY_UNAVAILABLE_S)
@@ -427,6 +554,7 @@ class Admission:
     def _open(self, request: Request) -> Request:
         self.requests[request.engine_id] = request
         self._count(request.user, waiting=+1, inflight=+1)
+        self.pool.acquire(request.slot)
         return request
 
     def release(self, request: Request) -> None:
@@ -435,6 +563,7 @@ class Admission:
             self._count(request.user, waiting=-1 if request.is_waiting else 0, inflight=-1)
             if request.reserved_tokens:
                 self.usage.release(request.user, request.reserved_tokens)
+            self.pool.release(request.slot, request.keep_alive_s)
 
     def started(self, request: Request) -> None:
         """The engine admitted it to the running batch: it no longer counts as waiting."""
@@ -443,8 +572,11 @@ class Admission:
             request.is_waiting = False
 
     def cancel(self, request: Request) -> None:
-        """Cancel at the next step (its cells are freed then); its `done` still comes."""
-        self.engine.cancel(request.engine_id)
+        """Cancel at the next step (its cells are freed then); its `done` still comes. (One
+        whose model is still loading is dropped when the load ends: its sink is closed.)"""
+        engine = request.slot.engine if request.slot is not None else None
+        if engine is not None and not request.loading:
+            engine.cancel(request.engine_id)
 
     def cancel_all(self) -> None:
         for request in list(self.requests.values()):
@@ -471,3 +603,96 @@ def _unavailable(problem: str) -> Refusal:
     """The refusal while the engine process is down or reloading, with why."""
     message = f"the model is unavailable: {problem}. Try again shortly"
     return Refusal("unavailable", message, RETRY_UNAVAILABLE_S)
+
+
+class ModelDoor:
+    """Admission as one model's front door (a `Frontdoor`): what is the model's (its name,
+    formats, context, prompt builder) is that model's, everything else is admission's, and a
+    chat submitted here goes to that model."""
+
+    def __init__(self, admission: Admission, slot: ModelSlot) -> None:
+        self._admission = admission
+        self._slot = slot
+
+    @property
+    def config(self) -> ServerConfig:
+        return self._admission.config
+
+    @property
+    def access(self) -> Access:
+        return self._admission.access
+
+    @property
+    def people(self) -> People:
+        return self._admission.people
+
+    @property
+    def constraints(self) -> ConstraintCompiler:
+        return self._admission.constraints
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self._slot.prompts
+
+    @property
+    def model_name(self) -> str:
+        return self._slot.name
+
+    @property
+    def model_names(self) -> list[str]:
+        return self._admission.model_names
+
+    def model(self, name: str | None) -> Frontdoor:
+        return self._admission.model(name)
+
+    def describe_models(self) -> list[dict]:
+        return self._admission.describe_models()
+
+    async def loaded_prompts(self) -> PromptBuilder:
+        return await self._admission.loaded_prompts(self._slot.name)
+
+    async def warm(self, keep_alive_s: float | None) -> None:
+        await self._admission.warm(keep_alive_s, self._slot.name)
+
+    @property
+    def formats(self) -> ModelFormats:
+        return self._slot.formats
+
+    @property
+    def max_model_len(self) -> int:
+        return self._slot.n_ctx
+
+    @property
+    def is_shutting_down(self) -> bool:
+        return self._admission.is_shutting_down
+
+    @property
+    def records_usage(self) -> bool:
+        return self._admission.records_usage
+
+    @property
+    def num_waiting(self) -> int:
+        return self._admission.num_waiting
+
+    async def authenticate(
+        self, address: str, claim: str, token: str | None, allowed: bool, refusal: str
+    ) -> AuthRefusal | None:
+        return await self._admission.authenticate(address, claim, token, allowed, refusal)
+
+    def next_number(self) -> int:
+        return self._admission.next_number()
+
+    def is_in_flight(self, engine_id: str) -> bool:
+        return self._admission.is_in_flight(engine_id)
+
+    async def submit(self, sink: Sink, user: str, client_id: str, engine_id: str,
+                     fields: SamplingFields, prompt: BuildPrompt, response_format: Any = None,
+                     constraint: Constraint | None = None,
+                     keep_alive_s: float | None = None) -> Request | None:  # fmt: skip
+        return await self._admission.submit(
+            sink, user, client_id, engine_id, fields, prompt, response_format, constraint,
+            keep_alive_s, model=self._slot.name,
+        )  # fmt: skip
+
+    def cancel(self, request: Request) -> None:
+        self._admission.cancel(request)

@@ -11,6 +11,7 @@ Tested in tests/e2e/test_websocket_connection.py and tests/e2e/test_engine_fault
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -19,11 +20,11 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from localserve.engine.runner import Runner
 from localserve.ops import prometheus
 from localserve.ops.usage import Usage
+from localserve.protocol.snapshot import ModelInfo
 from localserve.serve.admission import Admission
-from localserve.serve.snapshots import Snapshots
+from localserve.serve.snapshots import NoModelLoaded, Snapshots
 from localserve.serve.transport import bearer_token, client_address
 
 HEALTH_TIMEOUT_S = 2.0  # /healthz answers within this long, whatever the engine does
@@ -36,13 +37,15 @@ class Health:
         self,
         admission: Admission,
         snapshots: Snapshots,
-        runner: Runner,
+        info: Callable[[], ModelInfo | None],
         usage: Callable[[], Usage | None],
+        others: Callable[[], list[Snapshots]] = list,
     ) -> None:
         self.admission = admission
         self.snapshots = snapshots
-        self.runner = runner
+        self._info = info  # the default model's (or, while it is unloaded, a loaded one's)
         self._usage = usage
+        self._others = others  # the other loaded models' snapshots (for /metrics)
 
     @property
     def usage(self) -> Usage | None:
@@ -60,6 +63,8 @@ class Health:
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_S):
                 snap = await self.snapshots.fetch()
+        except NoModelLoaded:  # every model unloaded: nothing wrong, nothing running
+            snap = None
         except TimeoutError:
             snap = self.snapshots.last
             late = f"the engine has not answered for {HEALTH_TIMEOUT_S:g} s"
@@ -67,12 +72,13 @@ class Health:
         problems = [p for p in (late, snap and snap.engine_problem, usage_problem) if p]
         if self.admission.is_shutting_down:
             problems.insert(0, "shutting down")
-        info = self.runner.info
+        info = self._info()
         body = {
             "ok": not problems,
-            "model": info.model,
-            "backend": info.backend,
+            "model": self.admission.model_name,
+            "backend": info.backend if info is not None else "",
             "tokens": self.admission.access.requires_tokens,
+            "models": self.admission.describe_models(),  # every model's state (pool.py)
         }
         if snap is not None:
             body |= {
@@ -91,6 +97,17 @@ class Health:
             body["usage_unwritten"] = self.usage.num_unwritten
         headers = {"Retry-After": "5"} if problems else None
         return JSONResponse(body, 503 if problems else 200, headers)
+
+    async def _loaded_snapshots(self) -> list:
+        """A snapshot of every loaded model, the primary's first (its engine's figures are the
+        ones /healthz shows); a model whose engine does not answer is left out."""
+        snaps = []
+        with contextlib.suppress(NoModelLoaded):
+            snaps.append(await self.snapshots.fetch())
+        for source in self._others():
+            with contextlib.suppress(Exception):
+                snaps.append(await source.fetch())
+        return snaps
 
     async def metrics(self, request: HttpRequest) -> Response:
         """/metrics follows the stats rule; the monitor token comes as a Bearer token."""
@@ -111,5 +128,10 @@ class Health:
             challenge = {"WWW-Authenticate": 'Bearer realm="localserve"'}
             return PlainTextResponse(refused.message + "\n", 401, challenge)
         t = admission.throttle
-        text = prometheus.render(await self.snapshots.fetch(), t.num_failures, t.num_throttled)
+        snaps = await self._loaded_snapshots()
+        models = [
+            prometheus.ModelState(m["name"], m["state"], int((m["memory_mib"] or 0) * (1 << 20)))
+            for m in admission.describe_models()
+        ]
+        text = prometheus.render(snaps, t.num_failures, t.num_throttled, models)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

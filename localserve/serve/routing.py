@@ -29,12 +29,9 @@ RECORD_WAIT_S = 3.0  # a `done` waits this long for its usage row to be committe
 class SinkRouter:
     """Routes the engine's events to the sinks of admission's requests; records each `done`."""
 
-    def __init__(
-        self, admission: Admission, usage: Callable[[], Usage | None], model_name: str
-    ) -> None:
+    def __init__(self, admission: Admission, usage: Callable[[], Usage | None]) -> None:
         self.admission = admission
         self._usage = usage
-        self.model_name = model_name
         self.num_unsent_dones = 0  # `done`s waiting for their usage row to be committed
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it listens
 
@@ -71,6 +68,8 @@ class SinkRouter:
             if event.text:
                 sink.on_token(request, event.text)
         elif isinstance(event, Done):
+            if request.load_ms:  # its model loaded first: the wait is in its TTFT, and said
+                _add_load(event.timings, request.load_ms)
             self.admission.release(request)
             if event.finish_reason == "error":
                 log.error("request %s failed in the engine: %s", request.engine_id, event.error)
@@ -120,7 +119,7 @@ class SinkRouter:
         return Row(
             finished=time.time(),
             user=request.user,
-            model=self.model_name,
+            model=request.model,
             request_id=request.engine_id,
             client_id=request.client_id,
             api=getattr(request.sink, "api", "websocket"),
@@ -132,3 +131,13 @@ class SinkRouter:
             e2e_ms=t.get("e2e_ms"),
             finish_reason=event.finish_reason,
         )
+
+
+def _add_load(timings: dict[str, float | None], load_ms: float) -> None:
+    """A request that waited for its model to load: the wait counts in its queue, first-token
+    and end-to-end times (measured by the engine from when it got the request), and `load_ms`
+    says how much of them it was."""
+    for key in ("queue_ms", "ttft_ms", "e2e_ms"):
+        if timings.get(key) is not None:
+            timings[key] += load_ms
+    timings["load_ms"] = load_ms

@@ -1,11 +1,13 @@
-"""The server: one model served on one port, from listening to a graceful shutdown.
+"""The server: its models served on one port, from listening to a graceful shutdown.
 
 `Server` wires the parts together and owns their lifecycle: uvicorn on one port (transport.py
 bounds every connection), the ASGI app (app.py: websockets, /healthz and /metrics, the chat
-page, the OpenAI API under /v1), admission (admission.py: every chat, whichever way it came),
-the routing of engine events back to each request's sink (routing.py), and the engine's
-snapshots shared by all who ask (snapshots.py). `run` serves until SIGINT or SIGTERM;
-`ServerThread` runs a Server on an event loop of its own (the demo, the tests).
+page, the OpenAI API under /v1), the pool of models (pool.py: each model's engine, loaded on
+demand, evicted and unloaded when idle), admission (admission.py: every chat, whichever way it
+came, for whichever model), the routing of engine events back to each request's sink
+(routing.py), and the engines' snapshots shared by all who ask (snapshots.py). `run` serves
+until SIGINT or SIGTERM; `ServerThread` runs a Server on an event loop of its own (the demo,
+the tests).
 
 Tested in tests/e2e/test_websocket_server.py and tests/e2e/test_fake_runner_server.py.
 """
@@ -18,11 +20,11 @@ import functools
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 import uvicorn
 
-from localserve.chat.formats import model_formats
-from localserve.config import ModelConfig, ServerConfig
+from localserve.config import Config, ModelConfig, ServerConfig
 from localserve.engine.client import EngineClient
 from localserve.engine.runner import Runner
 from localserve.ops.auth import Access
@@ -32,7 +34,8 @@ from localserve.protocol.frames import Notice
 from localserve.serve.admission import Admission
 from localserve.serve.app import App
 from localserve.serve.health import Health
-from localserve.serve.prompt import PromptBuilder, check_template
+from localserve.serve.pool import LoadedModel, Loader, ModelPool
+from localserve.serve.prompt import PromptBuilder
 from localserve.serve.routing import SinkRouter
 from localserve.serve.snapshots import Snapshots
 from localserve.serve.transport import ConnectionLimits, GuardedHTTP, GuardedWebSocket
@@ -48,10 +51,13 @@ KEEP_ALIVE_S = 5.0  # an idle HTTP connection is closed after this long
 
 
 class Server:
-    """One model's server: the engine, admission, the front-ends, and their lifecycle.
+    """The server of a config's models: the pool, admission, the front-ends, their lifecycle.
 
-    `config` and `usage` are what the parts read at every use (tests swap them on a live
-    server); `admission` holds the access rules and the auth throttle.
+    `engine` and `runner` are the default model's, loaded by the caller (serving()), which
+    also stops them; `models` (the whole config) and `loader` give the other models, loaded on
+    demand (without them only the default is served). `config` and `usage` are what the parts
+    read at every use (tests swap them on a live server); `admission` holds the access rules
+    and the auth throttle.
     """
 
     def __init__(
@@ -63,42 +69,75 @@ class Server:
         access: Access,
         usage: Usage | None = None,
         conversations: ConversationStore | None = None,
+        *,
+        models: Config | None = None,
+        loader: Loader | None = None,
+        name: str | None = None,
+        close: Callable[[], None] | None = None,
     ) -> None:
-        self.engine = engine
-        self.runner = runner
         self.model = model
-        self.model_name = runner.info.model
+        name = name or runner.info.model
         self.config = config
         self.usage = usage  # the record of finished requests, quotas, the access log
-        check_template(self.model_name, model.chat_format, runner.apply_chat_template)
-        self.prompts = PromptBuilder(
-            runner.tokenize,
-            runner.apply_chat_template,
-            runner.info.n_ctx,
-            model.chat_format,
-            model.system_prompt,
+        models = models or Config(default=name, models={name: model})
+        self.router = SinkRouter(None, lambda: self.usage)  # type: ignore[arg-type]
+        self.pool = ModelPool(
+            models, lambda: self.config, loader, self.router.on_engine_events, default=name
         )
-        self.admission = Admission(
-            engine, self.prompts, lambda: self.config, lambda: self.usage, access, self.model_name
-        )
-        self.admission.formats = model_formats(
-            model.chat_format, runner.template_source, model.tool_format, model.reasoning_format
-        )
-        self.router = SinkRouter(self.admission, lambda: self.usage, self.model_name)
-        self.snapshots = Snapshots(engine)
+        # `close`: how the pool puts the default away when it unloads it (serving()'s, which
+        # also runs at the end); without it the default's engine is the caller's to stop
+        self.pool.add_loaded(name, LoadedModel(engine, runner, close or (lambda: None)))
+        self.admission = Admission(self.pool, lambda: self.config, lambda: self.usage, access)
+        self.router.admission = self.admission
+        self.snapshots = Snapshots(self._primary_engine)
         self.connections = Connections(
-            self.admission, self.snapshots, runner, lambda: self.usage, conversations
+            self.admission, self.snapshots, self._default_info, lambda: self.usage, conversations
         )
-        health = Health(self.admission, self.snapshots, runner, lambda: self.usage)
+        health = Health(
+            self.admission, self.snapshots, self._default_info, lambda: self.usage, self._others
+        )
         self.app = App(self.admission, self.connections, health)
         self.port = 0
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._uvicorn: uvicorn.Server | None = None
         self._ticker: asyncio.Task | None = None
-        engine.on_events = self.router.on_engine_events
+
+    # the default model's parts (None while it is unloaded)
+    @property
+    def model_name(self) -> str:
+        return self.pool.default
+
+    @property
+    def engine(self) -> EngineClient | None:
+        return self.pool.slot(None).engine
+
+    @property
+    def runner(self) -> Runner | None:
+        loaded = self.pool.slot(None).loaded
+        return loaded.runner if loaded is not None else None
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.pool.slot(None).prompts
+
+    def _primary_engine(self) -> EngineClient | None:
+        slot = self.pool.primary()
+        return slot.engine if slot is not None else None
+
+    def _others(self) -> list[Snapshots]:
+        """The snapshots of the loaded models but the primary (whose are `self.snapshots`)."""
+        primary = self.pool.primary()
+        return [s.snapshots for s in self.pool.slots.values()
+                if s.is_loaded and s is not primary and s.snapshots is not None]  # fmt: skip
+
+    def _default_info(self):
+        """The ModelInfo of the default model, else of the primary one; None: none loaded."""
+        slot = self.pool.primary()
+        return slot.loaded.runner.info if slot is not None else None
 
     async def start(self, host: str, port: int) -> None:
         self.router.loop = asyncio.get_running_loop()
+        self.pool.start()
         self.limits = self.connections.limits = ConnectionLimits(
             lambda: self.config, FRAME_SLACK_BYTES
         )
@@ -165,6 +204,7 @@ class Server:
         await admission.wait_for_requests(5.0)
         await self.router.wait_for_dones(10.0)  # every `done` out: its row committed first
         await self.connections.flush_all(1.0)
+        await self.pool.close()  # the models it loaded: their engine processes exit
         self.connections.close_all(CLOSE_GOING_AWAY, "server shutting down")
         await asyncio.sleep(0.05)  # the close frames go out
         if self._uvicorn is not None:
@@ -173,7 +213,6 @@ class Server:
         if self._ticker is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._ticker
-        self.prompts.shutdown()
 
 
 # --- `localserve serve` ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """`serving()`: a model served, from a config to a listening server, and back down in order.
 
 One assembly for `localserve serve`, `demo` and `sweep` and for the tests' live server: the
-runner (llama.cpp) is loaded, an engine started on it, a `Server` (server.py) wired to both
+default model's runner (llama.cpp) is loaded, an engine started on it, a `Server` (server.py)
+wired to both and to `load_model`, which loads the config's other models when asked for;
 and, when asked, started as a `ServerThread` on its own event loop. What was built comes back
 as a `ServedModel`. On the way out the server stops first (in-flight replies get the
 configured grace), then the engine, then the runner is closed.
@@ -12,7 +13,8 @@ Tested in tests/e2e/test_serving.py.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from localserve.config import Config
@@ -22,6 +24,7 @@ from localserve.engine_process.client import EngineProcess
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
+from localserve.serve.pool import LoadedModel
 from localserve.serve.server import Server, ServerThread
 
 
@@ -52,8 +55,6 @@ def serving(
     thread: start listening on 127.0.0.1, any free port, on a thread of its own (`.thread.url`);
     otherwise the caller runs the server (`server.run(served.server, host, port)`).
     """
-    from localserve.runners.models import open_runner  # loads llama.cpp: only when needed
-
     name = model or config.default
     with contextlib.ExitStack() as stack:
         usage = None
@@ -65,21 +66,65 @@ def serving(
         if config.server.conversations and access.requires_tokens:  # else: in the browser
             conversations = ConversationStore.open(config.server)
             stack.callback(conversations.close)  # after the server's last save
-        if runner is None and config.server.engine_process:  # watched, in a process of its own
-            engine = EngineProcess(config, name).start()
-            stack.callback(engine.stop)
-            runner = engine.runner
-        else:
-            if runner is None:
-                runner = open_runner(config, name)
-                stack.callback(runner.close)
-            engine = Engine(runner, config.scheduler).start()
-            stack.callback(engine.stop)
+        if runner is None:  # in an engine process of its own (watched), or in this one
+            loaded = load_model(config, name)
+        else:  # the caller's runner: only the engine is ours to stop
+            loaded = LoadedModel(Engine(runner, config.scheduler).start(), runner, lambda: None)
+            loaded.close = loaded.engine.stop
+        close = _once(loaded.close)  # by the pool when it unloads the default, else here
+        stack.callback(close)
+        engine, runner = loaded.engine, loaded.runner
         server = Server(
-            engine, runner, config.models[name], config.server, access, usage, conversations
+            engine,
+            runner,
+            config.models[name],
+            config.server,
+            access,
+            usage,
+            conversations,
+            models=config,
+            loader=lambda other: load_model(config, other),
+            name=name,
+            close=close,
         )
         served = ServedModel(name, runner, engine, server)
         if thread:
             served.thread = ServerThread(server)
             stack.callback(served.thread.close)
         yield served
+
+
+def load_model(config: Config, name: str) -> LoadedModel:
+    """Another model of the config, loaded on demand (pool.py, on a worker thread): in an
+    engine process of its own, or (engine_process = false) in this one. Raises when it cannot."""
+    if config.server.engine_process:
+        engine = EngineProcess(config, name).start()
+        return LoadedModel(engine, engine.runner, engine.stop)
+    from localserve.runners.models import open_runner
+
+    runner = open_runner(config, name)
+    try:
+        engine = Engine(runner, config.scheduler).start()
+    except BaseException:
+        runner.close()
+        raise
+
+    def close() -> None:
+        engine.stop()
+        runner.close()
+
+    return LoadedModel(engine, runner, close)
+
+
+def _once(close: Callable[[], None]) -> Callable[[], None]:
+    """`close`, done at most once (the pool may unload what the exit stack also closes)."""
+    lock, done = threading.Lock(), []
+
+    def closing() -> None:
+        with lock:
+            if done:
+                return
+            done.append(True)
+        close()
+
+    return closing

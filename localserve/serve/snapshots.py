@@ -3,7 +3,9 @@
 /healthz, /metrics and every monitor's stats frames ask for the engine's state; askers who come
 while a snapshot is on its way wait for that one, so any number of them cost the engine at most
 one snapshot per step. An engine that gives none within SNAPSHOT_TIMEOUT_S has a problem: the
-askers get a TimeoutError, and `last` is the one that came before.
+askers get a TimeoutError, and `last` is the one that came before. With several models the
+server's snapshots are those of the engine `source` names at each fetch (pool.py's primary:
+the default model when it is loaded); while no model is loaded, NoModelLoaded.
 
 Tested in tests/e2e/test_engine_faults.py and tests/e2e/test_grafana_metrics.py.
 """
@@ -11,6 +13,7 @@ Tested in tests/e2e/test_engine_faults.py and tests/e2e/test_grafana_metrics.py.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from localserve.engine.client import EngineClient
 from localserve.protocol.snapshot import Snapshot
@@ -18,11 +21,18 @@ from localserve.protocol.snapshot import Snapshot
 SNAPSHOT_TIMEOUT_S = 30.0  # an engine that gives no snapshot in this long has a problem
 
 
+class NoModelLoaded(Exception):
+    """No engine to ask: every model is unloaded (or still loading)."""
+
+
 class Snapshots:
     """The engine's next snapshot, one for all who ask while it is on its way."""
 
-    def __init__(self, engine: EngineClient) -> None:
-        self.engine = engine
+    def __init__(self, engine: EngineClient | Callable[[], EngineClient | None]) -> None:
+        # one engine, or a function naming the engine to ask now (None: no model loaded)
+        self._source = engine if callable(engine) and not isinstance(engine, EngineClient) else (
+            lambda: engine
+        )  # fmt: skip
         self.last: Snapshot | None = None  # the last one that came
         self._coming: asyncio.Future[Snapshot] | None = None  # on its way from the engine
 
@@ -34,8 +44,11 @@ class Snapshots:
 
     async def _fetch(self) -> Snapshot:
         try:
+            engine = self._source()
+            if engine is None:
+                raise NoModelLoaded("no model is loaded")
             async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):  # a stuck engine must not hang us
-                snap = self.last = await asyncio.wrap_future(self.engine.snapshot())
+                snap = self.last = await asyncio.wrap_future(engine.snapshot())
                 return snap
         finally:
             self._coming = None

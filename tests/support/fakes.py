@@ -76,7 +76,7 @@ class FakeServer:
         self.config = ServerConfig(
             **({"max_frame_bytes": 64 * 1024, "shutdown_grace_s": 1} | config)
         )
-        self.model = ModelConfig(chat_format=chat_format)
+        self.model = ModelConfig(chat_format=chat_format, keep_alive=-1)  # kept while it runs
         whole = Config(default="fake", models={"fake": self.model}, server=self.config)
         self._stack = contextlib.ExitStack()
         served = self._stack.enter_context(

@@ -67,6 +67,7 @@ def live_config(n_ctx: int = 4096):
         max_num_seqs=8,
         max_num_batched_tokens=256,
         n_threads=2,
+        keep_alive=-1,  # the session's server keeps its model, however long a test idles
     )
     return Config(
         default="gemma-3-270m",

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 import msgspec
 
+from localserve.protocol.frames import ModelStatus
 from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis.moment import now_lines, summary
-from tui.diagnosis.rules import RULES, Finding, reported
+from tui.diagnosis.rules import RULES, Finding, models_waiting, reported
 from tui.diagnosis.signals import Signals, segment
 from tui.diagnosis.thresholds import DETAIL_MAX, HEADLINE_MAX, LEVELS
 from tui.format import clip
@@ -32,19 +33,22 @@ class Diagnosis(msgspec.Struct, frozen=True):
     details: list[str] = msgspec.field(default_factory=list)  # supporting lines with numbers
 
 
-def diagnose(history: Sequence[Snapshot]) -> Diagnosis:
-    """The most severe finding in `history` (oldest first) as a headline, the rest as details."""
+def diagnose(history: Sequence[Snapshot], models: Sequence[ModelStatus] = ()) -> Diagnosis:
+    """The most severe finding in `history` (oldest first) as a headline, the rest as details;
+    `models` (the stats frame's) adds requests waiting for a model to load or for memory."""
     try:
-        return _diagnose(list(history))
+        return _diagnose(list(history), list(models))
     except Exception as e:  # a monitor must keep running; the tests make sure this is never hit
         return Diagnosis("info", "no diagnosis: unexpected stats", [f"{type(e).__name__}: {e}"])
 
 
-def _diagnose(history: list[Snapshot]) -> Diagnosis:
+def _diagnose(history: list[Snapshot], models: list[ModelStatus]) -> Diagnosis:
     if not history:
         return Diagnosis("info", "no stats yet", ["waiting for the first snapshot from the server"])
     signals = Signals(segment(history))
     findings = reported([f for rule in RULES if (f := rule(signals)) is not None])
+    if waiting := models_waiting(models):
+        findings.insert(0, waiting)
     if not findings:
         findings.append(Finding("ok", "healthy: " + summary(signals), []))
     rank = {level: i for i, level in enumerate(LEVELS)}

@@ -10,8 +10,10 @@ Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
+from localserve.protocol.frames import ModelStatus
 from tui.diagnosis.signals import Signals
 from tui.diagnosis.thresholds import (
     ADMISSION_STALL_S,
@@ -414,6 +416,33 @@ def idle(c: Signals) -> Finding | None:
     details.append(f"the scheduler has nothing to give {where}")
     verb = "are" if c.runs_on == "devices" else "is"
     return Finding("info", f"{where} {verb} idle: no eligible work", details)
+
+
+def models_waiting(models: Sequence[ModelStatus]) -> Finding | None:
+    """Requests wait for a model to load, or for memory to load it in (the stats frame's
+    models: serve/pool.py); a model that failed to load, said with its reason."""
+    details, level, headline = [], "", ""
+    for m in models:
+        if m.state == "loading" and m.reason.startswith("waiting for memory"):
+            why = m.reason.removeprefix("waiting for memory: ")
+            line = f"{_requests(m.waiting)} wait for memory to load {m.name}: {why}"
+            level, headline = "warn", headline or line
+        elif m.state == "loading":
+            line = f"{_requests(m.waiting)} wait for model {m.name} to load"
+            level, headline = level or "info", headline or line
+        elif m.state == "failed":
+            line = f"model {m.name} could not be loaded: {m.reason}"
+            level, headline = level or "warn", headline or line
+        else:
+            continue
+        details.append(line)
+    if not details:
+        return None
+    return Finding(level, headline, details[1:])
+
+
+def _requests(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests"
 
 
 RULES = (  # the table's order: among findings of one level the first takes the headline

@@ -26,7 +26,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from localserve.chat.messages import PromptMessage, ToolCallMade
-from localserve.serve.admission import Frontdoor
+from localserve.serve.admission import Frontdoor, Refusal
+from localserve.serve.anthropic import errors
 from localserve.serve.anthropic.errors import AnthropicError, invalid, retry_after, unsupported
 from localserve.serve.anthropic.reply import start_reply
 from localserve.serve.anthropic.types import Block, CountRequest, MessageParam, MessagesRequest
@@ -52,7 +53,7 @@ _encoder = msgspec.json.Encoder()
 async def create_message(door: Frontdoor, request: HttpRequest) -> Response:
     user = await identify(door, request)  # before anything else is answered
     body = await read_body(door, request, MessagesRequest)
-    check_model(door, body.model)
+    door = check_model(door, body.model)
     fields = sampling_fields(door, body)
     messages, use = await prompt_parts(door, body)
     stream = bool(body.stream)
@@ -70,13 +71,16 @@ class TokenCounter:
         door = self.door
         await identify(door, request)
         body = await read_body(door, request, CountRequest)
-        check_model(door, body.model)
+        door = check_model(door, body.model)
         messages, use = await prompt_parts(door, body)
         if self._slots.locked():
             raise AnthropicError(429, "too many token counts at once", retry_after(1))
         async with self._slots:
             try:
-                prompt = await door.prompts.chat(messages, None, use.extras)
+                prompts = await door.loaded_prompts()  # a model not loaded is loaded first
+                prompt = await prompts.chat(messages, None, use.extras)
+            except Refusal as e:  # its model could not be loaded
+                raise errors.refused(e) from None
             except PromptTooLong as e:
                 raise AnthropicError(400, f"prompt is too long: {e}") from None
             except ValueError as e:

@@ -69,11 +69,12 @@ def _named(message: str) -> str:
     return message.replace("Object missing required field", "field required:")
 
 
-def check_model(door: Frontdoor, model: str) -> None:
-    if model != door.model_name:
-        raise AnthropicError(
-            404, f"model: {model[:100]!r} not found; this server has {door.model_name!r}"
-        )
+def check_model(door: Frontdoor, model: str) -> Frontdoor:
+    """The door of `model`; a 404 naming the server's models unless it is one of them."""
+    if model not in door.model_names:
+        names = ", ".join(repr(n) for n in door.model_names)
+        raise AnthropicError(404, f"model: {model[:100]!r} not found; this server has {names}")
+    return door.model(model)
 
 
 def sampling_fields(door: Frontdoor, body: MessagesRequest) -> SamplingFields:

@@ -20,7 +20,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from localserve.chat.messages import ROLES, PromptMessage, ToolCallMade
-from localserve.serve.admission import Frontdoor
+from localserve.serve.admission import Frontdoor, Refusal
 from localserve.serve.ollama.errors import OllamaError, unsupported
 from localserve.serve.ollama.reply import created_at, start_reply
 from localserve.serve.ollama.types import ChatRequest, GenerateRequest, OllamaFields, OllamaMessage
@@ -42,36 +42,36 @@ MAX_NAME_CHARS = 64  # a tool's name, as a client sends it back
 async def chat(door: Frontdoor, request: HttpRequest) -> Response:
     user = await identify(door, request)  # before anything else is answered
     body = await read_body(door, request, ChatRequest)
-    check_common(door, body)
+    door, keep = check_common(door, body)
     messages = _messages(body.messages)
     if not messages:
-        return _loaded(door, "chat", body.model)
+        return await _loaded(door, "chat", body.model, keep)
     use = await _tool_use(door, body, body.tools)
     build = lambda p, reply: p.chat(messages, reply, use.extras)  # noqa: E731
-    return await _reply(door, request, user, body, "chat", build, use)
+    return await _reply(door, request, user, body, "chat", build, use, keep)
 
 
 async def generate(door: Frontdoor, request: HttpRequest) -> Response:
     user = await identify(door, request)  # before anything else is answered
     body = await read_body(door, request, GenerateRequest)
-    check_common(door, body)
+    door, keep = check_common(door, body)
     for name in ("images", "suffix", "template", "context"):
         if getattr(body, name):
             raise unsupported(name, f"/api/generate's {name}")
     if not body.prompt:
-        return _loaded(door, "generate", body.model)
+        return await _loaded(door, "generate", body.model, keep)
     prompt = body.prompt
     if body.raw:
         if body.think or body.system:
             raise OllamaError(400, "raw: a raw prompt takes no system and no think")
         build = lambda p, _: p.text(prompt)  # noqa: E731
-        return await _reply(door, request, user, body, "generate", build, NO_TOOLS)
+        return await _reply(door, request, user, body, "generate", build, NO_TOOLS, keep)
     messages = [PromptMessage("user", prompt)]
     if body.system:
         messages.insert(0, PromptMessage("system", body.system))
     use = await _tool_use(door, body, None)
     build = lambda p, reply: p.chat(messages, reply, use.extras)  # noqa: E731
-    return await _reply(door, request, user, body, "generate", build, use)
+    return await _reply(door, request, user, body, "generate", build, use, keep)
 
 
 async def _tool_use(door: Frontdoor, body: OllamaFields, tools) -> ToolUse:
@@ -83,7 +83,7 @@ async def _tool_use(door: Frontdoor, body: OllamaFields, tools) -> ToolUse:
 
 
 async def _reply(
-    door, request, user: str, body: OllamaFields, kind: str, prompt, use: ToolUse
+    door, request, user: str, body: OllamaFields, kind: str, prompt, use: ToolUse, keep
 ) -> Response:
     config = door.config
     fields = sampling_fields(
@@ -92,18 +92,23 @@ async def _reply(
     stream = body.stream is not False
     fmt = response_format(body.format)
     return await start_reply(
-        door, request, user, kind, stream, fields, prompt, fmt, use, body.model
+        door, request, user, kind, stream, fields, prompt, fmt, use, body.model, keep
     )
 
 
-def _loaded(door: Frontdoor, kind: str, model: str | None) -> Response:
-    """Ollama's answer to a request with nothing to say: the model is loaded."""
+async def _loaded(door: Frontdoor, kind: str, model: str | None, keep) -> Response:
+    """Ollama's answer to a request with nothing to say: the model is loaded (now, if it was
+    not: Ollama clients send one to warm a model up), or with keep_alive 0 unloaded."""
+    try:
+        await door.warm(keep)
+    except Refusal as e:
+        raise OllamaError(503, e.message) from None
     body = {"model": model or public_name(door), "created_at": created_at()}
     if kind == "chat":
         body["message"] = {"role": "assistant", "content": ""}
     else:
         body["response"] = ""
-    body |= {"done": True, "done_reason": "load"}
+    body |= {"done": True, "done_reason": "unload" if keep == 0 else "load"}
     return Response(_encoder.encode(body), media_type="application/json")
 
 

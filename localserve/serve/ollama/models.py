@@ -1,8 +1,8 @@
 """The Ollama API's model endpoints: `/api/version`, `/api/tags`, `/api/show`, `/api/ps`, and
 `/api/embed` / `/api/embeddings` refused (this server has no embeddings).
 
-The server has one model, loaded for as long as it runs: /api/tags and /api/ps list it (ps with
-an `expires_at` far ahead: `keep_alive` changes nothing), /api/show describes it with its
+/api/tags lists every configured model (serve/pool.py), /api/ps the loaded ones with the
+`expires_at` their keep_alive gives (far ahead for -1), /api/show describes one with its
 `capabilities` (completion, and tools and thinking when localserve reads the model's calls and
 reasoning). /api/pull, /api/create and the other model-management calls are unknown paths
 (404). On a server with tokens these need a user's token too.
@@ -26,7 +26,7 @@ from localserve.serve.ollama.validation import check_model, identify, public_nam
 
 # what /api/version says: recent enough for clients that check it (tools, think, format)
 VERSION = "0.12.0"
-NEVER = "2318-01-01T00:00:00Z"  # /api/ps's expires_at: the one model is never unloaded
+NEVER = "2318-01-01T00:00:00Z"  # /api/ps's expires_at of a model never unloaded (-1)
 
 _encoder = msgspec.json.Encoder()
 
@@ -44,17 +44,24 @@ class OllamaModels:
 
     async def tags(self, request: HttpRequest) -> Response:
         await identify(self.door, request)
-        return _json({"models": [self._card()]})
+        return _json({"models": [self._card(m) for m in self.door.describe_models()]})
 
     async def ps(self, request: HttpRequest) -> Response:
+        """The loaded models; `expires_at` when each is unloaded (its keep_alive)."""
         await identify(self.door, request)
-        card = self._card() | {
-            "expires_at": NEVER,
-            "size_vram": 0,
-            "context_length": self.door.max_model_len,
-        }
-        del card["modified_at"]
-        return _json({"models": [card]})
+        cards = []
+        for m in self.door.describe_models():
+            if m["state"] != "loaded":
+                continue
+            expires = m.get("expires_at")
+            card = self._card(m) | {
+                "expires_at": _iso(expires) if expires is not None else NEVER,
+                "size_vram": 0,
+                "context_length": m["n_ctx"],
+            }
+            del card["modified_at"]
+            cards.append(card)
+        return _json({"models": cards})
 
     async def show(self, request: HttpRequest) -> Response:
         await identify(self.door, request)
@@ -62,8 +69,8 @@ class OllamaModels:
         name = body.model or body.name
         if not name:
             raise OllamaError(400, "model: the model to show is required")
-        check_model(self.door, name)
-        formats = self.door.formats
+        door = check_model(self.door, name)
+        formats = door.formats
         capabilities = ["completion"]
         if formats.tool is not None:
             capabilities.append("tools")
@@ -75,7 +82,7 @@ class OllamaModels:
                 "parameters": "",
                 "template": "",
                 "details": _details(),
-                "model_info": {"general.context_length": self.door.max_model_len},
+                "model_info": {"general.context_length": door.max_model_len},
                 "capabilities": capabilities,
                 "modified_at": self.modified_at,
             }
@@ -84,16 +91,20 @@ class OllamaModels:
     async def embed(self, request: HttpRequest) -> Response:
         raise OllamaError(501, "embeddings are not supported by localserve (no embedding model)")
 
-    def _card(self) -> dict:
-        name = public_name(self.door)
+    def _card(self, model: dict) -> dict:
+        name = public_name(model["name"])
         return {
             "name": name,
             "model": name,
             "modified_at": self.modified_at,
-            "size": 0,  # not known to the front-end; the model is loaded already
+            "size": int((model["memory_mib"] or 0) * (1 << 20)),  # its estimated memory need
             "digest": "",
             "details": _details(),
         }
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _details() -> dict:

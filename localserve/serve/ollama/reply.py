@@ -49,6 +49,7 @@ async def start_reply(
     response_format: Any = None,
     use: ToolUse = NO_TOOLS,
     model: str | None = None,
+    keep_alive_s: float | None = None,
 ) -> Response:
     """Admit a chat (`kind` "chat": /api/chat's objects) or a generation ("generate"); its
     objects name the model as the request did (`model`; None: the tagged name)."""
@@ -66,6 +67,7 @@ async def start_reply(
             prompt,
             response_format,
             constraint=use.constraint,
+            keep_alive_s=keep_alive_s,
         )
     except Refusal as e:
         raise errors.refused(e) from None

@@ -57,7 +57,7 @@ class OllamaFields(msgspec.Struct, kw_only=True):
     stream: bool | None = None  # None: true, Ollama's default
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     options: Options | None = None
-    keep_alive: str | int | float | None = None  # accepted: the one model stays loaded
+    keep_alive: str | int | float | None = None  # the model's idle time from now on (pool.py)
     think: bool | str | None = None  # true/false, or a level ("low", "medium", "high")
 
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request as HttpRequest
 
+from localserve.config import parse_keep_alive
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
 from localserve.serve.frontends import PersonRefused, on_behalf_of
@@ -41,19 +42,22 @@ async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> 
         raise OllamaError(e.status, e.message) from None
 
 
-def public_name(door: Frontdoor) -> str:
-    """The model's name as Ollama clients see it: tagged (":latest" unless it has a tag)."""
-    name = door.model_name
+def public_name(door: Frontdoor | str) -> str:
+    """A model's name as Ollama clients see it: tagged (":latest" unless it has a tag)."""
+    name = door if isinstance(door, str) else door.model_name
     return name if ":" in name else name + TAG
 
 
-def check_model(door: Frontdoor, model: str | None) -> None:
-    """A 404 unless `model` is None or this server's (tagged or not)."""
-    if model is None or model in (door.model_name, public_name(door)):
-        return
-    raise OllamaError(
-        404, f"model {model[:100]!r} not found; this server has {public_name(door)!r}"
-    )
+def check_model(door: Frontdoor, model: str | None) -> Frontdoor:
+    """The door of `model` (tagged or not; None: the default); a 404 naming the server's
+    models unless it is one of them."""
+    if model is None:
+        return door.model(None)
+    for name in door.model_names:
+        if model in (name, public_name(name)):
+            return door.model(name)
+    names = ", ".join(repr(public_name(n)) for n in door.model_names)
+    raise OllamaError(404, f"model {model[:100]!r} not found; this server has {names}")
 
 
 async def identify(door: Frontdoor, request: HttpRequest) -> str:
@@ -118,9 +122,16 @@ def template_kwargs(think: bool | str | None) -> dict | None:
     return {"enable_thinking": think is not False}
 
 
-def check_common(door: Frontdoor, body: OllamaFields) -> None:
-    """The model, and `keep_alive`'s type (its value is accepted: the model stays loaded)."""
-    check_model(door, body.model)
+def check_common(door: Frontdoor, body: OllamaFields) -> tuple[Frontdoor, float | None]:
+    """The model's door, and `keep_alive` in seconds (None: the model's own; < 0: never
+    unload; 0: unload after this reply), from a number or a duration such as "5m"."""
+    door = check_model(door, body.model)
     keep = body.keep_alive
+    if keep is None:
+        return door, None
     if isinstance(keep, str) and len(keep) > 32:
         raise OllamaError(400, 'keep_alive: a duration such as "5m" or a number of seconds')
+    try:
+        return door, parse_keep_alive(keep)
+    except ValueError as e:
+        raise OllamaError(400, str(e)) from None

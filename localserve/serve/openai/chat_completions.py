@@ -32,6 +32,7 @@ MAX_ID_CHARS = 256  # a tool call's id, as a client sends it back
 
 async def create_chat_completion(door: Frontdoor, request: HttpRequest) -> Response:
     body = await read_body(door, request, ChatCompletionRequest)
+    door = door.model(body.model)  # checked by read_body: one of the server's
     _refuse_unsupported(body)
     messages = [_message(m, i) for i, m in enumerate(body.messages)]
     try:

@@ -20,6 +20,7 @@ from localserve.serve.openai.validation import read_body, refuse_unsupported
 
 async def create_completion(door: Frontdoor, request: HttpRequest) -> Response:
     body = await read_body(door, request, CompletionRequest)
+    door = door.model(body.model)  # checked by read_body: one of the server's
     _refuse_unsupported(body)
     prompt = body.prompt
     if isinstance(prompt, list):

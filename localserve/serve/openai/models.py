@@ -28,20 +28,25 @@ class Models:
 
     async def list_models(self, request: HttpRequest) -> Response:
         await identify(self.door, request, None)
-        return _json({"object": "list", "data": [self._card()]})
+        cards = [self._card(m) for m in self.door.describe_models()]
+        return _json({"object": "list", "data": cards})
 
     async def get_model(self, request: HttpRequest) -> Response:
         await identify(self.door, request, None)
-        check_model(self.door, request.path_params["model"])
-        return _json(self._card())
+        door = check_model(self.door, request.path_params["model"])
+        return _json(self._card(door.describe_models()[door.model_names.index(door.model_name)]))
 
-    def _card(self) -> dict:
+    def _card(self, model: dict) -> dict:
+        """One model's card; `status` its state in the pool (loaded, loading, unloaded,
+        failed), with `memory_mib` its estimated need."""
         return {
-            "id": self.door.model_name,
+            "id": model["name"],
             "object": "model",
             "created": self.created,
             "owned_by": "localserve",
-            "max_model_len": self.door.max_model_len,  # the context length, as vLLM says it
+            "max_model_len": model["n_ctx"],  # the context length, as vLLM says it
+            "status": model["state"],
+            "memory_mib": model["memory_mib"],
         }
 
 

@@ -43,14 +43,17 @@ async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> 
     return body
 
 
-def check_model(door: Frontdoor, model: str | None) -> None:
-    """A 404 unless `model` is None or this server's."""
-    if model is not None and model != door.model_name:
+def check_model(door: Frontdoor, model: str | None) -> Frontdoor:
+    """The door of `model` (None: the default); a 404 naming the server's models unless it is
+    one of them."""
+    if model is not None and model not in door.model_names:
+        names = ", ".join(repr(n) for n in door.model_names)
         message = (
             f"the model {model[:100]!r} does not exist here; this server has "
-            f"{door.model_name!r} (GET /v1/models)"
+            f"{names} (GET /v1/models)"
         )
         raise ApiError(404, message, "model_not_found", "model")
+    return door.model(model)
 
 
 async def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> str:

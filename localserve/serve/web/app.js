@@ -610,7 +610,11 @@
         renderAll();
         break;
       case "queued":
-        if (p) { p.msg.status = "queued"; p.msg.position = frame.position; p.msg.requeued = !!p.msg.content; touch(p.msg); }
+        if (p) {
+          p.msg.status = "queued"; p.msg.position = frame.position;
+          p.msg.loading = frame.loading || "";  // its model loads first (several models)
+          p.msg.requeued = !!p.msg.content; touch(p.msg);
+        }
         break;
       case "token":
         if (p && typeof frame.text === "string") {
@@ -1057,6 +1061,7 @@
     switch (msg.status) {
       case "sending": add("sending…", "waiting"); break;
       case "queued":
+        if (msg.loading) { add(`${msg.loading}…`, "waiting loading"); break; }
         add(`${msg.requeued ? "paused for others, waiting again" : "waiting"} · ` +
             `${ordinal(msg.position || 1)} in line`, "waiting position");
         break;
@@ -1083,6 +1088,7 @@
       if (t.itl_ms) add(`ITL ${ms(t.itl_ms)}`, "itl");
       if (t.itl_ms) add(`${(1000 / t.itl_ms).toFixed(1)} tok/s`, "rate");
       add(`${u.completion_tokens} tokens`);
+      if (t.load_ms) add(`model loaded ${ms(t.load_ms)}`, "load");
       if (t.queue_ms > 50) add(`queued ${ms(t.queue_ms)}`);
       add(`prompt ${u.prompt_tokens} (${u.cached_tokens} cached)`);
     }

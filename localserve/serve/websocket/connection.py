@@ -169,7 +169,8 @@ class Connection:
         cid = request.client_id
         if cid not in self._readings:
             use = self._uses.pop(cid, None)
-            self._readings[cid] = use.reading(self.door, request.prompt_tail) if use else None
+            door = self.door.model(request.model)
+            self._readings[cid] = use.reading(door, request.prompt_tail) if use else None
         return self._readings[cid]
 
     def _put_events(self, client_id: str, events) -> None:
@@ -180,7 +181,7 @@ class Connection:
                 self.outbox.put_text(client_id, event.text, reasoning=True)
 
     def on_queued(self, request: Request, position: int) -> None:
-        self.send(Queued(request.client_id, position))
+        self.send(Queued(request.client_id, position, request.loading))
 
     def on_done(self, request: Request, done: Done) -> None:
         if self.requests.get(request.client_id) is request:
@@ -198,7 +199,7 @@ class Connection:
             self.error(done.error_code, done.error or "engine error", request.client_id)
         usage = ReplyUsage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
         t = done.timings
-        timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"])
+        timings = Timings(t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"], t.get("load_ms"))
         recorded = request.is_recorded
         dropped = request.num_dropped_messages
         self.send(
@@ -370,9 +371,10 @@ class Connection:
             message = f"id {chat.id!r} is already in flight on this connection"
             return self.error("bad_request", message, chat.id)
         try:
+            door = self.door.model(chat.model)  # UnknownModel names the server's models
             messages = [_prompt_message(m, i) for i, m in enumerate(chat.messages)]
             use = await tool_use(
-                self.door,
+                door,
                 chat.tools,
                 chat.tool_choice,
                 chat.parallel_tool_calls,
@@ -382,7 +384,7 @@ class Connection:
         except ValueError as e:
             return self.error("bad_request", str(e), chat.id)
         try:
-            request = await self.door.submit(
+            request = await door.submit(
                 self,
                 self.user,
                 chat.id,

@@ -18,13 +18,12 @@ from typing import Protocol
 import msgspec
 
 from localserve import __version__
-from localserve.engine.runner import Runner
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
-from localserve.protocol.frames import Limits, Stats, Welcome
-from localserve.protocol.snapshot import Snapshot
+from localserve.protocol.frames import Limits, ModelStatus, Stats, Welcome
+from localserve.protocol.snapshot import ModelInfo, Snapshot
 from localserve.serve.admission import Frontdoor, Request
-from localserve.serve.snapshots import Snapshots
+from localserve.serve.snapshots import NoModelLoaded, Snapshots
 from localserve.serve.transport import ConnectionLimits, PlaceLog
 
 _encoder = msgspec.json.Encoder()
@@ -51,19 +50,19 @@ class Connections:
         self,
         door: Frontdoor,
         snapshots: Snapshots,
-        runner: Runner,
+        runner: Callable[[], ModelInfo | None],  # the default model's, None: not loaded
         usage: Callable[[], Usage | None],
         conversations: ConversationStore | None = None,
     ) -> None:
         self._door = door
         self._conversations = conversations
         self._snapshots = snapshots
-        self._runner = runner
+        self._info = runner
         self._usage = usage
         self._members: set[Member] = set()
         self.limits: ConnectionLimits | None = None  # the server's sockets, once it listens
         # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
-        self._stats_frame: tuple[Snapshot | None, tuple[int, str], bytes] = (None, (0, ""), b"")
+        self._stats_frame: tuple[Snapshot | None, tuple, bytes] = (None, (0, "", []), b"")
 
     @property
     def usage(self) -> Usage | None:
@@ -121,29 +120,35 @@ class Connections:
             c.max_queued_per_user,
             c.max_queued,
         )
-        info = self._runner.info
+        info = self._info()
         usage = self.usage
         quota = usage.quota(user) if usage is not None else None
         return Welcome(
             self._door.model_name,
-            info.n_ctx,
+            self._door.max_model_len,
             limits,
             __version__,
-            backend=info.backend,
+            backend=info.backend if info is not None else "",
             quota=quota,
             conversations=self.conversations is not None,
+            models=self._door.model_names,
         )
 
     async def stats_frame(self) -> bytes:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
-        snap = await self._snapshots.fetch()
+        try:
+            snap = await self._snapshots.fetch()
+        except NoModelLoaded:  # every model unloaded: the last figures, and the models' states
+            if (snap := self._snapshots.last) is None:
+                raise
         usage = self.usage
+        models = [_status(m) for m in self._door.describe_models()]
         version = (usage.version, usage.problem) if usage is not None else (0, "")
         built_from, built_version, frame = self._stats_frame
-        if built_from is not snap or built_version != version:
+        if built_from is not snap or built_version != (*version, models):
             today = usage.today() if usage is not None else []
-            frame = _encoder.encode(Stats(snap, today, usage_problem=version[1]))
-            self._stats_frame = (snap, version, frame)
+            frame = _encoder.encode(Stats(snap, today, usage_problem=version[1], models=models))
+            self._stats_frame = (snap, (*version, models), frame)
         return frame
 
     # --- shutdown -------------------------------------------------------------------------------
@@ -159,3 +164,16 @@ class Connections:
     def close_all(self, code: int, reason: str) -> None:
         for member in list(self._members):
             member.close(code, reason)
+
+
+def _status(model: dict) -> ModelStatus:
+    """A model's state (admission's describe_models) as the stats frame carries it."""
+    return ModelStatus(
+        model["name"],
+        model["state"],
+        model["busy"],
+        model.get("reason", ""),
+        model["since"],
+        model["memory_mib"],
+        model.get("waiting", 0),
+    )

@@ -88,3 +88,28 @@ def test_a_model_name_is_escaped_in_the_label(fake_snapshots):
     odd = msgspec.structs.replace(snap, model=msgspec.structs.replace(snap.model, model='a"b\\c'))
     sample = families(render(odd))[PREFIX + "num_requests_waiting"].samples[0]
     assert sample.labels == {"model_name": 'a"b\\c'}
+
+
+def test_several_models_get_one_series_each_told_apart_by_model_name(fake_snapshots):
+    from localserve.ops.prometheus import ModelState
+    from localserve.protocol.snapshot import ModelInfo
+
+    first = fake_snapshots[-1]
+    info = msgspec.structs.replace(first.model, model="small")
+    assert isinstance(info, ModelInfo)
+    second = msgspec.structs.replace(first, model=info)
+    states = [ModelState("fake", "loaded", 5 << 20), ModelState("small", "loaded", 0),
+              ModelState("big", "failed", 0)]  # fmt: skip
+    found = families(render([first, second], 2, 0, states))
+    running = found[PREFIX + "num_requests_running"].samples
+    assert [s.labels["model_name"] for s in running] == ["fake", "small"]
+    assert len(found[PREFIX + "auth_failures"].samples) == 1  # the server's, once
+    success = found[PREFIX + "request_success"].samples
+    assert {s.labels["model_name"] for s in success} == {"fake", "small"}
+    ttft = found[PREFIX + "time_to_first_token_seconds"].samples
+    assert {s.labels["model_name"] for s in ttft} == {"fake", "small"}
+    loaded = {s.labels["model_name"]: (s.labels["state"], s.value)
+              for s in found[PREFIX + "model_loaded"].samples}  # fmt: skip
+    assert loaded == {"fake": ("loaded", 1), "small": ("loaded", 1), "big": ("failed", 0)}
+    memory = {s.labels["model_name"]: s.value for s in found[PREFIX + "model_memory_bytes"].samples}
+    assert memory["fake"] == 5 << 20

@@ -728,3 +728,18 @@ def test_a_frontends_people_are_rows_of_their_own_by_name(fake_snapshots):
             assert "openwebui/alice" in users and "…/evangeline sm…" in users
 
     asyncio.run(run())
+
+
+def test_the_header_lists_several_models_with_their_states(fake_snapshots):
+    from localserve.protocol.frames import ModelStatus
+    from tui.widgets import header_text as header
+
+    models = [
+        ModelStatus("gemma", "loaded", busy=True),
+        ModelStatus("small", "loading", waiting=2),
+        ModelStatus("coder", "loaded"),
+        ModelStatus("big", "failed", reason="too big"),
+    ]
+    text = str(header(fake_snapshots[-1], True, "live", "", 300, models))
+    assert "models: gemma busy, small loading (2 waiting), coder idle, big failed" in text
+    assert "models:" not in str(header(fake_snapshots[-1], True, "live", "", 300, models[:1]))

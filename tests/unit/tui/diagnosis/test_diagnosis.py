@@ -876,3 +876,22 @@ def test_random_histories_never_break_the_rules(data: st.DataObject):
 def test_importing_does_not_pull_in_textual():
     code = "import tui.diagnosis, sys; assert 'textual' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_requests_waiting_for_a_model_to_load_or_for_memory_are_said_in_plain_words():
+    from localserve.protocol.frames import ModelStatus
+
+    history = ramp({}, {})
+    loading = [ModelStatus("gemma", "loaded"), ModelStatus("small", "loading", waiting=2)]
+    d = check(diagnose(history, loading))
+    assert d.level == "info" and d.headline == "2 requests wait for model small to load"
+    memory = [
+        ModelStatus("gemma", "loaded", busy=True),
+        ModelStatus("small", "loading", reason="waiting for memory: gemma is busy", waiting=1),
+    ]
+    d = check(diagnose(history, memory))
+    assert d.level == "warn"
+    assert d.headline == "1 request wait for memory to load small: gemma is busy"
+    failed = [ModelStatus("gemma", "loaded"), ModelStatus("x", "failed", reason="no such file")]
+    assert check(diagnose(history, failed)).headline == "model x could not be loaded: no such file"
+    assert diagnose(history, [ModelStatus("gemma", "loaded")]) == diagnose(history)

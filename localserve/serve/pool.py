@@ -1,0 +1,458 @@
+"""The models a server serves: one slot per model in models.toml, loaded when asked for.
+
+`ModelPool` is owned by the server's event loop. Each slot is one model with its own engine
+(a supervised engine process, or the in-process engine of `engine_process = false`), its
+prompt builder, its call and reasoning formats and its snapshots. A slot is `unloaded`,
+`loading`, `loaded` (idle since a time, or busy) or `failed` (with the reason). The default
+model is loaded at start; any other loads on the first request that names it, on a thread of
+the loop's executor (loading takes seconds). Requests that come while their model loads wait
+for it (admission shows them as `loading`); a load that fails fails the requests waiting for
+it, and the next request tries again, at most once per RETRY_LOAD_S.
+
+Memory: before a model loads, its need (runners/footprint.py, from its GGUF header) is set
+against the budget (`[server] memory_budget_mib`, or what footprint says is available less its
+reserve) and the loaded ones; `max_loaded_models` caps their count. A model that does not fit
+evicts the least recently used idle one (no request in flight or waiting); a busy one is never
+evicted: the newcomer waits ("waiting for memory: X is busy") until one goes idle. A model
+bigger than the whole budget fails its requests. After `keep_alive` seconds idle a model is
+unloaded: its engine process exits and its memory is returned.
+
+Tested in tests/unit/serve/test_pool.py and tests/e2e/test_several_models.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localserve.chat.formats import ModelFormats, model_formats
+from localserve.config import Config, ModelConfig, ServerConfig, is_template_file, parse_keep_alive
+from localserve.engine.client import EngineClient
+from localserve.engine.events import EventSink
+from localserve.engine.runner import Runner
+from localserve.serve.prompt import PromptBuilder, check_template
+from localserve.serve.snapshots import Snapshots
+
+log = logging.getLogger("localserve.serve.pool")
+
+RETRY_LOAD_S = 5.0  # a model that failed to load is tried again at most this often
+MIB = 1 << 20
+
+
+class UnknownModel(ValueError):
+    """A model name this server does not have; the message names the configured ones."""
+
+
+class LoadFailure(Exception):
+    """A model could not be loaded (or cannot fit): `message` says which and why."""
+
+    def __init__(self, message: str, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.message, self.retry_after_s = message, retry_after_s
+
+
+@dataclass
+class LoadedModel:
+    """What a loader gives: the engine, the runner's text side, and how to put both away."""
+
+    engine: EngineClient
+    runner: Runner
+    close: Callable[[], None]
+
+
+# a loader: the model's name -> LoadedModel (blocking; raises when it cannot load)
+Loader = Callable[[str], LoadedModel]
+
+
+@dataclass(eq=False)
+class ModelSlot:
+    """One configured model and, while it is loaded, its engine and prompt builder."""
+
+    name: str
+    model: ModelConfig
+    keep_alive_s: float  # idle seconds before it is unloaded; < 0 = never
+    state: str = "unloaded"  # unloaded | loading | loaded | failed
+    reason: str = ""  # why it failed, or what its loading waits for
+    since: float = field(default_factory=time.time)  # the state's (or idleness') start
+    loaded: LoadedModel | None = None
+    prompts: PromptBuilder | None = None
+    snapshots: Snapshots | None = None
+    need_bytes: int = 0  # its memory need (footprint.py), 0 = unknown
+    active: int = 0  # requests in flight or waiting for it
+    last_used: float = 0.0  # time.monotonic() of its last request's end
+    expires: float | None = None  # time.time() at which it unloads (idle, keep_alive >= 0)
+    retry_at: float = 0.0  # after a failure: monotonic time the next load may start
+    load_ms: float = 0.0  # how long its last load took
+    _formats: ModelFormats | None = None
+    _ready: asyncio.Future | None = None  # while loading
+    _has_room: bool = False  # loading, its room made: counted as loaded by other loads
+    _told: list[Callable[[str], None]] = field(default_factory=list)  # waiters, told why
+    _timer: asyncio.TimerHandle | None = None  # its keep_alive unload
+
+    @property
+    def engine(self) -> EngineClient | None:
+        return self.loaded.engine if self.loaded is not None else None
+
+    @property
+    def is_loaded(self) -> bool:
+        return self.state == "loaded"
+
+    @property
+    def n_ctx(self) -> int:
+        """Its context length: the loaded runner's, else models.toml's."""
+        return self.prompts.n_ctx if self.prompts is not None else self.model.n_ctx
+
+    @property
+    def formats(self) -> ModelFormats:
+        """Its call and reasoning formats: the loaded runner's template, else its GGUF's."""
+        if self._formats is None:
+            m = self.model
+            source = None if m.chat_format == "transcript" else _template_source(self.name, m)
+            self._formats = model_formats(m.chat_format, source, m.tool_format, m.reasoning_format)
+        return self._formats
+
+    def describe(self) -> dict:
+        """Its state as /healthz and the list endpoints show it."""
+        busy = self.is_loaded and self.active > 0
+        body = {
+            "name": self.name,
+            "state": self.state,
+            "busy": busy,
+            "since": self.since,
+            "memory_mib": round(self.need_bytes / MIB, 1) if self.need_bytes else None,
+            "keep_alive_s": self.keep_alive_s,
+            "n_ctx": self.n_ctx,
+        }
+        if self.reason:
+            body["reason"] = self.reason
+        if self.expires is not None and not busy:
+            body["expires_at"] = self.expires
+        return body
+
+
+class ModelPool:
+    """The server's models, by name; loads, evicts and unloads them (on the loop)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_config: Callable[[], ServerConfig],
+        loader: Loader | None,
+        on_events: EventSink,
+        default: str | None = None,
+    ) -> None:
+        self.default = default or config.default
+        self._server_config = server_config
+        self._loader = loader
+        self._on_events = on_events
+        self.slots = {
+            name: ModelSlot(name, m, parse_keep_alive(m.keep_alive, f"models.{name}.keep_alive"))
+            for name, m in config.models.items()
+        }
+        self._budget: int | None = None  # bytes, measured at the first load that needs it
+        self._memory_changed = asyncio.Event()  # a model went idle or unloaded
+        self._closing = False
+
+    # --- looking up -----------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.slots)
+
+    def slot(self, name: str | None) -> ModelSlot:
+        """The slot of `name` (None: the default); UnknownModel naming the configured ones."""
+        slot = self.slots.get(self.default if name is None else name)
+        if slot is None:
+            known = ", ".join(repr(n) for n in self.slots)
+            raise UnknownModel(f"model {str(name)[:100]!r} not found; this server has {known}")
+        return slot
+
+    def primary(self) -> ModelSlot | None:
+        """The slot whose engine figures /healthz, /metrics and the monitor show: the default
+        when it is loaded, else the loaded one used last."""
+        default = self.slots[self.default]
+        if default.is_loaded:
+            return default
+        loaded = [s for s in self.slots.values() if s.is_loaded]
+        return max(loaded, key=lambda s: s.last_used) if loaded else None
+
+    def start(self) -> None:
+        """On the loop, once it runs: the keep_alive of the models loaded before it."""
+        for slot in self.slots.values():
+            if slot.is_loaded and slot._timer is None:
+                self._arm(slot)
+
+    # --- loading --------------------------------------------------------------------------------
+
+    def add_loaded(self, name: str, loaded: LoadedModel, load_ms: float = 0.0) -> ModelSlot:
+        """Install a model loaded outside the pool (the default, by serving())."""
+        slot = self.slot(name)
+        self._install(slot, loaded)
+        slot.load_ms = load_ms
+        return slot
+
+    def _install(self, slot: ModelSlot, loaded: LoadedModel) -> None:
+        runner, model = loaded.runner, slot.model
+        check_template(slot.name, model.chat_format, runner.apply_chat_template)
+        slot.prompts = PromptBuilder(
+            runner.tokenize,
+            runner.apply_chat_template,
+            runner.info.n_ctx,
+            model.chat_format,
+            model.system_prompt,
+        )
+        slot._formats = model_formats(
+            model.chat_format, runner.template_source, model.tool_format, model.reasoning_format
+        )
+        slot.snapshots = Snapshots(loaded.engine)
+        loaded.engine.on_events = self._on_events
+        slot.loaded, slot.state, slot.reason, slot.since = loaded, "loaded", "", time.time()
+        slot.last_used = time.monotonic()
+        slot.keep_alive_s = parse_keep_alive(model.keep_alive)  # a request's lasted until now
+        if not slot.need_bytes:
+            slot.need_bytes = _need(slot)
+        self._arm(slot)
+
+    async def ready(self, slot: ModelSlot, waiting: Callable[[str], None]) -> None:
+        """Until `slot` is loaded (loading it when no one is); LoadFailure when it cannot.
+        `waiting(reason)` is told what the load waits for while it does."""
+        while not slot.is_loaded:
+            if self._closing:
+                raise LoadFailure("the server is shutting down")
+            if slot._ready is None:
+                now = time.monotonic()
+                if slot.state == "failed" and now < slot.retry_at:
+                    wait = slot.retry_at - now
+                    raise LoadFailure(f"model {slot.name} could not be loaded: {slot.reason}", wait)
+                slot._ready = asyncio.ensure_future(self._load(slot))
+            slot._told.append(waiting)
+            try:
+                await asyncio.shield(slot._ready)
+            finally:
+                slot._told.remove(waiting)
+
+    async def _load(self, slot: ModelSlot) -> None:
+        slot.state, slot.reason, slot.since = "loading", "", time.time()
+        started = time.monotonic()
+        try:
+            await self._make_room(slot)
+            slot._has_room, slot.reason = True, ""
+            log.info("loading model %s", slot.name)
+            loaded = await asyncio.get_running_loop().run_in_executor(None, self._loader, slot.name)
+            if self._closing:
+                await asyncio.get_running_loop().run_in_executor(None, loaded.close)
+                raise LoadFailure("the server is shutting down")
+            self._install(slot, loaded)
+            slot.load_ms = (time.monotonic() - started) * 1e3
+            log.info("model %s loaded in %.0f ms", slot.name, slot.load_ms)
+        except Exception as e:
+            message = e.message if isinstance(e, LoadFailure) else str(e) or type(e).__name__
+            prefix = f"model {slot.name} could not be loaded: "
+            why = message.removeprefix(prefix)
+            slot.state, slot.reason, slot.since = "failed", why, time.time()
+            slot.retry_at = time.monotonic() + RETRY_LOAD_S
+            log.warning("model %s could not be loaded: %s", slot.name, why)
+            raise LoadFailure(prefix + why, RETRY_LOAD_S) from None
+        finally:
+            slot._ready, slot._has_room = None, False
+            self._memory_changed.set()  # a load that ended frees (or takes) its room
+
+    # --- memory ---------------------------------------------------------------------------------
+
+    def budget(self) -> int:
+        """The bytes models may use together: memory_budget_mib, else what footprint.py says is
+        available now less its reserve, plus what the loaded models already hold."""
+        mib = self._server_config().memory_budget_mib
+        if mib:
+            return mib * MIB
+        if self._budget is None:
+            from localserve.runners import footprint
+
+            gpu = footprint.device_available()
+            available = gpu if gpu is not None else footprint.host_available()
+            held = sum(s.need_bytes for s in self.slots.values() if s.is_loaded)
+            self._budget = available.usable + held
+        return self._budget
+
+    async def _make_room(self, slot: ModelSlot) -> None:
+        """Evict idle models (least recently used first) until `slot` fits; wait while the
+        ones in the way are busy; LoadFailure when it can never fit."""
+        if not slot.need_bytes:
+            slot.need_bytes = await asyncio.get_running_loop().run_in_executor(None, _need, slot)
+        cap = self._server_config().max_loaded_models
+        need, budget = slot.need_bytes, self.budget()
+        if need > budget:
+            raise LoadFailure(
+                f"model {slot.name} could not be loaded: it needs {need / MIB:.0f} MiB, more "
+                f"than the whole memory budget ({budget / MIB:.0f} MiB)"
+            )
+        while True:  # loading ones that made their room count as loaded (and busy)
+            loaded = [s for s in self.slots.values()
+                      if (s.is_loaded or s._has_room) and s is not slot]  # fmt: skip
+            used = sum(s.need_bytes for s in loaded)
+            if used + need <= budget and (not cap or len(loaded) < cap):
+                return
+            idle = sorted(
+                (s for s in loaded if s.is_loaded and s.active == 0), key=lambda s: s.last_used
+            )
+            if idle:
+                why = "memory" if used + need > budget else f"max_loaded_models = {cap}"
+                log.info("evicting model %s for %s (%s)", idle[0].name, slot.name, why)
+                await self.unload(idle[0])
+                continue
+            busy = ", ".join(s.name for s in loaded)
+            slot.reason = f"waiting for memory: {busy} {'is' if len(loaded) == 1 else 'are'} busy"
+            for tell in list(slot._told):  # every request waiting for this load
+                tell(slot.reason)
+            self._memory_changed.clear()
+            await self._memory_changed.wait()
+            if self._closing:
+                raise LoadFailure("the server is shutting down")
+
+    # --- requests and idleness ------------------------------------------------------------------
+
+    def acquire(self, slot: ModelSlot) -> None:
+        """A request for `slot` is in flight or waiting: it is not idle."""
+        slot.active += 1
+        slot.expires = None
+        if slot._timer is not None:
+            slot._timer.cancel()
+            slot._timer = None
+
+    def release(self, slot: ModelSlot, keep_alive_s: float | None = None) -> None:
+        """A request for `slot` ended: its idle time runs from now, the request's own
+        `keep_alive_s` (as Ollama's) or else the model's, unless models.toml pins the model
+        (keep_alive = -1: no client unloads it for everyone)."""
+        slot.active = max(0, slot.active - 1)
+        configured = parse_keep_alive(slot.model.keep_alive)
+        pinned = configured < 0
+        slot.keep_alive_s = configured if keep_alive_s is None or pinned else keep_alive_s
+        if slot.active == 0 and slot.is_loaded:
+            slot.last_used = time.monotonic()
+            slot.since = time.time()
+            self._arm(slot)
+            self._memory_changed.set()
+
+    def _arm(self, slot: ModelSlot) -> None:
+        """Unload an idle slot after its keep_alive."""
+        if slot._timer is not None:
+            slot._timer.cancel()
+            slot._timer = None
+        slot.expires = None
+        if slot.active or slot.keep_alive_s < 0 or not slot.is_loaded:
+            return
+        if _has_loop():  # else start() arms it
+            slot.expires = time.time() + slot.keep_alive_s
+            slot._timer = asyncio.get_running_loop().call_later(
+                slot.keep_alive_s, self._expire, slot
+            )
+
+    def _expire(self, slot: ModelSlot) -> None:
+        slot._timer = None
+        if slot.active == 0 and slot.is_loaded:
+            log.info("model %s idle for its keep_alive (%g s): unloading", slot.name,
+                     slot.keep_alive_s)  # fmt: skip
+            asyncio.ensure_future(self.unload(slot))
+
+    async def unload(self, slot: ModelSlot) -> None:
+        """Stop its engine (the process exits) and close its vocabulary; its memory is freed."""
+        loaded, prompts = slot.loaded, slot.prompts
+        if loaded is None or slot.active:
+            return
+        if slot._timer is not None:
+            slot._timer.cancel()
+            slot._timer = None
+        slot.loaded = slot.prompts = slot.snapshots = None
+        slot.state, slot.reason, slot.since, slot.expires = "unloaded", "", time.time(), None
+        if prompts is not None:
+            prompts.shutdown()
+        await asyncio.get_running_loop().run_in_executor(None, loaded.close)
+        give_back_memory()
+        log.info("model %s unloaded", slot.name)
+        self._memory_changed.set()
+
+    async def close(self) -> None:
+        """Unload every model but the ones loaded outside the pool's loader (serving() closes
+        those); used at shutdown."""
+        self._closing = True
+        self._memory_changed.set()
+        for slot in self.slots.values():
+            if slot._timer is not None:
+                slot._timer.cancel()
+            if slot.prompts is not None:
+                slot.prompts.shutdown()
+            if slot.loaded is not None:
+                loaded, slot.loaded, slot.state = slot.loaded, None, "unloaded"
+                await asyncio.get_running_loop().run_in_executor(None, loaded.close)
+
+
+def give_back_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc keeps what a closed vocabulary
+    freed; malloc_trim returns it, so the server's RSS comes back after an unload). A no-op
+    where there is no glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _model_path(name: str, model: ModelConfig) -> Path | None:
+    """Its GGUF on disk, without fetching anything; None when it is not there."""
+    if model.path:
+        return Path(model.path).expanduser()
+    if not model.embedded:
+        return None
+    from localserve.runners.models import ensure_embedded
+
+    try:
+        return ensure_embedded()
+    except Exception:  # noqa: BLE001 (not there: the load says why)
+        return None
+
+
+def _template_source(name: str, model: ModelConfig) -> str | None:
+    """A not-yet-loaded model's template text, as the runner would take it (a file's text,
+    the configured text or name, else the GGUF header's), without loading it."""
+    configured = model.chat_template
+    if is_template_file(configured):
+        try:
+            return Path(configured).expanduser().read_text(encoding="utf-8")
+        except OSError:
+            return None
+    if configured:
+        return configured
+    from localserve.runners.gguf_header import read_header
+
+    path = _model_path(name, model)
+    try:
+        return read_header(path).get("tokenizer.chat_template") if path else None
+    except (OSError, ValueError):
+        return None
+
+
+def _need(slot: ModelSlot) -> int:
+    """A model's memory need in bytes from its GGUF header (footprint.py); 0 when unreadable."""
+    from localserve.runners import footprint
+    from localserve.runners.gguf_header import read_header
+
+    path = _model_path(slot.name, slot.model)
+    if path is None or not path.is_file():
+        return 0
+    try:
+        gpu = footprint.device_available(slot.model.main_gpu) is not None
+        need = footprint.estimate(read_header(path), slot.model, gpu=gpu) if path else None
+    except (OSError, ValueError):
+        return 0
+    return footprint.counted(need, gpu) if need is not None else 0

@@ -1,0 +1,240 @@
+"""Several models on one server (localserve/serve/pool.py), on the real engine: the embedded
+GGUF under two names with different settings ("gemma", the default, and "small", a smaller
+n_ctx), plus two that cannot load (a missing file, a truncated copy of the GGUF). Alternating
+requests of several users to both complete; with max_loaded_models = 1 they swap and every
+request completes, a busy model is never evicted mid-reply (the newcomer waits, `loading`,
+saying why); with room for both, both stay loaded; a broken model fails only its own requests;
+after keep_alive the engine process is gone and the next request loads it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from localserve.config import Config, ModelConfig, ServerConfig
+from tests.support.live import WS
+from tests.support.waiting import wait_until
+
+SETTINGS = dict(
+    chat_format="transcript", chat_template="gemma", max_num_batched_tokens=256, n_threads=2
+)
+
+
+def models_config(tmp_path, **server) -> Config:
+    from localserve.runners.models import ensure_embedded
+
+    gguf = ensure_embedded()
+    truncated = tmp_path / "truncated.gguf"
+    with open(gguf, "rb") as src, open(truncated, "wb") as dst:
+        dst.write(src.read(4 << 20))  # the header and a little of the weights
+    models = {
+        "gemma": ModelConfig(embedded=True, n_ctx=2048, max_num_seqs=4, **SETTINGS),
+        "small": ModelConfig(path=str(gguf), n_ctx=1024, max_num_seqs=2, **SETTINGS),
+        "missing": ModelConfig(path=str(tmp_path / "no-such.gguf"), **SETTINGS),
+        "truncated": ModelConfig(path=str(truncated), **SETTINGS),
+    }
+    limits = dict(shutdown_grace_s=2, usage=True, state_dir=str(tmp_path)) | server
+    return Config(default="gemma", models=models, server=ServerConfig(**limits))
+
+
+@pytest.fixture
+def serve(tmp_path):
+    from localserve.serve.serving import serving
+
+    opened = []
+
+    def start(**server):
+        opened.append(serving(models_config(tmp_path, **server), thread=True))
+        return opened[-1].__enter__()
+
+    yield start
+    for cm in reversed(opened):
+        cm.__exit__(None, None, None)
+
+
+def chat(served, model: str, user: str, max_tokens: int = 8, **extra) -> tuple[int, dict]:
+    body = {
+        "model": model,
+        "user": user,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"Hello from {user}"}],
+    } | extra
+    request = urllib.request.Request(
+        served.thread.http + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(served, path: str) -> dict:
+    with urllib.request.urlopen(served.thread.http + path, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def states(served) -> dict[str, str]:
+    return {m["name"]: m["state"] for m in get(served, "/healthz")["models"]}
+
+
+def test_alternating_requests_of_several_users_to_both_models_complete(serve):
+    served = serve()
+    assert states(served) == {
+        "gemma": "loaded",
+        "small": "unloaded",
+        "missing": "unloaded",
+        "truncated": "unloaded",
+    }
+    results, threads = [], []
+    for user in ("ann", "bob", "cy"):
+        for i in range(4):
+            model = ("gemma", "small")[i % 2]
+            target = lambda u=user, m=model: results.append((m, chat(served, m, u)))  # noqa: E731
+            threads.append(threading.Thread(target=target))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert len(results) == 12
+    for model, (status, body) in results:
+        assert status == 200, body
+        assert body["model"] == model and body["choices"][0]["message"]["content"]
+    assert states(served)["small"] == "loaded" and states(served)["gemma"] == "loaded"
+    cards = {c["id"]: c for c in get(served, "/v1/models")["data"]}
+    assert cards["small"]["max_model_len"] == 1024 and cards["gemma"]["max_model_len"] == 2048
+    assert cards["small"]["status"] == "loaded" and cards["missing"]["status"] == "unloaded"
+    usage = served.server.usage  # one record for every model: each row names its model
+    wait_until(lambda: _rows(usage.path) == 12, 10, "every row written")
+    with sqlite3.connect(usage.path) as db:
+        per_model = dict(db.execute("SELECT model, count(*) FROM requests GROUP BY model"))
+        users = {u for (u,) in db.execute("SELECT DISTINCT user FROM requests")}
+    assert per_model == {"gemma": 6, "small": 6} and users == {"ann", "bob", "cy"}
+    # the Ollama and Anthropic APIs pick the model by name too, and list them all
+    ollama = {"model": "small:latest", "stream": False, "options": {"num_predict": 4},
+              "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+    assert post(served, "/api/chat", ollama)["model"] == "small:latest"
+    tags = [m["name"] for m in get(served, "/api/tags")["models"]]
+    assert tags == ["gemma:latest", "small:latest", "missing:latest", "truncated:latest"]
+    anthropic = {"model": "small", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    assert post(served, "/v1/messages", anthropic)["model"] == "small"
+    counted = post(served, "/v1/messages/count_tokens", anthropic | {"model": "gemma"})
+    assert counted["input_tokens"] > 0
+
+
+def _rows(path) -> int:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT count(*) FROM requests").fetchone()[0]
+
+
+def test_with_room_for_one_they_swap_and_a_busy_model_finishes_its_reply(serve):
+    served = serve(max_loaded_models=1)
+    ws = WS(served.thread.url)
+    ws.hello("ann")
+    ws.chat("long", "Tell me a long story", max_tokens=120, ignore_eos=True)  # gemma, busy
+    ws.until(lambda f: f["type"] == "token")
+    ws.chat("other", "Hi", model="small", max_tokens=4)
+    frames = ws.until_done("long", 180)
+    loading = [f for f in frames if f["type"] == "queued" and f.get("loading")]
+    assert any("waiting for memory: gemma is busy" in f["loading"] for f in loading), frames
+    long_done = frames[-1]
+    assert long_done["finish_reason"] == "length" and long_done["usage"]["completion_tokens"] == 120
+    done = ws.until_done("other", 180)[-1]
+    assert done["finish_reason"] in ("stop", "length"), done
+    assert done["timings"]["load_ms"] > 0
+    assert done["timings"]["ttft_ms"] >= done["timings"]["load_ms"]
+    assert states(served)["gemma"] == "unloaded" and states(served)["small"] == "loaded"
+    ws.close()
+    for model in ("gemma", "small", "gemma"):  # swapped each time, every request completes
+        status, body = chat(served, model, "bob")
+        assert status == 200, body
+        loaded = [n for n, s in states(served).items() if s == "loaded"]
+        assert loaded == [model]
+
+
+def test_a_model_that_cannot_load_fails_only_its_own_requests(serve):
+    served = serve()
+    for name, why in (("missing", "no-such.gguf"), ("truncated", "")):
+        status, body = chat(served, name, "ann")
+        assert status == 503, body
+        message = body["error"]["message"]
+        assert message.startswith(f"model {name} could not be loaded: ") and why in message
+        assert states(served)[name] == "failed"
+        status, body = chat(served, name, "ann")  # again at once: the same answer, no new load
+        assert status == 503 and "could not be loaded" in body["error"]["message"]
+    status, body = chat(served, "gemma", "bob")
+    assert status == 200, body
+    status, body = chat(served, "nonesuch", "bob")
+    assert status == 404 and "'gemma', 'small', 'missing', 'truncated'" in body["error"]["message"]
+    ws = WS(served.thread.url)
+    welcome = ws.hello("cy")
+    assert welcome["models"] == ["gemma", "small", "missing", "truncated"]
+    ws.chat("m", "Hi", model="missing", max_tokens=4)
+    error = ws.until(lambda f: f["type"] == "error")[-1]
+    assert (
+        error["code"] == "unavailable" and "model missing could not be loaded" in error["message"]
+    )
+    ws.close()
+
+
+def test_after_keep_alive_the_engine_process_is_gone_and_the_next_request_loads_it(serve):
+    served = serve()
+    pool = served.server.pool
+    small = pool.slot("small")
+    small.model.keep_alive = 1  # as models.toml's keep_alive = 1 would
+    before = rss_mib(os.getpid())  # the server's process (this one): gemma loaded
+    status, body = chat(served, "small", "ann")
+    assert status == 200, body
+    pid = small.engine._process.pid
+    assert rss_mib(pid) > 100  # the engine process holds the model
+    os.kill(pid, 0)  # the engine process is there
+    tags = {m["name"]: m for m in get(served, "/api/ps")["models"]}
+    assert "small:latest" in tags and tags["small:latest"]["expires_at"] < "2300"
+    wait_until(lambda: small.state == "unloaded", 30, "small unloaded after its keep_alive")
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(gone, 15, "the engine process exited")
+    # its vocabulary closed (after the process) and the heap trimmed: the memory is back
+    wait_until(lambda: rss_mib(os.getpid()) < before + 24, 10, f"RSS back near {before:.0f} MiB")
+    assert "small:latest" not in {m["name"] for m in get(served, "/api/ps")["models"]}
+    status, body = chat(served, "small", "ann")
+    assert status == 200, body
+    assert small.is_loaded and small.engine._process.pid != pid
+    # Ollama's idiom: an empty generate with keep_alive 0 unloads it, one without loads it
+    assert post(served, "/api/generate", {"model": "small", "keep_alive": 0})["done_reason"] == (
+        "unload"
+    )
+    wait_until(lambda: small.state == "unloaded", 30, "small unloaded by keep_alive 0")
+    assert post(served, "/api/generate", {"model": "small:latest"})["done_reason"] == "load"
+    assert small.is_loaded
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def post(served, path: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        served.thread.http + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())

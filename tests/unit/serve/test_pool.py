@@ -1,0 +1,209 @@
+"""The pool of models (localserve/serve/pool.py) on fake runners: a model loads on demand, a
+failed load says why and is retried at most once per RETRY_LOAD_S, the least recently used
+idle model is evicted for a newcomer, a busy one never is (the newcomer waits, saying why), and
+a model idle for its keep_alive is unloaded. The real engine: tests/e2e/test_models.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from localserve.config import (
+    Config,
+    ConfigError,
+    ModelConfig,
+    ServerConfig,
+    parse_config,
+    parse_keep_alive,
+)
+from localserve.runners.fake import FakeRunner
+from localserve.serve.pool import LoadedModel, LoadFailure, ModelPool, UnknownModel
+
+
+class FakeEngine:
+    """What the pool touches of an engine: its event sink and whether it was stopped."""
+
+    def __init__(self) -> None:
+        self.on_events = None
+        self.problem = ""
+        self.stopped = False
+
+
+def pool_of(names, server: ServerConfig | None = None, fail=(), need_mib=0):
+    models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript") for n in names}
+    config = Config(default=names[0], models=models, server=server or ServerConfig())
+    loads = []
+
+    def loader(name: str) -> LoadedModel:
+        loads.append(name)
+        if name in fail:
+            raise RuntimeError(f"{name}.gguf is not a GGUF")
+        engine = FakeEngine()
+        return LoadedModel(engine, FakeRunner(), lambda: setattr(engine, "stopped", True))
+
+    pool = ModelPool(config, lambda: config.server, loader, lambda events: None)
+    for slot in pool.slots.values():
+        slot.need_bytes = need_mib << 20
+    return pool, loads
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_keep_alive_takes_seconds_durations_and_never():
+    assert parse_keep_alive(300) == 300
+    assert parse_keep_alive("5m") == 300
+    assert parse_keep_alive("1h30m") == 5400
+    assert parse_keep_alive("2.5s") == 2.5
+    assert parse_keep_alive("-1") == -1 and parse_keep_alive(-5) == -1
+    for bad in ("soon", "5 minutes", True):
+        with pytest.raises(ValueError, match="keep_alive"):
+            parse_keep_alive(bad)
+    with pytest.raises(ConfigError, match=r"models.x.keep_alive"):
+        parse_config('[models.x]\npath = "x.gguf"\nkeep_alive = "later"')
+    assert parse_config("").models["gemma-3-270m"].keep_alive == -1  # the embedded one stays
+
+
+def test_a_model_loads_when_first_asked_for_and_an_unknown_name_lists_the_models():
+    async def main():
+        pool, loads = pool_of(["a", "b"])
+        with pytest.raises(UnknownModel, match="'a', 'b'"):
+            pool.slot("c")
+        b = pool.slot("b")
+        assert b.state == "unloaded" and pool.slot(None).name == "a"
+        await asyncio.gather(pool.ready(b, print), pool.ready(b, print))  # one load for both
+        assert b.is_loaded and loads == ["b"] and b.prompts is not None
+        assert b.describe()["state"] == "loaded"
+
+    run(main())
+
+
+def test_a_failed_load_says_why_and_is_retried_at_most_once_per_interval(monkeypatch):
+    async def main():
+        pool, loads = pool_of(["a", "broken"], fail={"broken"})
+        slot = pool.slot("broken")
+        with pytest.raises(LoadFailure, match="model broken could not be loaded: broken.gguf is"):
+            await pool.ready(slot, print)
+        with pytest.raises(LoadFailure, match="not a GGUF") as e:  # at once: no new attempt
+            await pool.ready(slot, print)
+        assert loads == ["broken"] and e.value.retry_after_s > 0
+        assert slot.state == "failed" and "not a GGUF" in slot.reason
+        slot.retry_at = 0  # the interval passed
+        with pytest.raises(LoadFailure):
+            await pool.ready(slot, print)
+        assert loads == ["broken", "broken"]
+
+    run(main())
+
+
+def test_the_least_recently_used_idle_model_makes_room_and_a_busy_one_is_never_evicted():
+    async def main():
+        pool, loads = pool_of(["a", "b", "c"], ServerConfig(max_loaded_models=2))
+        a, b, c = (pool.slot(n) for n in "abc")
+        for slot in (a, b):
+            await pool.ready(slot, print)
+        pool.acquire(b)
+        pool.release(b)  # b used after a: a is the least recently used
+        await pool.ready(c, print)
+        assert (a.state, b.state, c.state) == ("unloaded", "loaded", "loaded")
+        assert a.loaded is None
+        pool.acquire(b)
+        pool.acquire(c)  # both busy: a waits for room
+        said = []
+        waiting = asyncio.ensure_future(pool.ready(a, said.append))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and a.state == "loading"
+        assert said == ["waiting for memory: b, c are busy"]
+        pool.release(c)  # c idle: evicted for a; b, busy, stays
+        await waiting
+        assert (a.state, b.state, c.state) == ("loaded", "loaded", "unloaded")
+
+    run(main())
+
+
+def test_a_model_bigger_than_the_whole_budget_fails_its_requests():
+    async def main():
+        pool, loads = pool_of(["a", "big"], ServerConfig(memory_budget_mib=100), need_mib=150)
+        with pytest.raises(LoadFailure, match="needs 150 MiB, more than the whole memory budget"):
+            await pool.ready(pool.slot("big"), print)
+        assert loads == []
+
+    run(main())
+
+
+def test_a_budget_that_fits_one_model_swaps_them():
+    async def main():
+        pool, _ = pool_of(["a", "b"], ServerConfig(memory_budget_mib=100), need_mib=60)
+        a, b = pool.slot("a"), pool.slot("b")
+        await pool.ready(a, print)
+        await pool.ready(b, print)
+        assert (a.state, b.state) == ("unloaded", "loaded")
+
+    run(main())
+
+
+def test_an_idle_model_is_unloaded_after_its_keep_alive_and_a_request_can_shorten_it():
+    async def main():
+        pool, loads = pool_of(["a", "b"])
+        b = pool.slot("b")
+        b.model.keep_alive = 0.1
+        await pool.ready(b, print)
+        engine = b.engine
+        pool.acquire(b)
+        await asyncio.sleep(0.2)
+        assert b.is_loaded  # busy: its keep_alive does not run
+        pool.release(b)
+        assert b.describe()["expires_at"] > 0
+        await asyncio.sleep(0.3)
+        assert b.state == "unloaded" and engine.stopped
+        await pool.ready(b, print)  # the next request loads it again
+        pool.acquire(b)
+        pool.release(b, keep_alive_s=0)  # Ollama's keep_alive 0: unload after this reply
+        await asyncio.sleep(0.1)
+        assert b.state == "unloaded" and loads == ["b", "b"]
+        await pool.ready(b, print)
+        pool.acquire(b)
+        pool.release(b, keep_alive_s=60)  # longer for this request ...
+        await asyncio.sleep(0.2)
+        assert b.is_loaded and b.keep_alive_s == 60
+        pool.acquire(b)
+        pool.release(b)  # ... and the model's own again after one without
+        assert b.keep_alive_s == 0.1
+        a = pool.slot("a")
+        a.model.keep_alive = -1  # pinned in models.toml: a request's keep_alive changes nothing
+        await pool.ready(a, print)
+        pool.acquire(a)
+        pool.release(a, keep_alive_s=0)
+        await asyncio.sleep(0.05)
+        assert a.is_loaded and a.keep_alive_s == -1
+
+    run(main())
+
+
+def test_server_settings_for_several_models_are_checked():
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"max_loaded_models": -1}, ServerConfig)
+    assert ServerConfig().memory_budget_mib == 0 and ServerConfig().max_loaded_models == 0
+
+
+def test_two_models_loading_at_once_stay_within_max_loaded_models():
+    async def main():
+        pool, loads = pool_of(["a", "b", "c"], ServerConfig(max_loaded_models=1))
+        a, b, c = (pool.slot(n) for n in "abc")
+        await pool.ready(a, print)
+        pool.acquire(b)
+        pool.acquire(c)  # b's and c's requests come together
+        said = []
+        both = asyncio.gather(pool.ready(b, said.append), pool.ready(c, said.append))
+        await asyncio.sleep(0.1)
+        assert sum(s.is_loaded for s in (a, b, c)) == 1  # never two loaded at once
+        first, second = (b, c) if b.is_loaded else (c, b)
+        assert second.state == "loading" and said[-1].endswith(f"{first.name} is busy")
+        pool.release(first)  # its reply done: the other evicts it
+        await both
+        assert (a.state, first.state, second.state) == ("unloaded", "unloaded", "loaded")
+
+    run(main())
