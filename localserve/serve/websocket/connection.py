@@ -381,11 +381,8 @@ class Connection:
             return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters", chat.id)
         # in flight: still being tokenized, running, or its `done` not sent yet (usage record)
         engine_id = f"{self.num}:{chat.id}"
-        if (
-            self.door.is_in_flight(engine_id)
-            or chat.id in self.requests
-            or (chat.id in self._submitting)
-        ):
+        mine = chat.id in self.requests or chat.id in self._submitting  # or being admitted
+        if self.door.is_in_flight(engine_id) or mine:
             message = f"id {chat.id!r} is already in flight on this connection"
             return self.error("bad_request", message, chat.id)
         try:
