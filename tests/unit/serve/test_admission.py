@@ -1,6 +1,6 @@
 """What a chat is on its way in (localserve/serve/admission.py): a refusal carries the protocol's
 error code, its message and how long to wait; a request cancelled while its model loads stops
-at once and frees what it held (on the fake pool of test_pool.py). The server's limits are
+at once and frees what it held (on a pool of fake runners). The server's limits are
 tested through the server in e2e/test_websocket_connection.py."""
 
 from __future__ import annotations
@@ -50,16 +50,28 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
     import asyncio
     import threading
 
+    from localserve.config import Config, ModelConfig, ServerConfig
     from localserve.ops.auth import Access
     from localserve.protocol.frames import SamplingFields
+    from localserve.runners.fake import FakeRunner
     from localserve.serve.admission import Admission
-    from tests.unit.serve.test_pool import pool_of
+    from localserve.serve.pool import LoadedModel, ModelPool
+
+    class FakeEngine:
+        on_events, problem = None, ""
 
     async def main():
-        pool, loads = pool_of(["a", "b"])
-        gate = threading.Event()
-        loader = pool._loader
-        pool._loader = lambda name: (gate.wait(10), loader(name))[1]
+        models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript")
+                  for n in ("a", "b")}  # fmt: skip
+        config = Config(default="a", models=models, server=ServerConfig())
+        gate, loads = threading.Event(), []
+
+        def loader(name: str) -> LoadedModel:
+            gate.wait(10)
+            loads.append(name)
+            return LoadedModel(FakeEngine(), FakeRunner(), lambda: None)
+
+        pool = ModelPool(config, lambda: config.server, loader, lambda events: None)
         admission = Admission(pool, lambda: pool._server_config(), lambda: None, Access({}))
         slot = pool.slot("b")
 
