@@ -30,7 +30,7 @@ from localserve.chat.constraints import ConstraintCompiler
 from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.engine.client import EngineClient, EngineUnavailable
-from localserve.engine.events import Done
+from localserve.engine.events import Done, EventSink
 from localserve.engine.sampling_params import Constraint, SamplingParams, sampling_params
 from localserve.ops.auth import Access, AuthThrottle, address_group
 from localserve.ops.usage import Usage
@@ -82,6 +82,10 @@ class Request:
     loading: str = ""  # while its model loads: what it waits for ("loading model X", ...)
     load_ms: float = 0.0  # how long it waited for its model to load (in its TTFT)
     keep_alive_s: float | None = None  # its own keep_alive for the model (Ollama's field)
+    # set by a cancel (the client's, or its sink's going away): one still waiting for its
+    # model or having its prompt built stops at once, one in the engine at its next step
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    is_in_engine: bool = False  # handed to the engine: its `done` comes from there
 
 
 class Refusal(Exception):
@@ -202,6 +206,7 @@ class Frontdoor(Protocol):
         response_format: Any = None,
         constraint: Constraint | None = None,
         keep_alive_s: float | None = None,
+        cancelled: asyncio.Event | None = None,
     ) -> Request | None: ...
 
     def cancel(self, request: Request) -> None: ...
@@ -226,8 +231,12 @@ class Admission:
         config: Callable[[], ServerConfig],
         usage: Callable[[], Usage | None],
         access: Access,
+        on_events: EventSink | None = None,
     ) -> None:
         self.pool = pool
+        # where a `done` admission makes itself goes (the server's router, as the engine's do);
+        # None: straight to the request's sink, unrecorded
+        self.on_events = on_events
         self._config = config
         self.access = access
         self._usage = usage
@@ -382,6 +391,7 @@ class Admission:
         constraint: Constraint | None = None,
         keep_alive_s: float | None = None,
         model: str | None = None,
+        cancelled: asyncio.Event | None = None,
     ) -> Request | None:
         """Check the limits and the sampling values, build the prompt, hand it to the engine.
 
@@ -391,7 +401,9 @@ class Admission:
         Raises Refusal (busy, shutting_down, too_long, bad_request, quota_exceeded,
         unavailable); returns None when the sink closed while the prompt was being built
         (nothing was queued). `model`: its name (None: the default), loaded here when it is not
-        (the request waits, `loading`, and is refused when the load fails).
+        (the request waits, `loading`, and is refused when the load fails). `cancelled`: a
+        cancel before the caller holds the request; set while the model loads or the prompt is
+        built, it stops at once with a `done` "cancelled" (none when its sink closed: None).
         """
         slot = self._admissible(user, fields.max_tokens, model)
         try:
@@ -401,7 +413,7 @@ class Admission:
         except ValueError as e:  # ConstraintError too
             raise Refusal("bad_request", str(e)) from None
         request = Request(engine_id, client_id, user, sink, model=slot.name, slot=slot)
-        request.keep_alive_s = keep_alive_s
+        request.keep_alive_s, request.cancelled = keep_alive_s, cancelled or request.cancelled
         request = self._open(request)
         allowance = self.usage.allowance(user) if self.usage is not None else None
         if allowance is not None:  # a quota: the reply may use at most what is left of it
@@ -410,22 +422,11 @@ class Admission:
         try:
             if not await self._enqueue(request, params, fields, allowance is not None, prompt):
                 return None
-        except EngineUnavailable as e:  # it went down while the prompt was built
-            self.release(request)
-            raise _unavailable(str(e)) from None
-        except LoadFailure as e:
-            self.release(request)
-            raise Refusal("unavailable", e.message, max(e.retry_after_s, 1)) from None
-        except PromptTooLong as e:
-            self.release(request)
-            if slot.engine is not None:
-                slot.engine.reject()
-            raise Refusal("too_long", str(e)) from None
         except Refusal:
             raise
-        except ValueError as e:
+        except (EngineUnavailable, LoadFailure, PromptTooLong, ValueError) as e:
             self.release(request)
-            raise Refusal("bad_request", str(e)) from None
+            raise _refusal(e, slot) from None
         except BaseException:  # unexpected (or cancelled): the request must not stay counted
             self.release(request)
             raise
@@ -442,8 +443,10 @@ class Admission:
         """Build the prompt and hand the request to the engine; False when its sink closed
         meanwhile (it is released here: nothing was queued)."""
         slot = request.slot
-        if not slot.is_loaded:
+        if not slot.is_loaded and not request.cancelled.is_set():
             await self._wait_for_model(request, slot)
+        if request.cancelled.is_set():  # while its model loaded: no prompt to build
+            return self._end_cancelled(request)
         truncate = self.config.context_overflow == "truncate"
         built = await prompt(slot.prompts, params.max_tokens if truncate else None)
         request.num_dropped_messages = built.num_dropped_messages
@@ -457,6 +460,8 @@ class Admission:
             if self.is_shutting_down:
                 raise Refusal("shutting_down", "the server is shutting down")
             return False
+        if request.cancelled.is_set():  # while its prompt was built
+            return self._end_cancelled(request)
         if has_quota:
             params = self._hold_prompt(request, params, len(built.tokens))
         if slot.engine is None:  # unloaded while the prompt was built (it cannot be: active)
@@ -470,11 +475,30 @@ class Admission:
             system_is_global=built.is_default_system,
             client_id=request.client_id,
         )
+        request.is_in_engine = True
+        return True
+
+    def _end_cancelled(self, request: Request) -> bool:
+        """A request cancelled before it reached the engine: it ends with a `done`
+        "cancelled" and no tokens, routed as the engine's are (released, its usage row
+        recorded, then sent); one whose sink closed is only released (False: nobody reads it)."""
+        if request.sink.is_closed or self.on_events is None:
+            self.release(request)
+            if request.sink.is_closed:
+                return False
+        timings = {"queue_ms": 0.0, "ttft_ms": None, "itl_ms": None, "e2e_ms": 0.0}
+        done = Done(request.engine_id, "cancelled", 0, 0, 0, timings)
+        if self.on_events is not None:
+            self.on_events([done])
+        else:
+            request.sink.on_done(request, done)
         return True
 
     async def _wait_for_model(self, request: Request, slot: ModelSlot) -> None:
-        """Until the request's model is loaded; its sink is told it waits (`loading`), and why
-        when it waits for memory. LoadFailure when the model cannot be loaded."""
+        """Until the request's model is loaded or the request is cancelled; its sink is told
+        it waits (`loading`), and why when it waits for memory. LoadFailure when the model
+        cannot be loaded. A cancelled request stops waiting at once: pool.ready's wait is
+        shielded, so the load goes on for the others (and ends idle when none is left)."""
         started = time.monotonic()
 
         def waiting(reason: str) -> None:
@@ -483,11 +507,18 @@ class Admission:
                 request.sink.on_queued(request, self.num_waiting)
 
         waiting(f"loading model {slot.name}")
+        ready = asyncio.ensure_future(self.pool.ready(slot, waiting))
+        cancelled = asyncio.ensure_future(request.cancelled.wait())
         try:
-            await self.pool.ready(slot, waiting)
+            await asyncio.wait((ready, cancelled), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            cancelled.cancel()
+            if not ready.done():
+                ready.cancel()
             request.loading = ""
             request.load_ms = (time.monotonic() - started) * 1e3
+        if ready.done() and not ready.cancelled():
+            ready.result()  # its LoadFailure
 
     def _hold(self, request: Request, tokens: int) -> None:
         """Reserve (or, negative, give back) tokens of the user's quota for this request."""
@@ -572,10 +603,11 @@ class Admission:
             request.is_waiting = False
 
     def cancel(self, request: Request) -> None:
-        """Cancel at the next step (its cells are freed then); its `done` still comes. (One
-        whose model is still loading is dropped when the load ends: its sink is closed.)"""
+        """Cancel at the next step (its cells are freed then); its `done` still comes. One
+        still waiting for its model, or having its prompt built, stops at once (submit)."""
+        request.cancelled.set()
         engine = request.slot.engine if request.slot is not None else None
-        if engine is not None and not request.loading:
+        if engine is not None and request.is_in_engine:
             engine.cancel(request.engine_id)
 
     def cancel_all(self) -> None:
@@ -597,6 +629,19 @@ class Admission:
         for table in (c.waiting_per_user, c.inflight_per_user):
             if not table[user]:
                 del table[user]
+
+
+def _refusal(e: Exception, slot: ModelSlot) -> Refusal:
+    """The refusal of a request that failed while its model loaded or its prompt was built."""
+    if isinstance(e, EngineUnavailable):  # it went down while the prompt was built
+        return _unavailable(str(e))
+    if isinstance(e, LoadFailure):
+        return Refusal("unavailable", e.message, max(e.retry_after_s, 1))
+    if isinstance(e, PromptTooLong):
+        if slot.engine is not None:
+            slot.engine.reject()
+        return Refusal("too_long", str(e))
+    return Refusal("bad_request", str(e))
 
 
 def _unavailable(problem: str) -> Refusal:
@@ -687,11 +732,11 @@ class ModelDoor:
 
     async def submit(self, sink: Sink, user: str, client_id: str, engine_id: str,
                      fields: SamplingFields, prompt: BuildPrompt, response_format: Any = None,
-                     constraint: Constraint | None = None,
-                     keep_alive_s: float | None = None) -> Request | None:  # fmt: skip
+                     constraint: Constraint | None = None, keep_alive_s: float | None = None,
+                     cancelled: asyncio.Event | None = None) -> Request | None:  # fmt: skip
         return await self._admission.submit(
             sink, user, client_id, engine_id, fields, prompt, response_format, constraint,
-            keep_alive_s, model=self._slot.name,
+            keep_alive_s, model=self._slot.name, cancelled=cancelled,
         )  # fmt: skip
 
     def cancel(self, request: Request) -> None:

@@ -9,7 +9,9 @@ serve/ollama/reply.py, serve/anthropic/reply.py); each writes its own body shape
   client that lets max_outbox_bytes pile up, or whose socket takes nothing for
   write_timeout_s, is cut off (the connection aborted) and its request cancelled;
 - the client closing its connection cancels the request at the engine's next step (its cells
-  freed), whether it streams or waits for the whole reply;
+  freed), whether it streams or waits for the whole reply; while it is being admitted (its
+  model loading, its prompt being built) too: `admitting` watches the client then, and the
+  request stops waiting at once and frees its place;
 - a reply that was not delivered (gone, or failed) cancels its request too: every admitted
   request ends.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable
 
 from localserve.engine.events import Done
 from localserve.serve.admission import Frontdoor, Request
@@ -47,6 +50,8 @@ class HttpReply:
         self.num_pending_bytes = 0
         self.done: Done | None = None
         self._ready = asyncio.Event()
+        # given to door.submit: the client gone before it was admitted (its model loading)
+        self.cancelled = asyncio.Event()
 
     # the sink: called by the server with the engine's events
 
@@ -75,12 +80,25 @@ class HttpReply:
             return
         self.is_closed = True
         log.warning("%s (%s): %s; request cancelled", self.client_id, self.user, why)
+        self.cancelled.set()  # a request still being admitted stops at once
         if self.request is not None and self.done is None:
             self.door.cancel(self.request)
         transport = self.scope.get("extensions", {}).get("localserve")
         if transport is not None and why.startswith("not reading"):
             transport.abort()
         self._ready.set()
+
+    async def admitting(self, receive, submitting: Awaitable[Request | None]) -> Request | None:
+        """`door.submit(..., cancelled=self.cancelled)`, the client watched meanwhile: one that
+        closes its connection while its model loads or its prompt is built cancels it (None)."""
+        watcher = asyncio.create_task(self._watch(receive))
+        try:
+            request = await submitting
+        finally:
+            watcher.cancel()
+        if request is not None and self.is_closed:  # gone just as it reached the engine
+            self.door.cancel(request)
+        return request
 
     # the ASGI response
 

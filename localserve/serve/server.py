@@ -87,7 +87,9 @@ class Server:
         # `close`: how the pool puts the default away when it unloads it (serving()'s, which
         # also runs at the end); without it the default's engine is the caller's to stop
         self.pool.add_loaded(name, LoadedModel(engine, runner, close or (lambda: None)))
-        self.admission = Admission(self.pool, lambda: self.config, lambda: self.usage, access)
+        self.admission = Admission(
+            self.pool, lambda: self.config, lambda: self.usage, access, self.router.on_engine_events
+        )
         self.router.admission = self.admission
         self.snapshots = Snapshots(self._primary_engine)
         self.connections = Connections(

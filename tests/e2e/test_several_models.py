@@ -4,15 +4,20 @@ n_ctx), plus two that cannot load (a missing file, a truncated copy of the GGUF)
 requests of several users to both complete; with max_loaded_models = 1 they swap and every
 request completes, a busy model is never evicted mid-reply (the newcomer waits, `loading`,
 saying why); with room for both, both stay loaded; a broken model fails only its own requests;
-after keep_alive the engine process is gone and the next request loads it again."""
+after keep_alive the engine process is gone and the next request loads it again. A cancel while
+a chat's model loads ends it at once (its connection reads on meanwhile), and an HTTP client that
+leaves while its model loads frees its place at once."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -238,3 +243,57 @@ def post(served, path: str, body: dict) -> dict:
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
+
+
+def test_a_cancel_while_its_model_loads_ends_it_at_once_and_the_connection_reads_on(serve):
+    served = serve()
+    small, admission = served.server.pool.slot("small"), served.server.admission
+    ws = WS(served.thread.url)
+    ws.hello("ann")
+    ws.chat("slow", "Tell me a story", model="small", max_tokens=60)
+    loading = ws.until(lambda f: f["type"] == "queued")[-1]
+    assert loading["id"] == "slow" and loading["loading"] == "loading model small"
+    ws.chat("slow", "Again", model="small")  # its id is taken while it is being admitted
+    refused = ws.until(lambda f: f["type"] == "error")[-1]
+    assert refused["id"] == "slow" and "already in flight" in refused["message"]
+    ws.chat("quick", "Hi", max_tokens=4)  # the default model, answered meanwhile
+    quick = ws.until(lambda f: f["type"] == "queued" and f["id"] == "quick")[-1]
+    assert "loading" not in quick and small.state == "loading"
+    ws.send({"type": "cancel", "id": "slow"})
+    frames = ws.until_done("slow", 30)
+    cancelled_at = time.time()
+    done = frames[-1]
+    assert done["finish_reason"] == "cancelled" and done["usage"]["completion_tokens"] == 0
+    assert done["recorded"] is True and done["timings"]["load_ms"] > 0  # a row, as others'
+    assert not [f for f in frames if f["type"] in ("token", "error") and f.get("id") == "slow"]
+    assert ws.until_done("quick", 60)[-1]["finish_reason"] in ("stop", "length")
+    wait_until(lambda: small.is_loaded, 60, "the load goes on for whoever comes next")
+    assert cancelled_at < small.since  # its done came before the load ended
+    assert small.active == 0 and admission.counts.inflight_per_user == {}
+    assert admission.num_waiting == 0 and not admission.requests
+    ws.chat("slow", "Hi", model="small", max_tokens=4)  # the id is free again; small answers
+    assert ws.until_done("slow", 60)[-1]["finish_reason"] in ("stop", "length")
+    ws.close()
+
+
+def test_an_http_client_gone_while_its_model_loads_frees_its_place_at_once(serve):
+    served = serve()
+    small, admission = served.server.pool.slot("small"), served.server.admission
+    host, port = urllib.parse.urlsplit(served.thread.http).netloc.split(":")
+    body = json.dumps({"model": "small", "stream": True, "max_tokens": 60, "user": "ann",
+                       "messages": [{"role": "user", "content": "Hi"}]}).encode()  # fmt: skip
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    client = socket.create_connection((host, int(port)), timeout=30)
+    client.sendall(head + body)
+    wait_until(lambda: any(r.loading for r in list(admission.requests.values())), 30, "loading")
+    assert small.active == 1 and admission.counts.inflight_per_user == {"ann": 1}
+    client.close()
+    wait_until(lambda: not admission.requests, 5, "the request gone with its client")
+    gone_at = time.time()
+    assert admission.num_waiting == 0 and admission.counts.inflight_per_user == {}
+    assert small.active == 0 and small.state == "loading"  # the pool slot no longer held
+    wait_until(lambda: small.is_loaded, 60, "the load ends")
+    assert gone_at < small.since and small.active == 0 and small.expires is not None  # idle
+    status, reply = chat(served, "small", "ann")  # and it serves the next one
+    assert status == 200, reply

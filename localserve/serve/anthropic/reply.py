@@ -63,9 +63,11 @@ async def start_reply(
         return built
 
     try:
-        admitted = await door.submit(
-            reply, user, client_id, f"{num}:{client_id}", fields, build, None, use.constraint
-        )
+        submitting = door.submit(
+            reply, user, client_id, f"{num}:{client_id}", fields, build, None, use.constraint,
+            cancelled=reply.cancelled,
+        )  # fmt: skip
+        admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e) from None
     if admitted is None:  # the client left while its prompt was built

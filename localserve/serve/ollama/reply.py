@@ -58,7 +58,7 @@ async def start_reply(
     reply = OllamaReply(door, request.scope, kind, stream, client_id, user, use)
     reply.model = model or public_name(door)
     try:
-        admitted = await door.submit(
+        submitting = door.submit(
             reply,
             user,
             client_id,
@@ -68,7 +68,9 @@ async def start_reply(
             response_format,
             constraint=use.constraint,
             keep_alive_s=keep_alive_s,
+            cancelled=reply.cancelled,
         )
+        admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e) from None
     if admitted is None:  # the client left while its prompt was built

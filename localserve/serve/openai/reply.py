@@ -57,7 +57,7 @@ async def start_reply(
     reply = Reply(door, request.scope, body, kind, client_id, user)
     reply.use = use if kind == "chat" else None
     try:
-        admitted = await door.submit(
+        submitting = door.submit(
             reply,
             user,
             client_id,
@@ -66,7 +66,9 @@ async def start_reply(
             prompt,
             response_format,
             constraint=use.constraint,
+            cancelled=reply.cancelled,
         )
+        admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e, kind) from None
     if admitted is None:  # the client left while its prompt was built

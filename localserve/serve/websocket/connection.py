@@ -3,7 +3,10 @@
 Frames are decoded by one reused msgspec decoder into the closed union of client frames; every
 problem with a frame is an `error` frame and the connection goes on. Chats go to admission
 through its `Frontdoor`; the server routes engine events to the connection that owns the
-request (`on_token`, `on_queued`, `on_done`); the conversation frames are
+request (`on_token`, `on_queued`, `on_done`). A chat's fields are checked as its frame is read;
+its admission (its model loaded, its prompt built) runs as a task of its own, its id reserved
+meanwhile, so the connection goes on reading: a `cancel` for it, or any other frame, is handled
+while it waits (a cancel stops it at once). The conversation frames are
 websocket/conversations.py's; token text waiting for a slow reader is coalesced
 in the outbox, which is bounded in frames and bytes. What connections share (their cap, the
 stats frame) is `Connections`. The connection runs on uvicorn's websocket protocol (see
@@ -84,6 +87,9 @@ class Connection:
         self.requests: dict[str, Request] = {}  # by the client's id
         self._uses: dict[str, ToolUse] = {}  # chats whose replies are read (tools, reasoning)
         self._readings: dict[str, ReplyReading | None] = {}  # made at their first text
+        # chats being admitted (model loading, prompt being built): their cancels, by id
+        self._submitting: dict[str, asyncio.Event] = {}
+        self._submissions: set[asyncio.Task] = set()
         self.outbox = Outbox()
         self.is_closed = False  # nothing more is sent
         self.is_closing = False  # nothing more is read
@@ -107,6 +113,7 @@ class Connection:
                 with contextlib.suppress(Exception):
                     await self._close_task
             self.is_closed = self.is_closing = True
+            self._cancel_submitting()
             for task in tasks:
                 task.cancel()
             if self._stats_task:
@@ -217,7 +224,14 @@ class Connection:
         if not flush:
             self.is_closed = True
             self.connections.drop(self)  # their cells are freed at the next step
+            self._cancel_submitting()
         self._close_task = asyncio.ensure_future(self._close(code, reason, flush))
+
+    def _cancel_submitting(self) -> None:
+        """The chats still being admitted stop at once; their sink is closed, so admission
+        releases them and their tasks end by themselves (submit returns None)."""
+        for cancelled in self._submitting.values():
+            cancelled.set()
 
     def _log_close(self, code: int, reason: str) -> None:
         message = f"connection {self.num} ({self.user}, {self.address}): closing, {code}: {reason}"
@@ -367,7 +381,8 @@ class Connection:
             return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters", chat.id)
         # in flight: still being tokenized, running, or its `done` not sent yet (usage record)
         engine_id = f"{self.num}:{chat.id}"
-        if self.door.is_in_flight(engine_id) or chat.id in self.requests:
+        mine = chat.id in self.requests or chat.id in self._submitting  # or being admitted
+        if self.door.is_in_flight(engine_id) or mine:
             message = f"id {chat.id!r} is already in flight on this connection"
             return self.error("bad_request", message, chat.id)
         try:
@@ -383,6 +398,22 @@ class Connection:
             )
         except ValueError as e:
             return self.error("bad_request", str(e), chat.id)
+        cancelled = self._submitting[chat.id] = asyncio.Event()  # the id reserved
+        task = asyncio.create_task(self._submit(door, chat, engine_id, messages, use, cancelled))
+        self._submissions.add(task)  # held until it ends (the loop keeps only weak references)
+        task.add_done_callback(self._submissions.discard)
+
+    async def _submit(
+        self,
+        door: Frontdoor,
+        chat: Chat,
+        engine_id: str,
+        messages: list[PromptMessage],
+        use: ToolUse,
+        cancelled: asyncio.Event,
+    ) -> None:
+        """A chat's admission, while the connection reads on: its `queued` or its `error`
+        (a `cancel` meanwhile: its `done` "cancelled", admission's)."""
         try:
             request = await door.submit(
                 self,
@@ -393,18 +424,27 @@ class Connection:
                 lambda prompts, reply: prompts.chat(messages, reply, use.extras),
                 chat.response_format,
                 constraint=use.constraint,
+                cancelled=cancelled,
             )
         except Refusal as e:
             return self.error(e.code, e.message, chat.id, e.retry_after_s)
-        if request is not None:
+        except Exception:
+            log.exception("connection %d (%s): admitting a chat failed", self.num, self.user)
+            return self.error("internal", "the server failed to admit this chat (logged)", chat.id)
+        finally:
+            self._submitting.pop(chat.id, None)
+        if request is not None and self.door.is_in_flight(engine_id):  # its done not out yet
             self.requests[chat.id] = request
             self._uses[chat.id] = use
             self._readings.pop(chat.id, None)
-            self.on_queued(request, self.door.num_waiting)
+            if not cancelled.is_set():  # else its `done` comes next, nothing before it
+                self.on_queued(request, self.door.num_waiting)
 
     def _cancel(self, cancel: Cancel) -> None:
         if len(cancel.id) > MAX_ID_LENGTH:
             return self.error("bad_request", f"id: 1-{MAX_ID_LENGTH} characters")
+        if (cancelled := self._submitting.get(cancel.id)) is not None:
+            return cancelled.set()  # it stops waiting; its `done` "cancelled" follows
         request = self.requests.get(cancel.id)
         if request is None:  # also the answer for another connection's ids: nothing leaks
             return self.error("unknown_id", f"no request {cancel.id!r} in flight here", cancel.id)

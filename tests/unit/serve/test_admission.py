@@ -1,6 +1,7 @@
 """What a chat is on its way in (localserve/serve/admission.py): a refusal carries the protocol's
-error code, its message and how long to wait; the server's limits that raise it are tested
-through the server in e2e/test_websocket_connection.py."""
+error code, its message and how long to wait; a request cancelled while its model loads stops
+at once and frees what it held (on a pool of fake runners). The server's limits are
+tested through the server in e2e/test_websocket_connection.py."""
 
 from __future__ import annotations
 
@@ -25,3 +26,78 @@ def test_a_request_waits_until_admitted_and_is_compared_by_identity():
     a = Request("1:r", "r", "ann", sink=None)
     b = Request("1:r", "r", "ann", sink=None)
     assert a.is_waiting and a != b and a == a
+
+
+class _Sink:
+    """A sink that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.is_closed = False
+        self.queued: list[str] = []
+        self.dones = []
+
+    def on_token(self, request, text) -> None:
+        raise AssertionError("no token for a request cancelled before the engine")
+
+    def on_queued(self, request, position) -> None:
+        self.queued.append(request.loading)
+
+    def on_done(self, request, done) -> None:
+        self.dones.append(done)
+
+
+def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_everything():
+    import asyncio
+    import threading
+
+    from localserve.config import Config, ModelConfig, ServerConfig
+    from localserve.ops.auth import Access
+    from localserve.protocol.frames import SamplingFields
+    from localserve.runners.fake import FakeRunner
+    from localserve.serve.admission import Admission
+    from localserve.serve.pool import LoadedModel, ModelPool
+
+    class FakeEngine:
+        on_events, problem = None, ""
+
+    async def main():
+        models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript")
+                  for n in ("a", "b")}  # fmt: skip
+        config = Config(default="a", models=models, server=ServerConfig())
+        gate, loads = threading.Event(), []
+
+        def loader(name: str) -> LoadedModel:
+            gate.wait(10)
+            loads.append(name)
+            return LoadedModel(FakeEngine(), FakeRunner(), lambda: None)
+
+        pool = ModelPool(config, lambda: config.server, loader, lambda events: None)
+        admission = Admission(pool, lambda: pool._server_config(), lambda: None, Access({}))
+        slot = pool.slot("b")
+
+        async def never_built(prompts, reply):
+            raise AssertionError("no prompt is built for a cancelled request")
+
+        for closed in (False, True):
+            sink, cancelled = _Sink(), asyncio.Event()
+            submitting = asyncio.ensure_future(admission.submit(
+                sink, "ann", "r", f"1:r{closed}", SamplingFields(), never_built, model="b",
+                cancelled=cancelled))  # fmt: skip
+            await asyncio.sleep(0.05)
+            assert sink.queued == ["loading model b"] and slot.active == 1
+            assert admission.describe_models()[1]["waiting"] == 1
+            sink.is_closed = closed  # a websocket's cancel, then an HTTP client gone
+            cancelled.set()
+            request = await asyncio.wait_for(submitting, 1)  # at once, the load still going
+            assert slot.state == "loading" and slot.active == 0 and not admission.requests
+            assert admission.counts.inflight_per_user == {} and admission.num_waiting == 0
+            if closed:
+                assert request is None and sink.dones == []
+            else:
+                assert [d.finish_reason for d in sink.dones] == ["cancelled"]
+                assert request.cancelled.is_set() and not request.is_in_engine
+        gate.set()
+        await pool.ready(slot, print)
+        assert slot.is_loaded and loads == ["b"] and slot.active == 0
+
+    asyncio.run(asyncio.wait_for(main(), 10))

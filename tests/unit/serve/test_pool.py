@@ -6,6 +6,7 @@ a model idle for its keep_alive is unloaded. The real engine: tests/e2e/test_mod
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import msgspec
 import pytest
@@ -205,5 +206,27 @@ def test_two_models_loading_at_once_stay_within_max_loaded_models():
         pool.release(first)  # its reply done: the other evicts it
         await both
         assert (a.state, first.state, second.state) == ("unloaded", "unloaded", "loaded")
+
+    run(main())
+
+
+def test_a_waiter_that_gives_up_leaves_the_load_going_on_for_the_others():
+    async def main():
+        pool, loads = pool_of(["a", "b"])
+        gate = threading.Event()
+        loader = pool._loader
+        pool._loader = lambda name: (gate.wait(10), loader(name))[1]
+        b = pool.slot("b")
+        told = []
+        gives_up = asyncio.ensure_future(pool.ready(b, told.append))
+        stays = asyncio.ensure_future(pool.ready(b, print))
+        await asyncio.sleep(0.05)
+        assert b.state == "loading" and len(b._told) == 2
+        gives_up.cancel()  # as admission abandons the wait of a cancelled request
+        await asyncio.sleep(0)
+        assert gives_up.cancelled() and len(b._told) == 1 and b.state == "loading"
+        gate.set()
+        await stays
+        assert b.is_loaded and loads == ["b"] and b._told == [] and b._ready is None
 
     run(main())
