@@ -135,6 +135,14 @@ class HttpReply:
         text, self.pending, self.num_pending_bytes = "".join(self.pending), [], 0
         return text, self.done
 
+    async def _whole(self) -> tuple[str, Done | None]:
+        """The reply's whole text and its done (None: the client went away first)."""
+        parts, done = [], None
+        while not self.is_closed and done is None:
+            text, done = await self._next()
+            parts.append(text)
+        return "".join(parts), None if self.is_closed else done
+
     async def _send_within_timeout(self, send, message) -> None:
         """Every write: a client whose socket takes nothing for write_timeout_s is cut off."""
         if self.is_closed:

@@ -112,17 +112,13 @@ class AnthropicReply(HttpReply):
         return out + self.blocks.close() if is_last else out
 
     async def _send_whole(self, send) -> None:
-        parts = []
-        done = None
-        while not self.is_closed and done is None:
-            text, done = await self._next()
-            parts.append(text)
-        if self.is_closed or done is None:
+        text, done = await self._whole()
+        if done is None:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
             return await error.response()(self.scope, no_receive, send)
-        self._events("".join(parts), True)
+        self._events(text, True)
         body = self._shell(self.blocks.content) | self._stop(done)
         body["usage"] = self._usage(done)
         response = Response(_encoder.encode(self._unrecorded(body)), media_type="application/json")

@@ -108,17 +108,13 @@ class OllamaReply(HttpReply):
         return self.use.reading(self.door, self.request.prompt_tail)
 
     async def _send_whole(self, send) -> None:
-        parts = []
-        done = None
-        while not self.is_closed and done is None:
-            text, done = await self._next()
-            parts.append(text)
-        if self.is_closed or done is None:
+        text, done = await self._whole()
+        if done is None:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
             return await error.response()(self.scope, no_receive, send)
-        content, thinking, calls = self._read("".join(parts), True)
+        content, thinking, calls = self._read(text, True)
         body = self._object(content, thinking, calls) | self._done_fields(done)
         response = Response(_encoder.encode(body), media_type="application/json")
         await response(self.scope, no_receive, send)

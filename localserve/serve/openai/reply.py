@@ -106,18 +106,12 @@ class Reply(HttpReply):
         return len(_encoder.encode(text))  # as it will be sent: JSON-escaped
 
     async def _send_whole(self, send) -> None:
-        parts = []
-        while not self.is_closed:
-            text, done = await self._next()
-            parts.append(text)
-            if done is not None:
-                break
-        if self.is_closed or done is None:
+        text, done = await self._whole()
+        if done is None:
             return
         if done.finish_reason in ("error", "cancelled"):
             error = errors.failed(done, self.door.is_shutting_down)
             return await error.response()(self.scope, no_receive, send)
-        text = "".join(parts)
         if self.reading is None:
             body = self.bodies.whole(text, done)
         else:
