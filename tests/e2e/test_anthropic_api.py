@@ -135,7 +135,10 @@ def test_max_tokens_and_stop_sequences_say_why_the_reply_ended(live):
 
 @pytest.mark.model
 def test_the_raw_stream_is_anthropics_events_in_order(live):
-    body = {"model": MODEL, "max_tokens": 5, "messages": ask(), "stream": True}
+    # greedy and a question with a long answer: the reply runs to max_tokens (sampled, the
+    # base model may stop within 5 tokens)
+    messages = ask("Tell me a long story.")
+    body = {"model": MODEL, "max_tokens": 5, "messages": messages, "stream": True, **sampled(0)}
     status, headers, payload = request(live, "POST", "/v1/messages", body)
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     events = events_of(payload)
