@@ -113,15 +113,127 @@ class ConstraintError(ValueError):
 
 
 def check_schema(schema: Any, where: str = "schema") -> str:
-    """Check a JSON schema against the bounds and the enforced keywords; its canonical text."""
+    """Check a JSON schema against the bounds and the enforced keywords; the canonical text of
+    the schema as the server enforces it (`meant_schema`)."""
+    return canonical(meant_schema(schema, where))
+
+
+def canonical(schema: Any) -> str:
+    """A schema's text with its keys sorted, but for the properties of an object, which keep
+    their order (the order the reply writes them in): the same schema, the same text."""
+    return json.dumps(_sorted(schema), separators=(",", ":"), ensure_ascii=False)
+
+
+def _sorted(node: Any, keep_order: bool = False) -> Any:
+    if isinstance(node, list):
+        return [_sorted(sub) for sub in node]
+    if not isinstance(node, dict):
+        return node
+    keys = node if keep_order else sorted(node)
+    return {key: _sorted(node[key], key == "properties" and not keep_order) for key in keys}
+
+
+def meant_schema(schema: Any, where: str = "schema") -> dict:
+    """A client's JSON schema, checked against the bounds and the enforced keywords, as the
+    server enforces it: what the caller meant, not only what plain JSON Schema allows.
+
+    - An object schema with `properties` (or `patternProperties`) and no `additionalProperties`
+      is closed: only its properties (llama.cpp's converter, vLLM and OpenAI's strict mode do
+      the same). `additionalProperties: true`, or a schema for them, is honoured when written.
+      The members of an `allOf` of several schemas stay open: each closed would refuse the
+      others' keys, and their intersection is what the caller wrote.
+    - Integers have at most 16 digits and numbers at most 16 integral and 10 fractional digits,
+      without an exponent, unless the schema bounds them itself (`minimum`, `maximum`, the
+      exclusive ones, `multipleOf`; a side left open gets the default bound) or lists its values
+      (`enum`, `const`): a base model cannot write digits until max_tokens.
+    - Wherever the schema allows any value (`{}`, `true`, an object without properties, an
+      array without items) the values are any JSON with those bounded numbers.
+    """
     if not isinstance(schema, dict):
         raise ConstraintError(f"{where}: a JSON schema must be an object")
-    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
+    if len(canonical(schema).encode()) > MAX_SCHEMA_BYTES:
         raise ConstraintError(f"{where}: over {MAX_SCHEMA_BYTES} bytes")
     count = [0]
     _check_node(schema, where, 0, count)
-    return text
+    for key in ("$defs", "definitions"):
+        if ANY_JSON in _mapping(schema, key, where):
+            raise ConstraintError(f"{where}.{key}: the name {ANY_JSON!r} is the server's")
+    meaning = _Meaning()
+    meant = meaning.node(schema)
+    if meaning.uses_any:
+        meant["$defs"] = {**meant.get("$defs", {}), ANY_JSON: ANY_JSON_SCHEMA}
+    return meant
+
+
+MAX_INTEGER = 10**16 - 1  # 16 digits, as llama.cpp's converter allows
+MAX_NUMBER = 10**16  # exclusive: 16 integral digits
+NUMBER_STEP = 1e-10  # 10 fractional digits (llguidance's multipleOf takes no finer step)
+ANY_JSON = "localserve_any_json"  # the $defs entry of any JSON value with bounded numbers
+_ANY_REF = {"$ref": f"#/$defs/{ANY_JSON}"}
+_INTEGER_BOUNDS = {"minimum": -MAX_INTEGER, "maximum": MAX_INTEGER}
+_NUMBER_BOUNDS = {
+    "exclusiveMinimum": -MAX_NUMBER,
+    "exclusiveMaximum": MAX_NUMBER,
+    "multipleOf": NUMBER_STEP,
+}
+ANY_JSON_SCHEMA = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "boolean"},
+        {"type": "string"},
+        {"type": "number", **_NUMBER_BOUNDS},
+        {"type": "array", "items": _ANY_REF},
+        {"type": "object", "additionalProperties": _ANY_REF},
+    ]
+}
+
+
+class _Meaning:
+    """One schema's walk for `meant_schema` (a checked schema: every node a dict or a bool)."""
+
+    def __init__(self) -> None:
+        self.uses_any = False
+
+    def node(self, node: Any, in_all_of: bool = False) -> Any:
+        if node is False:
+            return False
+        if node is True or node.keys() <= ANNOTATIONS:  # any value
+            self.uses_any = True
+            return {**(node if isinstance(node, dict) else {}), **_ANY_REF}
+        out = dict(node)
+        for key in _SUBSCHEMA_MAPS:
+            if key in out:
+                out[key] = {name: self.node(sub) for name, sub in out[key].items()}
+        for key in _SUBSCHEMA_LISTS:
+            if key in out:
+                several = key == "allOf" and len(out[key]) > 1
+                out[key] = [self.node(sub, several) for sub in out[key]]
+        for key in _SUBSCHEMA_ONE:
+            if key in out:
+                out[key] = self.node(out[key])
+        types = out.get("type")
+        types = {types} if isinstance(types, str) else set(types or ())
+        has_keys = "properties" in out or "patternProperties" in out
+        if has_keys and "additionalProperties" not in out and not in_all_of:
+            out["additionalProperties"] = False
+        if "object" in types and not has_keys and "additionalProperties" not in out:
+            out["additionalProperties"] = self.node(True)
+        if "array" in types and "items" not in out:
+            out["items"] = self.node(True)
+        if types & {"integer", "number"} and "enum" not in out and "const" not in out:
+            _bound_digits(out, integer="number" not in types)
+        return out
+
+
+def _bound_digits(node: dict, integer: bool) -> None:
+    """Default bounds on the sides of a number that the schema leaves open."""
+    defaults = _INTEGER_BOUNDS if integer else _NUMBER_BOUNDS
+    for side in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if not any(key in node for key in side):
+            key = next(k for k in side if k in defaults)
+            node[key] = defaults[key]
+    if not integer and "multipleOf" not in node:
+        node["multipleOf"] = NUMBER_STEP
 
 
 def _check_node(node: Any, where: str, depth: int, count: list[int]) -> None:
@@ -269,7 +381,8 @@ class ConstraintCompiler:
         self._worker.shutdown(wait=False, cancel_futures=True)
 
 
-JSON_OBJECT_SCHEMA = '{"type":"object"}'  # json_object: any JSON object
+# json_object: any JSON object (its numbers bounded as meant_schema bounds them)
+JSON_OBJECT_SCHEMA = canonical(meant_schema({"type": "object"}))
 
 
 def parse_response_format(fmt: Any, where: str = "response_format") -> tuple[str | None, str]:

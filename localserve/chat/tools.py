@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any, NamedTuple
 
-from localserve.chat.constraints import COMPACT_JSON, check_schema
+from localserve.chat.constraints import COMPACT_JSON, meant_schema
 
 MAX_TOOLS = 128
 MAX_DESCRIPTION_CHARS = 8192
@@ -111,58 +111,82 @@ def check_tool_choice(choice: Any, tools: list[dict], where: str = "tool_choice"
 
 
 def forced_call_grammar(
-    tool_format: str, tools: list[dict], name: str | None = None, parallel: bool = True
+    tool_format: str, tools: list[dict], name: str | None = None, parallel: bool = False
 ) -> str:
-    """An llguidance Lark grammar for a reply that is only calls in `tool_format`: one (or,
-    with `parallel`, up to MAX_PARALLEL_CALLS) of `name`, or of any offered tool. A tool's
-    parameters past response_format's bounds raise ConstraintError naming them."""
+    """An llguidance Lark grammar for a reply that is only calls in `tool_format`: exactly one
+    (or, with `parallel`, up to MAX_PARALLEL_CALLS) of `name`, or of any offered tool, whose
+    arguments are the tool's parameters as the server means them (chat/constraints.py's
+    `meant_schema`: closed objects, bounded numbers). Parameters past response_format's bounds
+    raise ConstraintError naming them."""
     offered = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-    for fn in offered:  # the schemas become a grammar: bounded as response_format's are
-        if "parameters" in fn:
-            check_schema(fn["parameters"], f"{fn['name']}.parameters")
     if tool_format in ("hermes", "transcript"):
         sep = _lark("\n" if tool_format == "hermes" else "")
-        arguments = _calls(offered, "arguments")
-        call = f'"<tool_call>{sep}" %json{arguments} "{sep}</tool_call>"'
+        call = f'"<tool_call>{sep}" %json{_calls(offered, "arguments")} "{sep}</tool_call>"'
         return _repeat(call, '"\\n"', parallel)
     if tool_format in ("llama3", "gemma"):
         return _repeat(f"%json{_calls(offered, 'parameters')}", '"; "', parallel)
     if tool_format == "mistral":
-        items = {"type": "array", "items": _call_schema(offered, "arguments"), "minItems": 1}
-        if not parallel:
-            items["maxItems"] = 1
-        return f'start: "[TOOL_CALLS]" %json{_compact(items)}'
+        limit = {"maxItems": MAX_PARALLEL_CALLS if parallel else 1}
+        return (
+            f'start: "[TOOL_CALLS]" %json{_calls(offered, "arguments", {"minItems": 1, **limit})}'
+        )
     raise ToolsError(
         f"tool_choice: a forced call is not supported for the {tool_format!r} tool format "
         '(use "auto")'
     )
 
 
-def _calls(functions: list[dict], arguments_key: str) -> str:
-    """The JSON schema of one call object of any of `functions`, compact."""
-    return _compact(_call_schema(functions, arguments_key))
+def _calls(functions: list[dict], arguments_key: str, array: dict | None = None) -> str:
+    """The JSON schema (compact, for Lark's %json) of one call object of any of `functions`,
+    or with `array` (its minItems, maxItems) of a list of them. Each function's parameters sit
+    in the schema's `$defs`, their own `$ref`s rebased there, so a pydantic model's `$defs`
+    resolve inside the call as they did in the tool's schema."""
+    defs, options = {}, []
+    for i, fn in enumerate(functions):
+        key = f"localserve_tool{i}"
+        where = f"{fn['name']}.parameters"
+        defs[key] = _rebased(meant_schema(fn.get("parameters") or ANY_ARGUMENTS, where), key)
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, arguments_key: _ref(key)},
+                "required": ["name", arguments_key],
+                "additionalProperties": False,
+            }
+        )
+    call = options[0] if len(options) == 1 else {"anyOf": options}
+    schema = {"type": "array", "items": call, **array} if array else call
+    return _compact({**schema, "$defs": defs})
+
+
+def _ref(key: str) -> dict:
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def _rebased(node: Any, key: str) -> Any:
+    """A schema moved under `$defs/key`: its local `$ref`s ("#/...") point there too."""
+    if isinstance(node, list):
+        return [_rebased(sub, key) for sub in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for name, value in node.items():
+        if name == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[name] = f"#/$defs/{key}{value[1:]}"
+        elif name in _DATA:  # values, not schemas: left as written
+            out[name] = value
+        else:
+            out[name] = _rebased(value, key)
+    return out
+
+
+_DATA = frozenset(["enum", "const", "default", "examples"])
 
 
 def _compact(schema: dict) -> str:
     """`schema` for Lark's %json, without the whitespace runs a model could loop in (llguidance
     lets JSON in a Lark grammar have any whitespace unless told otherwise)."""
     return json.dumps({**schema, "x-guidance": COMPACT_JSON}, ensure_ascii=False)
-
-
-def _call_schema(functions: list[dict], arguments_key: str) -> dict:
-    options = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": fn["name"]},
-                arguments_key: fn.get("parameters") or ANY_ARGUMENTS,
-            },
-            "required": ["name", arguments_key],
-            "additionalProperties": False,
-        }
-        for fn in functions
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def _repeat(call: str, sep: str, parallel: bool) -> str:

@@ -13,6 +13,8 @@ Tested in tests/e2e/test_tool_calling.py.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from localserve.chat.constraints import ConstraintError
@@ -72,39 +74,70 @@ class ToolUse(NamedTuple):
 
 
 class ReplyReading:
-    """A reply read as it streams, as the request asked: without `parallel_tool_calls` only
-    its first call is kept; a forced reply (its grammar writes calls only) gives no content,
-    since text left over there is a call cut short by max_tokens."""
+    """A reply read as it streams, as the request asked. Its calls are kept once each: a call
+    identical to an earlier one of the same reply (the same function, the same arguments) is
+    dropped, and the calls kept are numbered 0, 1, ... in the reply's order; with `parallel`
+    off only the first is kept. A forced reply (its grammar writes calls only) gives no
+    content, since text left over there is a call cut short by max_tokens."""
 
     def __init__(self, reader: ReplyReader, parallel: bool, forced: bool) -> None:
         self.reader = reader
         self.parallel = parallel
         self.forced = forced
-        self.num_calls = 0  # calls started so far
+        self.num_calls = 0  # calls kept so far
+        self.num_dropped = 0  # repeated calls, or calls past the first without `parallel`
+        self._index: dict[int, int] = {}  # the parser's index of a kept call -> its own
+        self._seen: set[tuple[str, str]] = set()  # (name, canonical arguments) kept
+        self._start: ToolCallStart | None = None  # a call whose arguments have not come yet
 
     def feed(self, text: str) -> list[ReplyEvent]:
         return self._kept(self.reader.feed(text)) if text else []
 
     def finish(self) -> tuple[list[ReplyEvent], list[ParsedToolCall]]:
-        """What was held back, and the reply's calls."""
+        """What was held back, and the reply's calls (those kept, renumbered)."""
         finished = self.reader.finish()
-        calls = finished.calls[: None if self.parallel else 1]
-        self.num_calls = len(calls)
-        return self._kept(finished.events), calls
+        events = self._kept(finished.events)
+        calls = [
+            replace(call, index=self._index[call.index])
+            for call in finished.calls
+            if call.index in self._index
+        ]
+        return events, calls
 
     def _kept(self, events: list[ReplyEvent]) -> list[ReplyEvent]:
-        kept = []
+        kept: list[ReplyEvent] = []
         for event in events:
             if isinstance(event, ContentDelta):
                 if event.text and not self.forced:
                     kept.append(event)
-            elif isinstance(event, ToolCallStart | ToolCallArguments):
-                if self.parallel or event.index == 0:
-                    self.num_calls += isinstance(event, ToolCallStart)
-                    kept.append(event)
+            elif isinstance(event, ToolCallStart):
+                self._start = event  # a call comes whole: its arguments follow at once
+            elif isinstance(event, ToolCallArguments):
+                kept += self._call(event)
             elif event.text:
                 kept.append(event)
         return kept
+
+    def _call(self, arguments: ToolCallArguments) -> list[ReplyEvent]:
+        start, self._start = self._start, None
+        if start is None or start.index != arguments.index:  # not a call's: never given
+            return []
+        key = (start.name, _canonical_arguments(arguments.fragment))
+        if key in self._seen or (self.num_calls and not self.parallel):
+            self.num_dropped += 1
+            return []
+        self._seen.add(key)
+        index = self._index[start.index] = self.num_calls
+        self.num_calls += 1
+        return [replace(start, index=index), ToolCallArguments(index, arguments.fragment)]
+
+
+def _canonical_arguments(text: str) -> str:
+    """Arguments compared as JSON values: the same object whatever its keys' order."""
+    try:
+        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        return text
 
 
 NO_TOOLS = ToolUse([], ToolChoice("none"), True, None, None)
@@ -135,7 +168,9 @@ async def tool_use(
             "tools: this model's chat template shows no tool-call format localserve reads; "
             "set tool_format in models.toml (hermes, llama3, mistral, gemma, deepseek)",
         )
-    parallel = parallel_tool_calls is not False
+    # OpenAI's default lets an `auto` reply make several calls; a forced reply is one call
+    # unless the request asks for several (`parallel_tool_calls: true`) in so many words
+    parallel = parallel_tool_calls is True if choice.is_forced else parallel_tool_calls is not False
     constraint = None
     if choice.is_forced:
         if has_response_format:

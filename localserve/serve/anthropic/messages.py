@@ -192,7 +192,8 @@ async def _tool_use(door: Frontdoor, body: CountRequest) -> ToolUse:
     choice, parallel = None, None
     if body.tool_choice is not None:
         choice = _choice(body.tool_choice.type, body.tool_choice.name)
-        parallel = not body.tool_choice.disable_parallel_tool_use
+        disable = body.tool_choice.disable_parallel_tool_use  # unset: OpenAI's unset
+        parallel = None if disable is None else not disable
     kwargs = None
     if body.thinking is not None:
         if body.thinking.type not in THINKING:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import llguidance
 import pytest
 
 from localserve.chat import constraints
@@ -92,3 +93,108 @@ def test_a_compile_past_the_time_bound_is_refused(monkeypatch):
     fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
     with pytest.raises(ConstraintError, match="^response_format: too complex"):
         asyncio.run(compiler.response_format(fmt))
+
+
+# --- what the caller meant: closed objects, bounded numbers -------------------------------------
+
+
+def _bytes_tokenizer() -> llguidance.LLTokenizer:
+    """One token per byte, and an end: a grammar walked byte by byte."""
+    from llguidance._tokenizer import TokenizerWrapper
+
+    class _Bytes:
+        eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+        tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"]
+
+        def __call__(self, data: bytes) -> list[int]:
+            return self.tokenize(data)
+
+        def tokenize(self, data: bytes | str) -> list[int]:
+            return list(data.encode() if isinstance(data, str) else data)
+
+    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
+
+
+BYTES = _bytes_tokenizer()
+
+
+def takes(schema: dict, text: str) -> bool:
+    """Whether the server's grammar for `schema` can write exactly `text` (and end there)."""
+    grammar = ConstraintCompiler().compile_sync("json_schema", schema).grammar
+    matcher = llguidance.LLMatcher(BYTES, grammar)
+    tokens = list(text.encode())
+    if matcher.validate_tokens(tokens) < len(tokens):
+        return False
+    assert matcher.consume_tokens(tokens), matcher.get_error()
+    return matcher.is_accepting()
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "population": {"type": "integer"},
+        "area": {"type": "number"},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+    },
+    "required": ["city"],
+}
+
+
+def test_an_object_without_additional_properties_has_only_its_own():
+    assert takes(WEATHER, '{"city":"Paris"}')
+    assert takes(WEATHER, '{"city":"Paris","where":{"lat":48.85}}')
+    assert not takes(WEATHER, '{"city":"Paris","type":"object"}')  # a key from the schema
+    assert not takes(WEATHER, '{"city":"Paris","where":{"lat":1,"lon":2}}')  # nested too
+    defs = {"$defs": {"P": WEATHER}, "type": "array", "items": {"$ref": "#/$defs/P"}}
+    assert not takes(defs, '[{"city":"Paris","x":1}]')  # and behind a $ref
+
+
+def test_additional_properties_are_honoured_when_written():
+    assert takes({**WEATHER, "additionalProperties": True}, '{"city":"Paris","type":"object"}')
+    typed = {**WEATHER, "additionalProperties": {"type": "boolean"}}
+    assert takes(typed, '{"city":"Paris","sunny":true}')
+    assert not takes(typed, '{"city":"Paris","sunny":"yes"}')
+
+
+def test_several_all_of_members_are_left_open_so_their_intersection_holds():
+    a = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    b = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}
+    assert takes({"allOf": [a, b]}, '{"a":1,"b":2}')
+    assert not takes({"allOf": [a]}, '{"a":1,"b":2}')  # one member is the whole schema
+
+
+def test_numbers_have_bounded_digits_unless_the_schema_bounds_them():
+    assert takes(WEATHER, '{"city":"P","population":' + "9" * 16 + "}")
+    assert not takes(WEATHER, '{"city":"P","population":' + "9" * 17 + "}")
+    assert not takes(WEATHER, '{"city":"P","population":-' + "9" * 17 + "}")
+    assert takes(WEATHER, '{"city":"P","area":-' + "9" * 16 + ".0123456789}")
+    assert not takes(WEATHER, '{"city":"P","area":' + "9" * 17 + "}")
+    assert not takes(WEATHER, '{"city":"P","area":1.' + "3" * 11 + "}")
+    assert not takes(WEATHER, '{"city":"P","area":1e400}')
+    wide = {"type": "integer", "minimum": 0, "maximum": 10**18}  # the schema's own bound wins
+    assert takes(wide, "1" + "0" * 18) and not takes(wide, "-1")
+    assert takes({"type": "number", "enum": [3.14159265358979]}, "3.14159265358979")
+
+
+def test_minimum_maximum_and_the_exclusive_ones_are_enforced():
+    dice = {"type": "integer", "minimum": 1, "maximum": 6}
+    assert takes(dice, "6") and not takes(dice, "7") and not takes(dice, "0")
+    share = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+    assert takes(share, "0.5") and not takes(share, "0") and not takes(share, "1")
+
+
+def test_any_value_is_any_json_with_bounded_numbers():
+    any_object = {"type": "object"}
+    assert takes(any_object, '{"a":[1,2.5,{"b":null}],"c":"x","d":true}')
+    assert not takes(any_object, '{"a":' + "1" * 17 + "}")
+    assert not takes({"type": "array"}, "[" + "1" * 17 + "]")
+    assert not takes({"type": "object", "properties": {"a": {}}}, '{"a":' + "1" * 17 + "}")
+    json_object = ConstraintCompiler().compile_sync("json_object", None).grammar
+    matcher = llguidance.LLMatcher(BYTES, json_object)
+    assert matcher.validate_tokens(list(b'{"a":' + b"1" * 17)) == 5 + 16
+
+
+def test_the_server_keeps_its_own_definition_name():
+    with pytest.raises(ConstraintError, match="localserve_any_json"):
+        check_schema({"$defs": {"localserve_any_json": {}}, "type": "object"})

@@ -4,9 +4,12 @@ tests/e2e/test_tool_calling.py)."""
 
 from __future__ import annotations
 
+import json
+
 import llguidance
 import pytest
 
+from localserve.chat.constraints import meant_schema
 from localserve.chat.tools import (
     MAX_TOOLS,
     ToolChoice,
@@ -138,3 +141,81 @@ def test_a_forced_call_bounds_the_tool_schemas_as_response_format_does():
 def test_a_format_without_a_forced_form_is_said():
     with pytest.raises(ToolsError, match="not supported for the 'deepseek' tool format"):
         forced_call_grammar("deepseek", check_tools([WEATHER]))
+
+
+def _json_blocks(grammar: str) -> list[dict]:
+    """The JSON schemas a Lark grammar embeds as %json{...}."""
+    decoder, blocks, at = json.JSONDecoder(), [], 0
+    while (at := grammar.find("%json", at)) >= 0:
+        schema, end = decoder.raw_decode(grammar, at + len("%json"))
+        blocks.append(schema)
+        at = end
+    return blocks
+
+
+@pytest.mark.parametrize("tool_format", ["hermes", "transcript", "llama3", "gemma", "mistral"])
+def test_the_forced_call_grammar_holds_the_tools_own_schema_as_meant(tool_format):
+    """The arguments' schema in the grammar is the tool's parameters as the server means them
+    (closed, numbers bounded), not something looser: read back out of the grammar's text."""
+    [block] = _json_blocks(forced_call_grammar(tool_format, check_tools([WEATHER])))
+    call = block["items"] if tool_format == "mistral" else block
+    key = "parameters" if tool_format in ("llama3", "gemma") else "arguments"
+    assert call["properties"]["name"] == {"const": "get_weather"}
+    assert call["additionalProperties"] is False and call["required"] == ["name", key]
+    ref = call["properties"][key]["$ref"]
+    assert block["$defs"][ref.removeprefix("#/$defs/")] == meant_schema(
+        WEATHER["function"]["parameters"]
+    )
+
+
+def _writes(grammar: str, text: str) -> bool:
+    matcher = llguidance.LLMatcher(_bytes_tokenizer(), llguidance.grammar_from("lark", grammar))
+    tokens = list(text.encode())
+    return matcher.validate_tokens(tokens) == len(tokens) and (
+        matcher.consume_tokens(tokens) and matcher.is_accepting()
+    )
+
+
+CALL = '{"name":"get_weather","parameters":{"city":"Paris"}}'
+
+
+def test_a_forced_call_is_one_call_unless_parallel_calls_are_asked_for():
+    one = forced_call_grammar("gemma", check_tools([WEATHER]))
+    several = forced_call_grammar("gemma", check_tools([WEATHER]), parallel=True)
+    assert _writes(one, CALL) and not _writes(one, CALL + "; " + CALL)
+    assert _writes(several, CALL + "; " + CALL)
+    mistral = forced_call_grammar("mistral", check_tools([WEATHER]))
+    two = '[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"P"}},' * 2
+    assert not _writes(mistral, two[:-1] + "]")
+
+
+def test_a_forced_call_has_no_key_the_schema_does_not_name():
+    grammar = forced_call_grammar("gemma", check_tools([WEATHER]))
+    assert not _writes(grammar, '{"name":"get_weather","parameters":{"city":"P","type":"x"}}')
+    assert not _writes(grammar, '{"name":"get_weather","parameters":{"city":"P"},"id":1}')
+    counted = {
+        "type": "function",
+        "function": {
+            "name": "count",
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+        },
+    }
+    grammar = forced_call_grammar("gemma", check_tools([counted]))
+    assert _writes(grammar, '{"name":"count","parameters":{"n":' + "7" * 16 + "}}")
+    assert not _writes(grammar, '{"name":"count","parameters":{"n":' + "7" * 17 + "}}")
+
+
+def test_a_tools_own_definitions_resolve_inside_the_call():
+    """A pydantic model's nested models come as `$defs` and `$ref`s into them: moved into
+    the call's schema, they must still point at their definitions."""
+    nested = {
+        "type": "object",
+        "properties": {"where": {"$ref": "#/$defs/Place"}},
+        "required": ["where"],
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    }
+    tools = check_tools([{"function": {"name": "go", "parameters": nested}}, TIME])
+    grammar = forced_call_grammar("gemma", tools)
+    assert _writes(grammar, '{"name":"go","parameters":{"where":{"city":"Rome"}}}')
+    assert not _writes(grammar, '{"name":"go","parameters":{"where":{"town":"Rome"}}}')
+    assert _writes(grammar, '{"name":"get_time","parameters":{}}')  # no parameters: any object
