@@ -321,3 +321,25 @@ def test_a_q8_0_kv_cache_serves_real_requests_in_half_the_memory():
         assert engine.kv.num_committed == engine.kv.num_cached  # only cached prefixes left
     finally:
         q8.close()
+
+
+@pytest.mark.parametrize("repeat_penalty", [1.0, 1.1])  # numpy sampler, llama.cpp chain
+def test_a_constrained_neighbour_changes_no_token_of_a_free_request(runner, repeat_penalty):
+    """The mask is its own row's: a free greedy request beside a constrained one gives the text
+    it gives beside a free one (the same batch shape, the same prompts), token for token —
+    while the constrained one really writes its JSON."""
+    from localserve.chat.constraints import ConstraintCompiler
+
+    schema = {"type": "object", "properties": {"year": {"type": "integer"}}, "required": ["year"]}
+    constraint = ConstraintCompiler().compile_sync("json_schema", schema)
+    prompt = PROMPTS[7]
+    free = SamplingParams(temperature=0, max_tokens=24, repeat_penalty=repeat_penalty)
+    shaped = SamplingParams(
+        temperature=0, max_tokens=24, repeat_penalty=repeat_penalty, constraint=constraint
+    )
+    beside_free = texts(run_engine(runner, [("a", prompt, free, "u"), ("b", prompt, free, "v")])[0])
+    beside_shaped = texts(
+        run_engine(runner, [("a", prompt, free, "u"), ("b", prompt, shaped, "v")])[0]
+    )
+    assert beside_shaped["a"] == beside_free["a"] == beside_free["b"]
+    assert beside_shaped["b"].startswith('{"year":') and not beside_free["a"].startswith("{")

@@ -238,3 +238,70 @@ def test_a_model_without_a_call_format_refuses_tools():
         assert e.value.param == "tools" and "tool_format" in e.value.message
     finally:
         server.close()
+
+
+def _call(city: str, key_order: tuple[str, str] = ("city", "unit")) -> str:
+    arguments = {key: {"city": city, "unit": "celsius"}[key] for key in key_order}
+    call = json.dumps({"name": "get_weather", "arguments": arguments})
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+# Paris, Paris again (its keys in another order: the same call), then Rome
+THREE_CALLS = _call("Paris") + _call("Paris", ("unit", "city")) + _call("Rome")
+
+
+def _streamed_calls(stream) -> dict[int, tuple[str, str]]:
+    calls: dict[int, list[str]] = {}
+    for chunk in stream:
+        for part in chunk.choices[0].delta.tool_calls or ():
+            name, arguments = calls.setdefault(part.index, ["", ""])
+            calls[part.index] = [name + (part.function.name or ""), arguments]
+            calls[part.index][1] += part.function.arguments or ""
+    return {i: (name, json.loads(arguments)["city"]) for i, (name, arguments) in calls.items()}
+
+
+def test_a_repeated_call_is_kept_once_and_the_calls_are_numbered_in_order():
+    server = scripted(THREE_CALLS, QWEN3_LIKE)
+    try:
+        c = client(server, timeout=30)
+        reply = c.chat.completions.create(model="fake", messages=QUESTION, tools=[WEATHER])
+        calls = reply.choices[0].message.tool_calls
+        assert [json.loads(call.function.arguments)["city"] for call in calls] == ["Paris", "Rome"]
+        assert len({call.id for call in calls}) == 2
+        stream = c.chat.completions.create(
+            model="fake", messages=QUESTION, tools=[WEATHER], stream=True
+        )
+        assert _streamed_calls(stream) == {0: ("get_weather", "Paris"), 1: ("get_weather", "Rome")}
+        ws = WS(server.url)
+        ws.hello("ria")
+        ws.chat("r1", "weather?", max_tokens=400, tools=[WEATHER])
+        done = ws.until_done("r1", timeout=30)[-1]
+        assert [json.loads(call["arguments"])["city"] for call in done["tool_calls"]] == [
+            "Paris",
+            "Rome",
+        ]
+        ws.close()
+    finally:
+        server.close()
+
+
+def test_without_parallel_tool_calls_an_auto_reply_keeps_its_first_call():
+    server = scripted(THREE_CALLS, QWEN3_LIKE)
+    try:
+        c = client(server, timeout=30)
+        one = dict(model="fake", messages=QUESTION, tools=[WEATHER], parallel_tool_calls=False)
+        reply = c.chat.completions.create(**one)
+        [call] = reply.choices[0].message.tool_calls
+        assert json.loads(call.function.arguments)["city"] == "Paris"
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert _streamed_calls(c.chat.completions.create(**one, stream=True)) == {
+            0: ("get_weather", "Paris")
+        }
+        ws = WS(server.url)
+        ws.hello("ria")
+        ws.chat("r1", "weather?", max_tokens=400, tools=[WEATHER], parallel_tool_calls=False)
+        done = ws.until_done("r1", timeout=30)[-1]
+        assert [json.loads(call["arguments"])["city"] for call in done["tool_calls"]] == ["Paris"]
+        ws.close()
+    finally:
+        server.close()
