@@ -275,8 +275,15 @@ def _mapping(node: dict, key: str, where: str) -> dict:
     return value
 
 
+JSON_TYPES = frozenset(["null", "boolean", "object", "array", "number", "integer", "string"])
+
+
 def _check_value(key: str, value: Any, where: str) -> None:
-    if key == "enum":
+    if key == "type":
+        types = value if isinstance(value, list) else [value]
+        if not types or not all(isinstance(t, str) and t in JSON_TYPES for t in types):
+            raise ConstraintError(f"{where}: one of {', '.join(sorted(JSON_TYPES))}, or a list")
+    elif key == "enum":
         if not isinstance(value, list) or not value:
             raise ConstraintError(f"{where}: must be a non-empty list")
         if len(value) > MAX_ENUM:

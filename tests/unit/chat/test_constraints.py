@@ -198,3 +198,9 @@ def test_any_value_is_any_json_with_bounded_numbers():
 def test_the_server_keeps_its_own_definition_name():
     with pytest.raises(ConstraintError, match="localserve_any_json"):
         check_schema({"$defs": {"localserve_any_json": {}}, "type": "object"})
+
+
+@pytest.mark.parametrize("bad", [7, "int", [], ["string", 3], {"a": 1}])
+def test_a_type_that_is_not_a_json_type_is_refused_naming_it(bad):
+    with pytest.raises(ConstraintError, match=r"schema\.properties\.a\.type: one of array"):
+        check_schema({"type": "object", "properties": {"a": {"type": bad}}})
