@@ -14,10 +14,13 @@ API has no seed, so their sampled tries are the server's own draws), 64 tokens a
     .venv/bin/python benchmarks/forced_calls_validate.py [--tries 20] [--url URL]  # anthropic
 
 Prints the client packages' versions, then a markdown table (case | ok/tries at temperature 0 |
-at 0.8 | mean seconds per try | a failure sample); the raw results as JSON to --out
-(bench-results/forced_calls.json). Versions first measured with: openai 3.57.0, anthropic
-2.15.0, langchain-openai 1.7.4 (langchain-core 1.8.3), instructor 1.17.0 (it asks jiter<0.15,
-ran with 0.19.0), pydantic-ai-slim 2.38.0, pydantic 2.14.4.
+at 0.8 | mean seconds per try | a failure sample); the raw results (every failure's first 200
+characters, every try's seconds) as JSON to --out (bench-results/forced_calls.json), rewritten
+after each case. `--only TEXT` runs the cases whose name holds TEXT.
+
+Versions first measured with: openai 3.57.0, anthropic 2.15.0, langchain-openai 1.7.4
+(langchain-core 1.8.3), instructor 1.17.0 (it asks jiter<0.15, ran with 0.19.0, which openai
+3.57 needs), pydantic-ai-slim 2.38.0, pydantic 2.14.4.
 """
 
 from __future__ import annotations
@@ -271,15 +274,19 @@ def main() -> int:
     else:
         server, url = start_server(root, state.name)
     results: dict[str, dict] = {}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
         clients = Clients(url)
         for name, fn, extra in CASES:
             if args.only and args.only not in name:
                 continue
-            results[name] = run_case(clients, fn, extra, args.tries)
-            r = results[name]
+            results[name] = r = run_case(clients, fn, extra, args.tries)
             print(f"{name}: {r['0.0']['ok']}/{args.tries}, {r['0.8']['ok']}/{args.tries}",
                   file=sys.stderr, flush=True)  # fmt: skip
+            # after every case: a long run stopped halfway still leaves what it measured
+            report = {"versions": versions, "url": url, "tries": args.tries, "cases": results}
+            out.write_text(json.dumps(report, indent=1))
     finally:
         if server is not None:
             server.terminate()
@@ -293,9 +300,6 @@ def main() -> int:
         sample = sample.replace("\n", " ")
         print(f"| {name} | {cold['ok']}/{cold['tries']} | {hot['ok']}/{hot['tries']} | "
               f"{r['mean_s']:.2f} | {sample} |")  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"versions": versions, "url": url, "cases": results}, indent=1))
     return 0
 
 

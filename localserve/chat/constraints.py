@@ -142,10 +142,11 @@ def meant_schema(schema: Any, where: str = "schema") -> dict:
       the same). `additionalProperties: true`, or a schema for them, is honoured when written.
       The members of an `allOf` of several schemas stay open: each closed would refuse the
       others' keys, and their intersection is what the caller wrote.
-    - Integers have at most 16 digits and numbers at most 16 integral and 10 fractional digits,
-      without an exponent, unless the schema bounds them itself (`minimum`, `maximum`, the
-      exclusive ones, `multipleOf`; a side left open gets the default bound) or lists its values
-      (`enum`, `const`): a base model cannot write digits until max_tokens.
+    - Integers have at most 16 digits (|n| < 2**53) and numbers at most 16 integral and 10
+      fractional digits, without an exponent, unless the schema bounds them itself
+      (`minimum`, `maximum`, the exclusive ones, `multipleOf`; a side left open gets the
+      default bound) or lists its values (`enum`, `const`): a base model cannot write digits
+      until max_tokens.
     - Wherever the schema allows any value (`{}`, `true`, an object without properties, an
       array without items) the values are any JSON with those bounded numbers.
     """
@@ -165,7 +166,10 @@ def meant_schema(schema: Any, where: str = "schema") -> dict:
     return meant
 
 
-MAX_INTEGER = 10**16 - 1  # 16 digits, as llama.cpp's converter allows
+# 16 digits, as llama.cpp's converter allows, and exact: llguidance holds a bound as a double,
+# where 10**16 - 1 is 10**16 (a 17-digit integer got through); 2**53 - 1 is also the largest
+# integer a JavaScript client reads exactly
+MAX_INTEGER = 2**53 - 1
 MAX_NUMBER = 10**16  # exclusive: 16 integral digits
 NUMBER_STEP = 1e-10  # 10 fractional digits (llguidance's multipleOf takes no finer step)
 ANY_JSON = "localserve_any_json"  # the $defs entry of any JSON value with bounded numbers

@@ -165,7 +165,9 @@ def test_several_all_of_members_are_left_open_so_their_intersection_holds():
 
 
 def test_numbers_have_bounded_digits_unless_the_schema_bounds_them():
-    assert takes(WEATHER, '{"city":"P","population":' + "9" * 16 + "}")
+    assert takes(WEATHER, '{"city":"P","population":' + str(2**53 - 1) + "}")
+    assert not takes(WEATHER, '{"city":"P","population":' + str(2**53) + "}")
+    assert not takes(WEATHER, '{"city":"P","population":1' + "0" * 16 + "}")  # 10**16
     assert not takes(WEATHER, '{"city":"P","population":' + "9" * 17 + "}")
     assert not takes(WEATHER, '{"city":"P","population":-' + "9" * 17 + "}")
     assert takes(WEATHER, '{"city":"P","area":-' + "9" * 16 + ".0123456789}")
