@@ -198,6 +198,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # reserve), and how many may be loaded at once (0 = as many as fit)
     memory_budget_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
     max_loaded_models: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # A request waiting for its model (a load, or its turn while another model's load waits for
+    # this busy one to drain) is refused (unavailable) past this many seconds
+    max_model_wait_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
 
     def __post_init__(self) -> None:
         if not self.usage and (self.daily_tokens or any(self.daily_tokens_per_user.values())):

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import time
+from asyncio import FIRST_COMPLETED as FIRST
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -305,11 +306,14 @@ class Admission:
     async def loaded_prompts(self, name: str | None = None) -> PromptBuilder:
         """The prompt builder of `name` (None: the default), loading it if it is not."""
         slot = self.pool.slot(name)
+        await self._ready(slot)
+        return slot.prompts
+
+    async def _ready(self, slot: ModelSlot, held: bool = False) -> None:
         try:
-            await self.pool.ready(slot, lambda reason: None)
+            await self.pool.ready(slot, lambda reason: None, held)
         except LoadFailure as e:
             raise Refusal("unavailable", e.message, max(e.retry_after_s, 1)) from None
-        return slot.prompts
 
     async def warm(self, keep_alive_s: float | None, name: str | None = None) -> None:
         """Load `name` (None: the default) and give it `keep_alive_s` (Frontdoor.warm)."""
@@ -319,7 +323,7 @@ class Admission:
         self.pool.acquire(slot)
         try:
             if keep_alive_s != 0:
-                await self.loaded_prompts(slot.name)
+                await self._ready(slot, held=True)
         finally:
             self.pool.release(slot, keep_alive_s)  # its timer armed, or unloaded at once
 
@@ -443,7 +447,7 @@ class Admission:
         """Build the prompt and hand the request to the engine; False when its sink closed
         meanwhile (it is released here: nothing was queued)."""
         slot = request.slot
-        if not slot.is_loaded and not request.cancelled.is_set():
+        if (not slot.is_loaded or slot.yielding_to) and not request.cancelled.is_set():
             await self._wait_for_model(request, slot)
         if request.cancelled.is_set():  # while its model loaded: no prompt to build
             return self._end_cancelled(request)
@@ -507,10 +511,14 @@ class Admission:
                 request.sink.on_queued(request, self.num_waiting)
 
         waiting(f"loading model {slot.name}")
-        ready = asyncio.ensure_future(self.pool.ready(slot, waiting))
+        ready = asyncio.ensure_future(self.pool.ready(slot, waiting, held=True))
         cancelled = asyncio.ensure_future(request.cancelled.wait())
+        limit = self.config.max_model_wait_s
         try:
-            await asyncio.wait((ready, cancelled), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((ready, cancelled), timeout=limit, return_when=FIRST)
+            if not ready.done() and not cancelled.done():
+                why = request.loading
+                raise LoadFailure(f"model {slot.name} was not ready within {limit:g} s ({why})")
         finally:
             cancelled.cancel()
             if not ready.done():

@@ -93,6 +93,10 @@ class ModelSlot:
     _ready: asyncio.Future | None = None  # while loading
     _has_room: bool = False  # loading, its room made: counted as loaded by other loads
     _told: list[Callable[[str], None]] = field(default_factory=list)  # waiters, told why
+    # a load waits for this busy model to drain: new requests for it wait for their turn
+    # (until that load ends) instead of keeping it busy for ever
+    yielding_to: str = ""
+    _turn: asyncio.Event | None = None  # set when the load it yields to has ended
     _timer: asyncio.TimerHandle | None = None  # its keep_alive unload
 
     @property
@@ -133,6 +137,8 @@ class ModelSlot:
             body["reason"] = self.reason
         if self.expires is not None and not busy:
             body["expires_at"] = self.expires
+        if self.yielding_to:
+            body["yielding_to"] = self.yielding_to
         return body
 
 
@@ -219,12 +225,23 @@ class ModelPool:
             slot.need_bytes = _need(slot)
         self._arm(slot)
 
-    async def ready(self, slot: ModelSlot, waiting: Callable[[str], None]) -> None:
+    async def ready(
+        self, slot: ModelSlot, waiting: Callable[[str], None], held: bool = False
+    ) -> None:
         """Until `slot` is loaded (loading it when no one is); LoadFailure when it cannot.
-        `waiting(reason)` is told what the load waits for while it does."""
+        `waiting(reason)` is told what the load waits for while it does. `held`: the caller
+        holds the slot (`acquire`) for a newcomer request; when the slot yields to another
+        model's load, its turn comes after that load, and it waits not holding the slot. A
+        request that waited for this slot's own load goes ahead once it is loaded, even if
+        the slot yields by then: it was there first."""
+        if held and slot.is_loaded and slot.yielding_to:
+            await self._wait_for_turn(slot, waiting, held)
         while not slot.is_loaded:
             if self._closing:
                 raise LoadFailure("the server is shutting down")
+            if slot.yielding_to:  # evicted for a load still going on: not before it
+                await self._wait_for_turn(slot, waiting, held)
+                continue
             if slot._ready is None:
                 now = time.monotonic()
                 if slot.state == "failed" and now < slot.retry_at:
@@ -236,6 +253,38 @@ class ModelPool:
                 await asyncio.shield(slot._ready)
             finally:
                 slot._told.remove(waiting)
+
+    async def _wait_for_turn(
+        self, slot: ModelSlot, waiting: Callable[[str], None], held: bool
+    ) -> None:
+        """A request of a model that yields: wait, not holding it (`held`: the caller's hold
+        is given back meanwhile), until the load it yields to has ended. It is then unloaded
+        (it was evicted for that load), or still loaded if that load failed."""
+        turn = slot._turn
+        waiting(f"waiting for its turn: model {slot.yielding_to} loads first")
+        slot.active -= held
+        if slot.active == 0:
+            self._memory_changed.set()
+        try:
+            await turn.wait()
+        finally:
+            slot.active += held
+
+    def _yield(self, busy: list[ModelSlot], slot: ModelSlot) -> None:
+        """The busy models in `slot`'s way take no new request until its load has ended."""
+        for other in busy:
+            if other.is_loaded and not other.yielding_to:
+                log.info("model %s takes no new request until %s is loaded", other.name,
+                         slot.name)  # fmt: skip
+                other.yielding_to, other._turn = slot.name, asyncio.Event()
+
+    def _end_turns(self, slot: ModelSlot) -> None:
+        """`slot`'s load ended: the models that yielded to it take requests again."""
+        for other in self.slots.values():
+            if other.yielding_to == slot.name:
+                turn, other.yielding_to, other._turn = other._turn, "", None
+                if turn is not None:
+                    turn.set()
 
     async def _load(self, slot: ModelSlot) -> None:
         slot.state, slot.reason, slot.since = "loading", "", time.time()
@@ -261,6 +310,7 @@ class ModelPool:
             raise LoadFailure(prefix + why, RETRY_LOAD_S) from None
         finally:
             slot._ready, slot._has_room = None, False
+            self._end_turns(slot)
             self._memory_changed.set()  # a load that ended frees (or takes) its room
 
     # --- memory ---------------------------------------------------------------------------------
@@ -306,6 +356,7 @@ class ModelPool:
                 log.info("evicting model %s for %s (%s)", idle[0].name, slot.name, why)
                 await self.unload(idle[0])
                 continue
+            self._yield(loaded, slot)
             busy = ", ".join(s.name for s in loaded)
             slot.reason = f"waiting for memory: {busy} {'is' if len(loaded) == 1 else 'are'} busy"
             for tell in list(slot._told):  # every request waiting for this load
@@ -383,6 +434,7 @@ class ModelPool:
         self._closing = True
         self._memory_changed.set()
         for slot in self.slots.values():
+            self._end_turns(slot)  # a request waiting for its turn hears of the shutdown
             if slot._timer is not None:
                 slot._timer.cancel()
             if slot.prompts is not None:

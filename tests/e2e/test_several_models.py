@@ -297,3 +297,41 @@ def test_an_http_client_gone_while_its_model_loads_frees_its_place_at_once(serve
     assert gone_at < small.since and small.active == 0 and small.expires is not None  # idle
     status, reply = chat(served, "small", "ann")  # and it serves the next one
     assert status == 200, reply
+
+
+def test_a_swap_has_its_turn_while_another_user_keeps_the_loaded_model_busy(serve):
+    """max_loaded_models = 1: alice keeps two chats going on gemma, one after another without a
+    pause; bob asks for small once. Once bob waits, gemma takes no new request (they wait for
+    their turn, told why), drains what it runs, and small loads: no request of alice's that
+    began after bob's is answered before bob's first token. Then alice's waiting requests have
+    their turn: gemma comes back and every request of hers is answered."""
+    served = serve(max_loaded_models=1)
+    stop, log = threading.Event(), []  # (start, end, status) of each of alice's requests
+
+    def alice():
+        while not stop.is_set():
+            start = time.monotonic()
+            status, _ = chat(served, "gemma", "alice", max_tokens=16, ignore_eos=True)
+            log.append((start, time.monotonic(), status))
+
+    chats = [threading.Thread(target=alice) for _ in range(2)]
+    for t in chats:
+        t.start()
+    wait_until(lambda: len(log) >= 2, 120, "alice's chats under way")
+    ws = WS(served.thread.url)
+    ws.hello("bob")
+    asked = time.monotonic()
+    ws.chat("b", "Hi", model="small", max_tokens=4)
+    frames = ws.until(lambda f: f["type"] in ("token", "done") and f["id"] == "b", 180)
+    first_token = time.monotonic()
+    assert frames[-1]["type"] == "token", frames[-1]
+    overtaking = [(s, e) for s, e, _ in log if s > asked and e < first_token]
+    assert not overtaking, f"{len(overtaking)} of alice's later requests went first"
+    ws.until_done("b", 60)
+    ws.close()
+    gemma = served.server.pool.slot("gemma")
+    wait_until(lambda: gemma.is_loaded and len(log) >= 8, 180, "alice's turn comes back")
+    stop.set()
+    for t in chats:
+        t.join(180)
+    assert {status for _, _, status in log} == {200}, log

@@ -46,13 +46,10 @@ class _Sink:
         self.dones.append(done)
 
 
-def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_everything():
-    import asyncio
-    import threading
-
+def _admission_of_fake_models(gate, loads, **server):
+    """An Admission over a pool of two fake models, "a" and "b"; b's load waits for `gate`."""
     from localserve.config import Config, ModelConfig, ServerConfig
     from localserve.ops.auth import Access
-    from localserve.protocol.frames import SamplingFields
     from localserve.runners.fake import FakeRunner
     from localserve.serve.admission import Admission
     from localserve.serve.pool import LoadedModel, ModelPool
@@ -60,19 +57,28 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
     class FakeEngine:
         on_events, problem = None, ""
 
+    models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript")
+              for n in ("a", "b")}  # fmt: skip
+    config = Config(default="a", models=models, server=ServerConfig(**server))
+
+    def loader(name: str) -> LoadedModel:
+        gate.wait(10)
+        loads.append(name)
+        return LoadedModel(FakeEngine(), FakeRunner(), lambda: None)
+
+    pool = ModelPool(config, lambda: config.server, loader, lambda events: None)
+    return Admission(pool, lambda: pool._server_config(), lambda: None, Access({})), pool
+
+
+def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_everything():
+    import asyncio
+    import threading
+
+    from localserve.protocol.frames import SamplingFields
+
     async def main():
-        models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript")
-                  for n in ("a", "b")}  # fmt: skip
-        config = Config(default="a", models=models, server=ServerConfig())
         gate, loads = threading.Event(), []
-
-        def loader(name: str) -> LoadedModel:
-            gate.wait(10)
-            loads.append(name)
-            return LoadedModel(FakeEngine(), FakeRunner(), lambda: None)
-
-        pool = ModelPool(config, lambda: config.server, loader, lambda events: None)
-        admission = Admission(pool, lambda: pool._server_config(), lambda: None, Access({}))
+        admission, pool = _admission_of_fake_models(gate, loads)
         slot = pool.slot("b")
 
         async def never_built(prompts, reply):
@@ -99,5 +105,29 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
         gate.set()
         await pool.ready(slot, print)
         assert slot.is_loaded and loads == ["b"] and slot.active == 0
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_request_waiting_for_its_model_past_max_model_wait_s_is_refused_saying_why():
+    import asyncio
+    import threading
+
+    from localserve.protocol.frames import SamplingFields
+
+    async def main():
+        gate, loads = threading.Event(), []
+        admission, pool = _admission_of_fake_models(gate, loads, max_model_wait_s=0.2)
+
+        async def never_built(prompts, reply):
+            raise AssertionError("no prompt is built for a request that was refused")
+
+        with pytest.raises(Refusal) as e:
+            await admission.submit(_Sink(), "ann", "r", "1:r", SamplingFields(), never_built,
+                                   model="b")  # fmt: skip
+        assert e.value.code == "unavailable" and e.value.retry_after_s > 0
+        assert "model b was not ready within 0.2 s (loading model b)" in e.value.message
+        assert pool.slot("b").active == 0 and not admission.requests
+        gate.set()
 
     asyncio.run(asyncio.wait_for(main(), 10))

@@ -230,3 +230,68 @@ def test_a_waiter_that_gives_up_leaves_the_load_going_on_for_the_others():
         assert b.is_loaded and loads == ["b"] and b._told == [] and b._ready is None
 
     run(main())
+
+
+def test_a_busy_model_in_a_loads_way_takes_no_new_request_until_that_load_has_ended():
+    """max_loaded_models = 1: a is busy; b's load waits. A new request for a then waits for its
+    turn (told why) without holding a, so a drains, is evicted, b loads; then a's request has
+    its turn: a loads again once b is idle."""
+
+    async def main():
+        pool, loads = pool_of(["a", "b"], ServerConfig(max_loaded_models=1))
+        a, b = pool.slot("a"), pool.slot("b")
+        await pool.ready(a, print)
+        pool.acquire(a)  # a's running request
+        pool.acquire(b)
+        b_ready = asyncio.ensure_future(pool.ready(b, print, held=True))
+        await asyncio.sleep(0.01)
+        assert a.yielding_to == "b" and a.describe()["yielding_to"] == "b"
+        pool.acquire(a)  # a new request for a, after b's
+        said = []
+        a_again = asyncio.ensure_future(pool.ready(a, said.append, held=True))
+        await asyncio.sleep(0.01)
+        assert not a_again.done() and said == ["waiting for its turn: model b loads first"]
+        assert a.active == 1  # only the running one: the waiting one does not hold a
+        pool.release(a)  # a drains: evicted, b loads
+        await asyncio.sleep(0)
+        assert a.loaded is None and not a_again.done()  # no load of a before b's
+        await b_ready
+        assert b.state == "loaded" and a.loaded is None and not a.yielding_to
+        await asyncio.sleep(0.01)  # a's turn: it loads again, once b (busy) drains
+        assert not a_again.done() and a.state == "loading" and b.yielding_to == "a"
+        pool.release(b)
+        await a_again
+        assert (a.state, b.state, loads) == ("loaded", "unloaded", ["a", "b", "a"])
+        assert a.active == 1 and not b.yielding_to
+
+    run(main())
+
+
+def test_a_model_evicted_for_a_load_is_not_loaded_again_before_that_load():
+    """While b loads (slowly) in a's place, a new request for a waits for b's load to end
+    instead of loading a back at once (which made them swap back and forth)."""
+
+    async def main():
+        pool, loads = pool_of(["a", "b"], ServerConfig(max_loaded_models=1))
+        gate, load = threading.Event(), pool._loader
+        pool._loader = lambda name: (gate.wait(5) if name == "b" else None, load(name))[1]
+        a, b = pool.slot("a"), pool.slot("b")
+        await pool.ready(a, print)
+        pool.acquire(a)
+        pool.acquire(b)
+        b_ready = asyncio.ensure_future(pool.ready(b, print, held=True))
+        await asyncio.sleep(0.01)
+        pool.release(a)  # a drains and is evicted; b's load starts and waits at the gate
+        await asyncio.sleep(0.05)
+        assert a.loaded is None and b.state == "loading"
+        pool.acquire(a)
+        late = asyncio.ensure_future(pool.ready(a, print, held=True))
+        await asyncio.sleep(0.05)
+        assert a.state == "unloaded" and loads == ["a"]  # not loaded back meanwhile
+        gate.set()
+        await b_ready
+        pool.release(b)
+        await late
+        assert loads == ["a", "b", "a"] and a.is_loaded
+
+    run(main())
