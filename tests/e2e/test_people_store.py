@@ -2,7 +2,8 @@
 serve/frontends.py): dave's binding survives a restart of the server and a SIGKILL of a real
 `localserve serve` mid-reply; after either, another id that calls itself "dave", or a request
 giving the name without an id, is refused while the real dave is still `openwebui/dave`; and a
-store that cannot be written refuses new people while the known ones go on."""
+store that cannot be written refuses new people while the known ones go on; one that is not a
+store stops the server at start."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from localserve.ops.auth import Access
-from localserve.ops.people import DATABASE
+from localserve.ops.people import DATABASE, PeopleUnusable
 from localserve.ops.usage import DATABASE as USAGE_DATABASE
 from tests.support.cli import kill_serve, start_serve
 from tests.support.clients import http_request
@@ -138,6 +139,16 @@ def test_a_store_that_cannot_be_written_refuses_new_people_and_known_ones_go_on(
         assert len(kept(small_disk.path)) == 2
     finally:
         server.close()
+
+
+def test_a_file_that_is_not_a_store_stops_the_server_at_start_naming_it(tmp_path):
+    (tmp_path / DATABASE).write_bytes(b"\0garbage" * 512)
+    with pytest.raises(PeopleUnusable, match=f"{tmp_path / DATABASE}: not a usable store"):
+        fake_server(tmp_path)
+    (tmp_path / DATABASE).unlink()
+    plain = FakeServer(access=Access(USERS), state_dir=str(tmp_path))  # no trusted front-end
+    plain.close()
+    assert not (tmp_path / DATABASE).exists()  # nobody to keep: no file
 
 
 # --- a real server process, killed ----------------------------------------------------------
