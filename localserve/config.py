@@ -143,8 +143,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (their tokens are the front-ends' API keys) that may say on whose behalf they ask, with
     # X-Localserve-User or Open WebUI's X-OpenWebUI-User-Name/-Id; the request is then the user
     # "<frontend>/<person>" ("openwebui/alice": quotas, usage, fairness, prefix isolation of its
-    # own; daily_tokens_per_user takes such names). Headers from anyone else are ignored. One
-    # front-end names at most max_people_per_frontend people while the server runs; a new one
+    # own; daily_tokens_per_user takes such names). Headers from anyone else are ignored. Who is
+    # who (each id's name) is kept in state_dir/people.sqlite3 across restarts (ops/people.py);
+    # one front-end names at most max_people_per_frontend people, those kept included; a new one
     # past it is refused (serve/frontends.py).
     trusted_frontends: list[str] = msgspec.field(default_factory=list)
     max_people_per_frontend: Positive = 256

@@ -34,6 +34,7 @@ from localserve.engine.client import EngineClient, EngineUnavailable
 from localserve.engine.events import Done, EventSink
 from localserve.engine.sampling_params import Constraint, SamplingParams, sampling_params
 from localserve.ops.auth import Access, AuthThrottle, address_group
+from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.frontends import People
@@ -233,6 +234,7 @@ class Admission:
         usage: Callable[[], Usage | None],
         access: Access,
         on_events: EventSink | None = None,
+        people: PeopleStore | None = None,
     ) -> None:
         self.pool = pool
         # where a `done` admission makes itself goes (the server's router, as the engine's do);
@@ -242,7 +244,7 @@ class Admission:
         self.access = access
         self._usage = usage
         self.throttle = AuthThrottle(config().max_auth_failures_per_minute)
-        self.people = People()  # named by trusted front-ends
+        self.people = People(people)  # named by trusted front-ends, kept in `people`
         self.requests: dict[str, Request] = {}  # by engine id
         self.constraints = ConstraintCompiler()  # structured output: schemas compiled, cached
         self.counts = Counts()

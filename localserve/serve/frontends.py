@@ -12,24 +12,29 @@ that pass them on without meaning anything by them.
 
 Which header names the person: the id decides who a person is, the name is what they are called
 here. Open WebUI lets people change their display name but not their id, so an id keeps the
-first name it came with while the server runs (renaming oneself to a sister's name gets neither
-her quota nor her cached prompts), and a name one id has is refused to another (403). The name
-is shown (the monitor, `localserve usage`), since an id is a UUID nobody recognizes; without a
-name the id is the name. `X-Localserve-User` is taken over Open WebUI's name when both come.
+first name it came with, and a name one id has is refused to another id and to a request that
+gives the name without an id (403): renaming oneself to a sister's name, or a front-end sending
+her name alone, gets neither her quota nor her cached prompts. The bindings are kept in the
+state dir (ops/people.py), each new one committed before its person's request goes on, so they
+hold across restarts and crashes: the first id to send "dave" after a restart is not dave. A
+new person the store cannot record is refused (503) while known ones go on. The name is shown
+(the monitor, `localserve usage`), since an id is a UUID nobody recognizes; without a name the
+id is the name. `X-Localserve-User` is taken over Open WebUI's name when both come.
 
 Names are client input: percent-decoded (Open WebUI sends `quote(name, safe=" ")`) as UTF-8,
 NFKC-normalized, runs of white space made one space, lower-cased, then 1-MAX_PERSON_NAME
 printable characters; each header at most MAX_HEADER_CHARS and given once. A bad one is a 400
-naming the header. One front-end may name at most `[server] max_people_per_frontend` people
-while the server runs: a new one past it is refused (403 naming the bound) while the known ones
-go on. Forgetting idle ones instead would not bound memory (the day's usage counters and the
-quota stay per name) and would free their names for another id to take.
+naming the header. One front-end names at most `[server] max_people_per_frontend` people, kept
+ones included: a new one past it is refused (403 naming the bound) while the known ones go on.
+Forgetting idle ones instead would free their names for another id to take.
 
-Tested in tests/unit/serve/test_frontends.py and tests/e2e/test_trusted_frontends.py.
+Tested in tests/unit/serve/test_frontends.py, tests/e2e/test_trusted_frontends.py and
+tests/e2e/test_people_store.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -40,6 +45,7 @@ from starlette.requests import HTTPConnection
 
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
+from localserve.ops.people import Binding, BindingFailed, PeopleStore
 
 PERSON_HEADER = "X-Localserve-User"
 NAME_HEADER = "X-OpenWebUI-User-Name"
@@ -47,6 +53,7 @@ ID_HEADER = "X-OpenWebUI-User-Id"
 MAX_PERSON_NAME = 64  # characters of the person's name (the user is "<frontend>/<name>")
 MAX_HEADER_CHARS = 1024  # a header's value as sent (percent-encoded UTF-8 takes up to 9 a char)
 MAX_ID_CHARS = 128  # Open WebUI's ids are UUIDs (36)
+RETRY_BINDING_S = 30  # a new person refused because the store cannot be written: try again then
 _SPACES = re.compile(r"\s+")
 
 
@@ -57,6 +64,7 @@ class PersonRefused(Exception):
     def __init__(self, status: int, header: str, message: str) -> None:
         super().__init__(f"{header}: {message}")
         self.status, self.header, self.message = status, header, f"{header}: {message}"
+        self.retry_after_s = RETRY_BINDING_S if status == 503 else 0.0
 
 
 @dataclass
@@ -69,26 +77,73 @@ class _Named:
 
 
 class People:
-    """The people each trusted front-end has named since the server started, bounded per
-    front-end (owned by the event loop, like the rest of admission)."""
+    """The people each trusted front-end has named, as `store` keeps them (ops/people.py: read
+    at start, each new one committed before it is used), bounded per front-end; owned by the
+    event loop, like the rest of admission. Without a store (a server started with no trusted
+    front-ends) nobody new can be named."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: PeopleStore | None) -> None:
+        self.store = store
         self._named: dict[str, _Named] = {}  # by front-end: only trusted ones, so bounded
+        self._binding = asyncio.Lock()  # one new person at a time: decided on what is kept
+        for binding in store.bindings() if store is not None else []:
+            self._learn(binding)
 
     def num_people(self, frontend: str) -> int:
         named = self._named.get(frontend)
         return len(named.ids) if named else 0
 
-    def person(self, frontend: str, name: str, account: str | None, limit: int, header: str) -> str:
-        """The name this person goes by here (an id keeps its first name); PersonRefused (403)
-        for a name another id has, or a new person past `limit`."""
-        named = self._named.setdefault(frontend, _Named())
+    async def person(
+        self, frontend: str, name: str, account: str | None, limit: int, header: str
+    ) -> str:
+        """The name this person goes by here (an id keeps its first name, across restarts);
+        PersonRefused: 403 for a name an id has and this request's is another or none, or a
+        new person past `limit`; 503 when a new person cannot be recorded."""
+        known, new = self._decide(frontend, name, account, limit, header)
+        if new is None:
+            return known
+        # shielded: a client gone while its binding is written still leaves it learnt
+        binding = asyncio.ensure_future(self._bind(frontend, name, account, limit, header))
+        binding.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return await asyncio.shield(binding)
+
+    async def _bind(
+        self, frontend: str, name: str, account: str | None, limit: int, header: str
+    ) -> str:
+        async with self._binding:  # decided again: another request may have bound meanwhile
+            known, new = self._decide(frontend, name, account, limit, header)
+            if new is None:
+                return known
+            if self.store is None:
+                raise PersonRefused(
+                    503, header, "this server keeps no people (started without trusted front-ends)"
+                )
+            try:
+                await self.store.bind(new)  # on disk before the person's request goes on
+            except BindingFailed as e:
+                raise PersonRefused(
+                    503, header, f"new people cannot be recorded now ({e}); known ones go on"
+                ) from None
+            self._learn(new)
+            return known
+
+    def _decide(
+        self, frontend: str, name: str, account: str | None, limit: int, header: str
+    ) -> tuple[str, Binding | None]:
+        """The person's name here, and the binding to commit first (None: known already)."""
+        named = self._named.get(frontend) or _Named()
         if account is not None and account in named.names:
-            return named.names[account]
+            return named.names[account], None
         if name in named.ids:
             owner = named.ids[name]
-            if owner is not None and account is not None and owner != account:
+            if owner is not None and account is None:
+                raise PersonRefused(
+                    403, header, f"{name!r} is an account's name here: send its {ID_HEADER} too"
+                )
+            if owner is not None:
                 raise PersonRefused(403, header, f"{name!r} is another account's name here")
+            if account is None:
+                return name, None  # named without an id, as before
         elif len(named.ids) >= limit:
             raise PersonRefused(
                 403,
@@ -96,12 +151,13 @@ class People:
                 f"{frontend} has named {limit} people already, the most one front-end may "
                 "([server] max_people_per_frontend); known ones go on",
             )
-        if account is not None:
-            named.ids[name] = account
-            named.names[account] = name
-        else:
-            named.ids.setdefault(name, None)
-        return name
+        return name, Binding(frontend, name, account)  # new, or a name's first id
+
+    def _learn(self, binding: Binding) -> None:
+        named = self._named.setdefault(binding.frontend, _Named())
+        named.ids[binding.name] = binding.account
+        if binding.account is not None:
+            named.names[binding.account] = binding.name
 
 
 class Doorkeeper(Protocol):
@@ -117,10 +173,11 @@ class Doorkeeper(Protocol):
     def people(self) -> People: ...
 
 
-def on_behalf_of(door: Doorkeeper, request: HTTPConnection, user: str) -> str:
+async def on_behalf_of(door: Doorkeeper, request: HTTPConnection, user: str) -> str:
     """The request's user: `user` (the authenticated caller), or "<user>/<person>" when `user`
     is a trusted front-end naming a person by header. Raises PersonRefused (400 for a bad
-    header, 403 past the bounds). Every HTTP front-end calls it after authenticating."""
+    header, 403 past the bounds, 503 when a new person cannot be recorded). Every HTTP
+    front-end calls it after authenticating."""
     config = door.config
     if user not in config.trusted_frontends or not door.access.requires_tokens:
         return user
@@ -138,7 +195,7 @@ def on_behalf_of(door: Doorkeeper, request: HTTPConnection, user: str) -> str:
             return user  # the front-end asks for itself
         header, name = ID_HEADER, person_name(account, ID_HEADER)
     limit = config.max_people_per_frontend
-    return f"{user}/{door.people.person(user, name, account, limit, header)}"
+    return f"{user}/{await door.people.person(user, name, account, limit, header)}"
 
 
 def person_name(raw: str, header: str) -> str:

@@ -29,6 +29,7 @@ from localserve.engine.client import EngineClient
 from localserve.engine.runner import Runner
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
+from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import Notice
 from localserve.serve.admission import Admission
@@ -70,6 +71,7 @@ class Server:
         usage: Usage | None = None,
         conversations: ConversationStore | None = None,
         *,
+        people: PeopleStore | None = None,
         models: Config | None = None,
         loader: Loader | None = None,
         name: str | None = None,
@@ -88,7 +90,12 @@ class Server:
         # also runs at the end); without it the default's engine is the caller's to stop
         self.pool.add_loaded(name, LoadedModel(engine, runner, close or (lambda: None)))
         self.admission = Admission(
-            self.pool, lambda: self.config, lambda: self.usage, access, self.router.on_engine_events
+            self.pool,
+            lambda: self.config,
+            lambda: self.usage,
+            access,
+            self.router.on_engine_events,
+            people,
         )
         self.router.admission = self.admission
         self.snapshots = Snapshots(self._primary_engine)
@@ -162,6 +169,8 @@ class Server:
                 log.info("access log: %s", access_log)
         if (store := self.connections.conversations) is not None:
             log.info("conversations kept in: %s", store.path)
+        if (people := self.admission.people.store) is not None:
+            log.info("people of trusted front-ends kept in: %s", people.path)
 
     def _uvicorn_config(self, host: str, port: int) -> uvicorn.Config:
         c, limits = self.config, self.limits

@@ -23,6 +23,7 @@ from localserve.engine.runner import Runner
 from localserve.engine_process.client import EngineProcess
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
+from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
 from localserve.serve.pool import LoadedModel
 from localserve.serve.server import Server, ServerThread
@@ -66,6 +67,10 @@ def serving(
         if config.server.conversations and access.requires_tokens:  # else: in the browser
             conversations = ConversationStore.open(config.server)
             stack.callback(conversations.close)  # after the server's last save
+        people = None
+        if config.server.trusted_frontends and access.requires_tokens:  # else: nobody named
+            people = PeopleStore.open(config.server)
+            stack.callback(people.close)  # after the server's last binding
         if runner is None:  # in an engine process of its own (watched), or in this one
             loaded = load_model(config, name)
         else:  # the caller's runner: only the engine is ours to stop
@@ -83,6 +88,7 @@ def serving(
             usage,
             conversations,
             models=config,
+            people=people,
             loader=lambda other: load_model(config, other),
             name=name,
             close=close,

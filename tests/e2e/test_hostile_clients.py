@@ -533,7 +533,7 @@ def test_hostile_preflights_get_a_clear_refusal_and_harm_nobody(live, bob):
 # --- a trusted front-end's person headers (issue 29) ------------------------------------------
 
 
-def test_hostile_person_headers_fail_only_themselves(live, bob):
+def test_hostile_person_headers_fail_only_themselves(live, bob, tmp_path):
     """A trusted front-end's key with header floods, huge values, control characters and more
     people than its bound: each a 400 naming the header (or the transport's 400 for what HTTP
     forbids, or 403 past the bound), the registry bounded, bob's replies whole."""
@@ -541,6 +541,7 @@ def test_hostile_person_headers_fail_only_themselves(live, bob):
     import urllib.parse
 
     from localserve.ops.auth import Access
+    from localserve.ops.people import DATABASE, PeopleStore
     from localserve.serve.frontends import People
 
     url = urllib.parse.urlsplit(live.http)
@@ -560,7 +561,8 @@ def test_hostile_person_headers_fail_only_themselves(live, bob):
 
     name = "X-OpenWebUI-User-Name"
     admission = live.server.admission
-    old_people, admission.people = admission.people, People()
+    store = PeopleStore(tmp_path / DATABASE)
+    old_people, admission.people = admission.people, People(store)
     access = Access({"openwebui": key})
     limits = dict(trusted_frontends=["openwebui"], max_people_per_frontend=50)
     try:
@@ -582,6 +584,8 @@ def test_hostile_person_headers_fail_only_themselves(live, bob):
             assert statuses[:50] == [200] * 50 and set(statuses[50:]) == {403}
             assert admission.people.num_people("openwebui") == 50
             assert ask([(name, "person 7")])[0] == 200  # a known one goes on
+            assert len(store.bindings()) == 50  # the rows as bounded as the registry
     finally:
         admission.people = old_people
+        store.close()
     assert len(bob.finish()) >= 1

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import tempfile
 import threading
 import urllib.parse
+from pathlib import Path
 from urllib.parse import quote
 
 import msgspec
@@ -25,6 +27,8 @@ import pytest
 
 from localserve.ops import usage
 from localserve.ops.auth import Access
+from localserve.ops.people import DATABASE as PEOPLE
+from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
 from localserve.serve.frontends import People
 from tests.support.live import configured
@@ -102,10 +106,13 @@ def error_of(payload: bytes) -> str:
 
 @contextlib.contextmanager
 def frontend(live, tmp_path=None, **limits):
-    """The live server with Open WebUI's key trusted (a fresh registry of people) and, given a
-    directory, a usage record of its own there (its quotas from `limits`)."""
+    """The live server with Open WebUI's key trusted (a fresh registry of people, kept in a
+    directory of its own) and, given a directory, a usage record of its own there (its quotas
+    from `limits`)."""
     server, admission = live.server, live.server.admission
-    old_people, admission.people = admission.people, People()
+    kept = tempfile.TemporaryDirectory(prefix="people-")
+    store = PeopleStore(Path(kept.name) / PEOPLE)
+    old_people, admission.people = admission.people, People(store)
     limits = {"trusted_frontends": ["openwebui"]} | limits
     with configured(live, access=Access(USERS), **limits):
         old_usage = server.usage
@@ -121,6 +128,8 @@ def frontend(live, tmp_path=None, **limits):
                 server.usage.close()
                 server.usage = old_usage
             admission.people = old_people
+            store.close()
+            kept.cleanup()
 
 
 def rows_of(store: Usage, user: str) -> list[usage.Row]:

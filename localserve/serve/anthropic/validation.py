@@ -49,9 +49,10 @@ async def identify(door: Frontdoor, request: HttpRequest) -> str:
             401, "invalid x-api-key: give a user's token as the API key (x-api-key: <token>)"
         )
     try:  # a trusted front-end (Open WebUI, a gateway) may name the person it asks for
-        return on_behalf_of(door, request, user)
+        return await on_behalf_of(door, request, user)
     except PersonRefused as e:
-        raise AnthropicError(e.status, e.message) from None
+        wait = retry_after(e.retry_after_s) if e.retry_after_s else None
+        raise AnthropicError(e.status, e.message, wait) from None
 
 
 async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> Body:

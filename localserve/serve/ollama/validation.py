@@ -80,9 +80,10 @@ async def identify(door: Frontdoor, request: HttpRequest) -> str:
             {"WWW-Authenticate": 'Bearer realm="localserve"'},
         )
     try:
-        return on_behalf_of(door, request, user)
+        return await on_behalf_of(door, request, user)
     except PersonRefused as e:
-        raise OllamaError(e.status, e.message) from None
+        wait = retry_after(e.retry_after_s) if e.retry_after_s else None
+        raise OllamaError(e.status, e.message, wait) from None
 
 
 def sampling_fields(options: Options | None, default_max: int, cap: int) -> SamplingFields:

@@ -78,16 +78,23 @@ async def identify(door: Frontdoor, request: HttpRequest, named: str | None) -> 
             )
             raise ApiError(401, message, "invalid_api_key", headers=CHALLENGE)
         try:
-            return on_behalf_of(door, request, user)
+            return await on_behalf_of(door, request, user)
         except PersonRefused as e:
-            code = "invalid_value" if e.status == 400 else "permission_denied"
-            raise ApiError(e.status, e.message, code, e.header) from None
+            raise _person_refused(e) from None
     name = DEFAULT_USER if named is None else named
     if not check_user_name(name):
         raise ApiError(
             400, "user: 1-64 printable characters, no outer spaces", "invalid_value", "user"
         )
     return name
+
+
+def _person_refused(e: PersonRefused) -> ApiError:
+    if e.retry_after_s:  # a new person the server cannot record now
+        wait = retry_after(e.retry_after_s)
+        return ApiError(e.status, e.message, "unavailable", e.header, "server_error", wait)
+    code = "invalid_value" if e.status == 400 else "permission_denied"
+    return ApiError(e.status, e.message, code, e.header)
 
 
 def sampling_fields(body: RequestFields, max_tokens: int | None, default: int) -> SamplingFields:

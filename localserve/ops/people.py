@@ -1,0 +1,171 @@
+"""The people trusted front-ends named, kept: SQLite in the state dir, so that a name stays its
+person's across restarts and crashes.
+
+A trusted front-end (serve/frontends.py) names a person by its own id for them (Open WebUI's
+X-OpenWebUI-User-Id) and a name; the first name an id comes with is bound to that id, and the
+id's requests are the user "<frontend>/<name>" from then on (their usage rows, quota and cached
+prefixes). Kept in memory only, the bindings went with each restart, and the first id to send
+a name after one took it. Here each new binding is committed (WAL, synchronous = FULL) before
+the person's request goes on: no reply goes to a person this file does not know, even after a
+SIGKILL or a power cut. A row is a name (the identity's display) and the id it is bound to, or
+none for a person a front-end names without ids (`X-Localserve-User` alone).
+
+One thread owns the database (`people.sqlite3`, beside the usage record): the bindings are read
+once at start and kept by the event loop (frontends.People), which hands this thread each new
+one; so people already known are served without it, also while the file cannot be written. The
+rows are bounded per front-end by `[server] max_people_per_frontend`: frontends.People refuses
+a new person past it before anything is written. A file that is not such a store stops the
+server at start, naming it.
+
+Tested in tests/unit/ops/test_people.py and tests/e2e/test_people_store.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from localserve.config import ConfigError, ServerConfig
+from localserve.ops.usage import state_dir
+
+log = logging.getLogger("localserve.ops.people")
+
+DATABASE = "people.sqlite3"
+LOCK_TIMEOUT_S = 5.0
+SCHEMA = """CREATE TABLE IF NOT EXISTS people (
+    frontend TEXT NOT NULL,    -- the trusted front-end: its user in the users file
+    name TEXT NOT NULL,        -- the person's name, normalized: the user "<frontend>/<name>"
+    account TEXT,              -- the front-end's id for them; NULL: named without one (yet)
+    bound INTEGER NOT NULL,    -- ms since the epoch, when the name was first given
+    PRIMARY KEY (frontend, name),
+    UNIQUE (frontend, account)
+) WITHOUT ROWID"""
+SCHEMA_VERSION = 1
+
+
+class Binding(NamedTuple):
+    """A person of a front-end: their name here and the front-end's id for them (None: none)."""
+
+    frontend: str
+    name: str
+    account: str | None
+
+
+class BindingFailed(Exception):
+    """A binding the store could not commit: its message says why."""
+
+
+class PeopleUnusable(ConfigError):
+    """The database cannot be used: said at start-up, before anyone connects."""
+
+
+class PeopleStore:
+    """The bindings of the people trusted front-ends named: read at start, each new one
+    committed on the store's thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, "localserve-people")
+        try:
+            self._db = self._thread.submit(_connect, path).result()
+        except BaseException:
+            self._thread.shutdown()
+            raise
+        self._closed = False
+        self.problem = ""  # why the last binding could not be written ("" since one could)
+
+    @classmethod
+    def open(cls, config: ServerConfig) -> PeopleStore:
+        return cls(state_dir(config) / DATABASE)
+
+    def bindings(self) -> list[Binding]:
+        """Every binding kept, oldest first (read once, at start)."""
+        return self._thread.submit(self._read).result()
+
+    async def bind(self, binding: Binding) -> None:
+        """Commit `binding`: a new name (with its id, or none), or a name's first id. Returns
+        once it is on disk; BindingFailed when it cannot be written."""
+        if self._closed:
+            raise BindingFailed("the server is shutting down")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._thread, functools.partial(self._bind, binding))
+        except (sqlite3.Error, BindingFailed) as e:  # a full disk, a file made read-only, ...
+            if not self.problem:  # said once, not once per refused person
+                log.error("people: %s: %s; new people are refused, known ones go on", self.path, e)
+            self.problem = str(e)
+            raise BindingFailed(str(e)) from None
+        if self.problem:
+            log.warning("people: %s: written again", self.path)
+            self.problem = ""
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.shutdown(wait=True)  # a binding in progress commits first
+        self._db.close()
+
+    # --- on the store's thread ---
+
+    def _read(self) -> list[Binding]:
+        rows = self._db.execute("SELECT frontend, name, account FROM people ORDER BY bound, name")
+        return [Binding(*row) for row in rows]
+
+    def _bind(self, b: Binding) -> None:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(  # a name known without an id takes its first one
+                "INSERT INTO people VALUES (?, ?, ?, ?) ON CONFLICT (frontend, name) "
+                "DO UPDATE SET account = excluded.account WHERE people.account IS NULL",
+                (b.frontend, b.name, b.account, int(time.time() * 1000)),
+            )
+            (account,) = self._db.execute(
+                "SELECT account FROM people WHERE frontend = ? AND name = ?", (b.frontend, b.name)
+            ).fetchone()
+            if account != b.account:  # only this server writes it: another one shares the dir?
+                raise BindingFailed(f"{b.name!r} of {b.frontend} is another id's in {self.path}")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The database, created if need be; a file that is not one is said with what to do."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        created = not path.exists()
+        db = sqlite3.connect(
+            path, timeout=LOCK_TIMEOUT_S, check_same_thread=False, isolation_level=None
+        )
+        if created:
+            os.chmod(path, 0o600)  # who uses the server: the operator's only
+    except (OSError, sqlite3.Error) as e:
+        raise PeopleUnusable(f"{path}: cannot open the store of people: {e}") from None
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if version > SCHEMA_VERSION:
+            raise PeopleUnusable(
+                f"{path}: written by a newer localserve (schema {version}): upgrade, or set "
+                "[server] state_dir elsewhere"
+            )
+        if version == 0 and tables:
+            raise PeopleUnusable(f"{path}: some other program's database: move it aside")
+        db.execute(SCHEMA)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except sqlite3.Error as e:
+        db.close()
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PeopleUnusable(
+            f"{path}: not a usable store of people ({first}): move it aside to start a new one "
+            "(the people named so far are then new again)"
+        ) from None
+    except PeopleUnusable:
+        db.close()
+        raise
+    return db
