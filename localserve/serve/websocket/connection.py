@@ -23,7 +23,7 @@ import logging
 
 import msgspec
 
-from localserve.chat.messages import PromptMessage, ToolCallMade
+from localserve.chat.messages import PromptMessage, ToolCallMade, check_tool_history
 from localserve.chat.reply import ReasoningText
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
@@ -395,6 +395,7 @@ class Connection:
         try:
             door = self.door.model(chat.model)  # UnknownModel names the server's models
             messages = [_prompt_message(m, i) for i, m in enumerate(chat.messages)]
+            check_tool_history(messages)  # its ToolHistoryError names messages[i]'s field
             use = await tool_use(
                 door,
                 chat.tools,
