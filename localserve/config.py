@@ -136,6 +136,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # ... and so is one that does not answer a ping (sent this often) within this long.
     keepalive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     max_connections: Positive = 64  # websockets past hello; beyond it, a new one gets 503
+    # websockets one user holds past hello (the name a token proves; on an open server the name
+    # in hello); beyond it, that user's next hello is refused (busy), nobody else's.
+    # 0 = a quarter of max_connections, at least 1
+    max_connections_per_user: Annotated[int, msgspec.Meta(ge=0)] = 0
     # failed hellos (per user), subscribes and /metrics tokens (the monitor's) per place and
     # minute; beyond it that credential is refused from there until the failures age out
     max_auth_failures_per_minute: Positive = 10
@@ -202,6 +206,11 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # A request waiting for its model (a load, or its turn while another model's load waits for
     # this busy one to drain) is refused (unavailable) past this many seconds
     max_model_wait_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0
+
+    @property
+    def connections_per_user(self) -> int:
+        """max_connections_per_user, 0 resolved: one user never holds every websocket."""
+        return self.max_connections_per_user or max(1, self.max_connections // 4)
 
     def __post_init__(self) -> None:
         if not self.usage and (self.daily_tokens or any(self.daily_tokens_per_user.values())):

@@ -169,7 +169,7 @@ def test_errors_are_raised_as_the_packages_exceptions(live):
         c.messages.create(
             model=MODEL, max_tokens=5, messages=[{"role": "user", "content": [image]}]
         )
-    assert "image" in e.value.message and "messages[0].content[0].type" in e.value.message
+    assert "image" in e.value.message and "messages.0.content.0.type" in e.value.message
     status, _, payload = request(live, "POST", "/v1/messages", {"model": MODEL, "messages": ask()})
     assert status == 400 and "max_tokens" in error_of(payload)[1]
     status, _, payload = request(live, "GET", "/v1/messages")
@@ -360,6 +360,75 @@ def test_the_raw_stream_of_a_call_and_its_thinking():
         assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
     finally:
         server.close()
+
+
+def tool_use(*ids: str) -> dict:
+    calls = [{"type": "tool_use", "id": i, "name": "get_weather",
+              "input": {"city": "Paris", "unit": "celsius"}} for i in ids]  # fmt: skip
+    return {"role": "assistant", "content": [{"type": "text", "text": "Let me check."}, *calls]}
+
+
+def tool_result(*ids: str) -> dict:
+    results = [{"type": "tool_result", "tool_use_id": i, "content": "21 degrees"} for i in ids]
+    return {"role": "user", "content": results}
+
+
+WEATHER_Q = ask("What is the weather in Paris?")
+# each history Anthropic's API refuses, and the field its 400 names
+MALFORMED = [
+    ("messages.2.content.0.tool_use_id", [*WEATHER_Q, tool_use("toolu_a"),
+                                          tool_result("toolu_b")]),  # an unknown tool_use
+    ("messages.0.content.0.tool_use_id", [tool_result("toolu_a")]),  # no tool_use before it
+    ("messages.4.content.0.tool_use_id", [*WEATHER_Q, tool_use("toolu_a"), tool_result("toolu_a"),
+                                          tool_use("toolu_b"), tool_result("toolu_a")]),
+    ("messages.2.content.1.tool_use_id", [*WEATHER_Q, tool_use("toolu_a"),
+                                          tool_result("toolu_a", "toolu_a")]),  # twice
+    ("messages.1.content.2.id", [*WEATHER_Q, tool_use("toolu_a", "toolu_a"),
+                                 tool_result("toolu_a")]),  # ids are unique
+]  # fmt: skip
+
+
+def test_malformed_tool_histories_are_refused_naming_the_block_and_field(fake):
+    c = client(fake, timeout=30)
+    for field, messages in MALFORMED:
+        for count in (False, True):
+            with pytest.raises(anthropic.BadRequestError) as e:
+                if count:
+                    c.messages.count_tokens(model="fake", messages=messages)
+                else:
+                    c.messages.create(model="fake", max_tokens=2, messages=messages)
+            assert e.value.body["error"]["message"].startswith(field + ": "), e.value.body
+    history = [*WEATHER_Q, tool_use("toolu_a", "toolu_b"), tool_result("toolu_b", "toolu_a")]
+    assert c.messages.create(model="fake", max_tokens=2, messages=history).stop_reason
+
+
+def test_tool_errors_name_anthropics_fields_not_openais():
+    server = scripted()  # a model with a call format
+    try:
+        _refused_in_anthropics_names(client(server, timeout=30))
+    finally:
+        server.close()
+
+
+def _refused_in_anthropics_names(c: anthropic.Anthropic) -> None:
+    weather = WEATHER | {"input_schema": {"type": "object", "uniqueItems": True}}
+    cases = [
+        ("tool_choice.name: 'get_time' is not one of the tools",
+         {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_time"}}),
+        ("tools.0.name: ", {"tools": [WEATHER | {"name": "a b"}]}),
+        ("tools.1.name: 'get_weather' is offered twice", {"tools": [WEATHER, WEATHER]}),
+        ("tool_choice: 'any' needs tools", {"tool_choice": {"type": "any"}}),
+        ("get_weather.input_schema: the keyword 'uniqueItems'",
+         {"tools": [weather], "tool_choice": {"type": "any"}}),
+        ("messages.0.content: ", {"messages": [{"role": "user", "content": 5}]}),
+    ]  # fmt: skip
+    for words, fields in cases:
+        with pytest.raises(anthropic.BadRequestError) as e:
+            c.messages.create(
+                **({"model": "fake", "max_tokens": 2, "messages": WEATHER_Q} | fields)
+            )
+        message = e.value.body["error"]["message"]
+        assert words in message and "function" not in message and "[" not in message, message
 
 
 def test_the_usage_row_says_anthropic(tmp_path):

@@ -424,7 +424,7 @@ def test_hostile_anthropic_bodies_and_a_dropped_stream_fail_only_themselves(live
         (base | {"messages": ask, "tools": [{"name": "f"}]}, "input_schema"),
         (
             base | {"messages": ask, "tools": [{"type": "web_search_20250305", "name": "w"}]},
-            "tools[0].type",
+            "tools.0.type",
         ),  # fmt: skip
         (base | {"messages": ask, "tool_choice": {"type": "tool"}}, "tool_choice"),
         (base | {"messages": ask, "thinking": {"type": "maybe"}}, "thinking"),

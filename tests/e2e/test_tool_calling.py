@@ -5,6 +5,7 @@ are forced (`tool_choice` "required" or a named function), so they are determini
 the weights: their arguments parse and validate against the tool's schema, whole and streamed,
 and the follow-up carrying the call and its result is answered. What a model writes unforced
 (`auto`), and its reasoning, are scripted on the fake runner: the reply is read for them.
+Histories of calls OpenAI's API refuses get their 400 (their error frame) naming the field.
 """
 
 from __future__ import annotations
@@ -305,3 +306,69 @@ def test_without_parallel_tool_calls_an_auto_reply_keeps_its_first_call():
         ws.close()
     finally:
         server.close()
+
+
+# --- histories of calls OpenAI refuses ----------------------------------------------------------
+
+
+def made(*ids: str, arguments: str = '{"city": "Paris", "unit": "celsius"}') -> dict:
+    """An assistant message that made calls, as the openai package sends it back."""
+    calls = [
+        {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        for i in ids
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def answered(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": '{"temperature": 21}'}
+
+
+# each history OpenAI's API refuses, and the field its 400 names
+MALFORMED = [
+    ("messages[2].tool_call_id", [*QUESTION, made("call_a"), answered("call_b")]),  # unknown id
+    ("messages[1].tool_call_id", [*QUESTION, answered("call_a")]),  # no call before it
+    ("messages[4].tool_call_id", [*QUESTION, made("call_a"), answered("call_a"),
+                                  made("call_b"), answered("call_a")]),  # an earlier message's
+    ("messages[3].tool_call_id", [*QUESTION, made("call_a"), *QUESTION, answered("call_a")]),
+    ("messages[3].tool_call_id", [*QUESTION, made("call_a"), answered("call_a"),
+                                  answered("call_a")]),  # answered twice
+    ("messages[1].tool_calls[0].function.arguments", [*QUESTION,
+                                                      made("call_a", arguments="Paris")]),
+    ("messages[1].tool_calls[1].id", [*QUESTION, made("call_a", "call_a")]),
+]  # fmt: skip
+
+
+def test_malformed_histories_of_calls_are_refused_naming_the_message_and_field(fake):
+    c = client(fake, timeout=30)
+    for param, messages in MALFORMED:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="fake", messages=messages, max_tokens=2)
+        assert e.value.param == param and e.value.code == "invalid_value", e.value.body
+        assert e.value.body["message"].startswith(param + ": "), e.value.body
+    history = [*QUESTION, made("call_a", "call_b"), answered("call_b"), answered("call_a")]
+    reply = c.chat.completions.create(model="fake", messages=history, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+
+
+def as_frame(message: dict) -> dict:
+    """An OpenAI message as the websocket chat frame's: its calls {"id", "name", "arguments"}."""
+    calls = [{"id": c["id"], **c["function"]} for c in message.get("tool_calls", [])]
+    plain = {k: v for k, v in message.items() if k != "tool_calls" and v is not None}
+    return plain | ({"tool_calls": calls} if calls else {})
+
+
+def test_the_websocket_refuses_them_too_as_its_frame_names_the_fields(fake):
+    ws = WS(fake.url)
+    ws.hello("hal")
+    for param, messages in MALFORMED:
+        frame = {"type": "chat", "id": "h", "messages": [as_frame(m) for m in messages]}
+        ws.send(frame | {"max_tokens": 2})
+        error = ws.recv()
+        where = param.replace(".function.", ".")
+        assert error["code"] == "bad_request" and error["message"].startswith(where + ": "), error
+        assert error["id"] == "h"
+    history = [*QUESTION, made("call_a", "call_b"), answered("call_b"), answered("call_a")]
+    ws.send({"type": "chat", "id": "h", "messages": [as_frame(m) for m in history]})
+    assert ws.until_done("h")[-1]["finish_reason"] in ("stop", "length")
+    ws.close()

@@ -662,14 +662,20 @@ def test_health_and_metrics_answer_when_the_connections_are_all_taken(fake, conn
         assert response.status_code == 503 and response.headers["Retry-After"] == "5"
 
 
-def test_connections_that_said_no_hello_count_for_no_max_connections(fake, connect, bob):
-    async def speaking() -> list:
+def speaking(fake) -> list:
+    """The server's connections that said hello or subscribed."""
+
+    async def find() -> list:
         return [c for c in fake.server.connections if not c.is_silent]
 
+    return fake.call(find())
+
+
+def test_connections_that_said_no_hello_count_for_no_max_connections(fake, connect, bob):
     # bob's and the fuzzer's stay; the earlier tests' must be gone
-    stays = lambda: all(c.user in ("bob", "fuzz") for c in fake.call(speaking()))  # noqa: E731
+    stays = lambda: all(c.user in ("bob", "fuzz") for c in speaking(fake))  # noqa: E731
     wait_until(stays, 10, "the earlier tests' connections gone")
-    with configured(fake, max_connections=len(fake.call(speaking())) + 1):  # room for one
+    with configured(fake, max_connections=len(speaking(fake)) + 1):  # room for one
         silent = [connect() for _ in range(3)]  # none of them counts yet
         assert silent[0].hello("una")["type"] == "welcome"  # the second
         refused = silent[1].hello("ulla")
@@ -678,6 +684,34 @@ def test_connections_that_said_no_hello_count_for_no_max_connections(fake, conne
         assert silent[2].recv()["code"] == "busy"
         with pytest.raises(InvalidStatus):
             connect()
+
+
+def test_one_user_past_max_connections_per_user_leaves_room_for_the_others(fake, connect):
+    """alice opens every socket the server takes, with her own token: past her cap her hello is
+    refused, saying so, and bob still gets in (on a server without the cap: a 503 for him)."""
+    wait_until(lambda: not any(c.user == "alice" for c in speaking(fake)), 10, "no alice yet")
+    access = Access({"alice": "alice-secret", "bob": "bob-secret"})
+    room = len(speaking(fake)) + 3  # alice's two and bob's
+    with configured(fake, access=access, max_connections=room, max_connections_per_user=2):
+        alices = [connect() for _ in range(3)]
+        assert [ws.hello("alice", "alice-secret")["type"] for ws in alices[:2]] == ["welcome"] * 2
+        refused = alices[2].hello("alice", "alice-secret")
+        assert refused["code"] == "busy" and "max_connections_per_user = 2" in refused["message"]
+        assert "retry_after_s" not in refused  # waiting does not pass it: closing one does
+        bob = connect()  # her refused socket counts for nobody
+        assert bob.hello("bob", "bob-secret")["type"] == "welcome"
+        alices[0].close()
+        wait_until(lambda: len(speaking(fake)) < room, 10, "alice's first socket gone")
+        assert alices[2].hello("alice", "alice-secret")["type"] == "welcome"
+
+
+def test_on_a_server_without_users_the_cap_is_the_name_in_hello(fake, connect):
+    with configured(fake, max_connections_per_user=1):
+        first, second = connect(), connect()
+        assert first.hello("olga")["type"] == "welcome"
+        refused = second.hello("olga")
+        assert refused["code"] == "busy" and "'olga'" in refused["message"]
+        assert second.hello("olga2")["type"] == "welcome"  # another name is another user
 
 
 def test_a_far_too_long_prompt_is_refused_before_all_of_it_is_tokenized(fake, connect, bob):

@@ -338,3 +338,12 @@ def test_trusted_frontends_and_their_peoples_quotas_are_server_keys():
     assert ServerConfig().max_people_per_frontend == 256
     with pytest.raises(ConfigError, match="server.max_people_per_frontend"):
         parse_config("[server]\nmax_people_per_frontend = 0\n")
+
+
+def test_one_user_holds_a_quarter_of_the_websockets_unless_told_otherwise():
+    assert ServerConfig().connections_per_user == 16  # of max_connections = 64
+    assert ServerConfig(max_connections=2).connections_per_user == 1  # never 0: none at all
+    told = parse_config("[server]\nmax_connections = 8\nmax_connections_per_user = 8\n")
+    assert told.server.connections_per_user == 8
+    with pytest.raises(ConfigError, match="server.max_connections_per_user"):
+        parse_config("[server]\nmax_connections_per_user = -1\n")

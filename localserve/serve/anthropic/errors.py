@@ -4,7 +4,10 @@ status Anthropic gives, so its clients raise the matching exception.
 Admission's refusals (docs/protocol.md's codes) map to 400 (a bad or too-long request), 429
 (busy, over the quota) and 529 (overloaded: the server shutting down, the engine process
 down); a reply the engine failed is a 500. Every 429 and 529 carries Retry-After. An error
-after a stream began is its `error` event, with the same body.
+after a stream began is its `error` event, with the same body. A message names the field as
+Anthropic does, a dotted path (`messages.1.content.0.tool_use_id: ...`): `dotted` turns
+msgspec's `$.messages[1].content` into that, `named_as_anthropic` the tool errors that
+serve/tool_use.py words in OpenAI's fields (it checks tools as OpenAI's) into Anthropic's.
 
 Tested in tests/e2e/test_anthropic_api.py.
 """
@@ -12,6 +15,7 @@ Tested in tests/e2e/test_anthropic_api.py.
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 from starlette.responses import Response
@@ -71,6 +75,28 @@ def invalid(param: str, why: str) -> AnthropicError:
 
 def unsupported(param: str, what: str) -> AnthropicError:
     return AnthropicError(400, f"{param}: {what} is not supported by localserve")
+
+
+def dotted(path: str) -> str:
+    """`messages[1].content[0]` as Anthropic writes it: `messages.1.content.0`."""
+    return re.sub(r"\[(\d+)\]", r".\1", path)
+
+
+# OpenAI's fields in a tool error (chat/tools.py) and Anthropic's for them, in this order
+_OPENAI_FIELDS = (
+    (r"\b(tools\[\d+\])\.function\.parameters\b", r"\1.input_schema"),
+    (r"\b(tools\[\d+\]|tool_choice)\.function\b", r"\1"),  # .name, .description
+    (r"'required' needs tools", "'any' needs tools"),
+    (r"(cannot be written: [\w.\-]+?)\.parameters\b", r"\1.input_schema"),  # a tool's schema
+)
+
+
+def named_as_anthropic(message: str) -> str:
+    """A tool error worded in OpenAI's fields in Anthropic's: tools.0.input_schema for
+    tools[0].function.parameters, tool_choice.name for tool_choice.function.name."""
+    for openai, anthropic in _OPENAI_FIELDS:
+        message = re.sub(openai, anthropic, message)
+    return dotted(message)
 
 
 def retry_after(seconds: float) -> dict[str, str]:

@@ -4,10 +4,13 @@ next message (or the prompt's token count) out.
 `system` is a string or text blocks; messages are user and assistant turns whose content is a
 string or blocks: text, tool_use (an assistant's call: id, name, input) and tool_result (a
 user's answer to one: tool_use_id, content, is_error, shown as a tool message, "Error: "
-before a failed one's content). An assistant's thinking blocks sent back are left out (chat
-templates drop old reasoning). Images, documents and other block types are refused with a 400
-naming them, as is a last message of the assistant's (a prefill: localserve does not continue
-a turn). `tools` and `tool_choice` (auto, any, tool, none; disable_parallel_tool_use) map onto
+before a failed one's content); a tool_result answers a tool_use of the assistant message
+right before it, and tool_use ids are unique (chat/messages.py's rule, as Anthropic's API
+checks it: a 400 naming messages.3.content.0.tool_use_id otherwise). An assistant's thinking
+blocks sent back are left out (chat templates drop old reasoning). Images, documents and other
+block types are refused with a 400 naming them, as is a last message of the assistant's (a
+prefill: localserve does not continue a turn). Fields are named as Anthropic names them
+(errors.py). `tools` and `tool_choice` (auto, any, tool, none; disable_parallel_tool_use) map onto
 serve/tool_use.py as OpenAI's (any = "required", tool = a named function: the call is forced
 by a grammar); `thinking` (enabled, adaptive or disabled) is the template's enable_thinking
 (its budget_tokens is not held apart: max_tokens bounds the whole reply). count_tokens renders
@@ -25,10 +28,21 @@ import msgspec
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from localserve.chat.messages import PromptMessage, ToolCallMade
+from localserve.chat.messages import (
+    PromptMessage,
+    ToolCallMade,
+    ToolHistoryError,
+    check_tool_history,
+)
 from localserve.serve.admission import Frontdoor, Refusal
 from localserve.serve.anthropic import errors
-from localserve.serve.anthropic.errors import AnthropicError, invalid, retry_after, unsupported
+from localserve.serve.anthropic.errors import (
+    AnthropicError,
+    invalid,
+    named_as_anthropic,
+    retry_after,
+    unsupported,
+)
 from localserve.serve.anthropic.reply import start_reply
 from localserve.serve.anthropic.types import Block, CountRequest, MessageParam, MessagesRequest
 from localserve.serve.anthropic.validation import (
@@ -92,17 +106,41 @@ class TokenCounter:
 async def prompt_parts(door: Frontdoor, body: CountRequest) -> tuple[list[PromptMessage], ToolUse]:
     """The request's messages as the prompt's, and its tools, checked."""
     count = Count()
-    messages = []
+    messages: list[PromptMessage] = []
+    origins: list[Origin] = []  # where each prompt message comes from
     if body.system is not None:
         messages.append(PromptMessage("system", _text(body.system, "system", count)))
+        origins.append((-1, ()))
     if not body.messages:
         raise invalid("messages", "at least one message is needed")
     calls: dict[str, str] = {}  # a tool_use id to its tool's name
     for i, message in enumerate(body.messages):
-        messages += _message(message, f"messages[{i}]", calls, count)
+        for made, blocks in _message(message, f"messages.{i}", calls, count):
+            messages.append(made)
+            origins.append((i, blocks))
     if body.messages[-1].role != "user":
         raise unsupported("messages", "a last message of the assistant's (a prefill)")
+    _check_history(messages, origins)
     return messages, await _tool_use(door, body)
+
+
+# a prompt message's request message and blocks: a tool message its tool_result block, an
+# assistant message its tool_use blocks in order (the system prompt: -1)
+Origin = tuple[int, tuple[int, ...]]
+_FIELDS = {"tool_call_id": "tool_use_id", "arguments": "input"}  # chat/messages.py's: Anthropic's
+
+
+def _check_history(messages: list[PromptMessage], origins: list[Origin]) -> None:
+    """The tool_use and tool_result blocks as Anthropic checks them (chat/messages.py: a
+    tool_result answers a tool_use of the assistant message right before it, ids are unique),
+    named as Anthropic names them: messages.3.content.0.tool_use_id."""
+    try:
+        check_tool_history(messages)
+    except ToolHistoryError as e:
+        i, blocks = origins[e.index]
+        block = blocks[0 if e.call is None else e.call]
+        field = _FIELDS.get(e.field, e.field)
+        raise invalid(f"messages.{i}.content.{block}.{field}", e.why) from None
 
 
 class Count:
@@ -117,32 +155,36 @@ class Count:
             raise invalid(where, f"at most {MAX_BLOCKS} content blocks in a request")
 
 
-def _message(message: MessageParam, where: str, calls: dict, count: Count) -> list[PromptMessage]:
+def _message(
+    message: MessageParam, where: str, calls: dict, count: Count
+) -> list[tuple[PromptMessage, tuple[int, ...]]]:
+    """A request message as prompt messages, each with the blocks it comes from (Origin)."""
     role = message.role
     if role not in ROLES:
         raise invalid(f"{where}.role", f"{role[:40]!r} is not one of user, assistant")
     content = message.content
     if isinstance(content, str):
-        return [PromptMessage(role, content)]
+        return [(PromptMessage(role, content), ())]
     count.add(len(content), f"{where}.content")
-    texts, made, out = [], [], []
+    texts, made, made_at, out = [], [], [], []
     for j, block in enumerate(content):
-        at = f"{where}.content[{j}]"
+        at = f"{where}.content.{j}"
         if block.type == "text":
             texts.append(_required(block.text, f"{at}.text"))
         elif block.type in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # templates drop old reasoning
         elif block.type == "tool_use" and role == "assistant":
             made.append(_call(block, at, calls))
+            made_at.append(j)
         elif block.type == "tool_result" and role == "user":
-            out.append(_result(block, at, calls, count))
+            out.append((_result(block, at, calls, count), (j,)))
         elif block.type in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
             raise invalid(f"{at}.type", f"a {block.type} block in a {role} message")
         else:
             raise unsupported(f"{at}.type", f"a content block of type {block.type[:40]!r}")
     if role == "assistant":
-        return [PromptMessage("assistant", "\n".join(texts), tuple(made))]
-    return out + ([PromptMessage("user", "\n".join(texts))] if texts or not out else [])
+        return [(PromptMessage("assistant", "\n".join(texts), tuple(made)), tuple(made_at))]
+    return out + ([(PromptMessage("user", "\n".join(texts)), ())] if texts or not out else [])
 
 
 def _call(block: Block, at: str, calls: dict) -> ToolCallMade:
@@ -174,8 +216,8 @@ def _text(content: str | list[Block], where: str, count: Count) -> str:
     texts = []
     for j, block in enumerate(content):
         if block.type != "text":
-            raise unsupported(f"{where}[{j}].type", f"a block of type {block.type[:40]!r} here")
-        texts.append(_required(block.text, f"{where}[{j}].text"))
+            raise unsupported(f"{where}.{j}.type", f"a block of type {block.type[:40]!r} here")
+        texts.append(_required(block.text, f"{where}.{j}.text"))
     return "\n".join(texts)
 
 
@@ -188,7 +230,7 @@ def _required(value: str | None, where: str) -> str:
 async def _tool_use(door: Frontdoor, body: CountRequest) -> ToolUse:
     tools = None
     if body.tools is not None:
-        tools = [_tool(t, f"tools[{i}]") for i, t in enumerate(body.tools)]
+        tools = [_tool(t, f"tools.{i}") for i, t in enumerate(body.tools)]
     choice, parallel = None, None
     if body.tool_choice is not None:
         choice = _choice(body.tool_choice.type, body.tool_choice.name)
@@ -201,8 +243,8 @@ async def _tool_use(door: Frontdoor, body: CountRequest) -> ToolUse:
         kwargs = {"enable_thinking": THINKING[body.thinking.type]}
     try:
         return await tool_use(door, tools, choice, parallel, kwargs)
-    except ToolUseError as e:
-        raise AnthropicError(400, str(e)) from None
+    except ToolUseError as e:  # checked as OpenAI's fields: named as Anthropic's
+        raise AnthropicError(400, named_as_anthropic(str(e))) from None
 
 
 def _tool(tool, where: str) -> dict:

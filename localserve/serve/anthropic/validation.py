@@ -20,7 +20,7 @@ from starlette.requests import Request as HttpRequest
 from localserve.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
-from localserve.serve.anthropic.errors import AnthropicError, invalid, retry_after
+from localserve.serve.anthropic.errors import AnthropicError, dotted, invalid, retry_after
 from localserve.serve.anthropic.types import MessagesRequest
 from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.http_body import BodyProblem, read_json
@@ -61,13 +61,16 @@ async def read_body(door: Frontdoor, request: HttpRequest, kind: type[Body]) -> 
         return await read_json(request, door.config.max_frame_bytes, kind)
     except BodyProblem as e:
         if e.invalid is not None:
-            raise AnthropicError(400, f"invalid request: {_named(str(e.invalid))}") from None
+            raise AnthropicError(400, _named(str(e.invalid))) from None
         raise AnthropicError(e.status, e.message) from None
 
 
 def _named(message: str) -> str:
-    """msgspec's "Object missing required field `max_tokens`" as Anthropic says it."""
-    return message.replace("Object missing required field", "field required:")
+    """msgspec's "Expected `int`, got `str` - at `$.messages[0].content`" as Anthropic says it:
+    "messages.0.content: Expected `int`, got `str`" ("field required:" for a missing one)."""
+    message = message.replace("Object missing required field", "field required:")
+    what, sep, path = message.rpartition(" - at `$.")
+    return f"{dotted(path.rstrip('`'))}: {what}" if sep else f"invalid request: {message}"
 
 
 def check_model(door: Frontdoor, model: str) -> Frontdoor:

@@ -2,9 +2,11 @@
 
 Messages are system, user, assistant and tool turns (developer counts as system); their content
 is a string or text parts; an assistant message may carry the `tool_calls` it made, a tool
-message the `tool_call_id` it answers. `tools`, `tool_choice` (auto, none, required, a named
-function) and `parallel_tool_calls` offer functions (serve/tool_use.py: a forced call is
-constrained to the tool's schema); `chat_template_kwargs` reach a Jinja template
+message the `tool_call_id` it answers: one of the calls of the assistant message right before
+it, as OpenAI checks (chat/messages.py's rule; a 400 naming messages[3].tool_call_id
+otherwise). `tools`, `tool_choice` (auto, none, required, a named function) and
+`parallel_tool_calls` offer functions (serve/tool_use.py: a forced call is constrained to the
+tool's schema); `chat_template_kwargs` reach a Jinja template
 (enable_thinking). The reply's calls come back as `message.tool_calls` (streamed as
 `delta.tool_calls` by index) with finish_reason "tool_calls", its reasoning as
 `reasoning_content`. `response_format` (json_object, json_schema) constrains the reply to JSON
@@ -19,7 +21,13 @@ from __future__ import annotations
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from localserve.chat.messages import ROLES, PromptMessage, ToolCallMade
+from localserve.chat.messages import (
+    ROLES,
+    PromptMessage,
+    ToolCallMade,
+    ToolHistoryError,
+    check_tool_history,
+)
 from localserve.serve.admission import Frontdoor
 from localserve.serve.openai.errors import ApiError, unsupported
 from localserve.serve.openai.reply import start_reply
@@ -35,6 +43,7 @@ async def create_chat_completion(door: Frontdoor, request: HttpRequest) -> Respo
     door = door.model(body.model)  # checked by read_body: one of the server's
     _refuse_unsupported(body)
     messages = [_message(m, i) for i, m in enumerate(body.messages)]
+    _check_history(messages)
     try:
         use = await tool_use(
             door,
@@ -92,6 +101,19 @@ def _message(message: ChatMessage, i: int) -> PromptMessage:
     return PromptMessage(
         role, _content(message, i), calls, call_id if role == "tool" else None, name
     )
+
+
+def _check_history(messages: list[PromptMessage]) -> None:
+    """The calls and their answers as OpenAI checks them (chat/messages.py), named as OpenAI
+    names them: messages[3].tool_call_id, messages[1].tool_calls[0].function.arguments."""
+    try:
+        check_tool_history(messages)
+    except ToolHistoryError as e:
+        is_arguments = e.field == "arguments"
+        param = (
+            e.path.removesuffix(".arguments") + ".function.arguments" if is_arguments else e.path
+        )
+        raise _invalid(param, e.why) from None
 
 
 def _call(call, where: str) -> ToolCallMade:

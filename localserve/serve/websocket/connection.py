@@ -23,7 +23,7 @@ import logging
 
 import msgspec
 
-from localserve.chat.messages import PromptMessage, ToolCallMade
+from localserve.chat.messages import PromptMessage, ToolCallMade, check_tool_history
 from localserve.chat.reply import ReasoningText
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
@@ -62,6 +62,10 @@ HELLO_TIMEOUT_S = 10.0  # a connection that neither says hello nor subscribes is
 CLOSE_GOING_AWAY = 1001
 MAX_REASON_BYTES = 120  # a close frame's reason is at most 123 bytes
 FULL = "the server has all the connections it takes (max_connections); try again later"
+USER_FULL = (
+    "{user!r} holds all the connections one user may (max_connections_per_user = {n}); "
+    "close one of them first"
+)
 
 _decoder = msgspec.json.Decoder(ClientFrame)
 
@@ -342,6 +346,9 @@ class Connection:
             return None
         if refused:
             return self.error("unauthorized", refused.message, None, refused.retry_after_s)
+        if self.connections.is_full_for(hello.user):  # before the server's: it says why
+            n = self.door.config.connections_per_user
+            return self.error("busy", USER_FULL.format(user=hello.user, n=n))
         if self.connections.is_full:
             return self.error("busy", FULL)
         self.user = hello.user
@@ -388,6 +395,7 @@ class Connection:
         try:
             door = self.door.model(chat.model)  # UnknownModel names the server's models
             messages = [_prompt_message(m, i) for i, m in enumerate(chat.messages)]
+            check_tool_history(messages)  # its ToolHistoryError names messages[i]'s field
             use = await tool_use(
                 door,
                 chat.tools,

@@ -1,7 +1,9 @@
 """The server's websocket connections together: their cap, and what they share.
 
 `Connections` holds every open connection: it says when max_connections users and monitors are
-connected, cancels a closed connection's requests, and tells them all at shutdown. What every
+connected, and when one user holds max_connections_per_user of them (so that user's next hello
+is refused, nobody else's), cancels a closed connection's requests, and tells them all at
+shutdown. What every
 connection would otherwise build for itself is built here once: the welcome frame's terms and
 the stats frame, encoded once for every monitor from the latest shared snapshot, and the
 conversation store (a server with users keeps people's conversations: ops/conversations.py).
@@ -104,6 +106,14 @@ class Connections:
         place's silent sockets must not keep everyone else out (transport.ConnectionLimits).
         """
         return sum(not m.is_silent for m in self._members) >= self._door.config.max_connections
+
+    def is_full_for(self, user: str) -> bool:
+        """`user` holds max_connections_per_user connections (monitors not counted).
+
+        One user's sockets must not keep the others out: past this, only that user is refused.
+        """
+        num_held = sum(m.user == user for m in self._members)
+        return num_held >= self._door.config.connections_per_user
 
     @property
     def place_log(self) -> PlaceLog | None:
