@@ -12,9 +12,9 @@ What a turn takes (its share): its messages' content tokens plus, for each messa
 format wraps it in ("User: " and a line break, a template's turn markers). That overhead is
 measured from the chat itself: the whole chat's tokens, less those of the chat without its
 droppable turns (its system prompts and newest turn), less the droppable contents' tokens, per
-droppable message, rounded to a whole token (so that it stays the same as the chat grows). A
-chat of many one-word messages, where the overhead is most of the prompt, is then estimated as
-well as one of long messages.
+droppable message, rounded to a whole token (so that it, and the cut points with it, stay the
+same as the chat grows). A chat of many one-word messages, where the overhead is most of the
+prompt, is then estimated as well as one of long messages.
 
 Where it cuts: not at the fewest turns that fit, which would move the cut at every new turn and
 so change the prompt right after the system prompt each time, spoiling the engine's prefix cache
@@ -26,14 +26,15 @@ their prompt's prefix with the previous turn's prompt and reply, until the chat 
 about `step` tokens more; then the cut moves to the next point, leaving that much headroom again.
 
 What it costs: the whole chat is measured (rendered and tokenized) once, as every chat is; only
-a chat that does not fit has each droppable message's content tokenized once more, and is
-measured without its droppable turns (the least there is to send: when even that leaves no room
-for the reply, every droppable turn goes and nothing more is measured). The first cut point that
-fits lies between those two; it is searched for by measuring cuts: GUIDED_GUESSES guesses from
-the shares, scaled to the measured cuts on either side (the first guess is nearly always the
-point, the second then checks that the point before it does not fit), then halving. A chat is
-measured at most MAX_MEASUREMENTS times; should they run out first (a chat of hundreds of cut
-points whose shares are far off), the cut is the one measured that fits with the most turns kept.
+a chat that does not fit is measured again without its droppable turns (the least there is to
+send: when even that leaves no room for the reply, every droppable turn goes and nothing more is
+counted or measured), and then has each droppable message's content tokenized once more. The
+first cut point that fits lies between those two; it is searched for by measuring cuts:
+GUIDED_GUESSES guesses from the shares, scaled to the measured cuts on either side (the first
+guess is nearly always the point, the second then checks that the point before it does not
+fit), then halving. A chat is measured at most MAX_MEASUREMENTS times (4 for the usual long
+chat); should they run out first (a chat of hundreds of cut points whose shares are far off),
+the cut is the one measured that fits with the most turns kept.
 
 Pure logic over token counts: the caller measures (renders and tokenizes) and counts.
 """
