@@ -8,27 +8,40 @@ worth of reply (MAX_REPLY_FRACTION): a max_tokens larger than that (an app askin
 4,096-token context) would otherwise leave out the whole chat for a reply that is rarely that
 long; such a reply may still run on to the end of the context.
 
-What it costs: the whole chat is measured (rendered and tokenized) once, as every chat is; only
-a chat that does not fit has each droppable message's content tokenized once more, to know each
-turn's share; the chosen cut is then measured once (a share is the content's tokens, about a
-lower bound of what the turn takes in the prompt, so that one measurement nearly always fits;
-when it does not, the cut moves on, at most MAX_MEASUREMENTS times before all droppable turns
-go).
+What a turn takes (its share): its messages' content tokens plus, for each message, what the
+format wraps it in ("User: " and a line break, a template's turn markers). That overhead is
+measured from the chat itself: the whole chat's tokens, less those of the chat without its
+droppable turns (its system prompts and newest turn), less the droppable contents' tokens, per
+droppable message, rounded to a whole token (so that it, and the cut points with it, stay the
+same as the chat grows). A chat of many one-word messages, where the overhead is most of the
+prompt, is then estimated as well as one of long messages.
 
 Where it cuts: not at the fewest turns that fit, which would move the cut at every new turn and
 so change the prompt right after the system prompt each time, spoiling the engine's prefix cache
 for the whole rest of the chat. The possible cuts are fixed points of the chat itself: the first
-turn boundary past each multiple of `step` tokens of droppable content, counted from the chat's
-start. The cut is the first of those points that drops enough. As the chat grows by new turns
-those points stay where they are, so successive turns cut at the same place and share their
-prompt's prefix with the previous turn's prompt and reply, until the chat has grown by about
-`step` tokens more; then the cut moves to the next point, leaving that much headroom again.
+turn boundary past each multiple of `step` tokens of the droppable turns' shares, counted from
+the chat's start. The cut is the first of those points whose chat fits. As the chat grows by new
+turns those points stay where they are, so successive turns cut at the same place and share
+their prompt's prefix with the previous turn's prompt and reply, until the chat has grown by
+about `step` tokens more; then the cut moves to the next point, leaving that much headroom again.
+
+What it costs: the whole chat is measured (rendered and tokenized) once, as every chat is; only
+a chat that does not fit is measured again without its droppable turns (the least there is to
+send: when even that leaves no room for the reply, every droppable turn goes and nothing more is
+counted or measured), and then has each droppable message's content tokenized once more. The
+first cut point that fits lies between those two; it is searched for by measuring cuts:
+GUIDED_GUESSES guesses from the shares, scaled to the measured cuts on either side (the first
+guess is nearly always the point, the second then checks that the point before it does not
+fit), then halving. A chat is measured at most MAX_MEASUREMENTS times (4 for the usual long
+chat); should they run out first (a chat of hundreds of cut points whose shares are far off),
+the cut is the one measured that fits with the most turns kept.
 
 Pure logic over token counts: the caller measures (renders and tokenizes) and counts.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
@@ -36,9 +49,10 @@ from typing import Generic, NamedTuple, TypeVar
 Payload = TypeVar("Payload")
 Message = tuple  # (role, content, ...): a pair, or chat/messages.py's PromptMessage
 
-STEP_FRACTION = 4  # the cut moves in steps of n_ctx // STEP_FRACTION tokens of content
+STEP_FRACTION = 4  # the cut moves in steps of n_ctx // STEP_FRACTION tokens of shares
 MAX_REPLY_FRACTION = 2  # room is kept for at most n_ctx // MAX_REPLY_FRACTION reply tokens
-MAX_MEASUREMENTS = 4  # chats measured at most before every droppable turn goes
+MAX_MEASUREMENTS = 10  # a chat is measured at most this often (whole, least, then the search)
+GUIDED_GUESSES = 2  # cuts guessed from the shares before the search halves what is left
 
 
 class Fitted(NamedTuple, Generic[Payload]):
@@ -48,6 +62,14 @@ class Fitted(NamedTuple, Generic[Payload]):
     messages: list[Message]
     num_dropped_messages: int  # messages left out, oldest first
     num_tokens: int  # the prompt's tokens as measured
+    payload: Payload
+
+
+class Cut(NamedTuple, Generic[Payload]):
+    """A cut as measured: how many of the oldest turns it drops, what its chat's prompt takes."""
+
+    num_turns: int
+    num_tokens: int
     payload: Payload
 
 
@@ -69,6 +91,15 @@ def droppable_turns(roles: Sequence[str]) -> list[list[int]]:
     return turns[:-1]
 
 
+def turn_shares(contents: Sequence[Sequence[int]], num_tokens: int) -> list[int]:
+    """Each droppable turn's share, given its messages' content tokens and what the droppable
+    turns take in the prompt together: the contents plus the same overhead for every message
+    (what is left of `num_tokens` per message, to a whole token)."""
+    num_messages = sum(map(len, contents))
+    overhead = round((num_tokens - sum(map(sum, contents))) / max(1, num_messages))
+    return [sum(c) + max(0, overhead) * len(c) for c in contents]
+
+
 def cut_points(shares: Sequence[int], step: int) -> list[int]:
     """The places the chat may be cut (how many of the oldest turns go), given each droppable
     turn's share in tokens: the first turn boundary at or past each multiple of `step`, and the
@@ -87,14 +118,47 @@ def cut_points(shares: Sequence[int], step: int) -> list[int]:
     return points
 
 
-def choose_cut(shares: Sequence[int], excess: int, step: int, at_least: int = 0) -> int:
-    """How many of the oldest turns to drop: the first cut point past `at_least` turns whose
-    turns' shares add up to `excess` tokens or more (or all of them when none does)."""
-    dropped = [0, *itertools.accumulate(shares)]  # tokens of the k oldest turns
-    for k in cut_points(shares, step):
-        if k > at_least and dropped[k] >= excess:
-            return k
-    return len(shares)
+def guess_cut(between: Sequence[int], dropped: Sequence[int], budget: int, over: Cut, fits: Cut):
+    """The first of the cut points `between` two measured cuts (one `over` the budget, one that
+    `fits`) that fits by the shares' estimate, scaled to what those two cuts measured; the last
+    of them when none does. `dropped[k]`: the shares of the k oldest turns."""
+    span = dropped[fits.num_turns] - dropped[over.num_turns]
+    gain = over.num_tokens - fits.num_tokens  # tokens that dropping the span saved
+    if span <= 0 or gain <= 0:  # nothing to scale by: the middle one
+        return between[len(between) // 2]
+    need = dropped[over.num_turns] + (over.num_tokens - budget) * span / gain
+    i = bisect.bisect_left(between, need, key=dropped.__getitem__)
+    return between[min(i, len(between) - 1)]
+
+
+def search_cut(
+    points: Sequence[int],
+    shares: Sequence[int],
+    budget: int,
+    over: Cut,
+    fits: Cut,
+    measure_cut: Callable[[int], Cut],
+    num_left: int = MAX_MEASUREMENTS - 2,
+) -> Cut:
+    """The first of the cut `points` whose chat's prompt fits `budget` tokens, found between a
+    cut measured over it and one that fits, by at most `num_left` more measurements
+    (`measure_cut`): GUIDED_GUESSES guesses from the shares, then halving. When they run out,
+    the measured cut that fits with the fewest turns dropped."""
+    dropped = [0, *itertools.accumulate(shares)]
+    for n in range(num_left):
+        lo = bisect.bisect_right(points, over.num_turns)
+        between = points[lo : bisect.bisect_left(points, fits.num_turns)]
+        if not between:
+            break
+        guessed = n < GUIDED_GUESSES
+        k = (
+            guess_cut(between, dropped, budget, over, fits)
+            if guessed
+            else between[len(between) // 2]
+        )
+        cut = measure_cut(k)
+        over, fits = (over, cut) if cut.num_tokens <= budget else (cut, fits)
+    return fits
 
 
 def fit_chat(
@@ -115,29 +179,23 @@ def fit_chat(
     fit: refuse; else the reply gets what is left of the context).
     """
     messages = list(messages)
-    reply_tokens = min(reply_tokens, n_ctx // MAX_REPLY_FRACTION)
+    budget = n_ctx - min(reply_tokens, n_ctx // MAX_REPLY_FRACTION)
     num_tokens, payload = measure(messages)
-    if num_tokens + reply_tokens <= n_ctx:
-        return Fitted(messages, 0, num_tokens, payload)
     turns = droppable_turns([m[0] for m in messages])
-    if not turns:
+    if num_tokens <= budget or not turns:
         return Fitted(messages, 0, num_tokens, payload)
-    shares = [sum(count(messages[i][1]) for i in turn) for turn in turns]
-    step = step or max(1, n_ctx // STEP_FRACTION)
-    k = choose_cut(shares, num_tokens + reply_tokens - n_ctx, step)
-    num_measured = 1
-    while True:
-        kept = _without(messages, turns[:k])
-        num_tokens, payload = measure(kept)
-        num_measured += 1
-        over = num_tokens + reply_tokens - n_ctx
-        if over <= 0 or k == len(turns):
-            return Fitted(kept, sum(map(len, turns[:k])), num_tokens, payload)
-        # the shares were short of what the turns took: the next cut that drops `over` more
-        if num_measured > MAX_MEASUREMENTS:
-            k = len(turns)
-        else:
-            k = choose_cut(shares, sum(shares[:k]) + over, step, at_least=k)
+
+    def measure_cut(k: int) -> Cut:
+        return Cut(k, *measure(_without(messages, turns[:k])))
+
+    whole, cut = Cut(0, num_tokens, payload), measure_cut(len(turns))
+    if cut.num_tokens <= budget:  # something fits: the first cut point that does
+        contents = [[count(messages[i][1]) for i in turn] for turn in turns]
+        shares = turn_shares(contents, whole.num_tokens - cut.num_tokens)
+        points = cut_points(shares, step or max(1, n_ctx // STEP_FRACTION))
+        cut = search_cut(points, shares, budget, whole, cut, measure_cut)
+    dropped = turns[: cut.num_turns]
+    return Fitted(_without(messages, dropped), sum(map(len, dropped)), cut.num_tokens, cut.payload)
 
 
 def _without(messages: list[Message], turns: Sequence[Sequence[int]]) -> list[Message]:

@@ -190,7 +190,7 @@ class PromptTooLong(ValueError):
     """The formatted prompt does not fit in the context."""
 
     def __init__(self, num_tokens: int, n_ctx: int, at_least: bool = False) -> None:
-        self.num_tokens, self.n_ctx = num_tokens, n_ctx
+        self.num_tokens, self.n_ctx, self.at_least = num_tokens, n_ctx, at_least
         over = "over " if at_least else ""
         super().__init__(f"the prompt has {over}{num_tokens} tokens; the context holds {n_ctx}")
 
@@ -328,16 +328,21 @@ class PromptBuilder:
         )
 
     def _measure(self, messages: Messages, extras: ChatExtras = NO_EXTRAS):
-        """A chat's prompt, for fit_chat: (its token count, (rendered, tokens or PromptTooLong))."""
+        """A chat's prompt, for fit_chat: (its token count, (rendered, tokens or PromptTooLong)).
+
+        A prompt only probed (far too long) counts as its head's tokens scaled to its length: an
+        estimate of the whole, where the head alone would understate what its turns take."""
         r = self._render(messages, extras)
         try:
             tokens = self._tokens(r.text)
-        except PromptTooLong as e:  # the count is a lower bound when it was probed
-            return e.num_tokens, (r, e)
+        except PromptTooLong as e:
+            probe = self.n_ctx * PROBE_CHARS_PER_TOKEN
+            num = e.num_tokens * len(r.text) // probe if e.at_least else e.num_tokens
+            return num, (r, e)
         return len(tokens), (r, tokens)
 
     def _count(self, content: str) -> int:
-        """A message content's own tokens: its share of the prompt (about), for fit_chat."""
+        """A message content's own tokens, for fit_chat (which adds what the format wraps it in)."""
         return len(self.tokenize(content, add_special=False))
 
     def _text(self, text: str) -> Prompt:

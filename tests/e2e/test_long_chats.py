@@ -5,14 +5,18 @@ refused as before with context_overflow = "refuse".
 
 The server here is the `live` one's configuration with n_ctx 1024 instead of 4096 (a module of
 its own): a chat longer than the context then costs a quarter of the prefill, which on two shared
-cores is the difference between seconds and a minute a request."""
+cores is the difference between seconds and a minute a request. A chat of 5,000 one-word
+messages goes to a second one (`wide`) with the default model's context, 8,192 tokens, and the
+default frames (256 KiB) that such a chat needs."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.request
 
+import msgspec
 import openai
 import pytest
 
@@ -23,6 +27,7 @@ pytestmark = pytest.mark.model
 
 MODEL = "gemma-3-270m"
 N_CTX = 1024
+WIDE_CTX = 8192
 SYSTEM = "You are a patient librarian who answers in one short sentence."
 
 
@@ -36,8 +41,19 @@ def live():
         yield LiveServer(served)
 
 
-def client(live) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live.http + "/v1", api_key="none", max_retries=0, timeout=120)
+@pytest.fixture(scope="module")
+def wide():
+    """The same server with a context of WIDE_CTX tokens and frames of 256 KiB."""
+    from localserve.serve.serving import serving
+
+    config = live_config(WIDE_CTX)
+    server = msgspec.structs.replace(config.server, max_frame_bytes=256 << 10)
+    with serving(msgspec.structs.replace(config, server=server), thread=True) as served:
+        yield LiveServer(served)
+
+
+def client(live, timeout: float = 120) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.http + "/v1", api_key="none", max_retries=0, timeout=timeout)
 
 
 def conversation(num_turns: int) -> list[dict]:
@@ -150,6 +166,36 @@ def test_the_websocket_done_frame_says_how_many_messages_were_dropped(live, conn
     assert done["usage"]["prompt_tokens"] + 8 <= N_CTX
     ws.send({"type": "chat", "id": "short", "messages": messages[-3:], "max_tokens": 4})
     assert ws.until_done("short")[-1]["dropped_messages"] == 0
+
+
+def test_a_chat_of_5000_one_word_messages_keeps_about_as_many_of_the_newest_as_fit(wide):
+    """A message of this chat takes 4 tokens in the prompt ("User: hi" and a line break), 1 of
+    them its content: the newest 2,000 or so fit 8,192 tokens, and are kept but for the cut's
+    step (a quarter of the context) — not its newest turn alone. The next turn reuses the
+    prompt from the cache, cut at the same place."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    messages += [{"role": ("user", "assistant")[i % 2], "content": "hi"} for i in range(4998)]
+    messages.append({"role": "user", "content": "Where were we?"})
+    c = client(wide, timeout=600)  # a prefill of 6,000 tokens or more, at 8,192 of context
+    with prompts_sent(wide) as sent:
+        start = time.monotonic()
+        reply = c.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0, user="chatty"
+        )
+    u, dropped = reply.usage, reply.usage.dropped_messages
+    print(f"{u.prompt_tokens} prompt tokens of {WIDE_CTX}, {5000 - dropped} messages kept,")
+    print(f"{time.monotonic() - start:.1f} s for the whole request")
+    assert dropped > 0 and dropped % 2 == 0
+    assert sent[0] == expected_tokens(wide, [messages[0], *messages[1 + dropped :]])
+    assert WIDE_CTX - WIDE_CTX // 4 - 8 < u.prompt_tokens + 16 <= WIDE_CTX  # a step and a turn
+    assert 5000 - dropped > 1500
+    messages += [reply.choices[0].message.model_dump(include={"role", "content"})]
+    messages.append({"role": "user", "content": "And then?"})
+    again = c.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0, user="chatty"
+    )
+    assert again.usage.dropped_messages == dropped, again.usage
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * u.prompt_tokens
 
 
 def test_no_room_for_max_tokens_keeps_the_newest_turn_and_ends_at_the_context(live):

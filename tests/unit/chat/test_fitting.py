@@ -6,10 +6,13 @@ import pytest
 
 from localserve.chat.fitting import (
     MAX_MEASUREMENTS,
-    choose_cut,
+    Cut,
     cut_points,
     droppable_turns,
     fit_chat,
+    guess_cut,
+    search_cut,
+    turn_shares,
 )
 
 OVERHEAD = 3  # tokens the pretend template adds around each message
@@ -20,17 +23,21 @@ def words(n: int, tag: str = "w") -> str:
 
 
 class Meter:
-    """A pretend renderer and tokenizer: a message takes its words plus OVERHEAD tokens; it
-    counts its calls, to pin what fitting costs."""
+    """A pretend renderer and tokenizer: a message takes its words plus `overhead` tokens, the
+    prompt `fixed` more; it counts its calls, to pin what fitting costs."""
 
-    def __init__(self) -> None:
+    def __init__(self, overhead: int = OVERHEAD, fixed: int = 0) -> None:
+        self.overhead, self.fixed = overhead, fixed
         self.num_measured = 0
         self.num_counted = 0
 
     def measure(self, messages):
         self.num_measured += 1
-        num = sum(len(c.split()) + OVERHEAD for _, c in messages)
+        num = self.fixed + sum(len(c.split()) + self.overhead for _, c in messages)
         return num, [role for role, _ in messages]
+
+    def tools(self):
+        return self.measure, self.count
 
     def count(self, content: str) -> int:
         self.num_counted += 1
@@ -66,13 +73,56 @@ def test_cut_points_are_the_first_boundaries_past_each_step():
         cut_points([1], 0)
 
 
-def test_the_cut_is_the_first_point_that_drops_enough():
-    shares = [40] * 10
-    assert choose_cut(shares, 1, 100) == 3
-    assert choose_cut(shares, 120, 100) == 3
-    assert choose_cut(shares, 121, 100) == 5
-    assert choose_cut(shares, 10_000, 100) == 10  # not enough: all of them
-    assert choose_cut(shares, 1, 100, at_least=3) == 5
+def test_a_turn_s_share_is_its_content_and_the_overhead_per_message_measured_from_the_chat():
+    # 2 turns of 3 messages, 6 content tokens: 30 tokens in the prompt leave 4 a message
+    assert turn_shares([[1, 1, 1], [2, 0, 1]], 30) == [15, 15]
+    assert turn_shares([[5, 5]], 13) == [14]  # 1.5 a message: 2, to the nearest whole token
+    assert turn_shares([[5], [7]], 10) == [5, 7]  # contents counted over what they take: no less
+    assert turn_shares([[0, 0]], 0) == [0]
+
+
+def test_a_guess_scales_the_shares_to_what_the_cuts_around_it_measured():
+    dropped = [0, 10, 20, 30, 40, 50]  # shares of 10 a turn
+    over, fits = Cut(0, 1000, None), Cut(5, 100, None)  # each turn really takes 180
+    assert guess_cut([1, 2, 3, 4], dropped, 700, over, fits) == 2  # 1000 - 2 x 180 = 640
+    assert guess_cut([1, 2, 3, 4], dropped, 999, over, fits) == 1
+    assert guess_cut([1, 2, 3, 4], dropped, 150, over, fits) == 4  # none does: the last
+    assert guess_cut([1, 2, 3], [0] * 6, 500, over, fits) == 2  # no shares: the middle
+
+
+def test_the_search_finds_the_first_cut_point_that_fits_however_far_off_the_shares_are():
+    """The shares say 10 a turn; the turns really take from 1 to 5,000 (the old ones the most,
+    the new ones, in waves, 10 huge ones first, growing exponentially): the cut is the first
+    point that fits, as measuring every point would find, within the measurements allowed."""
+    shares = [10] * 200
+    points = cut_points(shares, 50)  # 40 of them
+    for taken in (
+        [300 - t for t in range(200)],
+        [1 + t for t in range(200)],
+        [1 + 299 * (t // 20 % 2) for t in range(200)],
+        [5000 if t < 10 else 1 for t in range(200)],
+        [int(1.05**t) for t in range(200)],
+    ):
+        tokens = [30 + sum(taken[k:]) for k in range(201)]  # k oldest turns dropped
+        for budget in range(40, tokens[0], tokens[0] // 97):
+            measured = []
+
+            def measure_cut(k, tokens=tokens, measured=measured):
+                measured.append(k)
+                return Cut(k, tokens[k], None)
+
+            whole, least = Cut(0, tokens[0], None), Cut(200, tokens[200], None)
+            cut = search_cut(points, shares, budget, whole, least, measure_cut)
+            assert cut.num_turns == next(k for k in points if tokens[k] <= budget)
+            assert len(measured) <= MAX_MEASUREMENTS - 2
+
+
+def test_when_the_measurements_run_out_the_cut_is_one_measured_to_fit():
+    shares, tokens = [10] * 1000, [1000 - k for k in range(1001)]
+    points = cut_points(shares, 10)  # a point at every turn
+    whole, least = Cut(0, 1000, None), Cut(1000, 0, None)
+    cut = search_cut(points, shares, 500, whole, least, lambda k: Cut(k, tokens[k] * 7, None), 3)
+    assert cut.num_tokens <= 500 and 0 < cut.num_turns < 1000
 
 
 def test_successive_turns_of_a_growing_chat_cut_at_the_same_place():
@@ -115,8 +165,9 @@ def test_a_long_chat_keeps_its_system_prompts_and_newest_turn_and_drops_whole_tu
     assert len(kept) + fitted.num_dropped_messages == len(messages)
     assert fitted.num_dropped_messages % 2 == 0  # user and assistant together
     assert fitted.payload == [role for role, _ in kept]
-    # each message counted once, the chat measured twice (whole, then as cut)
-    assert meter.num_counted == 80 and meter.num_measured == 2
+    # each message counted once; the chat measured whole, without its droppable turns, as cut,
+    # and as cut at the point before, which does not fit
+    assert meter.num_counted == 80 and meter.num_measured == 4
 
 
 def test_the_cut_leaves_headroom_but_not_more_than_a_step():
@@ -158,15 +209,49 @@ def test_a_prompt_too_long_on_its_own_comes_back_as_it_is_for_the_caller_to_refu
     assert fit_chat(only, 4096, 100, meter.measure, meter.count).messages == only
 
 
-def test_shares_that_fall_short_move_the_cut_on_a_bounded_number_of_times():
-    """Each turn takes far more in the prompt than its content's count (a template that wraps
-    each message in 60 tokens): the cut moves on until it fits, within MAX_MEASUREMENTS."""
-    meter = Meter()
+def one_word_chat(num_messages: int) -> list[tuple[str, str]]:
+    return [(("user", "assistant")[i % 2], f"hi{i}") for i in range(num_messages)]
 
-    def measure(messages):
-        meter.num_measured += 1
-        return sum(len(c.split()) + 60 for _, c in messages), None
 
-    fitted = fit_chat(chat(40, size=10), 1024, 100, measure, meter.count, step=20)
-    assert fitted.num_tokens + 100 <= 1024 or fitted.messages[1:] == [("user", "And now?")]
-    assert meter.num_measured <= MAX_MEASUREMENTS + 1
+def test_a_chat_of_many_one_word_messages_keeps_about_as_many_as_fit():
+    """Counts like the embedded model's transcript: a message is 1 token of content and 3 of
+    "User: " and a line break, the preamble 31: 5,000 messages take 20,031 tokens. The newest
+    that fit 8,192 less a reply of 1,024 are kept (about 1,780), up to a step short (512)."""
+    meter = Meter(fixed=31)
+    n_ctx, reply = 8192, 1024
+    fitted = fit_chat(one_word_chat(5000), n_ctx, reply, meter.measure, meter.count)
+    room = n_ctx - reply - fitted.num_tokens
+    assert 0 <= room <= n_ctx // 4 + 8, room  # a step, and the turn that crosses it
+    assert len(fitted.messages) >= (n_ctx - reply - 31) // 4 - n_ctx // 16
+    assert meter.num_measured <= 4 and meter.num_counted == 4998
+
+
+class MergingMeter(Meter):
+    """As a real tokenizer: in stretches of the chat a message takes a token less in the prompt
+    than its content and overhead (its word merges with what precedes it), so the overhead a
+    message is no whole token, and it drifts as the chat grows."""
+
+    def measure(self, messages):
+        num, payload = super().measure(messages)
+        return num - sum(int(c[2:]) // 300 % 2 for _, c in messages), payload
+
+
+def test_successive_turns_of_a_chat_of_one_word_messages_cut_at_the_same_place():
+    n_ctx, reply = 8192, 1024
+    cuts = []
+    for num_messages in range(5000, 5400, 2):
+        meter = MergingMeter(fixed=31)
+        fitted = fit_chat(one_word_chat(num_messages), n_ctx, reply, *meter.tools())
+        assert fitted.num_tokens + reply <= n_ctx
+        cuts.append(fitted.num_dropped_messages)
+    # 8 tokens a turn, a step of 2,048 tokens: the cut moves once in 256 turns at most
+    assert sum(a != b for a, b in zip(cuts, cuts[1:], strict=False)) <= 1, cuts
+
+
+def test_turns_that_take_far_more_than_their_content_are_cut_as_many_as_need():
+    """A template that wraps each message in 60 tokens: the cut is the first point that fits,
+    found within MAX_MEASUREMENTS."""
+    meter = Meter(overhead=60)
+    fitted = fit_chat(chat(40, size=10), 1024, 100, meter.measure, meter.count, step=20)
+    assert 0 <= 1024 - 100 - fitted.num_tokens <= 20 + 140  # a step, and the turn that crosses it
+    assert meter.num_measured <= MAX_MEASUREMENTS

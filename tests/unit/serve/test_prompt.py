@@ -114,6 +114,23 @@ def test_given_the_reply_length_the_builder_drops_the_oldest_turns_and_says_how_
         builder.shutdown()
 
 
+def test_a_chat_too_long_to_tokenize_whole_is_still_cut_within_a_step_of_what_fits():
+    """Far past the context the whole chat is only probed (its head tokenized): its count is the
+    head's scaled to the whole, so the turns' shares (a word and its role marker: 2 tokens a
+    message here) are not taken for the head's fraction of that."""
+    n_ctx, reply = 256, 32
+    runner = FakeRunner(n_ctx=n_ctx)
+    builder = PromptBuilder(runner.tokenize, runner.apply_chat_template, n_ctx, "template")
+    chat = [(("user", "assistant")[i % 2], f"w{i}") for i in range(3001)]  # 12,004 characters
+    try:
+        for num_messages in range(2001, 3002, 100):
+            prompt = asyncio.run(builder.chat(chat[:num_messages], reply_tokens=reply))
+            room = n_ctx - reply - len(prompt.tokens)
+            assert 0 <= room <= n_ctx // 4 + 4, (num_messages, room)  # a step and a turn
+    finally:
+        builder.shutdown()
+
+
 def test_prompts_within_an_allowance_are_built_at_normal_priority():
     from localserve.serve import prompt as prompt_module
 
