@@ -10,7 +10,8 @@ re-encode). Plain `(role, content)` pairs are taken too (`as_prompt_message`).
 `check_tool_history` is the rule a history of calls keeps, as OpenAI's and Anthropic's APIs
 hold it (both refuse the rest with a 400): a `tool` message answers a call of the assistant
 message right before it (only other answers between), each call once; call ids are unique in
-the chat; a call's arguments are JSON text of an object. A call left unanswered is allowed.
+the chat; a call's arguments are JSON text of an object. A call left unanswered is allowed,
+on purpose, where both APIs refuse it: an agent that lost a tool's result can still go on.
 Its `ToolHistoryError` says which message, which call and which field; each front door names
 them in its own terms.
 

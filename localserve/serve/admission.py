@@ -38,7 +38,13 @@ from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.frontends import People
-from localserve.serve.pool import LoadFailure, ModelPool, ModelSlot, UnknownModel
+from localserve.serve.pool import (
+    RETRY_LOAD_S,
+    LoadFailure,
+    ModelPool,
+    ModelSlot,
+    UnknownModel,
+)
 from localserve.serve.prompt import Prompt, PromptBuilder, PromptTooLong
 
 log = logging.getLogger("localserve.serve.admission")
@@ -312,10 +318,14 @@ class Admission:
         return slot.prompts
 
     async def _ready(self, slot: ModelSlot, held: bool = False) -> None:
+        limit = self.config.max_model_wait_s
         try:
-            await self.pool.ready(slot, lambda reason: None, held)
+            await asyncio.wait_for(self.pool.ready(slot, lambda reason: None, held), limit)
         except LoadFailure as e:
             raise Refusal("unavailable", e.message, max(e.retry_after_s, 1)) from None
+        except TimeoutError:
+            message = f"model {slot.name} was not ready within {limit:g} s"
+            raise Refusal("unavailable", message, RETRY_LOAD_S) from None
 
     async def warm(self, keep_alive_s: float | None, name: str | None = None) -> None:
         """Load `name` (None: the default) and give it `keep_alive_s` (Frontdoor.warm)."""
@@ -508,11 +518,14 @@ class Admission:
         started = time.monotonic()
 
         def waiting(reason: str) -> None:
+            if reason == request.loading:  # told already
+                return
             request.loading = reason
             if not request.sink.is_closed:
                 request.sink.on_queued(request, self.num_waiting)
 
-        waiting(f"loading model {slot.name}")
+        turn = f"waiting for its turn: model {slot.yielding_to} loads first"
+        waiting(turn if slot.yielding_to else f"loading model {slot.name}")
         ready = asyncio.ensure_future(self.pool.ready(slot, waiting, held=True))
         cancelled = asyncio.ensure_future(request.cancelled.wait())
         limit = self.config.max_model_wait_s
@@ -520,11 +533,14 @@ class Admission:
             await asyncio.wait((ready, cancelled), timeout=limit, return_when=FIRST)
             if not ready.done() and not cancelled.done():
                 why = request.loading
-                raise LoadFailure(f"model {slot.name} was not ready within {limit:g} s ({why})")
+                raise LoadFailure(
+                    f"model {slot.name} was not ready within {limit:g} s ({why})", RETRY_LOAD_S
+                )
         finally:
             cancelled.cancel()
-            if not ready.done():
+            if not ready.done():  # its hold on the slot is back before the caller releases it
                 ready.cancel()
+                await asyncio.wait({ready})
             request.loading = ""
             request.load_ms = (time.monotonic() - started) * 1e3
         if ready.done() and not ready.cancelled():

@@ -57,6 +57,10 @@ class LoadFailure(Exception):
         self.message, self.retry_after_s = message, retry_after_s
 
 
+class Abandoned(LoadFailure):
+    """A load given up before it started, while it waited for room: nobody waits for it."""
+
+
 @dataclass
 class LoadedModel:
     """What a loader gives: the engine, the runner's text side, and how to put both away."""
@@ -253,6 +257,8 @@ class ModelPool:
                 await asyncio.shield(slot._ready)
             finally:
                 slot._told.remove(waiting)
+                if not slot._told:  # a load still making room stops: nobody waits for it
+                    self._memory_changed.set()
 
     async def _wait_for_turn(
         self, slot: ModelSlot, waiting: Callable[[str], None], held: bool
@@ -300,6 +306,9 @@ class ModelPool:
             self._install(slot, loaded)
             slot.load_ms = (time.monotonic() - started) * 1e3
             log.info("model %s loaded in %.0f ms", slot.name, slot.load_ms)
+        except Abandoned:  # not a failure: the next request loads it as if it never started
+            slot.state, slot.reason, slot.since = "unloaded", "", time.time()
+            raise
         except Exception as e:
             message = e.message if isinstance(e, LoadFailure) else str(e) or type(e).__name__
             prefix = f"model {slot.name} could not be loaded: "
@@ -343,6 +352,8 @@ class ModelPool:
                 f"than the whole memory budget ({budget / MIB:.0f} MiB)"
             )
         while True:  # loading ones that made their room count as loaded (and busy)
+            if not slot._told:  # everyone who wanted it left: no swap for nobody
+                raise Abandoned(f"nobody waits for model {slot.name} any more")
             loaded = [s for s in self.slots.values()
                       if (s.is_loaded or s._has_room) and s is not slot]  # fmt: skip
             used = sum(s.need_bytes for s in loaded)

@@ -131,3 +131,56 @@ def test_a_request_waiting_for_its_model_past_max_model_wait_s_is_refused_saying
         gate.set()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_nobody_stops():
+    """max_loaded_models = 1. Alice's request waits for a's turn while b loads in a's place;
+    her cancel gives back exactly her hold (none left on a: it can unload). Then a load that
+    everyone left while it waited for room stops: the busy model takes requests again."""
+    import asyncio
+    import threading
+
+    from localserve.protocol.frames import SamplingFields
+
+    async def never_built(prompts, reply):
+        raise AssertionError("no prompt is built for a cancelled request")
+
+    async def main():
+        gate, loads = threading.Event(), []
+        gate.set()
+        admission, pool = _admission_of_fake_models(gate, loads, max_loaded_models=1)
+        a, b = pool.slot("a"), pool.slot("b")
+        await pool.ready(a, print)
+        pool.acquire(a)  # a's running request
+        pool.acquire(b)
+        gate.clear()  # b's load, once it starts, waits here
+        b_ready = asyncio.ensure_future(pool.ready(b, print, held=True))
+        await asyncio.sleep(0.05)
+        sink, cancelled = _Sink(), asyncio.Event()
+        alice = asyncio.ensure_future(admission.submit(
+            sink, "alice", "r", "1:r", SamplingFields(), never_built, model="a",
+            cancelled=cancelled))  # fmt: skip
+        await asyncio.sleep(0.05)
+        assert sink.queued == ["waiting for its turn: model b loads first"]
+        pool.release(a)  # a drains, is evicted; b's load starts, held at the gate
+        await asyncio.sleep(0.05)
+        assert a.loaded is None and b.state == "loading" and a.active == 0
+        cancelled.set()
+        await asyncio.wait_for(alice, 1)
+        assert a.active == 0 and not admission.requests  # no hold left behind
+        gate.set()
+        await b_ready
+        # now b is busy (b_ready holds it); carol asks for a, then leaves at once
+        sink, cancelled = _Sink(), asyncio.Event()
+        carol = asyncio.ensure_future(admission.submit(
+            sink, "carol", "r", "2:r", SamplingFields(), never_built, model="a",
+            cancelled=cancelled))  # fmt: skip
+        await asyncio.sleep(0.05)
+        assert b.yielding_to == "a" and a.state == "loading"
+        cancelled.set()
+        await asyncio.wait_for(carol, 1)
+        await asyncio.sleep(0.05)
+        assert not b.yielding_to and a.state == "unloaded" and b.is_loaded  # no swap for nobody
+        assert loads == ["a", "b"]
+
+    asyncio.run(asyncio.wait_for(main(), 10))
