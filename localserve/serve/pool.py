@@ -352,13 +352,13 @@ class ModelPool:
                 f"than the whole memory budget ({budget / MIB:.0f} MiB)"
             )
         while True:  # loading ones that made their room count as loaded (and busy)
-            if not slot._told:  # everyone who wanted it left: no swap for nobody
-                raise Abandoned(f"nobody waits for model {slot.name} any more")
             loaded = [s for s in self.slots.values()
                       if (s.is_loaded or s._has_room) and s is not slot]  # fmt: skip
             used = sum(s.need_bytes for s in loaded)
             if used + need <= budget and (not cap or len(loaded) < cap):
                 return
+            if not slot._told:  # everyone who wanted it left: no eviction, no swap for nobody
+                raise Abandoned(f"nobody waits for model {slot.name} any more")
             idle = sorted(
                 (s for s in loaded if s.is_loaded and s.active == 0), key=lambda s: s.last_used
             )
