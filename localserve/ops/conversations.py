@@ -27,7 +27,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -35,13 +34,13 @@ from pathlib import Path
 import msgspec
 
 from localserve.config import ConfigError, ServerConfig
+from localserve.ops.sqlite_files import open_store
 from localserve.ops.usage import state_dir
 from localserve.protocol.frames import ConversationSummary, SavedConversation, StoredMessage
 
 log = logging.getLogger("localserve.ops.conversations")
 
 DATABASE = "conversations.sqlite3"
-LOCK_TIMEOUT_S = 5.0
 SCHEMA = """CREATE TABLE IF NOT EXISTS conversations (
     user TEXT NOT NULL,
     id TEXT NOT NULL,
@@ -216,40 +215,7 @@ class ConversationStore:
 
 def _connect(path: Path) -> sqlite3.Connection:
     """The database, created if need be; a file that is not one is said with what to do."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        created = not path.exists()
-        db = sqlite3.connect(
-            path, timeout=LOCK_TIMEOUT_S, check_same_thread=False, isolation_level=None
-        )
-        if created:
-            os.chmod(path, 0o600)  # what people asked: theirs and the operator's only
-    except (OSError, sqlite3.Error) as e:
-        raise StoreUnusable(f"{path}: cannot open the conversation store: {e}") from None
-    try:
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if version > SCHEMA_VERSION:
-            raise StoreUnusable(
-                f"{path}: written by a newer localserve (schema {version}): upgrade, or set "
-                "[server] state_dir elsewhere"
-            )
-        if version == 0 and tables:
-            raise StoreUnusable(f"{path}: some other program's database: move it aside")
-        db.execute(SCHEMA)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    except sqlite3.Error as e:
-        db.close()
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise StoreUnusable(
-            f"{path}: not a usable conversation store ({first}): move it aside to start a new one"
-        ) from None
-    except StoreUnusable:
-        db.close()
-        raise
-    return db
+    return open_store(path, SCHEMA, SCHEMA_VERSION, "the conversation store", StoreUnusable, "")
 
 
 def _conversations(n: int) -> str:

@@ -26,19 +26,18 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 import sqlite3
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 from localserve.config import ConfigError, ServerConfig
+from localserve.ops.sqlite_files import open_store
 from localserve.ops.usage import state_dir
 
 log = logging.getLogger("localserve.ops.people")
 
 DATABASE = "people.sqlite3"
-LOCK_TIMEOUT_S = 5.0
 SCHEMA = """CREATE TABLE IF NOT EXISTS people (
     frontend TEXT NOT NULL,    -- the trusted front-end: its user in the users file
     name TEXT NOT NULL,        -- the person's name, normalized: the user "<frontend>/<name>"
@@ -134,38 +133,11 @@ class PeopleStore:
 
 def _connect(path: Path) -> sqlite3.Connection:
     """The database, created if need be; a file that is not one is said with what to do."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        created = not path.exists()
-        db = sqlite3.connect(
-            path, timeout=LOCK_TIMEOUT_S, check_same_thread=False, isolation_level=None
-        )
-        if created:
-            os.chmod(path, 0o600)  # who uses the server: the operator's only
-    except (OSError, sqlite3.Error) as e:
-        raise PeopleUnusable(f"{path}: cannot open the store of people: {e}") from None
-    try:
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if version > SCHEMA_VERSION:
-            raise PeopleUnusable(
-                f"{path}: written by a newer localserve (schema {version}): upgrade, or set "
-                "[server] state_dir elsewhere"
-            )
-        if version == 0 and tables:
-            raise PeopleUnusable(f"{path}: some other program's database: move it aside")
-        db.execute(SCHEMA)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    except sqlite3.Error as e:
-        db.close()
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise PeopleUnusable(
-            f"{path}: not a usable store of people ({first}): move it aside to start a new one "
-            "(the people named so far are then new again)"
-        ) from None
-    except PeopleUnusable:
-        db.close()
-        raise
-    return db
+    return open_store(
+        path,
+        SCHEMA,
+        SCHEMA_VERSION,
+        "the store of people",
+        PeopleUnusable,
+        " (the people named so far are then new again)",
+    )

@@ -18,6 +18,7 @@ from localserve.chat.constraints import (
     check_schema,
     parse_response_format,
 )
+from tests.support.grammar import bytes_tokenizer
 
 CITY = {
     "type": "object",
@@ -98,24 +99,7 @@ def test_a_compile_past_the_time_bound_is_refused(monkeypatch):
 # --- what the caller meant: closed objects, bounded numbers -------------------------------------
 
 
-def _bytes_tokenizer() -> llguidance.LLTokenizer:
-    """One token per byte, and an end: a grammar walked byte by byte."""
-    from llguidance._tokenizer import TokenizerWrapper
-
-    class _Bytes:
-        eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
-        tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"]
-
-        def __call__(self, data: bytes) -> list[int]:
-            return self.tokenize(data)
-
-        def tokenize(self, data: bytes | str) -> list[int]:
-            return list(data.encode() if isinstance(data, str) else data)
-
-    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
-
-
-BYTES = _bytes_tokenizer()
+BYTES = bytes_tokenizer()
 
 
 def takes(schema: dict, text: str) -> bool:

@@ -18,6 +18,7 @@ from localserve.chat.tools import (
     check_tools,
     forced_call_grammar,
 )
+from tests.support.grammar import bytes_tokenizer
 
 WEATHER = {
     "type": "function",
@@ -87,23 +88,6 @@ def test_the_forced_call_grammar_is_valid_in_every_format(tool_format, parallel,
     assert ('"get_time"' in text) is (name is None)
 
 
-def _bytes_tokenizer() -> llguidance.LLTokenizer:
-    """One token per byte, and an end: enough to walk a grammar byte by byte."""
-    from llguidance._tokenizer import TokenizerWrapper
-
-    class _Bytes:
-        eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
-        tokens = [bytes([i]) for i in range(256)] + [b"\xff<end>"]
-
-        def __call__(self, data: bytes) -> list[int]:
-            return self.tokenize(data)
-
-        def tokenize(self, data: bytes | str) -> list[int]:
-            return list(data.encode() if isinstance(data, str) else data)
-
-    return llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
-
-
 @pytest.mark.parametrize(
     "tool_format, opening",
     [
@@ -119,7 +103,7 @@ def test_a_forced_call_has_no_room_for_whitespace_runs(tool_format, opening):
     grammar = llguidance.grammar_from(
         "lark", forced_call_grammar(tool_format, check_tools([WEATHER]))
     )
-    matcher = llguidance.LLMatcher(_bytes_tokenizer(), grammar)
+    matcher = llguidance.LLMatcher(bytes_tokenizer(), grammar)
     assert matcher.consume_tokens(list(opening.encode())), matcher.get_error()
     assert matcher.validate_tokens(list(b'"city"')) == 6
     assert matcher.validate_tokens(list(b" ")) == 0 and matcher.validate_tokens(list(b"\n")) == 0
@@ -169,7 +153,7 @@ def test_the_forced_call_grammar_holds_the_tools_own_schema_as_meant(tool_format
 
 
 def _writes(grammar: str, text: str) -> bool:
-    matcher = llguidance.LLMatcher(_bytes_tokenizer(), llguidance.grammar_from("lark", grammar))
+    matcher = llguidance.LLMatcher(bytes_tokenizer(), llguidance.grammar_from("lark", grammar))
     tokens = list(text.encode())
     return matcher.validate_tokens(tokens) == len(tokens) and (
         matcher.consume_tokens(tokens) and matcher.is_accepting()
