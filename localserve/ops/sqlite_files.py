@@ -6,7 +6,8 @@ loss), the schema created or checked by its version. A file that is not such a s
 another program's database, a newer schema) is refused with what to do about it, so the server
 stops at start naming the file rather than failing at a person's first request.
 
-Used by ops/conversations.py and ops/people.py; tested through their tests.
+Used by ops/conversations.py and ops/people.py; tested in tests/e2e/test_conversation_store.py
+and tests/unit/ops/test_people.py (a file that is not a store, a newer schema, a full disk).
 """
 
 from __future__ import annotations

@@ -836,14 +836,15 @@ def test_a_chat_longer_than_the_context_says_its_oldest_messages_were_left_out(b
     try:
         dora = Person.open(browser, server, "dora")
         dora.settings(0, 32)
-        for turn in range(4):  # about 65 tokens a turn: the fourth does not fit with 32 more
+        for turn in range(4):  # about 65 tokens a turn: the fourth fits with 32 more once the
+            # first turn (its question and its reply) is left out
             dora.say(f"question {turn}: " + "word " * 60)
             wait_until(lambda n=turn: dora.page.locator(".msg.assistant").count() == n + 1, 30)
             dora.wait_reply("done")
             note = dora.reply().locator(".meta .dropped")
             assert note.count() == (1 if turn == 3 else 0), turn
         assert note.inner_text() == (
-            "the 4 oldest messages were left out: the chat is longer than the model's context"
+            "the 2 oldest messages were left out: the chat is longer than the model's context"
         )
         dora.close()
     finally:
