@@ -63,7 +63,7 @@ WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
 # a snapshot the engine has not given in this long (it is busy in a step) is the last one, with
 # the running step; asked during a step that has run this long, at once. A step's limit: the
 # rule in step_clock.py
-ANSWER_S = 1.0
+ANSWER_S = 0.5
 # while nothing comes from the engine for HEARTBEAT_S, the watchdog asks it for a snapshot; an
 # engine idle (no step running) that stays silent for SILENCE_S is stopped (SIGSTOP, a dead
 # reader: nothing else would notice)

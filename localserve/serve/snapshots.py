@@ -5,7 +5,7 @@ while a snapshot is on its way wait for that one, so any number of them cost the
 one snapshot per step. An engine that gives none within SNAPSHOT_TIMEOUT_S has a problem: the
 askers get a TimeoutError, and `last` is the one that came before; `fetch_within` gives an
 asker who cannot wait (/metrics, the stats frames) `last` sooner (the engine process itself
-answers within a second, from its last snapshot while a step runs). With several models the
+answers within half a second, from its last snapshot while a step runs). With several models the
 server's snapshots are those of the engine `source` names at each fetch (pool.py's primary:
 the default model when it is loaded); while no model is loaded, NoModelLoaded.
 
