@@ -416,16 +416,18 @@ class Throttle:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            os.kill(self._pid, signal.SIGCONT)
-            time.sleep(self.RUN_S)
-            os.kill(self._pid, signal.SIGSTOP)
-            self._stop.wait(self._period - self.RUN_S)
+        with contextlib.suppress(ProcessLookupError):  # killed: the test says so
+            while not self._stop.is_set():
+                os.kill(self._pid, signal.SIGCONT)
+                time.sleep(self.RUN_S)
+                os.kill(self._pid, signal.SIGSTOP)
+                self._stop.wait(self._period - self.RUN_S)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(10)
-        os.kill(self._pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGCONT)
 
 
 class StepWatcher:
