@@ -66,7 +66,7 @@ class StepCostModel:
         prompt tokens, or one of decodes only), not on the prior alone."""
         if num_prefill >= MIN_PREFILL_FOR_FIT:
             return self._has_prefill_sample
-        return self._num_decode_fits > 0 or self._has_prefill_sample
+        return self._num_decode_fits > 0
 
     @property
     def prefill_token_s(self) -> float:
