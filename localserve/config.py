@@ -178,12 +178,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     access_log_max_bytes: Annotated[int, msgspec.Meta(ge=4096)] = 10 << 20
     access_log_backups: Annotated[int, msgspec.Meta(ge=0, le=100)] = 5
     # The engine (llama.cpp) runs in a process of its own, watched (engine_process/): when it
-    # dies or a step takes longer than step_timeout_s + 4 x its longest step so far (or loading,
-    # load_timeout_s), requests in flight fail, new ones are refused, and it is restarted once
-    # its RPC workers answer.
+    # dies or a step takes longer than its limit (or loading, load_timeout_s), requests in
+    # flight fail, new ones are refused, and it is restarted once its RPC workers answer. A
+    # step's limit is step_timeout_s + 3 x its expected time (the engine's cost model for its
+    # decode and prompt tokens, learned from this machine's steps, times the largest recent
+    # ratio of a step's time to its prediction); 3 x step_timeout_s + 3 x expected for a step
+    # of a kind not measured since the start (engine_process/step_clock.py).
     # engine_process = false runs it in the server's process (a llama.cpp abort ends the server).
     engine_process: bool = True
-    step_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    step_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     load_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 600.0
     # Browsers (auth.browser_refusal): the names a browser may call this server by, besides IP
     # addresses and localhost (e.g. "homeserver.local", "chat.example.org") ...

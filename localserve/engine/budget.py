@@ -12,6 +12,10 @@ measured step times, in two parts that stay identifiable:
   step of 3 decodes and 60 prompt tokens took 111 ms, one with 61 took 142 ms (llama.cpp's CPU
   flash attention changes path at 64 rows; docs/benchmarks.md). A bucket not seen yet takes the
   factor of the nearest smaller one seen, so one expensive step teaches every larger size.
+The engine process's watchdog judges a running step by the model's prediction for it
+(`predict`), and asks `is_measured` whether that prediction rests on a measured step of its
+kind or only on the prior.
+
 While sequences decode, the prefill budget is the chunk that advances prompts fastest (prompt
 tokens per second of step) among those whose predicted step stays within the ITL target; with
 one price for every size that is the largest such chunk.
@@ -45,6 +49,7 @@ class StepCostModel:
         self._c = prior[2]
         self._factors: dict[int, float] = {}  # batch-size bucket -> factor on the price c
         self._has_prefill_sample = False
+        self._num_decode_fits = 0
         self.num_updates = 0
 
     @property
@@ -55,6 +60,13 @@ class StepCostModel:
     def predict(self, num_decode: int, num_prefill: int) -> float:
         a, b, _ = self.theta
         return max(0.0, a + b * num_decode + self.prefill_s(num_decode, num_prefill))
+
+    def is_measured(self, num_decode: int, num_prefill: int) -> bool:
+        """Whether the prediction for such a step rests on a measured step of its kind (one with
+        prompt tokens, or one of decodes only), not on the prior alone."""
+        if num_prefill >= MIN_PREFILL_FOR_FIT:
+            return self._has_prefill_sample
+        return self._num_decode_fits > 0
 
     @property
     def prefill_token_s(self) -> float:
@@ -79,6 +91,7 @@ class StepCostModel:
         """Fold in one measured step."""
         if num_prefill == 0:
             self._fit_decode(float(num_decode), step_s)
+            self._num_decode_fits += 1
         elif num_prefill >= MIN_PREFILL_FOR_FIT:
             residual = step_s - max(0.0, self.predict(num_decode, 0))
             self._fit_prefill(max(residual / num_prefill, 1e-6), num_decode + num_prefill)

@@ -109,6 +109,10 @@ class Engine(EngineClient):
         # told True before each step of the engine thread and False after (the engine process's
         # watchdog times steps with it); None: nobody watches
         self.watch: Callable[[bool], None] | None = None
+        # told, once each step with tokens is scheduled, its decode and prompt tokens, the cost
+        # model's prediction of its time and whether that rests on a measured step of its kind
+        # (the watchdog's step limit comes from them); None: nobody asks
+        self.expect: Callable[[int, int, float, bool], None] | None = None
 
     # --- thread-safe entry points (add_request, cancel and reject come from EngineClient) ---
 
@@ -180,6 +184,8 @@ class Engine(EngineClient):
         start = self.clock()
         batch = self.scheduler.schedule()
         scheduled = self.clock()
+        if self.expect is not None and batch.num_tokens:
+            self._tell_expected(batch)
         sampled = self._run(batch)
         ran = self.clock()
         self.scheduler.postprocess(batch, sampled, ran - start)
@@ -189,6 +195,15 @@ class Engine(EngineClient):
             self.on_events(events)
         emitted = self.clock()
         self.timings = StepTimings(scheduled - start, ran - scheduled, done - ran, emitted - done)
+
+    def _tell_expected(self, batch: Batch) -> None:
+        cost, num_decode, num_prefill = (
+            self.scheduler.cost,
+            batch.num_decode_tokens,
+            batch.num_prefill_tokens,
+        )
+        predicted = cost.predict(num_decode, num_prefill)
+        self.expect(num_decode, num_prefill, predicted, cost.is_measured(num_decode, num_prefill))
 
     def _drain(self) -> None:
         while True:

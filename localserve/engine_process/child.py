@@ -71,7 +71,7 @@ def main(conn: Connection, clock_fd: int, level: int, llama_level: int, parent: 
         send(LoadFailed(str(e)))
         return
     engine = Engine(runner, config.scheduler, on_events=lambda events: send(EngineEvents(events)))
-    engine.watch = clock.watch
+    engine.watch, engine.expect = clock.watch, clock.expect
     engine.start()
     send(Loaded(runner.info, runner.where()))
     _serve_commands(conn, engine, send)

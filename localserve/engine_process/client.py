@@ -9,7 +9,9 @@ model, and only token ids cross.
 
 Its watchdog (a thread of its own) reads the step clock the engine writes, hears the engine's
 answers, and takes the engine down and up again: it acts on the process's state under the same
-lock as the entry points and the reader, so it lives beside them, in this class.
+lock as the entry points and the reader, so it lives beside them, in this class. A snapshot the
+engine, busy in a step, has not given within ANSWER_S is the last one with that step added
+(`Snapshot.step`): /healthz, /metrics and the stats frames never wait for a long step.
 
 Tested in tests/e2e/test_engine_process.py and tests/e2e/test_engine_faults.py.
 """
@@ -53,17 +55,15 @@ from localserve.engine_process.messages import (
     SnapshotAnswer,
 )
 from localserve.engine_process.step_clock import StepClock
-from localserve.protocol.snapshot import ModelInfo, Snapshot, Worker
+from localserve.protocol.snapshot import ModelInfo, RunningStep, Snapshot, Worker
 
 log = logging.getLogger("localserve.engine_process.client")
 
 WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
-# a step may take step_timeout_s plus this many times the longest step so far (a slow machine's
-# full prefill chunk sets its own scale)
-LONGEST_STEP_FACTOR = 4
-STUCK_S = 2.0  # a snapshot asked during a step this long answers from the last one
-# ... and says the engine is stuck once the step has run this long and twice the longest before
-STUCK_PROBLEM_S = 5.0
+# a snapshot the engine has not given in this long (it is busy in a step) is the last one, with
+# the running step; asked during a step that has run this long, at once. A step's limit: the
+# rule in step_clock.py
+ANSWER_S = 0.5
 # while nothing comes from the engine for HEARTBEAT_S, the watchdog asks it for a snapshot; an
 # engine idle (no step running) that stays silent for SILENCE_S is stopped (SIGSTOP, a dead
 # reader: nothing else would notice)
@@ -142,7 +142,7 @@ class EngineProcess(EngineClient):
         self.problem = "starting"  # "" while it serves
         self.workers = [Worker(endpoint, True) for endpoint in self.model.rpc_workers]
         self.restarts = 0
-        # when the engine's running step started and the longest step, written by the engine
+        # the engine's running step (when it started, what it carries), written by the engine
         self._step_clock = StepClock.create()
         self._lock = threading.Lock()  # the state below
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (conn, data) for the writer
@@ -153,7 +153,7 @@ class EngineProcess(EngineClient):
         self._generation = 0  # of the process: a reader of an older one delivers nothing
         self._loaded: Loaded | LoadFailed | None = None
         self._flights: dict[str, RequestInFlight] = {}
-        self._asked: dict[int, Future[Snapshot]] = {}
+        self._asked: dict[int, tuple[float, Future[Snapshot]]] = {}  # number: (when, Future)
         self._numbers = itertools.count(1)
         self._last: Snapshot | None = None
         self._stopping = False
@@ -310,19 +310,20 @@ class EngineProcess(EngineClient):
 
     def snapshot(self) -> Future[Snapshot]:
         """A Future of the engine's next snapshot; while it is down, of the last one, emptied,
-        with what is wrong."""
+        with what is wrong; while it is busy in a step (ANSWER_S), of the last one with that
+        step."""
         future: Future[Snapshot] = Future()
-        started, longest = self._step_clock.read()
+        now = time.monotonic()
         with self._lock:
             if self.problem:
                 future.set_result(self._down_snapshot())
                 return future
-            running_s = time.monotonic() - started if started else 0.0
-            if running_s > STUCK_S:  # no answer before the step ends: the last one, and why
-                future.set_result(self._stuck_snapshot(running_s, longest))
+            started = self._step_clock.started
+            if started and now - started > ANSWER_S:  # it would answer once the step ends
+                future.set_result(self._step_snapshot(now))
                 return future
             number = next(self._numbers)
-            self._asked[number] = future
+            self._asked[number] = (now, future)
             conn = self._conn
         self._send(conn, msgspec.msgpack.encode(TakeSnapshot(number)))  # gone: _down answers
         return future
@@ -350,17 +351,35 @@ class EngineProcess(EngineClient):
                 return False
         return True
 
-    def _stuck_snapshot(self, running_s: float, longest: float) -> Snapshot:
-        """The last snapshot, saying so once the step running now is far past its usual time
-        (called with the lock held)."""
-        if running_s < max(STUCK_PROBLEM_S, 2 * longest):
+    def _step_snapshot(self, now: float) -> Snapshot:
+        """The last snapshot with the step running now, and, once that step is past its limit,
+        the problem (called with the lock held)."""
+        reading = self._step_clock.read()
+        if not reading.started:  # between steps yet silent: the heartbeat judges that
             return self._last
-        limit = self._step_limit(longest)
-        problem = (
-            f"a step has been running for {running_s:.0f} s (the longest before took "
-            f"{longest:.2g} s); the engine is stopped at {limit:.3g} s"
+        timeout = self.config.server.step_timeout_s
+        running_s, limit = max(0.0, now - reading.started), reading.limit_s(timeout)
+        step = RunningStep(
+            running_s, reading.decode_tokens, reading.prefill_tokens, reading.expected_s, limit
         )
-        return msgspec.structs.replace(self._last, engine_problem=problem)
+        if running_s <= limit:  # a long step is no problem
+            return msgspec.structs.replace(self._last, step=step)
+        problem = (
+            f"a step has run for {running_s:.0f} s, past its limit of "
+            f"{reading.describe_limit(timeout)}; the engine process is being stopped"
+        )
+        return msgspec.structs.replace(self._last, step=step, engine_problem=problem)
+
+    def _answer_late(self, now: float) -> None:
+        """Snapshots the engine has not given within ANSWER_S: the last one, with the step."""
+        with self._lock:
+            late = [n for n, (asked, _) in self._asked.items() if now - asked > ANSWER_S]
+            if not late:
+                return
+            futures = [self._asked.pop(number)[1] for number in late]
+            snap = self._step_snapshot(now)
+        for future in futures:  # the engine's answer, when it comes, is only kept as the last
+            _settle(future, snap)
 
     def _down_snapshot(self) -> Snapshot:
         """The last snapshot with nothing running or waiting (called with the lock held)."""
@@ -410,7 +429,7 @@ class EngineProcess(EngineClient):
             self._deliver(message.events, generation)
         elif isinstance(message, SnapshotAnswer):
             with self._lock:
-                future = self._asked.pop(message.number, None)
+                _, future = self._asked.pop(message.number, (0.0, None))
                 snap = message.snapshot
                 if snap is not None and generation == self._generation:
                     snap = self._last = msgspec.structs.replace(snap, workers=list(self.workers))
@@ -474,6 +493,7 @@ class EngineProcess(EngineClient):
         server = self.config.server
         now = time.monotonic()
         process, state = self._process, self._state
+        self._answer_late(now)
         if state == "serving":
             if why := self._what_is_wrong(now):
                 self._kill()
@@ -497,18 +517,17 @@ class EngineProcess(EngineClient):
 
     def _what_is_wrong(self, now: float) -> str:
         """Why the serving engine must be stopped now; "" while all is well."""
-        server = self.config.server
-        started, longest = self._step_clock.read()
-        limit = self._step_limit(longest)
+        timeout = self.config.server.step_timeout_s
+        reading = self._step_clock.read()
+        started = reading.started
         if self._fault:  # first: the process ends as the reader closes its end
             return self._fault
         if self._process.poll() is not None:
             return self._death()
-        if started and now - started > limit:
+        if started and now - started > reading.limit_s(timeout):
             return (
-                f"a step took longer than {limit:.3g} s (step_timeout_s "
-                f"{server.step_timeout_s:g} + {LONGEST_STEP_FACTOR} × the longest "
-                f"step, {longest:.2g} s), so the engine process was stopped"
+                f"a step took longer than {reading.describe_limit(timeout)}, so the engine "
+                "process was stopped"
             )
         if started:  # a step runs: its time is watched above, not the silence
             self._quiet_since = now
@@ -524,15 +543,10 @@ class EngineProcess(EngineClient):
             return self._gone_worker()
         return ""
 
-    def _step_limit(self, longest: float) -> float:
-        """How long a step may run before the engine process is stopped."""
-        return self.config.server.step_timeout_s + LONGEST_STEP_FACTOR * longest
-
     def _ping(self) -> None:
         """Ask the engine for a snapshot nobody waits for: its answer is the heartbeat."""
         with self._lock:
             number = next(self._numbers)
-            self._asked[number] = Future()
             conn = self._conn
         self._send(conn, msgspec.msgpack.encode(TakeSnapshot(number)))
 
@@ -574,10 +588,16 @@ class EngineProcess(EngineClient):
         """The engine process is gone: say why, fail what was in flight, try again later."""
         if self._stopping:
             return
+        with self._lock:  # said at once: snapshots do not wait for the workers' probe below
+            self._generation += 1  # the old reader delivers nothing more
+            self._why = self.problem = why
+            asked, self._asked = self._asked, {}
+            self._conn = None  # the reader closes it when the process's end reaches it
+            down = self._down_snapshot()
+        for _, future in asked.values():
+            _settle(future, down)
         workers = self._probe_all()
         with self._lock:
-            self._generation += 1  # the old reader delivers nothing more
-            self._why = why
             problem = self._set_workers(workers)
             # a restart whose load failed waits longer each time (a missing file, no memory:
             # no use loading again every second); one that died while serving, 1 s
@@ -585,18 +605,11 @@ class EngineProcess(EngineClient):
             self._state, self._since = "down", time.monotonic()
             self._next_try = self._since + RETRY_S[min(self._attempts, len(RETRY_S) - 1)]
             flights, self._flights = self._flights, {}
-            asked, self._asked = self._asked, {}
-            self._conn = None  # the reader closes it when the process's end reaches it
-            down = self._down_snapshot()
         log.error("engine down: %s; %d requests in flight fail", problem, len(flights))
         message = f"the model stopped: {problem}. Try again shortly"
         events: list[Event] = [_unavailable_done(rid, f, message) for rid, f in flights.items()]
-        try:  # first: nothing below may keep a request from ending
-            if events:
-                self.on_events(events)
-        finally:
-            for future in asked.values():
-                _settle(future, down)
+        if events:
+            self.on_events(events)
 
     def _try_restart(self) -> None:
         workers = self._probe_all()

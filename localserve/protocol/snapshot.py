@@ -140,6 +140,17 @@ class Worker(msgspec.Struct):
     detail: str = ""  # why not: "connection refused", "not answering", ...
 
 
+class RunningStep(msgspec.Struct):
+    """The engine step that was running when a snapshot was given from the last one (the
+    engine, busy in that step, could not answer)."""
+
+    running_s: float  # how long it has run
+    decode_tokens: int  # what it carries (0 and 0: not scheduled yet, or nothing to compute)
+    prefill_tokens: int
+    expected_s: float  # how long it is expected to take (engine_process/step_clock.py)
+    limit_s: float  # when the watchdog stops the engine process
+
+
 class Snapshot(msgspec.Struct):
     """One look at the engine: what the monitor shows and `/metrics` exports."""
 
@@ -176,3 +187,5 @@ class Snapshot(msgspec.Struct):
     # the engine process: "" while it serves; else why it does not (a worker gone, restarting)
     engine_problem: str = ""
     workers: list[Worker] = msgspec.field(default_factory=list)  # the model's RPC workers
+    # set when the engine was busy in a step: this is the last snapshot it gave, and that step
+    step: RunningStep | None = None

@@ -3,7 +3,10 @@
 
 /healthz answers within HEALTH_TIMEOUT_S whatever the engine does, and says what is wrong (the
 engine not answering, an engine or usage-record problem, a shutdown) with a 503; the chat page
-shows it as the server's status.
+shows it as the server's status. A long step is no problem: the engine process answers from its
+last snapshot with that step (`step`: what it carries, how long it has run, its limit), and the
+step is a problem only once past its limit. /metrics, too, answers from the last snapshot of an
+engine that has not answered within HEALTH_TIMEOUT_S.
 
 Tested in tests/e2e/test_websocket_connection.py and tests/e2e/test_engine_faults.py.
 """
@@ -89,6 +92,8 @@ class Health:
                 "kv_cached": snap.kv_cached,
                 "kv_total": snap.kv_total,
             }
+        if snap is not None and snap.step is not None:  # the engine is busy in this step
+            body["step"] = msgspec.structs.asdict(snap.step)
         if problems or (snap is not None and snap.workers):  # what is wrong; each worker
             body["problem"] = "; ".join(problems)
             body["workers"] = [msgspec.structs.asdict(w) for w in snap.workers] if snap else []
@@ -100,13 +105,14 @@ class Health:
 
     async def _loaded_snapshots(self) -> list:
         """A snapshot of every loaded model, the primary's first (its engine's figures are the
-        ones /healthz shows); a model whose engine does not answer is left out."""
+        ones /healthz shows); each within HEALTH_TIMEOUT_S, else its last one; a model whose
+        engine has never answered is left out."""
         snaps = []
-        with contextlib.suppress(NoModelLoaded):
-            snaps.append(await self.snapshots.fetch())
+        with contextlib.suppress(NoModelLoaded, TimeoutError):
+            snaps.append(await self.snapshots.fetch_within(HEALTH_TIMEOUT_S))
         for source in self._others():
             with contextlib.suppress(Exception):
-                snaps.append(await source.fetch())
+                snaps.append(await source.fetch_within(HEALTH_TIMEOUT_S))
         return snaps
 
     async def metrics(self, request: HttpRequest) -> Response:

@@ -3,7 +3,9 @@
 /healthz, /metrics and every monitor's stats frames ask for the engine's state; askers who come
 while a snapshot is on its way wait for that one, so any number of them cost the engine at most
 one snapshot per step. An engine that gives none within SNAPSHOT_TIMEOUT_S has a problem: the
-askers get a TimeoutError, and `last` is the one that came before. With several models the
+askers get a TimeoutError, and `last` is the one that came before; `fetch_within` gives an
+asker who cannot wait (/metrics, the stats frames) `last` sooner (the engine process itself
+answers within half a second, from its last snapshot while a step runs). With several models the
 server's snapshots are those of the engine `source` names at each fetch (pool.py's primary:
 the default model when it is loaded); while no model is loaded, NoModelLoaded.
 
@@ -41,6 +43,17 @@ class Snapshots:
         if self._coming is None:
             self._coming = asyncio.ensure_future(self._fetch())
         return await asyncio.shield(self._coming)  # one asker giving up cancels nothing
+
+    async def fetch_within(self, timeout_s: float) -> Snapshot:
+        """The next snapshot if it comes within `timeout_s`, else the last one (a TimeoutError
+        when none ever came)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.fetch()
+        except TimeoutError:
+            if self.last is None:
+                raise
+            return self.last
 
     async def _fetch(self) -> Snapshot:
         try:

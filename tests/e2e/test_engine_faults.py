@@ -29,9 +29,10 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model
 
-STEP_TIMEOUT_S = 5.0  # a loaded 2-core machine may take seconds for a first step
+STEP_TIMEOUT_S = 8.0  # a loaded 2-core machine may take seconds for a first step
 QUOTA = 10**9  # a quota nobody reaches: its reservations are counted, and must come back
-HEALTH_BOUND_S = 3.5  # HEALTH_TIMEOUT_S and some slack for a loaded machine
+HEALTH_BOUND_S = 3.5  # HEALTH_TIMEOUT_S and some slack for a loaded machine (also /metrics and
+# the gaps between stats frames)
 LONG_PROMPT = "Tell me everything about the history of the city of Paris. " * 150
 
 
@@ -82,8 +83,11 @@ class Askers:
     def __init__(self, served) -> None:
         self.http = served.thread.http
         self.health: list[tuple[float, int, dict]] = []  # (seconds it took, status, body)
+        self.health_at: list[float] = []  # when each answer came
+        self.metrics: list[float] = []  # seconds each /metrics took
         self.stats = 0
         self.last_stats = 0.0
+        self.stats_gap = 0.0  # the longest between two stats frames
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._monitor = WS(served.thread.url)
@@ -102,8 +106,13 @@ class Askers:
             started = time.monotonic()
             try:
                 status, body = get(self.http + path, timeout=60)
+                took = time.monotonic() - started
                 if path == "/healthz":
-                    self.health.append((time.monotonic() - started, status, json.loads(body)))
+                    self.health.append((took, status, json.loads(body)))
+                    self.health_at.append(time.monotonic())
+                else:
+                    self.metrics.append(took)
+                    assert status == 200, (status, body[:200])
             except Exception as e:
                 self.failures.append(f"{path}: {e!r}")
             self._stop.wait(0.2)
@@ -112,8 +121,11 @@ class Askers:
         while not self._stop.is_set():
             try:
                 if self._monitor.recv(timeout=60)["type"] == "stats":
+                    now = time.monotonic()
+                    if self.stats:
+                        self.stats_gap = max(self.stats_gap, now - self.last_stats)
                     self.stats += 1
-                    self.last_stats = time.monotonic()
+                    self.last_stats = now
             except Exception as e:
                 if not self._stop.is_set():
                     self.failures.append(f"stats: {e!r}")
@@ -130,6 +142,8 @@ class Askers:
             thread.join(70)
         slowest = max((took for took, _, _ in self.health), default=0.0)
         assert slowest < HEALTH_BOUND_S, f"/healthz took {slowest:.1f} s"
+        assert max(self.metrics, default=0.0) < HEALTH_BOUND_S, f"/metrics: {self.metrics}"
+        assert self.stats_gap < HEALTH_BOUND_S, f"stats frames {self.stats_gap:.1f} s apart"
         assert not self.failures, self.failures
 
 
@@ -220,6 +234,25 @@ def engine_pid(served) -> int:
     return served.engine._process.pid
 
 
+def limit(served) -> float:
+    """The running step's limit, as the watchdog reads it."""
+    return served.engine._step_clock.read().limit_s(STEP_TIMEOUT_S)
+
+
+def stop_in_a_step(served) -> float:
+    """SIGSTOP the engine process in the middle of a step with tokens; when that step started."""
+    clock, pid = served.engine._step_clock, engine_pid(served)
+    for _ in range(100):
+        wait_until(lambda: clock.read().expected_s, 10, "a step runs", interval=0.001)
+        started = clock.started
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.05)  # the signal has landed
+        if started and clock.started == started:
+            return started
+        os.kill(pid, signal.SIGCONT)  # it landed between two steps: again
+    raise AssertionError("never stopped in a step")
+
+
 # --- the engine process ------------------------------------------------------------------
 
 
@@ -245,12 +278,11 @@ def test_the_engine_stopped_mid_step(served, invariant):
         clients = streams(served, ("alice", "bob"), LONG_PROMPT)
         wait_until(lambda: served.engine._step_clock.started, 10, "a step runs", interval=0.001)
         os.kill(engine_pid(served), signal.SIGSTOP)
-        longest = served.engine._step_clock.longest
-        within = STEP_TIMEOUT_S + 4 * longest + 10
+        within = limit(served) + 10
         for ws in clients:
             ends_with_an_error(ws, within)
             ws.close()
-        assert askers.said_problem()
+        wait_until(askers.said_problem, 5, "/healthz says so")  # from the step's end on
 
 
 def test_the_engine_stopped_while_idle(served, invariant):
@@ -322,3 +354,138 @@ def test_a_reader_thread_that_fails_takes_the_engine_down_cleanly(served, invari
     finally:
         del engine._deliver
     assert failed
+
+
+# --- long steps (issue 36): health tells the truth -----------------------------------------
+
+
+def test_a_6_s_step_is_no_problem_for_anyone_asking(served, invariant):
+    """/healthz stays 200 through a step that takes 6 s (within its limit) and says what runs;
+    /metrics and the stats frames answer within the bound all along (Askers.stop)."""
+    with asking(served) as askers:
+        clients = streams(served, ("alice", "bob"))
+        for ws in clients:
+            ws.until(lambda f: f["type"] == "token")
+        started = stop_in_a_step(served)
+        assert limit(served) > 7, limit(served)  # STEP_TIMEOUT_S 8: the 6 s step is within it
+        while time.monotonic() - started < 6:
+            time.sleep(0.1)
+        os.kill(engine_pid(served), signal.SIGCONT)
+        for ws in clients:  # the replies go on
+            ws.until(lambda f: f["type"] == "token", timeout=30)
+            ws.close()
+        during = [body for _, _, body in askers.health if "step" in body]
+    bad = [(s, b.get("problem")) for _, s, b in askers.health if s != 200 or not b["ok"]]
+    assert not bad, bad
+    step = max(during, key=lambda body: body["step"]["running_s"])["step"]
+    assert step["running_s"] > 4 and step["decode_tokens"] + step["prefill_tokens"] > 0, step
+    assert step["limit_s"] > step["running_s"], step
+
+
+def test_a_step_past_its_limit_is_said_within_2_s_and_ended(served, invariant):
+    """/healthz turns 503 within 2 s of the step passing its limit (not before); the replies
+    end with an error; /metrics and the stats frames go on answering throughout."""
+    with asking(served) as askers:
+        clients = streams(served, ("alice", "bob"))
+        for ws in clients:
+            ws.until(lambda f: f["type"] == "token")
+        started = stop_in_a_step(served)
+        due = started + limit(served)  # the watchdog stops the engine process after this
+        wait_until(askers.said_problem, limit(served) + 10, "/healthz says so")
+        for ws in clients:
+            error = ends_with_an_error(ws, within=15)
+            assert "a step took longer than" in error["message"], error
+            ws.close()
+    answers = list(zip(askers.health_at, askers.health, strict=True))
+    first_503 = min(at for at, (_, status, _) in answers if status == 503)
+    assert first_503 - due < 2.0, first_503 - due
+    before = [status for at, (took, status, _) in answers if at - took < due - 0.5]
+    assert before and all(status == 200 for status in before), before
+
+
+class Throttle:
+    """The engine process runs RUN_S of every `period_s` (SIGSTOP, SIGCONT), as under a CPU
+    quota: every step takes longer in proportion to its work."""
+
+    RUN_S = 0.02
+
+    def __init__(self, pid: int, period_s: float) -> None:
+        self._pid, self._period = pid, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # killed: the test says so
+            while not self._stop.is_set():
+                os.kill(self._pid, signal.SIGCONT)
+                time.sleep(self.RUN_S)
+                os.kill(self._pid, signal.SIGSTOP)
+                self._stop.wait(self._period - self.RUN_S)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGCONT)
+
+
+class StepWatcher:
+    """Each step the clock shows: (prefill tokens, seconds it took), watched every 2 ms."""
+
+    def __init__(self, clock) -> None:
+        self.steps: list[tuple[int, float]] = []
+        self._clock, self._stop = clock, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        current, prefill = 0.0, 0
+        while not self._stop.wait(0.002):
+            reading = self._clock.read()
+            if reading.started != current:  # a step ended, or began
+                if current:
+                    self.steps.append((prefill, time.monotonic() - current))
+                current, prefill = reading.started, 0
+            prefill = max(prefill, reading.prefill_tokens)
+
+    def close(self) -> list[tuple[int, float]]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.steps
+
+
+def one_reply(served, user: str, text: str, max_tokens: int, timeout: float = 30) -> dict:
+    ws = WS(served.thread.url)
+    try:
+        assert ws.hello(user)["type"] == "welcome"
+        ws.chat("r", text, max_tokens=max_tokens)
+        return ws.until_done("r", timeout=timeout)[-1]
+    finally:
+        ws.close()
+
+
+def test_a_healthy_30_s_step_on_a_throttled_engine_is_not_killed(served, invariant):
+    """A CPU quota makes a 256-token chunk take about 30 s; the steps before it, throttled
+    too, taught the cost model this machine's price: the chunk is expected, not killed (the
+    old rule, step_timeout_s + 4 × the longest step so far, killed it)."""
+    engine = served.engine
+    watcher = StepWatcher(engine._step_clock)  # unthrottled, what a chunk costs here
+    assert one_reply(served, "carol", "Tell me about Paris. " * 60, 1)["type"] == "done"
+    full = [took for prefill, took in watcher.close() if prefill >= 256]
+    assert full, "no full chunk"
+    restarts = engine.restarts
+    throttle = Throttle(engine_pid(served), Throttle.RUN_S * 35 / min(full))  # ~35 s a chunk
+    try:
+        # throttled steps, measured (a prompt no cache holds: its prompt tokens are priced)
+        warm = one_reply(served, "carol", "Name three rivers of Europe, please.", 3, timeout=120)
+        assert warm["finish_reason"] in ("stop", "length"), warm
+        watcher = StepWatcher(engine._step_clock)
+        done = one_reply(served, "dave", "Tell me about Rome. " * 60, 1, timeout=300)
+        steps = watcher.close()
+    finally:
+        throttle.close()
+    assert done["finish_reason"] in ("stop", "length"), done
+    assert engine.restarts == restarts and not engine.problem
+    longest = max(took for prefill, took in steps if prefill >= 256)
+    assert longest > 20, steps  # a long step indeed (about 30 s), and it was not killed

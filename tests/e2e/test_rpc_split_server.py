@@ -37,13 +37,14 @@ def healthz(served) -> tuple[int, dict]:
 class Split:
     """Two workers and a server whose model has 12 of its 18 layers on them."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_num_batched_tokens: int = 256) -> None:
         from localserve.serve.serving import serving
 
         self.workers = [Worker(), Worker()]
         config = live_config()
         model = msgspec.structs.replace(
             config.models[config.default],
+            max_num_batched_tokens=max_num_batched_tokens,
             n_gpu_layers=12,
             split_mode="layer",
             tensor_split=[1, 1],
@@ -266,3 +267,44 @@ def test_any_llama_cpp_abort_fails_only_the_replies_in_flight(tmp_path):
     reason, tokens, ttft_ms, e2e_ms = rows["long"]  # its timings as the server saw them
     assert reason == "error" and tokens >= 1 and 0 < ttft_ms < e2e_ms
     assert rows["again"][0] in ("stop", "length")
+
+
+def test_a_worker_frozen_after_a_long_prefill_ends_every_stream_soon_after_its_step_was_due():
+    """A long prompt in one step of 2048 tokens, then both replies decode and a worker freezes:
+    the hung decode step is judged by its own tokens, not by the long chunk (the old rule,
+    step_timeout_s + 4 × the longest step, let it hang for 3 + 4 × that chunk's seconds)."""
+    split = Split(max_num_batched_tokens=2048)
+    try:
+        clock = split.served.engine._step_clock
+        clients = []
+        for user, prompt in (
+            ("alice", "The history of Paris, in full detail. " * 200),
+            ("bob", PROMPTS[1]),
+        ):
+            ws = WS(split.url)
+            ws.hello(user)
+            ws.chat("long", prompt, max_tokens=400, ignore_eos=True)
+            clients.append(ws)
+        for ws in clients:
+            ws.until(lambda f: f["type"] == "token", timeout=120)
+        wait_until(
+            lambda: clock.read().expected_s and not clock.read().prefill_tokens,
+            10,
+            "a decode step runs",
+            interval=0.001,
+        )
+        frozen = split.workers[0]
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        time.sleep(0.5)  # the step that needs the worker now hangs
+        hung = clock.read()
+        due = hung.started + hung.expected_s  # when it should have ended
+        assert hung.started and hung.prefill_tokens == 0, hung
+        for ws in clients:
+            ends_with_an_error(ws, within=60)
+            assert time.monotonic() - due < 15, time.monotonic() - due
+            ws.close()
+    finally:
+        for w in split.workers:
+            if w.proc.poll() is None:
+                os.kill(w.proc.pid, signal.SIGCONT)
+        split.close()

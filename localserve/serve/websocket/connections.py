@@ -5,7 +5,8 @@ connected, and when one user holds max_connections_per_user of them (so that use
 is refused, nobody else's), cancels a closed connection's requests, and tells them all at
 shutdown. What every
 connection would otherwise build for itself is built here once: the welcome frame's terms and
-the stats frame, encoded once for every monitor from the latest shared snapshot, and the
+the stats frame, encoded once for every monitor from the latest shared snapshot (the last one
+when the engine has not answered within STATS_WAIT_S: the stream never stalls), and the
 conversation store (a server with users keeps people's conversations: ops/conversations.py).
 
 Tested in tests/e2e/test_websocket_connection.py.
@@ -29,6 +30,7 @@ from localserve.serve.snapshots import NoModelLoaded, Snapshots
 from localserve.serve.transport import ConnectionLimits, PlaceLog
 
 _encoder = msgspec.json.Encoder()
+STATS_WAIT_S = 2.0  # a stats frame waits this long for the engine's snapshot, then sends the last
 
 
 class Member(Protocol):
@@ -147,7 +149,7 @@ class Connections:
     async def stats_frame(self) -> bytes:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
         try:
-            snap = await self._snapshots.fetch()
+            snap = await self._snapshots.fetch_within(STATS_WAIT_S)  # else the last one
         except NoModelLoaded:  # every model unloaded: the last figures, and the models' states
             if (snap := self._snapshots.last) is None:
                 raise

@@ -222,3 +222,15 @@ def test_one_price_for_every_size_still_takes_the_largest_chunk_that_fits():
     assert model.prefill_budget(20, target_s=0.1, floor=16, ceiling=4096) == pytest.approx(
         500, abs=1
     )
+
+
+def test_a_prediction_is_measured_once_a_step_of_its_kind_was():
+    model = StepCostModel()
+    assert not model.is_measured(2, 0) and not model.is_measured(0, 256)
+    model.update(2, 0, 0.05)
+    assert model.is_measured(2, 0) and not model.is_measured(2, 256)
+    model.update(2, 64, 0.3)
+    assert model.is_measured(0, 256) and model.is_measured(3, 4)
+    prefill_only = StepCostModel()
+    prefill_only.update(0, 64, 0.3)  # a decode step's prediction is still the prior's
+    assert prefill_only.is_measured(0, 256) and not prefill_only.is_measured(2, 0)

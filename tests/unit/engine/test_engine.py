@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from localserve.engine.budget import StepCostModel
 from localserve.engine.engine import Engine
 from localserve.engine.events import Done, EventRouter, Token
 from localserve.engine.sampling_params import SamplingParams
@@ -224,3 +225,17 @@ def test_the_engine_on_a_thread_and_in_a_process_are_both_engine_clients():
         assert isinstance(process, EngineClient)
     finally:
         process._step_clock.close()
+
+
+def test_each_step_with_tokens_tells_what_it_carries_and_its_predicted_time():
+    runner = FakeRunner()
+    engine = Engine(runner, clock=runner.clock)
+    told = []
+    engine.expect = lambda *step: told.append(step)
+    engine.add_request("a", [2] * 20, SamplingParams(temperature=0, max_tokens=3))
+    for _ in range(4):
+        engine.step()
+    assert [(d, p) for d, p, _, _ in told] == [(0, 20), (1, 0), (1, 0)]  # the last step: none
+    assert told[0][2:] == (StepCostModel().predict(0, 20), False)  # the prior's guess
+    cost = engine.scheduler.cost
+    assert told[2][2:] == (pytest.approx(cost.predict(1, 0), rel=0.05), True)  # measured since
