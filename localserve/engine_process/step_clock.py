@@ -31,7 +31,7 @@ from typing import IO, NamedTuple
 
 STEP_FACTOR = 3.0  # a step may take this many times its expected time, plus step_timeout_s
 COLD_FACTOR = 3.0  # ... and a step of a kind not measured yet this many times step_timeout_s
-MIN_PREDICTED_S = 0.25  # a shorter prediction's ratio is taken against this (noise, not speed)
+MIN_PREDICTED_S = 0.05  # a shorter prediction's ratio is taken against this (noise, not speed)
 SLOWNESS_HALF_LIFE_S = 30.0
 
 # the doubles in the shared memory

@@ -359,29 +359,6 @@ def test_a_reader_thread_that_fails_takes_the_engine_down_cleanly(served, invari
 # --- long steps (issue 36): health tells the truth -----------------------------------------
 
 
-def test_a_6_s_step_is_no_problem_for_anyone_asking(served, invariant):
-    """/healthz stays 200 through a step that takes 6 s (within its limit) and says what runs;
-    /metrics and the stats frames answer within the bound all along (Askers.stop)."""
-    with asking(served) as askers:
-        clients = streams(served, ("alice", "bob"))
-        for ws in clients:
-            ws.until(lambda f: f["type"] == "token")
-        started = stop_in_a_step(served)
-        assert limit(served) > 7, limit(served)  # STEP_TIMEOUT_S 8: the 6 s step is within it
-        while time.monotonic() - started < 6:
-            time.sleep(0.1)
-        os.kill(engine_pid(served), signal.SIGCONT)
-        for ws in clients:  # the replies go on
-            ws.until(lambda f: f["type"] == "token", timeout=30)
-            ws.close()
-        during = [body for _, _, body in askers.health if "step" in body]
-    bad = [(s, b.get("problem")) for _, s, b in askers.health if s != 200 or not b["ok"]]
-    assert not bad, bad
-    step = max(during, key=lambda body: body["step"]["running_s"])["step"]
-    assert step["running_s"] > 4 and step["decode_tokens"] + step["prefill_tokens"] > 0, step
-    assert step["limit_s"] > step["running_s"], step
-
-
 def test_a_step_past_its_limit_is_said_within_2_s_and_ended(served, invariant):
     """/healthz turns 503 within 2 s of the step passing its limit (not before); the replies
     end with an error; /metrics and the stats frames go on answering throughout."""
@@ -489,3 +466,27 @@ def test_a_healthy_30_s_step_on_a_throttled_engine_is_not_killed(served, invaria
     assert engine.restarts == restarts and not engine.problem
     longest = max(took for prefill, took in steps if prefill >= 256)
     assert longest > 20, steps  # a long step indeed (about 30 s), and it was not killed
+
+
+def test_a_6_s_step_is_no_problem_for_anyone_asking(served, invariant):
+    """/healthz stays 200 through a step that takes 6 s (within its limit) and says what runs;
+    /metrics and the stats frames answer within the bound all along (Askers.stop). (Last: the
+    6 s step raises this engine's expectations for a while.)"""
+    with asking(served) as askers:
+        clients = streams(served, ("alice", "bob"))
+        for ws in clients:
+            ws.until(lambda f: f["type"] == "token")
+        started = stop_in_a_step(served)
+        assert limit(served) > 7, limit(served)  # STEP_TIMEOUT_S 8: the 6 s step is within it
+        while time.monotonic() - started < 6:
+            time.sleep(0.1)
+        os.kill(engine_pid(served), signal.SIGCONT)
+        for ws in clients:  # the replies go on
+            ws.until(lambda f: f["type"] == "token", timeout=30)
+            ws.close()
+        during = [body for _, _, body in askers.health if "step" in body]
+    bad = [(s, b.get("problem")) for _, s, b in askers.health if s != 200 or not b["ok"]]
+    assert not bad, bad
+    step = max(during, key=lambda body: body["step"]["running_s"])["step"]
+    assert step["running_s"] > 4 and step["decode_tokens"] + step["prefill_tokens"] > 0, step
+    assert step["limit_s"] > step["running_s"], step

@@ -78,9 +78,9 @@ def test_a_step_slower_than_predicted_raises_the_next_expectations_and_fades(clo
 
 
 def test_a_short_step_that_takes_a_moment_longer_is_noise_not_slowness(clock):
-    step(clock, 1, 0, predicted=0.01, took=0.2)  # 20 times its prediction: a hiccup
+    step(clock, 1, 0, predicted=0.005, took=0.04)  # 8 times its prediction: a hiccup
     assert clock.read().slowness == 1.0
-    step(clock, 1, 0, predicted=0.01, took=0.5)  # against MIN_PREDICTED_S: twice
+    step(clock, 1, 0, predicted=0.005, took=0.1)  # against MIN_PREDICTED_S: twice
     assert clock.read().slowness == pytest.approx(2.0)
 
 
