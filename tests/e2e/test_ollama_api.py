@@ -77,6 +77,7 @@ def test_embeddings_are_a_clear_not_supported(live):
 
 
 def test_chat_streams_and_ends_with_the_done_fields(live):
+    live.wait_idle()  # alone in its steps: another request's rows could change the numerics
     parts = list(
         client(live).chat(
             model=MODEL, messages=ask(), stream=True, options={"num_predict": 20, "seed": 1}
@@ -89,6 +90,7 @@ def test_chat_streams_and_ends_with_the_done_fields(live):
     assert last.done and last.done_reason in ("stop", "length")
     assert last.eval_count == 20 or last.done_reason == "stop"
     assert last.prompt_eval_count > 5 and last.total_duration > last.eval_duration > 0
+    live.wait_idle()
     whole = client(live).chat(model=TAGGED, messages=ask(), options={"num_predict": 20, "seed": 1})
     assert whole.done and whole.message.role == "assistant"
     assert (parts[0].model, whole.model) == (MODEL, TAGGED)  # as the request named it
