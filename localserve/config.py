@@ -53,6 +53,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reasoning_format: Literal["auto", "none", "think", "magistral"] = "auto"
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
+    # logit rows a step may add for drafts (speculative decoding), all sequences together: each
+    # costs n_vocab floats of memory (1 MiB for Gemma's 262,144 tokens); 0 = no drafts here
+    draft_rows: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 32
     # sequence ids kept for cached prefixes (finished turns, system prompts) beyond max_num_seqs
     max_cached_prefixes: Annotated[int, msgspec.Meta(ge=0, le=MAX_PARALLEL_SEQUENCES - 1)] = 16
     max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=16, le=8192)] = 512
@@ -110,6 +113,13 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Whose cached prefixes a request may reuse: "user" = its own user's and the configured
     # system prompt's (cache timing would reveal other users' prompts); "all" = anyone's.
     share_prefixes: Literal["user", "all"] = "user"
+    # Speculative decoding (engine/speculative.py): "ngram" gives a decoding sequence whose last
+    # tokens occurred before in its prompt or reply the tokens that followed them as a draft,
+    # verified in the step's batch (more than one token per step where a reply repeats what it
+    # was given; greedy replies stay the same token for token, sampled ones keep their
+    # distribution); drafts are taken only where they are expected to pay. "off": none.
+    speculative: Literal["ngram", "off"] = "ngram"
+    max_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=32)] = 8  # per sequence and step
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

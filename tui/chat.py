@@ -307,7 +307,10 @@ def _summary(done: Finished) -> str:
         parts.append(f"TTFT {t.ttft_ms:.0f} ms")
     if t.itl_ms:
         parts += [f"ITL {t.itl_ms:.0f} ms", f"{1e3 / t.itl_ms:.1f} tokens/s"]
-    parts += [f"{n} tokens", done.finish_reason]
+    parts.append(f"{n} tokens")
+    if t.draft_n:  # speculative decoding: tokens that came without a step of their own
+        parts.append(f"{t.draft_n_accepted or 0} drafted")
+    parts.append(done.finish_reason)
     return "       [" + " · ".join(parts) + "]"
 
 

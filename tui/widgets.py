@@ -359,6 +359,12 @@ def batch_text(snap: Snapshot) -> Text:
     text.append("█" * p, style="yellow")
     text.append("·" * (width - d - p), style="grey35")
     text.append(f" {decode:.0f}+{prefill:.0f} tok, {duration(st.step_s)}")
+    if st.draft_acceptance is not None:  # speculative decoding drafted in the recent steps
+        per_decode = st.tokens_per_decode or 1.0
+        text.append(
+            f"\ndraft {st.draft_tokens or 0:.0f} rows/step, {st.draft_acceptance:.0%} kept: "
+            f"{per_decode:.2f} tok per decode"
+        )
     return text
 
 

@@ -17,6 +17,9 @@ class BatchItem(NamedTuple):
     start: int  # position of the chunk's first token (== seq.num_computed)
     num_tokens: int
     wants_logits: bool  # the chunk ends at the sequence's last token: sample after it
+    # a decode row's draft (localserve.engine.speculative): these tokens follow its last one in
+    # the batch, every row with logits; num_tokens counts them
+    draft: tuple[int, ...] = ()
 
 
 class Sampled(NamedTuple):
@@ -35,12 +38,35 @@ class Batch:
     items: list[BatchItem] = field(default_factory=list)
     num_decode_tokens: int = 0
     num_prefill_tokens: int = 0
+    num_draft_tokens: int = 0  # drafted tokens riding on decode rows (also rows with logits)
     admitted: list[Sequence] = field(default_factory=list)
     first_admitted: list[Sequence] = field(default_factory=list)  # of those, never preempted
     preempted: list[Sequence] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)  # cancelled, refused or failed
     cell_ops: list[CellOp] = field(default_factory=list)  # for the runner, before it decodes
+    # what the step gave (the scheduler's postprocess): tokens kept, drafted rows verified,
+    # draft tokens accepted, and accepted by position in their draft
+    kept: list[tuple[Sequence, int]] = field(default_factory=list)  # per sequence that drew
+    num_generated: int = 0
+    num_drafts: int = 0
+    num_accepted_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
-        return self.num_decode_tokens + self.num_prefill_tokens
+        return self.num_decode_tokens + self.num_prefill_tokens + self.num_draft_tokens
+
+    @property
+    def num_logit_rows(self) -> int:
+        return sum(item.wants_logits for item in self.items) + self.num_draft_tokens
+
+
+def by_sequence(sampled: list[Sampled]) -> list[tuple[Sequence, list[Sampled]]]:
+    """The runner's draws grouped by sequence, in order (a drafted row gives several)."""
+    groups: list[tuple[Sequence, list[Sampled]]] = []
+    for s in sampled:
+        if groups and groups[-1][0] is s.seq:
+            groups[-1][1].append(s)
+        else:
+            groups.append((s.seq, [s]))
+    return groups

@@ -12,6 +12,9 @@ measured step times, in two parts that stay identifiable:
   step of 3 decodes and 60 prompt tokens took 111 ms, one with 61 took 142 ms (llama.cpp's CPU
   flash attention changes path at 64 rows; docs/benchmarks.md). A bucket not seen yet takes the
   factor of the nearest smaller one seen, so one expensive step teaches every larger size.
+A draft row (speculative decoding: a drafted token riding on a decode row, with logits of its
+own) is priced as a decode token: the engine counts draft rows as decode tokens here, and the
+varied row counts of drafted steps are what keeps `b` identifiable from `a`.
 The engine process's watchdog judges a running step by the model's prediction for it
 (`predict`), and asks `is_measured` whether that prediction rests on a measured step of its
 kind or only on the prior.
@@ -56,6 +59,11 @@ class StepCostModel:
     def theta(self) -> list[float]:
         """(a, b, c): seconds per step, per decode token, per prefill token."""
         return [*self._ab, self._c]
+
+    @property
+    def decode_token_s(self) -> float:
+        """Seconds per decode row (a draft row's price too), kept positive."""
+        return max(self._ab[1], 1e-6)
 
     def predict(self, num_decode: int, num_prefill: int) -> float:
         a, b, _ = self.theta

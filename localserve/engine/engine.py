@@ -93,7 +93,9 @@ class Engine(EngineClient):
         self.kv = KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes)
         budget = min(max_num_batched_tokens or info.n_batch, info.n_batch)
         max_num_seqs = info.max_num_seqs or info.n_seq_max
-        self.scheduler = Scheduler(c, self.kv, max_num_seqs, budget, clock)
+        # drafts need the cache cut back to a prefix (rejected draft cells are trimmed)
+        draft_rows = info.max_draft_rows if runner.supports_prefix_reuse else 0
+        self.scheduler = Scheduler(c, self.kv, max_num_seqs, budget, clock, draft_rows)
         for seq_id in range(info.n_seq_max):  # the pool starts empty: so must the cache
             runner.free_seq(seq_id)
         self.metrics = Metrics(clock, max_model_len=info.n_ctx, prefix_caching=reuse)
@@ -199,7 +201,7 @@ class Engine(EngineClient):
     def _tell_expected(self, batch: Batch) -> None:
         cost, num_decode, num_prefill = (
             self.scheduler.cost,
-            batch.num_decode_tokens,
+            batch.num_decode_tokens + batch.num_draft_tokens,  # draft rows priced as decodes
             batch.num_prefill_tokens,
         )
         predicted = cost.predict(num_decode, num_prefill)
@@ -273,24 +275,34 @@ class Engine(EngineClient):
         events += [self._finish(seq) for seq in batch.finished]
         if batch.items:
             cost = self.scheduler.cost
-            prefill_s = cost.prefill_s(batch.num_decode_tokens, batch.num_prefill_tokens)
-            decode_s, num_sampled = self.runner.timings.decode_s, sum(not s.error for s in sampled)
+            rows = batch.num_decode_tokens + batch.num_draft_tokens
+            prefill_s = cost.prefill_s(rows, batch.num_prefill_tokens)
             self.metrics.on_step(
                 batch.num_decode_tokens,
                 batch.num_prefill_tokens,
                 step_s,
-                decode_s,
+                self.runner.timings.decode_s,
                 prefill_s,
-                num_sampled,
+                batch.num_generated,
+                batch.num_draft_tokens,
+                batch.num_accepted_tokens,
             )
+            if batch.num_drafts:
+                self.metrics.on_drafts(
+                    batch.num_drafts,
+                    batch.num_draft_tokens,
+                    batch.num_accepted_tokens,
+                    batch.accepted_by_position,
+                )
         for s in sampled:
             if s.error:
                 log.error("request %s failed: %s", s.seq.request_id, s.error)
-            else:
-                self.metrics.on_token(s.seq)
-                events.append(Token(s.seq.request_id, s.seq.take_text()))
-            if s.seq.is_finished:
-                events.append(self._finish(s.seq))
+        for seq, kept in batch.kept:
+            if kept:
+                self.metrics.on_token(seq, kept)
+                events.append(Token(seq.request_id, seq.take_text()))
+            if seq.is_finished:
+                events.append(self._finish(seq))
         return events
 
     def _finish(self, seq: Sequence) -> Done:

@@ -214,6 +214,22 @@ class KVPool:
         self.num_committed += extra
         return True
 
+    def spare_cells(self) -> int:
+        """Uncommitted cells above the watermark: what drafts may borrow for one step (they
+        never evict a cached prefix or preempt anyone)."""
+        return max(0, self.num_free - self.num_watermark_cells)
+
+    def settle_draft(self, seq: Sequence, num_ran: int, num_kept: int) -> None:
+        """A drafted row ran `num_ran` tokens (its last one and the draft); the first
+        `num_kept` stand (the accepted tokens of the reply). The cells it committed beyond
+        them are given back, and those llama.cpp filled are trimmed, ahead of anything else
+        in the next batch."""
+        self.computed(seq, num_kept)
+        self.num_committed -= seq.num_cells - seq.num_computed
+        seq.num_cells = seq.num_computed
+        if num_kept < num_ran and seq.seq_id is not None:
+            self._ops.append(CellOp("trim", seq.seq_id, seq.num_computed))
+
     def computed(self, seq: Sequence, num_tokens: int) -> None:
         """Record that `num_tokens` more of the sequence's tokens are now in the cache."""
         seq.num_computed += num_tokens

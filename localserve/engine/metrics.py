@@ -58,6 +58,8 @@ class StepRecord(NamedTuple):
     step_s: float
     decode_s: float  # inside llama_decode
     prefill_s: float  # the cost model's share for the prefill tokens
+    num_draft: int = 0  # draft rows verified (speculative decoding)
+    num_accepted: int = 0  # of those, accepted
 
 
 class Window:
@@ -167,8 +169,10 @@ class Metrics:
             detail += f", {seq.cached_tokens} reused"
         self.event("admitted", seq, detail, at=seq.first_scheduled_time)
 
-    def on_token(self, seq: Sequence) -> None:
-        self.counters.generation_tokens += 1
+    def on_token(self, seq: Sequence, num_tokens: int = 1) -> None:
+        """A step's tokens for one sequence: several when it accepted a draft; one inter-token
+        gap either way (vLLM counts one per step)."""
+        self.counters.generation_tokens += num_tokens
         if seq.last_itl_s is None:
             self._observe(self.ttft, "time_to_first_token_seconds", seq.timings_s()[1])
         else:
@@ -209,6 +213,20 @@ class Metrics:
         detail += f": {seq.error}" if seq.error else ""
         self.event("finished", seq, detail, at=seq.finished_time)
 
+    def on_drafts(
+        self, num_drafts: int, num_draft_tokens: int, num_accepted: int, by_position: list[int]
+    ) -> None:
+        """A step's verified drafts (vLLM's spec_decode series): how many sequences drafted,
+        the tokens drafted and accepted, and accepted by position in the draft."""
+        c = self.counters
+        c.spec_drafts += num_drafts
+        c.spec_draft_tokens += num_draft_tokens
+        c.spec_accepted_tokens += num_accepted
+        per_pos = c.spec_accepted_per_position
+        per_pos += [0] * (len(by_position) - len(per_pos))
+        for j, n in enumerate(by_position):
+            per_pos[j] += n
+
     def on_rejected(self) -> None:
         self.counters.rejections += 1
 
@@ -220,14 +238,25 @@ class Metrics:
         decode_s: float,
         prefill_s: float,
         num_sampled: int | None = None,
+        num_draft: int = 0,
+        num_accepted: int = 0,
     ) -> None:
-        """One step: its token counts, wall time, time in llama_decode, predicted prefill time."""
+        """One step: its token counts, wall time, time in llama_decode, predicted prefill time,
+        and its draft rows and how many of them were accepted."""
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
-        self.histograms["iteration_tokens_total"].observe(num_decode + num_prefill)
+        self.histograms["iteration_tokens_total"].observe(num_decode + num_prefill + num_draft)
         sampled = num_decode if num_sampled is None else num_sampled
         record = StepRecord(
-            self.clock(), num_decode, num_prefill, sampled, step_s, decode_s, prefill_s
+            self.clock(),
+            num_decode,
+            num_prefill,
+            sampled,
+            step_s,
+            decode_s,
+            prefill_s,
+            num_draft,
+            num_accepted,
         )
         self.steps.append(record)
 
@@ -259,6 +288,9 @@ class Metrics:
             return StepStats(0, None, None, None, None, None, prefill_budget)
         n = len(recent)
         total_s = max(sum(s.step_s for s in recent), 1e-9)
+        drafted = sum(s.num_draft for s in recent)
+        decodes = sum(s.num_decode for s in recent)
+        accepted = sum(s.num_accepted for s in recent)
         return StepStats(
             num_steps=self.counters.steps,
             step_s=total_s / n,
@@ -267,6 +299,9 @@ class Metrics:
             prefill_time_share=min(1.0, sum(s.prefill_s for s in recent) / total_s),
             engine_share=max(0.0, 1 - sum(s.decode_s for s in recent) / total_s),
             prefill_budget=prefill_budget,
+            draft_tokens=sum(s.num_draft for s in recent) / n,
+            draft_acceptance=accepted / drafted if drafted else None,
+            tokens_per_decode=1 + accepted / decodes if decodes else None,
         )
 
     def export_histograms(self) -> dict[str, Histogram]:

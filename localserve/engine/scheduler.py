@@ -17,6 +17,11 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    what gives every prompt being prefilled its first token within `ttft_target_ms` of its
    arrival (earliest deadline first): past that point queue time, not smoothness, is what users
    feel. One user's pastes alone never stretch the others' steps.
+5. drafts (speculative decoding, localserve.engine.speculative): decoding sequences whose
+   last tokens occurred before in their own text carry the tokens that followed, verified in
+   this step's batch, in what the step has left within the ITL target, the batch and the
+   free cells, dealt round-robin across users, only where a drafted row is expected to return
+   more tokens than its price buys without drafts.
 The `static` policy admits only when the running set is empty, for comparison.
 """
 
@@ -28,10 +33,18 @@ from collections import deque
 from collections.abc import Callable
 
 from localserve.config import SchedulerConfig
-from localserve.engine.batch import Batch, BatchItem, Sampled
+from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
 from localserve.engine.budget import StepCostModel
 from localserve.engine.kv import KVPool
 from localserve.engine.sequence import FinishReason, Sequence, Status
+from localserve.engine.speculative import (
+    Candidate,
+    DraftCosts,
+    DraftStats,
+    NgramDrafter,
+    num_accepted,
+    plan_drafts,
+)
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -46,7 +59,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         clock: Callable[[], float] = time.monotonic,
+        max_draft_rows: int = 0,
     ) -> None:
+        """`max_draft_rows`: logit rows a step may add for drafts (the runner's room for
+        them; 0 = no speculative decoding)."""
         self.config = config
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -62,6 +78,9 @@ class Scheduler:
         self._cancelled: list[Sequence] = []
         self._quick_step = False  # the last step's prefill was only newly admitted prompts
         self.last_prefill_budget = max_num_batched_tokens
+        on = config.speculative != "off" and config.max_draft_tokens > 0
+        self.max_draft_rows = max_draft_rows if on else 0
+        self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
 
     # --- requests in and out -------------------------------------------------------------
 
@@ -107,23 +126,65 @@ class Scheduler:
         if not batch.preempted:  # cells are short: let running work drain first
             self._admit(batch, now)
         self._schedule_prefill(batch, now)
+        if self.max_draft_rows:
+            self._schedule_drafts(batch)
         batch.cell_ops = self.kv.take_ops()  # everything decided since the last batch
         return batch
 
     def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> None:
         """Account the step: computed cells, sampled tokens, finished and failed sequences."""
-        if batch.num_tokens:
-            self.cost.update(batch.num_decode_tokens, batch.num_prefill_tokens, step_s)
+        if batch.num_tokens:  # a draft row is priced as a decode row
+            rows = batch.num_decode_tokens + batch.num_draft_tokens
+            self.cost.update(rows, batch.num_prefill_tokens, step_s)
+        drafted = {}
         for item in batch.items:
-            self.kv.computed(item.seq, item.num_tokens)
+            if item.draft:
+                drafted[id(item.seq)] = item
+            else:
+                self.kv.computed(item.seq, item.num_tokens)
         now = self.clock()
-        for s in sampled:
+        for seq, draws in by_sequence(sampled):
+            kept = self._append(seq, draws, now)
+            batch.kept.append((seq, kept))
+            batch.num_generated += kept
+            item = drafted.pop(id(seq), None)
+            if item is not None:
+                self._settle_draft(batch, item, draws, kept)
+            if seq.is_finished and seq.finish_reason is not FinishReason.ERROR:
+                self._remove_running(seq, keep=True)  # (a failed one is out already)
+        for item in drafted.values():  # no draw came back for it (cannot happen; be exact)
+            self._settle_draft(batch, item, [], 0)
+
+    def _append(self, seq: Sequence, draws: list[Sampled], now: float) -> int:
+        """A sequence's tokens of this step, in order, until it finishes (a stop string, the
+        end of generation or max_tokens within a draft leaves the rest unused); a failed draw
+        fails that sequence alone. Returns how many tokens it kept."""
+        kept = 0
+        for s in draws:
             if s.error:  # this sequence alone; the rest go on
-                self.fail([s.seq], f"sampling failed for this request: {s.error}")
-                continue
-            s.seq.append_token(s.token, s.piece, s.is_eog, now, s.is_last)
-            if s.seq.is_finished:
-                self._remove_running(s.seq, keep=True)
+                self.fail([seq], f"sampling failed for this request: {s.error}")
+                break
+            seq.append_token(s.token, s.piece, s.is_eog, now, s.is_last, same_step=kept > 0)
+            kept += 1
+            if seq.is_finished:
+                break
+        return kept
+
+    def _settle_draft(self, batch: Batch, item: BatchItem, draws: list[Sampled], kept: int):
+        """A drafted row's cells (the kept tokens stand, the rest are trimmed) and what it
+        teaches about the sequence's drafts."""
+        seq, k = item.seq, len(item.draft)
+        accepted = num_accepted(item.draft, draws)
+        if seq.seq_id is not None:
+            self.kv.settle_draft(seq, item.num_tokens, kept)
+        seq.draft_stats.update(k, accepted)
+        seq.num_draft_tokens += k
+        seq.num_accepted_tokens += accepted
+        batch.num_drafts += 1
+        batch.num_accepted_tokens += accepted
+        batch.accepted_by_position += [0] * (k - len(batch.accepted_by_position))
+        for j in range(accepted):
+            batch.accepted_by_position[j] += 1
 
     def fail(self, seqs: list[Sequence], message: str) -> None:
         """End sequences with an error (an engine fault) and free their cells."""
@@ -235,6 +296,63 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+
+    def _schedule_drafts(self, batch: Batch) -> None:
+        """Drafts for this step's decode rows (localserve.engine.speculative.plan_drafts)."""
+        decodes = batch.items[: batch.num_decode_tokens]  # scheduled first, one row each
+        limit = self.max_num_batched_tokens - batch.num_tokens
+        rows = min(self.max_draft_rows, limit, self.kv.spare_cells())
+        if rows <= 0 or not decodes:
+            return
+        users = list(dict.fromkeys(item.seq.user for item in decodes))
+        turn = self._draft_turn % len(users)
+        self._draft_turn += 1
+        order = {user: (i - turn) % len(users) for i, user in enumerate(users)}
+        candidates, proposals = [], {}
+        for i, item in enumerate(decodes):
+            seq = item.seq
+            k = self._draft_room(seq)
+            if k <= 0:
+                continue
+            if seq.drafter is None:
+                seq.drafter, seq.draft_stats = NgramDrafter(), DraftStats()
+            draft = seq.drafter.propose(seq.tokens, k)
+            if not draft:
+                seq.draft_stats.update(0, 0)
+                continue
+            proposals[i] = draft
+            stats = seq.draft_stats
+            candidates.append(Candidate(i, seq.user, stats.rate, len(draft), stats.may_probe))
+        candidates.sort(key=lambda c: order[c.user])
+        rows_now = batch.num_decode_tokens
+        costs = DraftCosts(
+            step_s=self.cost.predict(rows_now, batch.num_prefill_tokens),
+            num_tokens=rows_now,
+            row_s=self.cost.decode_token_s,
+            limit_s=self.config.itl_target_ms / 1e3,
+        )
+        planned = plan_drafts(candidates, costs, rows)
+        for c in candidates:
+            if c.key not in planned:
+                decodes[c.key].seq.draft_stats.update(0, 0)  # a step without a draft
+        for i, n in planned.items():
+            item = decodes[i]
+            if not self.kv.ensure(item.seq, item.seq.num_computed + 1 + n):
+                continue  # (spare_cells said there was room: cannot happen)
+            batch.items[i] = item._replace(num_tokens=1 + n, draft=tuple(proposals[i][:n]))
+            batch.num_draft_tokens += n
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """How many draft tokens the sequence may carry: none under a grammar (its matcher
+        cannot take tokens back), none past max_tokens or the context."""
+        if seq.params.constraint is not None:
+            return 0
+        room = min(
+            self.config.max_draft_tokens,
+            seq.params.max_tokens - seq.num_output_tokens - 1,
+            seq.max_total_tokens - len(seq.tokens) - 1,
+        )
+        return room
 
     def _prefill_budget(self, num_decode: int, prefills: list[Sequence], now: float) -> int:
         """The step's prompt tokens: what is left of the batch; while anyone decodes (continuous

@@ -64,6 +64,10 @@ class Sequence:
         "num_system",
         "system_tokens",
         "system_is_global",
+        "drafter",
+        "draft_stats",
+        "num_draft_tokens",
+        "num_accepted_tokens",
     )
 
     def __init__(
@@ -100,6 +104,11 @@ class Sequence:
         self.num_system = 0
         self.system_tokens = 0
         self.system_is_global = False
+        # speculative decoding (localserve.engine.speculative): made at its first drafted step
+        self.drafter = None
+        self.draft_stats = None
+        self.num_draft_tokens = 0  # drafted tokens verified for it, and those accepted
+        self.num_accepted_tokens = 0
         self.sampler = None  # runner-owned sampling state
         self.stream = TextStream(params.all_stops, params.strip_space)
         self.unsent = ""  # text released by the stream, not yet taken by an event
@@ -150,13 +159,21 @@ class Sequence:
         self.num_preemptions += 1
 
     def append_token(
-        self, token: int, piece: bytes, is_eog: bool, now: float, is_last: bool = False
+        self,
+        token: int,
+        piece: bytes,
+        is_eog: bool,
+        now: float,
+        is_last: bool = False,
+        same_step: bool = False,
     ) -> None:
         """Accept a sampled token; the text it releases waits in `unsent`. `is_last`: the
-        request's grammar allows nothing after it, so the reply ends here ("stop")."""
+        request's grammar allows nothing after it, so the reply ends here ("stop").
+        `same_step`: another token of this step came before it (an accepted draft): the gap
+        before the step stays the latest inter-token latency, as vLLM counts one per step."""
         if self.first_token_time is None:
             self.first_token_time = now
-        else:
+        elif not same_step:
             self.last_itl_s = now - self.last_token_time
         self.last_token_time = now
         self.tokens.append(token)
@@ -202,4 +219,8 @@ class Sequence:
     def timings(self) -> dict[str, float]:
         """The `done` frame's timings in milliseconds (itl_ms is the mean gap, i.e. TPOT)."""
         queue, ttft, e2e, tpot = (x * 1e3 for x in self.timings_s())
-        return {"queue_ms": queue, "ttft_ms": ttft, "itl_ms": tpot, "e2e_ms": e2e}
+        timings = {"queue_ms": queue, "ttft_ms": ttft, "itl_ms": tpot, "e2e_ms": e2e}
+        if self.num_draft_tokens:  # llama-server's names for them
+            timings["draft_n"] = float(self.num_draft_tokens)
+            timings["draft_n_accepted"] = float(self.num_accepted_tokens)
+        return timings

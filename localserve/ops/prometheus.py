@@ -92,6 +92,15 @@ METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], fl
      lambda s, c, a: c.errors),
     ("engine_steps_total", "counter", "Engine iterations.",
      lambda s, c, a: c.steps),
+    ("spec_decode_num_drafts_total", "counter",
+     "Speculative decoding: decode rows that carried a draft.",
+     lambda s, c, a: c.spec_drafts),
+    ("spec_decode_num_draft_tokens_total", "counter",
+     "Speculative decoding: draft tokens verified.",
+     lambda s, c, a: c.spec_draft_tokens),
+    ("spec_decode_num_accepted_tokens_total", "counter",
+     "Speculative decoding: draft tokens accepted.",
+     lambda s, c, a: c.spec_accepted_tokens),
     ("auth_failures_total", "counter", "Failed authentications (hello, subscribe, /metrics).",
      lambda s, c, a: a.failures),
     ("auth_throttled_total", "counter",
@@ -137,6 +146,7 @@ def render(
     for s, label in zip(snaps, labels, strict=True):
         for reason, count in FINISHED_REASONS.items():
             out.append(f'{success}{{{label},finished_reason="{reason}"}} {count(s.counters)}')
+    out += _accepted_per_position(snaps, labels)
     for name, help_text in HISTOGRAMS.items():
         present = [(s, lb) for s, lb in zip(snaps, labels, strict=True) if name in s.histograms]
         for i, (s, label) in enumerate(present):  # an older engine's snapshot may lack some
@@ -144,6 +154,20 @@ def render(
             out += lines if i == 0 else lines[2:]
     out += _model_states(models or [])
     return "\n".join(out) + "\n"
+
+
+def _accepted_per_position(snaps: list[Snapshot], labels: list[str]) -> list[str]:
+    """vLLM's spec_decode_num_accepted_tokens_per_pos: accepted draft tokens by their position
+    in the draft (0 first), one series per position drafted so far."""
+    name = PREFIX + "spec_decode_num_accepted_tokens_per_pos_total"
+    out = [
+        f"# HELP {name} Speculative decoding: draft tokens accepted, by position in the draft.",
+        f"# TYPE {name} counter",
+    ]
+    for s, label in zip(snaps, labels, strict=True):
+        for pos, count in enumerate(s.counters.spec_accepted_per_position):
+            out.append(f'{name}{{{label},position="{pos}"}} {count}')
+    return out
 
 
 class ModelState(NamedTuple):

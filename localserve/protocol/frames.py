@@ -152,6 +152,10 @@ class Timings(msgspec.Struct, omit_defaults=True):
     itl_ms: float | None
     e2e_ms: float | None
     load_ms: float | None = None  # its model was loaded first: this long (in the three above)
+    # speculative decoding: draft tokens verified for it and those accepted (llama-server's
+    # names); absent when it drafted nothing
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
 
 class Finished(msgspec.Struct, tag="done"):

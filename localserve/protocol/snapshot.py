@@ -40,6 +40,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     n_threads: int
     chat_template: str
     max_num_seqs: int = 0  # sequences decoded together (0 in frames from older servers)
+    max_draft_rows: int = 0  # logit rows a step may add for drafts (0: no speculative decoding)
     devices: tuple[Device, ...] = ()  # where the layers are (empty: all on the CPU)
 
 
@@ -101,6 +102,11 @@ class StepStats(msgspec.Struct):
     prefill_time_share: float | None  # share of step time predicted for prefill work
     engine_share: float | None  # share of step time outside llama_decode (Python + sampling)
     prefill_budget: int  # the adaptive budget of the last step
+    # speculative decoding over the same steps: mean draft rows per step, the share of draft
+    # tokens accepted (None: no drafts), tokens generated per decode row (1 without drafts)
+    draft_tokens: float | None = None
+    draft_acceptance: float | None = None
+    tokens_per_decode: float | None = None
 
 
 class Counters(msgspec.Struct):
@@ -122,6 +128,12 @@ class Counters(msgspec.Struct):
     finished_stop: int = 0
     finished_length: int = 0
     prefix_cache_queries: int = 0  # prompt tokens of first admissions, while prefix caching is on
+    # speculative decoding (vLLM's spec_decode series): decode rows that carried a draft, the
+    # draft tokens verified, those accepted, and accepted by position in the draft (0 first)
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = msgspec.field(default_factory=list)
 
 
 class EventRow(msgspec.Struct):

@@ -7,6 +7,12 @@ last sequence lets go), and more than n_batch tokens or max_num_seqs logit rows 
 real process (here an AssertionError). Each step advances a fake clock by a linear cost model,
 so timing logic is testable without sleeping.
 
+Its "model" picks each next token from the previous token and the position; with `repeats` it
+instead repeats its prompt (but for every `repeats`-th position), so n-gram drafts are mostly
+right; with `sampled` its rows are distributions drawn from by the request's own numpy sampler
+(`runners.sampling.Sampler`, seeded), for tests of the sampled path. A drafted row is verified
+as the llama.cpp runner verifies it (`verify_draft`).
+
 Tested in tests/unit/engine/test_scheduler.py and tests/unit/engine/test_engine.py.
 """
 
@@ -20,9 +26,10 @@ import numpy as np
 from localserve.engine.batch import Batch, Sampled
 from localserve.engine.runner import KVCacheFull, RunTimings, apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.speculative import verify_draft
 from localserve.protocol.snapshot import ModelInfo
 from localserve.runners.grammar import Constrained, GrammarEngine, sample_constrained
-from localserve.runners.sampling import SamplingError
+from localserve.runners.sampling import Sampler, SamplingError
 
 EOG = 1
 BOS = 2
@@ -63,6 +70,9 @@ class FakeRunner:
     supports_prefix_reuse: bool = True
     failing_requests: set[str] = field(default_factory=set)  # their sampling fails (a fault)
     template_source: str | None = None  # a chat template's text, for the formats it shows
+    max_draft_rows: int = 0  # logit rows a step may add for drafts (0: no speculative decoding)
+    repeats: int = 0  # > 0: the model repeats its prompt, but for every repeats-th position
+    sampled: bool = False  # rows are distributions over 4 tokens, drawn by the request's sampler
 
     def __post_init__(self) -> None:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max
@@ -83,6 +93,7 @@ class FakeRunner:
             n_threads=1,
             chat_template="fake",
             max_num_seqs=self.max_num_seqs,
+            max_draft_rows=self.max_draft_rows,
         )
 
     # --- text ------------------------------------------------------------------------------
@@ -108,7 +119,7 @@ class FakeRunner:
     def new_sampler(self, params: SamplingParams) -> Any:
         self.num_samplers += 1
         if params.constraint is None:
-            return {"seed": params.seed}
+            return Sampler(params) if self.sampled else {"seed": params.seed}
         if self._grammar is None:
             self._grammar = GrammarEngine(self._grammar_tokenizer, self.n_vocab)
         return self._grammar.new_sampler({"seed": params.seed}, params.constraint)
@@ -147,13 +158,15 @@ class FakeRunner:
             return []
         assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
         rows = [item for item in batch.items if item.wants_logits]
-        assert len(rows) <= self.max_num_seqs, "llama.cpp would abort: outputs > n_outputs_max"
+        max_rows = self.max_num_seqs + self.max_draft_rows
+        assert batch.num_logit_rows <= max_rows, "llama.cpp would abort: outputs > n_outputs_max"
         if self.num_cells_in_use + batch.num_tokens > self.n_ctx:
             raise KVCacheFull("fake: no free cells")
-        for seq, start, k, _ in batch.items:
+        for seq, start, k, *_ in batch.items:
             self._place(seq.seq_id, start, k)
         a, b, c = self.step_cost
-        decode_s = a + b * batch.num_decode_tokens + c * batch.num_prefill_tokens
+        num_rows = batch.num_decode_tokens + batch.num_draft_tokens
+        decode_s = a + b * num_rows + c * batch.num_prefill_tokens
         self.timings = RunTimings(decode_s=decode_s)
         self.clock.now += decode_s
         self.steps.append(
@@ -168,7 +181,13 @@ class FakeRunner:
         for item in rows:  # as the llama.cpp runner: masks computed while it "decodes"
             if isinstance(item.seq.sampler, Constrained):
                 item.seq.sampler.prepare()
-        return [self._sample(item) for item in rows]
+        sampled = []
+        for item in rows:
+            if item.draft:
+                sampled += verify_draft(item.draft, lambda j, i=item: self._sample(i, j))
+            else:
+                sampled.append(self._sample(item))
+        return sampled
 
     def _place(self, seq_id: int, start: int, k: int) -> None:
         """New cells for positions [start, start + k), which must continue the sequence."""
@@ -181,10 +200,17 @@ class FakeRunner:
             self.refs[self._next_cell] = 1
             self._next_cell += 1
 
-    def _sample(self, item) -> Sampled:
-        if item.seq.request_id in self.failing_requests:
-            return Sampled(item.seq, error="fake: the logits are not finite")
-        token = self._next_token(item.seq.tokens[-1], item.start + item.num_tokens)
+    def _sample(self, item, row: int | None = None) -> Sampled:
+        """The token after the item's last token, or after its `row`-th token (a draft)."""
+        seq = item.seq
+        if seq.request_id in self.failing_requests:
+            return Sampled(seq, error="fake: the logits are not finite")
+        if row is None:
+            last, position = seq.tokens[-1], item.start + item.num_tokens
+        else:  # row 0 follows the sequence's last token, row j the draft's j-th
+            last = seq.tokens[item.start] if row == 0 else item.draft[row - 1]
+            position = item.start + row + 1
+        token = self._next_token(last, position, seq)
         sampler, is_last = item.seq.sampler, False
         if isinstance(sampler, Constrained):  # its own token if allowed, else the first allowed
             logits = np.zeros(self.n_vocab, dtype=np.float32)
@@ -195,10 +221,22 @@ class FakeRunner:
                 return Sampled(item.seq, error=str(e))
         return Sampled(item.seq, token, self.piece(token), token == EOG, is_last=is_last)
 
-    def _next_token(self, last: int, position: int) -> int:
+    def _next_token(self, last: int, position: int, seq=None) -> int:
+        """The model's token at `position` after `last` (with `sampled`, drawn by the
+        sequence's sampler from a distribution that favours that token)."""
         if self.eog_every and (last + position) % self.eog_every == 0:
             return EOG
-        return FIRST_WORD + (last * 31 + position * 17 + 7) % (self.n_vocab - FIRST_WORD)
+        token = FIRST_WORD + (last * 31 + position * 17 + 7) % (self.n_vocab - FIRST_WORD)
+        if self.repeats and seq is not None and position % self.repeats:
+            n = seq.num_prompt_tokens - 1  # the prompt after its BOS, over and over
+            token = seq.tokens[1 + (position - seq.num_prompt_tokens) % n] if n > 0 else token
+        if self.sampled and seq is not None and isinstance(seq.sampler, Sampler):
+            logits = np.full(self.n_vocab, -np.inf, dtype=np.float32)
+            others = [FIRST_WORD + (token + i * 7) % (self.n_vocab - FIRST_WORD) for i in (1, 2, 3)]
+            logits[others] = 0.0  # each a ninth as likely as `token`
+            logits[token] = np.log(9.0, dtype=np.float32)
+            return seq.sampler.sample(logits)
+        return token
 
     # --- memory ----------------------------------------------------------------------------
 

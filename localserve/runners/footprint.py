@@ -19,7 +19,8 @@ Three parts, each as llama.cpp (the 0.3.36 vendored sources) sizes it:
   (n_kv x n_ubatch f16, one per attention kind, alive through the layers), a layer's
   feed-forward (gate and up, n_ubatch x n_ff floats each, beside the hidden state), without
   flash attention the scores (n_head x n_kv x n_ubatch floats; the softmax reuses them), and
-  the logits (n_seq_max rows of n_vocab floats: localserve sets n_outputs_max = n_seq_max).
+  the logits (n_vocab floats per row: localserve sets n_outputs_max to a row per running
+  sequence and per draft row, at least n_seq_max; `logit_rows`).
   Which of them are alive at the widest moment depends on the graph: measured on the embedded
   model (docs/benchmarks.md), the buffer was the logits alone at n_ctx 4096 and the masks plus
   the feed-forward plus the logits at n_ctx 16384. So the estimate counts them all at once: an
@@ -222,10 +223,16 @@ def kv_bytes(s: Shape, cfg: ModelConfig, n_cells: int, n_gpu: int = 0, swa_full:
     return device, host
 
 
+def logit_rows(cfg: ModelConfig) -> int:
+    """llama.cpp's n_outputs_max: a row per running sequence and per draft row, and at least
+    n_seq_max (llama.cpp asserts it)."""
+    return max(cfg.max_num_seqs + cfg.max_cached_prefixes, cfg.max_num_seqs + cfg.draft_rows)
+
+
 def compute_bytes(s: Shape, cfg: ModelConfig, n_cells: int) -> int:
     """The graph's buffer (an upper bound) plus the output buffer: the module's docstring."""
     n_ubatch = cfg.max_num_batched_tokens
-    logits = (cfg.max_num_seqs + cfg.max_cached_prefixes) * s.n_vocab * 4  # n_seq_max rows
+    logits = logit_rows(cfg) * s.n_vocab * 4
     masks = (2 if s.swa_layers else 1) * n_cells * n_ubatch * 2
     hidden = n_ubatch * s.n_embd * 4
     ffn = 2 * n_ubatch * s.n_ff * 4 + 2 * hidden

@@ -24,8 +24,10 @@ from localserve.config import ConfigError, ModelConfig, is_template_file
 from localserve.engine.batch import Batch, Sampled
 from localserve.engine.runner import DecodeError, KVCacheFull, RunTimings, apply_cell_ops
 from localserve.engine.sampling_params import MIN_TEMPERATURE, SamplingParams
+from localserve.engine.speculative import verify_draft
 from localserve.protocol.snapshot import ModelInfo
 from localserve.runners import rpc
+from localserve.runners.footprint import logit_rows
 from localserve.runners.grammar import Constrained, GrammarEngine
 from localserve.runners.placement import describe, parse_log, split_devices
 from localserve.runners.sampling import Sampler, SamplingError
@@ -264,12 +266,15 @@ class LlamaRunner(_TokenText):
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)  # padded: read back the real values
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self.n_seq_max = llama_cpp.llama_n_seq_max(self.ctx)  # running + cached prefixes
-        self.n_outputs_max = cfg.max_num_seqs  # logit rows the engine ever asks for
-        # recurrent state cannot be cut back to a prefix: no prefix reuse for those models
+        # recurrent state cannot be cut back to a prefix: no prefix reuse for those models,
+        # and no drafts (rejected draft cells are trimmed)
         self.supports_prefix_reuse = not (
             llama_cpp.llama_model_is_recurrent(self.model)
             or llama_cpp.llama_model_is_hybrid(self.model)
         )
+        self.max_draft_rows = cfg.draft_rows if self.supports_prefix_reuse else 0
+        # logit rows the engine ever asks for: one per running sequence, and the draft rows
+        self.n_outputs_max = cfg.max_num_seqs + self.max_draft_rows
         self._load_template(self.model, cfg)
         self.info = self._describe(name, cfg)
         self._eog_ids = np.array(
@@ -300,8 +305,9 @@ class LlamaRunner(_TokenText):
         # sequence ids for the running set and for cached prefixes; only running ones sample
         p.n_seq_max = cfg.max_num_seqs + cfg.max_cached_prefixes
         # the default reserves n_ubatch rows of logits (514 MiB with Gemma's vocabulary);
-        # llama.cpp asserts at least n_seq_max rows, though only running sequences sample
-        p.n_outputs_max = p.n_seq_max
+        # llama.cpp asserts at least n_seq_max rows, though only running sequences (and their
+        # drafts) sample
+        p.n_outputs_max = logit_rows(cfg)
         p.kv_unified = True
         p.swa_full = True  # keep whole histories in sliding-window layers
         p.n_threads, p.n_threads_batch = n_threads, n_threads_batch
@@ -382,6 +388,7 @@ class LlamaRunner(_TokenText):
             n_threads=cfg.threads()[0],
             chat_template=cfg.chat_template or _describe_template(self),
             max_num_seqs=cfg.max_num_seqs,
+            max_draft_rows=self.max_draft_rows,
             # empty unless the layers are split or off the CPU
             devices=split_devices(self.placement, {d.name: d.description for d in rpc.devices()}),
         )
@@ -506,13 +513,14 @@ class LlamaRunner(_TokenText):
     # --- the step --------------------------------------------------------------------------
 
     def run(self, batch: Batch) -> list[Sampled]:
-        """Apply the cell operations, fill the llama_batch, decode, sample the logit rows."""
+        """Apply the cell operations, fill the llama_batch, decode, sample the logit rows (a
+        drafted row: its rows in order while they agree with the draft, `verify_draft`)."""
         apply_cell_ops(self, batch.cell_ops)
         if not batch.items:
             return []
         start = time.perf_counter()
         rows = self._fill(batch)
-        for _, seq in rows:  # constrained rows: their masks are computed during the decode
+        for _, seq, _ in rows:  # constrained rows: their masks are computed during the decode
             if isinstance(seq.sampler, Constrained):
                 seq.sampler.prepare()
         filled = time.perf_counter()
@@ -522,26 +530,40 @@ class LlamaRunner(_TokenText):
             raise KVCacheFull("llama_decode: no free KV cells for this batch")
         if rc != 0:
             raise DecodeError(f"llama_decode returned {rc}")
-        sampled = [self._sample(row, seq) for row, seq in rows]
+        sampled = []
+        for row, seq, draft in rows:
+            if draft:
+                sampled += verify_draft(draft, lambda j, r=row, q=seq: self._sample(r + j, q))
+            else:
+                sampled.append(self._sample(row, seq))
         self.timings = RunTimings(filled - start, decoded - filled, time.perf_counter() - decoded)
         return sampled
 
-    def _fill(self, batch: Batch) -> list[tuple[int, object]]:
+    def _fill(self, batch: Batch) -> list[tuple[int, object, tuple[int, ...]]]:
+        """The llama_batch; returns (first logit row, sequence, draft) per item that samples."""
         if batch.num_tokens > self.n_batch:  # llama.cpp would abort the process
             raise ValueError(f"batch of {batch.num_tokens} tokens exceeds n_batch {self.n_batch}")
+        if batch.num_logit_rows > self.n_outputs_max:  # the other abort
+            raise ValueError(
+                f"{batch.num_logit_rows} logit rows exceed n_outputs_max {self.n_outputs_max}"
+            )
         n = 0
         rows = []
-        for seq, start, k, wants_logits in batch.items:
-            self._tok[n : n + k] = seq.tokens[start : start + k]
+        for seq, start, k, wants_logits, draft in batch.items:
+            if draft:  # its last token, then the draft: every row samples
+                self._tok[n] = seq.tokens[start]
+                self._tok[n + 1 : n + k] = draft
+                self._logits[n : n + k] = 1
+                rows.append((n, seq, draft))
+            else:
+                self._tok[n : n + k] = seq.tokens[start : start + k]
+                self._logits[n : n + k] = 0
+                if wants_logits:
+                    self._logits[n + k - 1] = 1
+                    rows.append((n + k - 1, seq, ()))
             self._pos[n : n + k] = self._positions[start : start + k]
             self._seq[n : n + k] = seq.seq_id
-            self._logits[n : n + k] = 0
             n += k
-            if wants_logits:
-                self._logits[n - 1] = 1
-                rows.append((n - 1, seq))
-        if len(rows) > self.n_outputs_max:  # the other abort
-            raise ValueError(f"{len(rows)} logit rows exceed n_outputs_max {self.n_outputs_max}")
         self._batch.n_tokens = n
         return rows
 

@@ -1,0 +1,347 @@
+"""Speculative decoding: n-gram drafts, their verification, which drafts a step carries, and
+the engine on the fake runner with drafts on and off (same replies, fewer steps, exact ends)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from localserve.config import SchedulerConfig
+from localserve.engine.batch import Sampled
+from localserve.engine.engine import Engine
+from localserve.engine.events import Token
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.sequence import Sequence
+from localserve.engine.speculative import (
+    Candidate,
+    DraftCosts,
+    DraftStats,
+    NgramDrafter,
+    num_accepted,
+    plan_drafts,
+    verify_draft,
+)
+from localserve.runners.fake import FakeRunner
+from localserve.runners.sampling import Sampler
+from tests.support.harness import Harness
+
+OFF = SchedulerConfig(speculative="off")
+ON = SchedulerConfig()
+
+# --- the drafter --------------------------------------------------------------------------------
+
+
+def test_a_draft_is_what_followed_the_latest_earlier_occurrence_of_the_last_tokens():
+    d = NgramDrafter()
+    tokens = [5, 1, 2, 3, 4, 9, 1, 2, 3, 7, 8, 1, 2]
+    # "1 2" occurred at 1 and 6 (and ends the sequence): the latest earlier one continues 3 7 8
+    assert d.propose(tokens, 3) == [3, 7, 8]
+    assert d.propose(tokens, 1) == [3]
+    tokens += [3]  # "1 2 3": the longest suffix seen before wins (3-gram at 6 -> 7 8 1)
+    assert d.propose(tokens, 3) == [7, 8, 1]
+
+
+def test_the_longest_matching_suffix_wins_over_a_later_shorter_one():
+    d = NgramDrafter()
+    tokens = [1, 2, 3, 4, 50, 9, 3, 4, 60, 1, 2, 3, 4]
+    # the 4-gram "1 2 3 4" occurred once, at 0 (continues 50); "3 4" more recently (-> 60)
+    assert d.propose(tokens, 2) == [50, 9]
+
+
+def test_no_draft_without_an_earlier_occurrence_nor_from_the_suffix_itself():
+    assert NgramDrafter().propose([1, 2, 3, 4], 4) == []
+    assert NgramDrafter().propose([7, 7], 4) == []  # the only "7 7" is the suffix itself
+    assert NgramDrafter().propose([7, 7, 7], 4) == [7]  # "7 7" at 0 continues with a 7
+    assert NgramDrafter().propose([1, 2, 1, 2], 0) == []
+
+
+def test_the_index_grows_with_the_sequence_and_matches_a_fresh_one():
+    rng = np.random.default_rng(3)
+    tokens = [int(t) for t in rng.integers(0, 6, 300)]
+    grown = NgramDrafter()
+    for n in range(2, len(tokens)):
+        assert grown.propose(tokens[:n], 5) == NgramDrafter().propose(tokens[:n], 5)
+
+
+# --- what a sequence learns ---------------------------------------------------------------------
+
+
+def test_acceptance_rises_with_accepted_drafts_falls_with_rejected_and_drifts_back():
+    stats = DraftStats()
+    prior = stats.rate
+    for _ in range(5):
+        stats.update(4, 4)
+    assert stats.rate > 0.85
+    bad = DraftStats()
+    for _ in range(8):
+        bad.update(4, 0)
+    assert bad.rate < 0.2
+    before = bad.rate
+    for _ in range(30):  # steps without drafts: back towards the prior, so it is probed again
+        bad.update(0, 0)
+    assert before < bad.rate < prior + 1e-9 and bad.rate > 0.4
+
+
+# --- which drafts a step carries ----------------------------------------------------------------
+
+
+def _costs(step_s=0.014, tokens=1, row_s=0.005, limit_s=0.12) -> DraftCosts:
+    return DraftCosts(step_s, tokens, row_s, limit_s)
+
+
+def test_a_sequence_whose_drafts_are_accepted_drafts_long_and_one_that_fails_not_at_all():
+    good = Candidate("good", "ann", 0.95, 8)
+    bad = Candidate("bad", "bob", 0.1, 8)
+    plan = plan_drafts([good, bad], _costs(step_s=0.03, tokens=2), 64)
+    assert plan.get("good", 0) >= 6 and "bad" not in plan
+
+
+def test_drafts_back_off_by_themselves_on_a_large_batch():
+    rate = 0.7
+    one = plan_drafts([Candidate(0, "ann", rate, 8)], _costs(0.014, 1), 64)
+    # 16 decodes in a 74 ms step: a token costs 4.6 ms of step; a 5 ms row must return more
+    many = [Candidate(i, f"u{i}", rate, 8) for i in range(16)]
+    crowded = plan_drafts(many, _costs(0.074, 16), 64)
+    assert sum(one.values()) >= 2 and sum(crowded.values()) == 0
+
+
+def test_drafts_stay_within_the_itl_target_and_the_rows_the_runner_has():
+    many = [Candidate(i, f"u{i}", 0.99, 8) for i in range(8)]
+    plan = plan_drafts(many, _costs(0.05, 8, row_s=0.005, limit_s=0.1), 64)
+    assert sum(plan.values()) == 10  # 50 ms + 10 rows x 5 ms = the 100 ms target
+    assert sum(plan_drafts(many, _costs(0.05, 8, limit_s=10), 12).values()) == 12
+
+
+def test_one_users_eight_streams_get_no_more_draft_rows_than_another_users_one():
+    heavy = [Candidate(("ann", i), "ann", 0.95, 8) for i in range(8)]
+    light = [Candidate(("bob", 0), "bob", 0.95, 8)]
+    plan = plan_drafts(heavy + light, _costs(0.06, 9, row_s=0.001, limit_s=1.0), 12)
+    ann = sum(n for key, n in plan.items() if key[0] == "ann")
+    assert plan[("bob", 0)] == 6 and ann == 6
+
+
+def test_the_candidates_order_says_which_user_goes_first_when_rows_are_odd():
+    a, b = Candidate("a", "ann", 0.9, 8), Candidate("b", "bob", 0.9, 8)
+    assert plan_drafts([a, b], _costs(limit_s=1.0), 3) == {"a": 2, "b": 1}
+    assert plan_drafts([b, a], _costs(limit_s=1.0), 3) == {"b": 2, "a": 1}
+
+
+# --- verification -------------------------------------------------------------------------------
+
+
+def _draws(tokens, eog=()):
+    seq = Sequence("r", [1], SamplingParams())
+    return lambda j: Sampled(seq, tokens[j], b"", tokens[j] in eog)
+
+
+def test_the_agreeing_prefix_and_the_targets_own_next_token_are_kept():
+    kept = verify_draft((5, 6, 7), _draws([5, 6, 9, 0]))
+    assert [s.token for s in kept] == [5, 6, 9]
+    assert num_accepted((5, 6, 7), kept) == 2
+    whole = verify_draft((5, 6), _draws([5, 6, 8]))
+    assert [s.token for s in whole] == [5, 6, 8] and num_accepted((5, 6), whole) == 2
+    none = verify_draft((5, 6), _draws([4, 6, 8]))
+    assert [s.token for s in none] == [4] and num_accepted((5, 6), none) == 0
+
+
+def test_the_end_of_generation_inside_a_draft_ends_the_kept_tokens():
+    kept = verify_draft((5, 1, 7), _draws([5, 1, 7, 8], eog={1}))
+    assert [s.token for s in kept] == [5, 1]
+
+
+def test_a_failed_draw_ends_the_kept_tokens():
+    seq = Sequence("r", [1], SamplingParams())
+    rows = [Sampled(seq, 5), Sampled(seq, error="nan")]
+    kept = verify_draft((5, 6), lambda j: rows[j])
+    assert len(kept) == 2 and kept[-1].error and num_accepted((5, 6), kept) == 1
+
+
+def test_sampled_verification_keeps_the_target_distribution():
+    """The rejection rule for a one-token draft d: accept with p(d), else a token drawn from p
+    without d. Drawn with the request's own numpy sampler, temperature 1, a fixed seed."""
+    p = np.array([0.3, 0.4, 0.2, 0.1])
+    logits = np.log(p).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7))
+    seq = Sequence("r", [1], SamplingParams())
+
+    def draw(j):
+        return Sampled(seq, sampler.sample(logits.copy()))
+
+    n, draft = 20_000, (0,)
+    accepted, rejected = 0, Counter()
+    for _ in range(n):
+        kept = verify_draft(draft, draw)
+        if num_accepted(draft, kept):
+            accepted += 1
+        else:
+            rejected[kept[0].token] += 1
+    # acceptance: binomial(n, 0.3) within 4 standard deviations
+    assert abs(accepted - n * p[0]) < 4 * math.sqrt(n * p[0] * (1 - p[0]))
+    # the rejected tokens follow p without d, renormalised: chi-square, 2 degrees of freedom
+    total = sum(rejected.values())
+    expected = {t: total * p[t] / (1 - p[0]) for t in (1, 2, 3)}
+    chi2 = sum((rejected[t] - e) ** 2 / e for t, e in expected.items())
+    assert rejected[0] == 0 and chi2 < 13.8  # p = 0.001
+
+
+# --- the engine on the fake runner --------------------------------------------------------------
+
+
+def _replies(config, prompts, max_tokens=24, users=None, rows=32, **runner_kw):
+    runner = FakeRunner(max_draft_rows=rows, repeats=runner_kw.pop("repeats", 7), **runner_kw)
+    h = Harness(runner, config)
+    for i, n in enumerate(prompts):
+        h.add(f"r{i}", n, max_tokens, user=(users or {}).get(i, f"user{i % 3}"))
+    h.run()
+    h.assert_drained()
+    done = {f"r{i}": h.done(f"r{i}") for i in range(len(prompts))}
+    return {rid: (h.text(rid), d.finish_reason, d.completion_tokens) for rid, d in done.items()}, h
+
+
+def test_greedy_replies_are_the_same_token_for_token_with_drafts_on_and_off_in_fewer_steps():
+    prompts = [12, 40, 25, 60, 33]
+    off, h_off = _replies(OFF, prompts, max_tokens=40)
+    on, h_on = _replies(ON, prompts, max_tokens=40)
+    assert on == off
+    snap = h_on.engine.snapshot().result()
+    assert snap.counters.spec_drafts > 0 and snap.counters.spec_accepted_tokens > 0
+    assert snap.counters.generation_tokens == sum(n for *_, n in on.values())
+    assert len(h_on.runner.steps) < len(h_off.runner.steps)
+    assert h_off.engine.snapshot().result().counters.spec_drafts == 0
+
+
+def test_a_reply_that_repeats_its_prompt_takes_a_fraction_of_the_steps():
+    off, h_off = _replies(OFF, [80], max_tokens=100, repeats=1000)
+    on, h_on = _replies(ON, [80], max_tokens=100, repeats=1000)
+    assert on == off
+    assert len(h_on.runner.steps) < 0.4 * len(h_off.runner.steps)
+    per_pos = h_on.engine.snapshot().result().counters.spec_accepted_per_position
+    assert len(per_pos) == ON.max_draft_tokens and per_pos == sorted(per_pos, reverse=True)
+
+
+def test_stop_strings_eos_and_max_tokens_end_a_drafted_reply_where_they_would_without():
+    prompts = [20, 31, 45]
+    for kw in ({"stop": ("w500",)}, {}, {"max_tokens": 9}):
+        for eog_every in (None, 37):
+            cfg = dict(repeats=5, eog_every=eog_every)
+            off, _ = _replies(OFF, prompts, max_tokens=kw.get("max_tokens", 30), **cfg)
+            on, h = _replies(ON, prompts, max_tokens=kw.get("max_tokens", 30), **cfg)
+            assert on == off, (kw, eog_every)
+
+
+def test_a_stop_string_inside_an_accepted_draft_trims_the_cells_past_it():
+    runner = FakeRunner(max_draft_rows=32, repeats=100)
+    h = Harness(runner, ON)
+    prompt = [2] + [10 + i * 3 for i in range(30)]
+    stop = f"w{prompt[16]}"  # the reply repeats the prompt: this word is its 16th token
+    h.engine.add_request("b", prompt, SamplingParams(max_tokens=60, temperature=0, stop=(stop,)))
+    h.run()
+    done = h.done("b")
+    assert done.finish_reason == "stop" and done.completion_tokens == 16
+    assert h.engine.snapshot().result().counters.spec_accepted_tokens >= 10
+    assert not h.text("b").endswith(stop)
+    h.assert_drained()  # the cached prefix holds exactly its computed tokens, as the cache
+
+
+def test_drafted_replies_survive_preemption_and_cancellation_exactly():
+    prompts = [60, 60, 60, 60]
+    off, _ = _replies(OFF, prompts, max_tokens=50, n_ctx=300)
+    on, h = _replies(ON, prompts, max_tokens=50, n_ctx=300)
+    assert on == off
+    assert h.engine.snapshot().result().counters.preemptions > 0
+    runner = FakeRunner(max_draft_rows=32, repeats=7)
+    hc = Harness(runner, ON)
+    hc.add("a", 40, max_tokens=200)
+    hc.add("b", 40, max_tokens=30)
+    for _ in range(6):
+        hc.step()
+    hc.engine.cancel("a")
+    hc.run()
+    assert hc.done("a").finish_reason == "cancelled" and hc.done("b").finish_reason == "length"
+    assert hc.done("b").completion_tokens == 30
+    hc.assert_drained()
+
+
+def test_usage_and_timings_count_every_token_and_say_what_the_drafts_did():
+    on, h = _replies(ON, [30], max_tokens=40)
+    done = h.done("r0")
+    assert done.completion_tokens == 40 and len(h.text("r0").split()) == 40
+    drafted, accepted = done.timings["draft_n"], done.timings["draft_n_accepted"]
+    assert 0 < accepted <= drafted
+    steps = h.engine.snapshot().result().steps
+    assert steps.tokens_per_decode > 1.5 and 0 < steps.draft_acceptance <= 1
+    tokens = sum(isinstance(e, Token) for e in h.events if e.request_id == "r0")
+    assert tokens < 40  # several tokens per event where a draft was accepted
+
+
+def test_no_drafts_under_a_grammar_nor_where_the_runner_has_no_rows_for_them():
+    _, h = _replies(ON, [30], rows=0)
+    assert h.engine.snapshot().result().counters.spec_drafts == 0
+    runner = FakeRunner(max_draft_rows=32, repeats=7, supports_prefix_reuse=False)
+    assert Engine(runner, ON).scheduler.max_draft_rows == 0
+
+
+def test_drafts_that_keep_failing_fall_to_almost_none():
+    # a "model" that never repeats: every draft from the prompt is wrong
+    runner = FakeRunner(max_draft_rows=32)
+    h = Harness(runner, ON)
+    tokens = [10 + (i % 5) for i in range(40)]  # a prompt full of repeated n-grams
+    h.engine.add_request("a", tokens, SamplingParams(temperature=0, max_tokens=200))
+    h.run()
+    c = h.engine.snapshot().result().counters
+    assert c.spec_accepted_tokens <= c.spec_draft_tokens * 0.2
+    assert c.spec_drafts < 40  # of 200 decode steps, probes only
+
+
+def _sampled_replies(config, seeds, repeats=6, max_tokens=12):
+    """Seeded sampled replies on the fake (temperature 1): each request's tokens."""
+    runner = FakeRunner(max_draft_rows=32, repeats=repeats, sampled=True, n_seq_max=16)
+    events = []
+    engine = Engine(runner, config, on_events=events.extend, clock=runner.clock)
+    for s in seeds:
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=1, min_p=0, seed=s)
+        engine.add_request(f"r{s}", [2] + [10 + (s + j) % 50 for j in range(20)], params)
+    engine.step()
+    while engine.scheduler.has_work:
+        engine.step()
+    tokens = {f"r{s}": [] for s in seeds}
+    for e in events:
+        if isinstance(e, Token):
+            tokens[e.request_id] += [int(w[1:]) for w in e.text.split()]
+    assert all(len(t) == max_tokens for t in tokens.values())
+    return tokens, engine.snapshot().result().counters
+
+
+def test_seeded_sampled_replies_are_the_same_with_drafts_on_and_off():
+    off, _ = _sampled_replies(OFF, range(40))
+    on, counters = _sampled_replies(ON, range(40))
+    assert on == off and counters.spec_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("position", [1, 5, 9])
+def test_sampled_tokens_follow_the_same_distribution_with_drafts_on_and_off(position):
+    """Different seeds on and off: the token at a position of the reply is distributed the
+    same (a chi-square test of homogeneity over the tokens seen, fixed seeds). All requests
+    share one prompt, so each position has one distribution."""
+
+    def tokens_at(config, seeds):
+        replies, counters = _sampled_replies(config, seeds, repeats=4, max_tokens=10)
+        return Counter(t[position] for t in replies.values()), counters
+
+    off, _ = tokens_at(OFF, [s * 50 for s in range(600)])
+    on, counters = tokens_at(ON, [s * 50 + 30_000 for s in range(600)])
+    assert counters.spec_accepted_tokens > 0
+    keys = [t for t in set(off) | set(on) if off[t] + on[t] >= 10]
+    chi2 = 0.0
+    for t in keys:
+        e = (off[t] + on[t]) / 2
+        chi2 += (off[t] - e) ** 2 / e + (on[t] - e) ** 2 / e
+    assert len(keys) >= 2 and chi2 < _chi2_critical(len(keys) - 1)
+
+
+def _chi2_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square value exceeded with probability 0.001 (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
