@@ -202,6 +202,9 @@ class Scheduler:
         preempted and the next step simply tries again.
         """
         victims = []
+        for item in batch.items:  # drafts give their cells back: nothing of them stands
+            if item.draft:
+                self.kv.settle_draft(item.seq, item.num_tokens, 0)
         if not self.kv.evict_all():
             self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
             while self.running and self.kv.num_committed > self.kv.num_cells:

@@ -8,10 +8,11 @@ real process (here an AssertionError). Each step advances a fake clock by a line
 so timing logic is testable without sleeping.
 
 Its "model" picks each next token from the previous token and the position; with `repeats` it
-instead repeats its prompt (but for every `repeats`-th position), so n-gram drafts are mostly
-right; with `sampled` its rows are distributions drawn from by the request's own numpy sampler
-(`runners.sampling.Sampler`, seeded), for tests of the sampled path. A drafted row is verified
-as the llama.cpp runner verifies it (`verify_draft`).
+instead repeats its prompt, each token followed by what followed it there (but for every
+`repeats`-th position), so n-gram drafts are mostly right; with `sampled` its rows are
+distributions drawn from by the request's own numpy sampler (`runners.sampling.Sampler`,
+seeded), for tests of the sampled path. A drafted row is verified as the llama.cpp runner
+verifies it (`verify_draft`).
 
 Tested in tests/unit/engine/test_scheduler.py and tests/unit/engine/test_engine.py.
 """
@@ -228,8 +229,7 @@ class FakeRunner:
             return EOG
         token = FIRST_WORD + (last * 31 + position * 17 + 7) % (self.n_vocab - FIRST_WORD)
         if self.repeats and seq is not None and position % self.repeats:
-            n = seq.num_prompt_tokens - 1  # the prompt after its BOS, over and over
-            token = seq.tokens[1 + (position - seq.num_prompt_tokens) % n] if n > 0 else token
+            token = _following(seq.tokens[1 : seq.num_prompt_tokens], last)
         if self.sampled and seq is not None and isinstance(seq.sampler, Sampler):
             logits = np.full(self.n_vocab, -np.inf, dtype=np.float32)
             others = [FIRST_WORD + (token + i * 7) % (self.n_vocab - FIRST_WORD) for i in (1, 2, 3)]
@@ -276,6 +276,16 @@ class FakeRunner:
             self._grammar.close()
         self.cells.clear()
         self.refs.clear()
+
+
+def _following(prompt: list[int], last: int) -> int:
+    """The token after `last`'s first occurrence in the prompt (after its end, or after a
+    token it does not hold, its start)."""
+    try:
+        i = prompt.index(last)
+    except ValueError:
+        return prompt[0]
+    return prompt[(i + 1) % len(prompt)]
 
 
 def _text(message: dict) -> str:

@@ -345,3 +345,29 @@ def test_sampled_tokens_follow_the_same_distribution_with_drafts_on_and_off(posi
 def _chi2_critical(df: int, z: float = 3.09) -> float:
     """The chi-square value exceeded with probability 0.001 (Wilson-Hilferty)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_drafts_in_a_step_llama_found_no_cells_for_give_their_cells_back():
+    from localserve.engine.kv import KVPool
+
+    def replies(config):
+        runner = FakeRunner(n_ctx=600, n_seq_max=4, max_draft_rows=32, repeats=1000)
+        h = Harness(runner, config)
+        sched = h.engine.scheduler
+        h.engine.kv = sched.kv = KVPool(2048, 4)  # the scheduler believes in more cells
+        for i in range(4):
+            h.add(f"r{i}", 120, max_tokens=60, user=f"u{i}")
+        for _ in range(2000):
+            h.step()
+            for seq in sched.running:  # a decoding sequence holds what it computed, no more
+                assert seq.is_prefilling or seq.num_cells <= seq.num_computed + 1
+            if not sched.has_work:
+                break
+        assert h.kv.num_cells < 2048 and h.kv.num_committed == h.kv.num_used == 0
+        assert runner.cells == {}
+        return {f"r{i}": h.text(f"r{i}") for i in range(4)}, h
+
+    off, _ = replies(OFF)
+    on, h = replies(ON)
+    assert on == off and all(len(t.split()) == 60 for t in on.values())
+    assert h.engine.snapshot().result().counters.spec_accepted_tokens > 0

@@ -1,0 +1,155 @@
+"""Speculative decoding on the real model: n-gram drafts verified in llama.cpp's batch.
+
+The same greedy replies with drafts on and off (token for token, but where llama.cpp's
+arithmetic, which depends on the batch's shape and where the cells sit, branches a reply at a
+near-tie: drafts or not, that happens), exact stop strings and counts, and a cache that agrees
+with the pool after every step. The exact identity, and the sampled path's distribution, are
+tested on the fake runner (tests/unit/engine/test_speculative.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localserve.config import ModelConfig, SchedulerConfig
+from localserve.engine.batch import Batch, BatchItem
+from localserve.engine.events import Done
+from localserve.engine.runner import apply_cell_ops
+from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.sequence import Sequence
+from localserve.runners.models import ensure_embedded
+from tests.e2e.test_llama_runner import PROMPTS, all_cells, run_engine, texts
+
+pytestmark = pytest.mark.model
+
+# itl_target_ms high: a loaded machine's slow steps must not keep the drafts out of the test
+ON = SchedulerConfig(itl_target_ms=10_000)
+OFF = SchedulerConfig(itl_target_ms=10_000, speculative="off")
+# llama.cpp's CPU kernels sum in an order that depends on the batch (how many rows, where the
+# cells sit): the same token's logits move by up to ~1 on this Q4 model between batch shapes,
+# drafts or not (a neighbour in the batch does it too: test_llama_runner's reuse test)
+NEAR_TIE = 2.0
+
+
+@pytest.fixture(scope="module")
+def runner():
+    from localserve.runners.llama import LlamaRunner
+
+    cfg = ModelConfig(
+        embedded=True,
+        chat_template="gemma",
+        n_ctx=2048,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        n_threads=2,
+    )
+    r = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
+    yield r
+    r.close()
+
+
+def _alone(runner, prompt, params, config):
+    events, engine = run_engine(runner, [("a", prompt, params, "u")], config)
+    done = next(e for e in events if isinstance(e, Done))
+    return texts(events).get("a", ""), done, engine.snapshot().result().counters
+
+
+def _replies(runner, requests, config):
+    """Each request's finished sequence (its tokens), and the engine's counters."""
+    seqs = {}
+    _, engine = run_engine(runner, requests, config, on_step=lambda e: seqs.update(e._seqs))
+    return seqs, engine.snapshot().result().counters
+
+
+def _logits_after(runner, tokens: list[int]) -> np.ndarray:
+    """The model's logits for the token after `tokens`, prefilled alone in a fresh sequence."""
+    params = SamplingParams(temperature=0)
+    seq = Sequence("probe", tokens, params)
+    seq.seq_id, seq.sampler = runner.n_seq_max - 1, runner.new_sampler(params)
+    runner.free_seq(seq.seq_id)
+    for start in range(0, len(tokens), runner.n_batch):
+        n = min(runner.n_batch, len(tokens) - start)
+        last = start + n == len(tokens)
+        runner.run(Batch(items=[BatchItem(seq, start, n, last)], num_prefill_tokens=n))
+    logits = runner._row(n - 1).copy()  # the last row's, still in llama.cpp's buffer
+    runner.free_seq(seq.seq_id)
+    return logits
+
+
+def _count_same(runner, off: dict[str, Sequence], on: dict[str, Sequence]) -> int:
+    """How many replies are the same token for token; every other one must branch at a
+    near-tie (the arithmetic's noise), never where a wrongly kept draft would put it."""
+    same = 0
+    for rid, seq in off.items():
+        a, b = seq.tokens, on[rid].tokens
+        if a == b:
+            same += 1
+            continue
+        i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        assert i is not None, (rid, "one reply is a prefix of the other")
+        logits = _logits_after(runner, a[:i])
+        gap = abs(float(logits[a[i]] - logits[b[i]]))
+        assert gap < NEAR_TIE, (rid, i - seq.num_prompt_tokens, gap)
+    return same
+
+
+def test_greedy_replies_are_the_same_with_drafts_on_and_off_but_at_near_ties(runner):
+    greedy = SamplingParams(temperature=0, max_tokens=32)
+    requests = [(f"p{i}", p, greedy, "u") for i, p in enumerate(PROMPTS[::2])]
+    off, on, accepted = {}, {}, 0
+    for request in requests:  # one at a time: the batch holds its rows only
+        a, c_off = _replies(runner, [request], OFF)
+        b, c_on = _replies(runner, [request], ON)
+        off.update(a)
+        on.update(b)
+        accepted += c_on.spec_accepted_tokens
+        assert c_off.spec_drafts == 0 and c_on.steps <= c_off.steps
+        assert c_on.generation_tokens == c_off.generation_tokens
+    assert accepted > 20
+    assert _count_same(runner, off, on) >= len(requests) - 1
+
+
+def test_with_several_users_at_once_drafts_change_a_reply_only_at_a_near_tie(runner):
+    """Eight prompts of three users in one batch, drafts on and off: a reply is the same, or
+    where it branches the two tokens were within the batch's own noise of each other."""
+    greedy = SamplingParams(temperature=0, max_tokens=32)
+    requests = [(f"r{i}", p, greedy, f"user{i % 3}") for i, p in enumerate(PROMPTS)]
+    off, c_off = _replies(runner, requests, OFF)
+    on, c_on = _replies(runner, requests, ON)
+    assert c_on.spec_accepted_tokens > 30 and c_on.steps <= c_off.steps
+    assert c_on.generation_tokens == c_off.generation_tokens
+    assert _count_same(runner, off, on) >= len(requests) // 2
+
+
+def test_a_stop_string_inside_a_draft_ends_the_reply_where_it_would_without(runner):
+    # a count the model carries on: its drafts come from the prompt and are kept
+    prompt = ", ".join(str(i % 10 + 1) for i in range(23)) + ","
+    stop = "9, 10,"  # a few drafted tokens in
+    params = SamplingParams(temperature=0, max_tokens=40, stop=(stop,))
+    text_on, done_on, c_on = _alone(runner, prompt, params, ON)
+    text_off, done_off, _ = _alone(runner, prompt, params, OFF)
+    assert done_on.finish_reason == done_off.finish_reason == "stop"
+    assert text_on == text_off and stop not in text_on and text_on.startswith(" 4, 5")
+    assert done_on.completion_tokens == done_off.completion_tokens
+    assert c_on.spec_accepted_tokens > 0
+
+
+def test_the_cache_agrees_with_the_pool_after_every_drafted_step(runner):
+    requests = [
+        (f"r{i}", p, SamplingParams(temperature=0, max_tokens=24), f"user{i % 2}")
+        for i, p in enumerate(PROMPTS[:4])
+    ]
+    trimmed = []
+
+    def check(engine):
+        ops = engine.kv.take_ops()
+        trimmed.extend(op for op in ops if op.kind == "trim")
+        apply_cell_ops(runner, ops)
+        for seq in engine.scheduler.running:
+            assert runner.seq_num_cells(seq.seq_id) == seq.num_computed == seq.num_cells
+        assert all_cells(runner) == engine.kv.num_used == engine.kv.num_committed
+
+    _, engine = run_engine(runner, requests, ON, on_step=check)
+    c = engine.snapshot().result().counters
+    assert c.spec_draft_tokens > c.spec_accepted_tokens > 0 and trimmed
