@@ -103,3 +103,14 @@ def test_a_file_or_dev_null_is_read_directly_a_terminal_or_pipe_is_not(tmp_path)
     r, w = os.pipe()
     with os.fdopen(r) as pipe, os.fdopen(w, "w"):
         assert not is_file_like(pipe)
+
+
+def test_the_line_under_a_reply_says_how_many_tokens_came_as_kept_drafts():
+    from localserve.protocol.frames import Finished, ReplyUsage, Timings
+    from tui.chat import _summary
+
+    usage = ReplyUsage(12, 40, 0)
+    drafted = Finished("c1", "length", usage, Timings(5, 90, 20, 900, None, 30, 22))
+    plain = Finished("c1", "length", usage, Timings(5, 90, 20, 900))
+    assert "40 tokens · 22 drafted · length" in _summary(drafted)
+    assert "drafted" not in _summary(plain)

@@ -743,3 +743,23 @@ def test_the_header_lists_several_models_with_their_states(fake_snapshots):
     text = str(header(fake_snapshots[-1], True, "live", "", 300, models))
     assert "models: gemma busy, small loading (2 waiting), coder idle, big failed" in text
     assert "models:" not in str(header(fake_snapshots[-1], True, "live", "", 300, models[:1]))
+
+
+def test_the_step_line_says_what_the_drafts_gave():
+    from localserve.config import SchedulerConfig
+    from localserve.runners.fake import FakeRunner
+    from tests.support.harness import Harness
+    from tui.widgets import batch_text
+
+    def line(speculative: str) -> str:
+        h = Harness(
+            FakeRunner(max_draft_rows=32, repeats=1000), SchedulerConfig(speculative=speculative)
+        )
+        h.add("a", 60, max_tokens=200)
+        for _ in range(30):
+            h.step()
+        return str(batch_text(h.engine.snapshot().result()))
+
+    on = line("ngram")
+    assert "\ndraft " in on and "% kept: " in on and " tok per decode" in on
+    assert "draft" not in line("off")
