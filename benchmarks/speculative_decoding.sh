@@ -32,7 +32,8 @@
 # Then a markdown table per workload: a row per server and config, for each of 1, 4 and 16 users
 # output tokens/s (mean over rounds) and ITL p50 / p99 (ms; each round's, averaged), the ratio
 # speculation on ÷ off (localserve) and n-gram ÷ none (llama-server) at each, failed requests;
-# and the issue's goals against the figures. ITL is the gap between token frames: where a step
+# the issue's goals against the figures; and speculation's counters from each server's /metrics
+# (llama-server's drafted and accepted tokens; localserve's, if it has any). ITL is the gap between token frames: where a step
 # accepts a draft its tokens arrive together, so p50 can fall well below a step's time while p99
 # carries the verification steps. From the JSON in OUT (default bench-results/speculative_decoding),
 # with each server's log and its /metrics at the end of the run (speculation's counters, where a
@@ -50,7 +51,8 @@
 #                       48 that followed them, min hits 1; ngram-mod drafts 48-64)
 #   SPEC_ON_LINE=''     a line for the "on" config's [scheduler] (default none: on is default)
 #   SPEC_OFF_LINE='speculative = "off"'   the "off" config's line; empty for a checkout that has
-#                       no such key (then both configs are the same: a plumbing check only)
+#                       no such key (then both configs are the same: a plumbing check only);
+#                       both configs are checked (`localserve models`) before anything starts
 #   CTX=65536           KV cells, both servers
 #   PORT=8765 LLAMA_PORT=8080   the servers' ports
 #   PY=.venv/bin/python the python that runs servers and client (`python -m localserve` from
@@ -236,6 +238,14 @@ if [ -z "${TABLES_ONLY:-}" ]; then
       awk '/^-/ { p = ($0 ~ /^--spec-(type|ngram-)/) } p' \
       >"$OUT/llama-spec-defaults.txt" || true
   fi
+  for which in on off; do  # a config this checkout refuses (an unknown key) fails here, not later
+    config=$(spec_config "$which")
+    PYTHONPATH=$HERE "$PY" -m localserve --config "$config" models >/dev/null 2>"$TMPD/check" || {
+      echo "localserve refuses the $which config: $(cat "$TMPD/check")" >&2
+      echo "(SPEC_OFF_LINE= for a checkout without the speculative key)" >&2
+      exit 1
+    }
+  done
   printf '%s\n' "tokens=$TOKENS" "ctx=$CTX" "spec_on_line=$SPEC_ON_LINE" \
     "spec_off_line=$SPEC_OFF_LINE" "smoke=${SMOKE:-}" >"$OUT/settings.txt"
   for round in $(seq "$ROUNDS"); do run_round "$round"; done
@@ -355,7 +365,8 @@ for workload, title in WORKLOADS.items():
     head = "| server | " + " | ".join(
         f"{c} user{'s' * (c > 1)}: tok/s | ITL p50 | ITL p99" for c in users
     )
-    print(head + " | ratio (" + " / ".join(str(c) for c in users) + " users) | failed |")
+    at = " / ".join(str(c) for c in users)
+    print(head + f" | tok/s ÷ spec off or none ({at} users) | failed |")
     print("|---|" + "---:|" * (3 * len(users)) + "---:|---:|")
     for label in labels:
         cells = []
@@ -405,6 +416,26 @@ if rows:
     print("| goal | measured (mean tok/s) | met |")
     print("|---|---:|---|")
     print("\n".join(rows))
+    print()
+
+# speculation's counters in each server's /metrics at the end of its run (all workloads, the
+# warm-ups too): llama-server's spec_decode_*, and localserve's where it has any
+counters = []
+for path in sorted(glob.glob(os.path.join(out, "metrics-*-r*.txt"))):
+    label, r = re.fullmatch(r"metrics-(.+)-r(\d+)\.txt", os.path.basename(path)).groups()
+    lines = [
+        line.split()
+        for line in text(os.path.basename(path)).splitlines()
+        if re.search(r"spec|draft", line) and not line.startswith("#") and "{" not in line
+    ]
+    values = ", ".join(f"{k.split(':')[-1]} {v}" for k, v, *_ in lines)
+    if values:
+        counters.append(f"| {name(label)} | {r} | {values} |")
+if counters:
+    print("## Speculation's counters (/metrics after each run: every workload and warm-up)\n")
+    print("| server | round | counters |")
+    print("|---|---:|---|")
+    print("\n".join(counters))
     print()
 
 if not runs:
