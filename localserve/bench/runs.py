@@ -35,7 +35,7 @@ from localserve.bench.workloads import (
 )
 from localserve.engine.stats import percentile
 
-LOAD_TEMPERATURE = 0.7  # single requests sample; conversations are greedy
+LOAD_TEMPERATURE = 0.7  # single requests sample by default; conversations are greedy
 
 OnDone = Callable[[int, int], None]  # (requests or turns finished, total)
 
@@ -49,10 +49,12 @@ class ConversationResult:
     cold: RequestResult | None = None  # the last turn again, without reuse (cold replay)
 
 
-def single(spec: RequestSpec, ignore_eos: bool, seed: int) -> BenchRequest:
-    """A workload's request as sent: one user message, sampled."""
+def single(
+    spec: RequestSpec, ignore_eos: bool, seed: int, temperature: float = LOAD_TEMPERATURE
+) -> BenchRequest:
+    """A workload's request as sent: one user message, sampled at `temperature` (0 = greedy)."""
     messages = (("user", spec.prompt),)
-    return BenchRequest(spec.kind, messages, spec.max_tokens, LOAD_TEMPERATURE, seed, ignore_eos)
+    return BenchRequest(spec.kind, messages, spec.max_tokens, temperature, seed, ignore_eos)
 
 
 class _Progress:
@@ -90,16 +92,19 @@ async def run_load(
     concurrency: int | None = None,
     ignore_eos: bool = False,
     seed: int = 0,
+    temperature: float = LOAD_TEMPERATURE,
     on_done: OnDone | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send every request (open loop at `rate`, or closed loop at `concurrency`), each on its
-    own connection as user `bench-<i>`; the results and the run's duration."""
+    own connection as user `bench-<i>`, sampled at `temperature`; the results and the run's
+    duration."""
     results: list[RequestResult | None] = [None] * len(specs)
     progress = _Progress(len(specs), on_done)
     start = time.perf_counter()
 
     async def one(i: int) -> None:
-        results[i] = await target.send(f"bench-{i}", single(specs[i], ignore_eos, seed + i))
+        request = single(specs[i], ignore_eos, seed + i, temperature)
+        results[i] = await target.send(f"bench-{i}", request)
         progress.step()
 
     if concurrency:
@@ -126,11 +131,13 @@ async def run_conversations(
     concurrency: int = 1,
     ignore_eos: bool = False,
     seed: int = 0,
+    temperature: float = 0.0,
     cold: bool = False,
     warmup: bool = True,
     on_done: OnDone | None = None,
 ) -> tuple[list[ConversationResult], float]:
-    """Play every conversation turn by turn, greedy; `concurrency` conversations at a time.
+    """Play every conversation turn by turn, greedy unless a `temperature` is given;
+    `concurrency` conversations at a time.
 
     Conversation i is a session of user `conv-<i>`. With `cold`, the last turn is sent once
     more without reuse, in a session of another user (`conv-<i>-cold`) — on localserve that
@@ -146,7 +153,9 @@ async def run_conversations(
 
     async def play(i: int) -> None:
         def request(messages: list[tuple[str, str]], kind: str, reuse: bool = True) -> BenchRequest:
-            return BenchRequest(kind, tuple(messages), max_tokens, 0.0, seed + i, ignore_eos, reuse)
+            return BenchRequest(
+                kind, tuple(messages), max_tokens, temperature, seed + i, ignore_eos, reuse
+            )
 
         await _play(target, conversations[i], results[i], request, cold, progress)
 

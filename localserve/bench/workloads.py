@@ -7,6 +7,12 @@ workload is multi-turn: each conversation reads the document part by part, every
 the whole history (the server's replies included) plus a new part and a question, so the last
 turn's prompt is ~2,000 tokens of which all but the new part could come from a prefix cache.
 
+Two kinds ask for output that repeats the prompt, as speculative decoding's drafts from the
+prompt expect (issue 37): `edit` pastes 1,000-3,000 tokens of the document and asks for it back
+word for word with two or three named corrections (words taken from the slice, so the
+corrections are real), and `quote` pastes ~1,500 tokens and asks for a summary that quotes three
+sentences exactly.
+
 Arrivals are open-loop at a request rate (Poisson, or gamma with a burstiness factor: < 1 is
 burstier, 1 is Poisson); the closed loop (a fixed concurrency) needs no times.
 """
@@ -30,16 +36,36 @@ from localserve.bench.scenario import (
 from localserve.serve.prompt import render_transcript
 
 # kind -> (output tokens, prompt builder); a mix is a weighted choice of kinds
-KINDS = ("short", "long", "paste")
+KINDS = ("short", "long", "paste", "edit", "quote")
 WORKLOADS: dict[str, dict[str, float]] = {
     "short": {"short": 1.0},
     "long": {"long": 1.0},
     "paste": {"paste": 1.0},
     "mixed": {"short": 0.5, "long": 0.3, "paste": 0.2},
     "chat": {"short": 0.7, "long": 0.3},
+    "edit": {"edit": 1.0},
+    "quote": {"quote": 1.0},
 }
-OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96}
+OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96, "edit": 256, "quote": 256}
 PASTE_TOKENS = 2500
+
+EDIT_TOKENS = (1000, 2800)  # the edit's slice, drawn per request (whole paragraphs: <= ~3,000)
+EDIT_CORRECTIONS = (2, 3)  # corrections per edit request
+EDIT_REPLACEMENTS = (  # what a corrected word becomes (none of them is in the document)
+    "lantern",
+    "harbour",
+    "meadow",
+    "copper",
+    "violet",
+    "orchard",
+    "pebble",
+    "thunder",
+    "saddle",
+    "marble",
+)
+EDIT_REQUEST = "Repeat the text above word for word, with these corrections:"
+QUOTE_TOKENS = 1500
+QUOTE_REQUEST = "Summarise this text, quoting its three most important sentences exactly."
 
 TURN_TOKENS = 350  # document tokens per user turn: turn 5's prompt is ~2,000 tokens
 REPLY_TOKENS = 64
@@ -99,12 +125,33 @@ def _spec(kind: str, rng: random.Random) -> RequestSpec:
         prompt = rng.choice(SHORT_QUESTIONS)
     elif kind == "long":
         prompt = rng.choice(LONG_EXPLANATIONS)
+    elif kind == "edit":
+        prompt = _edit_prompt(rng)
+    elif kind == "quote":
+        text = pages_slice(rng, round(QUOTE_TOKENS / TOKENS_PER_WORD))
+        prompt = f"{text}\n\n{QUOTE_REQUEST}"
     else:
         text = pages_slice(rng, round(PASTE_TOKENS / TOKENS_PER_WORD))
         prompt = f"{text}\n\n{rng.choice(SUMMARY_REQUESTS)}"
     if kind == "short" and rng.random() < 0.3:
         prompt = rng.choice(MEDIUM_QUESTIONS)
     return RequestSpec(kind, prompt, OUTPUT_TOKENS[kind])
+
+
+def _edit_prompt(rng: random.Random) -> str:
+    """A slice of the document and a request to repeat it with a few corrections of its words."""
+    text = pages_slice(rng, round(rng.randint(*EDIT_TOKENS) / TOKENS_PER_WORD))
+    words = sorted({w for w in (t.strip(".,;:!?") for t in text.split()) if _correctable(w)})
+    n = rng.randint(*EDIT_CORRECTIONS)
+    pairs = zip(rng.sample(words, n), rng.sample(EDIT_REPLACEMENTS, n), strict=True)
+    corrections = [f'replace "{old}" with "{new}"' for old, new in pairs]
+    listed = ", ".join(corrections[:-1]) + f" and {corrections[-1]}"
+    return f"{text}\n\n{EDIT_REQUEST} {listed}."
+
+
+def _correctable(word: str) -> bool:
+    """A lower-case word of five letters or more (no names, numbers or hyphenated words)."""
+    return len(word) >= 5 and word.isalpha() and word.islower()
 
 
 def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:

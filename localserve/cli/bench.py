@@ -54,7 +54,8 @@ def _add_load_options(lb) -> None:
     lb.add_argument(
         "--workload",
         default="mixed",
-        help="short | long | paste | chat | mixed | conversation (multi-turn, per-turn report); "
+        help="short | long | paste | chat | mixed | edit (paste and repeat it with corrections) | "
+        "quote (summarise a paste, quoting it) | conversation (multi-turn, per-turn report); "
         "default %(default)s",
     )
     lb.add_argument(
@@ -83,6 +84,12 @@ def _add_load_options(lb) -> None:
         type=int,
         help="output tokens of every request (default: per kind, short 48, long 320, paste 96; "
         "conversation: 64 per turn)",
+    )
+    lb.add_argument(
+        "--temperature",
+        type=float,
+        help="sampling temperature of every request, 0 = greedy (default: 0.7 for single "
+        "requests, 0 for conversations; the origin scenario keeps its own)",
     )
     lb.add_argument("--slo", default="", help="goodput SLOs, e.g. ttft=1000,tpot=150 (ms)")
     lb.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
@@ -117,6 +124,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from localserve.bench import runs
     from localserve.runners.models import terminal_progress
 
+    if args.temperature is not None and not args.temperature >= 0:
+        raise ValueError("--temperature must be at least 0 (0 = greedy)")
     target = bench.target(args.peer or args.url, bool(args.peer), args.endpoint)
     if args.origin:
         figures = asyncio.run(runs.origin_scenario(target, args.seed))
@@ -138,6 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         ignore_eos=args.ignore_eos,
         seed=args.seed,
+        temperature=runs.LOAD_TEMPERATURE if args.temperature is None else args.temperature,
         on_done=progress,
     )
     results, duration = asyncio.run(load)
@@ -173,6 +183,7 @@ def _bench_conversations(args: argparse.Namespace) -> int:
         concurrency=args.concurrency or 1,
         ignore_eos=args.ignore_eos,
         seed=args.seed,
+        temperature=0.0 if args.temperature is None else args.temperature,
         cold=args.cold,
         on_done=terminal_progress(label, unit=" turns"),
     )

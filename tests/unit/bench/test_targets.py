@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from localserve.bench.runs import single
-from localserve.bench.targets import OpenAITarget, WebSocketTarget, target
+from localserve.bench.targets import OpenAITarget, WebSocketTarget, _chat, target
 from localserve.bench.workloads import RequestSpec
 from tests.support.bench import result
 
@@ -41,3 +41,15 @@ def test_the_url_names_the_target_and_the_endpoint_shapes_the_body():
     completion = OpenAITarget("http://x").body(dataclasses.replace(request, reuse=False))
     assert completion["prompt"].endswith("User: Hi?\nAssistant:") and completion["stop"]
     assert completion["cache_prompt"] is False and "messages" not in completion
+
+
+def test_a_temperature_given_reaches_every_servers_request():
+    # `bench --temperature 0` (greedy, for speculative decoding's benchmark): the websocket chat
+    # frame, llama-server's /v1/completions body and /v1/chat/completions' all carry it
+    spec = RequestSpec("edit", "Repeat this.", 8)
+    assert single(spec, ignore_eos=True, seed=1).temperature == 0.7  # the default, unchanged
+    greedy = single(spec, ignore_eos=True, seed=1, temperature=0.0)
+    assert _chat(greedy, "r").temperature == 0.0
+    for endpoint in ("completions", "chat"):
+        body = OpenAITarget("http://127.0.0.1:8080", endpoint).body(greedy)
+        assert body["temperature"] == 0.0 and body["ignore_eos"] is True

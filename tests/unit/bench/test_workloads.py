@@ -1,17 +1,23 @@
 """What the load generator sends and when (localserve/bench/workloads.py): arrival processes,
-request mixes, and the multi-turn conversations."""
+request mixes, the prompts that ask for the pasted text back (edit, quote), and the multi-turn
+conversations."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import statistics
 
 import numpy as np
 import pytest
 
+from localserve.bench.scenario import TOKENS_PER_WORD, pages
 from localserve.bench.workloads import (
+    EDIT_REQUEST,
     FIRST_PART,
     NEXT_PART,
+    QUOTE_REQUEST,
     arrival_times,
     build_conversations,
     build_requests,
@@ -65,6 +71,60 @@ def test_max_tokens_sets_every_requests_output_length():
 def test_unknown_workload_is_refused():
     with pytest.raises(ValueError, match="--workload"):
         build_requests("everything", 3)
+
+
+# --- the workloads that ask for the pasted text back (speculative decoding, issue 37) ----------
+
+
+def _split(prompt: str, request: str) -> tuple[str, str]:
+    """(the pasted text, the request after it)."""
+    text, _, rest = prompt.rpartition(f"\n\n{request}")
+    assert text and rest is not None
+    return text, request + rest
+
+
+def test_edit_requests_paste_one_to_three_thousand_tokens_and_name_real_corrections():
+    a = build_requests("edit", 40, seed=5)
+    assert a == build_requests("edit", 40, seed=5) and a != build_requests("edit", 40, seed=6)
+    document = "\n\n".join(pages())
+    sizes = []
+    for r in a:
+        assert r.kind == "edit" and r.max_tokens == 256
+        text, request = _split(r.prompt, EDIT_REQUEST)
+        assert text in document  # consecutive paragraphs of the shipped text
+        sizes.append(len(text.split()) * TOKENS_PER_WORD)
+        assert 1000 <= sizes[-1] <= 3100
+        pairs = re.findall(r'replace "([^"]+)" with "([^"]+)"', request)
+        assert 2 <= len(pairs) <= 3
+        olds, news = zip(*pairs, strict=True)
+        assert len(set(olds)) == len(olds) and len(set(news)) == len(news)
+        words = set(re.findall(r"[A-Za-z]+", text))
+        assert all(old in words for old in olds)  # each correction names a word of the text
+        assert not any(new in words for new in news)  # ...and changes it to another
+        assert request.endswith(".")
+    assert max(sizes) - min(sizes) > 1000  # the slice's length varies per request
+
+
+def test_quote_requests_paste_about_fifteen_hundred_tokens_and_ask_for_quotes():
+    a = build_requests("quote", 20, seed=2)
+    assert a == build_requests("quote", 20, seed=2) and a != build_requests("quote", 20, seed=3)
+    document = "\n\n".join(pages())
+    for r in a:
+        assert r.kind == "quote" and r.max_tokens == 256
+        text, request = _split(r.prompt, QUOTE_REQUEST)
+        assert request == QUOTE_REQUEST and text in document
+        assert 1500 <= len(text.split()) * TOKENS_PER_WORD <= 1700
+    assert len({r.prompt for r in a}) > 5
+
+
+@pytest.mark.parametrize(
+    ("workload", "digest"), [("mixed", "70a8693c8fca12df"), ("chat", "dec69a1e14f4b27c")]
+)
+def test_the_older_workloads_draw_the_prompts_they_drew_before_edit_and_quote(workload, digest):
+    # benchmarks' recorded figures depend on these prompts (digests taken at e857e43): a change
+    # here is a change of every chat and mixed figure, to be made on purpose or not at all
+    specs = [(r.kind, r.prompt, r.max_tokens) for r in build_requests(workload, 40, seed=0)]
+    assert hashlib.sha256(repr(specs).encode()).hexdigest()[:16] == digest
 
 
 # --- the conversation workload ------------------------------------------------------------------

@@ -87,6 +87,14 @@ def test_chat_and_monitor_take_the_url_the_same_ways(command, capsys):
     assert "not allowed with" in capsys.readouterr().err
 
 
+def test_bench_takes_a_temperature_and_refuses_a_negative_one_in_one_line():
+    args = parser().parse_args(["bench", "--workload", "edit", "--temperature", "0"])
+    assert args.temperature == 0.0 and args.workload == "edit"
+    assert parser().parse_args(["bench"]).temperature is None  # each mode's default
+    line = slip_line(localserve("bench", "--temperature", "-1"), "--temperature")
+    assert line == "localserve: --temperature must be at least 0 (0 = greedy)"
+
+
 def tui_imports(tree: ast.AST) -> list[ast.stmt]:
     """The import statements under `tree` that import tui or one of its modules."""
     found = []
