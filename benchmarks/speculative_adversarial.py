@@ -1,7 +1,9 @@
 """Can one user's drafts slow the others? (issue 37) The engine in-process on the embedded model,
-greedy, four light users (one chat each) beside a hostile user with eight streams of a prompt
-built so that n-gram drafts keep failing (1,500 words drawn at random from six: every bigram has
-been followed by each of them), in rounds that alternate speculation off and on. Reported for
+greedy, four light users (one chat each) beside a hostile user with eight streams built so that
+n-gram drafts keep being proposed and keep failing: a prompt of 1,500 words drawn at random from
+six (every bigram has been followed by each of them, so every suffix finds a draft) and a reply
+sampled hot (temperature 1.5, no top-k, top-p or min-p: the model's next word is close to a
+die roll among the six), in rounds that alternate speculation off and on. Reported for
 the light users: their output tokens/s and mean gap per token (TPOT), and for the hostile
 streams their draft tokens and acceptance, so the cost of drafts that fail shows up as the
 light users' loss, if any.
@@ -18,6 +20,8 @@ import json
 import random
 import statistics
 import time
+
+import msgspec
 
 from localserve.config import ModelConfig, SchedulerConfig
 from localserve.engine.engine import Engine
@@ -63,9 +67,14 @@ def run(runner, speculative: str, tokens: int, hostile: bool) -> dict:
     for i, text in enumerate(LIGHT):
         engine.add_request(f"light{i}", runner.tokenize(chat(text)), params, user=f"light{i}")
     if hostile:
+        hot = SamplingParams(
+            temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, max_tokens=tokens, ignore_eos=True
+        )
         for i in range(8):
             prompt = runner.tokenize(hostile_prompt(i))
-            engine.add_request(f"hostile{i}", prompt, params, user="hostile")
+            engine.add_request(
+                f"hostile{i}", prompt, msgspec.structs.replace(hot, seed=i), user="hostile"
+            )
     engine.step()
     while engine.scheduler.has_work:
         engine.step()

@@ -43,6 +43,7 @@
 # runs are skipped. Settings (environment):
 #   ROUNDS=2            rounds; odd rounds run the servers in one order, even rounds in reverse
 #   WORKLOADS="edit quote chat"   USERS="1 4 16"   TOKENS=256
+#   PER_USER=2          requests per user of a point (at least 4 a point)
 #   SPEC_TYPES="ngram-simple"     llama-server's speculative types, one run each (also:
 #                       ngram-mod, ngram-map-k, ngram-map-k4v; "ngram-simple ngram-mod" for two)
 #   LLAMA_SPEC_ARGS=""  more llama-server flags for every speculative run, e.g.
@@ -83,7 +84,8 @@ PORT=${PORT:-8765}  # localserve's
 LLAMA_PORT=${LLAMA_PORT:-8080}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-1800}  # seconds; a run that hangs is stopped and noted
 WARMUP_N=2
-requests() { local n=$((2 * $1)); echo $((n < 4 ? 4 : n)); }  # users -> requests of a point
+PER_USER=${PER_USER:-2}
+requests() { local n=$((PER_USER * $1)); echo $((n < 4 ? 4 : n)); }  # users -> requests of a point
 if [ -n "${SMOKE:-}" ]; then
   ROUNDS=1 USERS="1 2" TOKENS=16
   requests() { echo 2; }
