@@ -113,3 +113,27 @@ def test_several_models_get_one_series_each_told_apart_by_model_name(fake_snapsh
     assert loaded == {"fake": ("loaded", 1), "small": ("loaded", 1), "big": ("failed", 0)}
     memory = {s.labels["model_name"]: s.value for s in found[PREFIX + "model_memory_bytes"].samples}
     assert memory["fake"] == 5 << 20
+
+
+def test_speculative_decoding_is_vllms_spec_decode_series_with_acceptance_by_position(
+    fake_snapshots,
+):
+    counters = msgspec.structs.replace(
+        fake_snapshots[-1].counters,
+        spec_drafts=10,
+        spec_draft_tokens=40,
+        spec_accepted_tokens=25,
+        spec_accepted_per_position=[10, 8, 5, 2],
+    )
+    found = families(render(msgspec.structs.replace(fake_snapshots[-1], counters=counters)))
+    for name, value in (("drafts", 10), ("draft_tokens", 40), ("accepted_tokens", 25)):
+        family = found[f"{PREFIX}spec_decode_num_{name}"]
+        assert family.type == "counter" and family.samples[0].value == value
+    per_pos = found[PREFIX + "spec_decode_num_accepted_tokens_per_pos"]
+    assert [(s.labels["position"], s.value) for s in per_pos.samples] == [
+        ("0", 10),
+        ("1", 8),
+        ("2", 5),
+        ("3", 2),
+    ]
+    assert all(s.labels["model_name"] == "fake" for s in per_pos.samples)
