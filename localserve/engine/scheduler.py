@@ -81,6 +81,7 @@ class Scheduler:
         on = config.speculative != "off" and config.max_draft_tokens > 0
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
+        self._cache_was_full = False  # the last step found no cells: the next one drafts nothing
 
     # --- requests in and out -------------------------------------------------------------
 
@@ -174,10 +175,11 @@ class Scheduler:
         """A drafted row's cells (the kept tokens stand, the rest are trimmed) and what it
         teaches about the sequence's drafts."""
         seq, k = item.seq, len(item.draft)
-        accepted = num_accepted(item.draft, draws)
         if seq.seq_id is not None:
             self.kv.settle_draft(seq, item.num_tokens, kept)
-        seq.draft_stats.update(k, accepted)
+        seq.draft_stats.update(k, num_accepted(item.draft, draws))  # what the drafter got right
+        # what the reply got without a step of its own (a stop inside the draft ends it)
+        accepted = min(num_accepted(item.draft, draws[:kept]), max(kept - 1, 0))
         seq.num_draft_tokens += k
         seq.num_accepted_tokens += accepted
         batch.num_drafts += 1
@@ -202,6 +204,7 @@ class Scheduler:
         preempted and the next step simply tries again.
         """
         victims = []
+        self._cache_was_full = True
         for item in batch.items:  # drafts give their cells back: nothing of them stands
             if item.draft:
                 self.kv.settle_draft(item.seq, item.num_tokens, 0)
@@ -305,6 +308,8 @@ class Scheduler:
         decodes = batch.items[: batch.num_decode_tokens]  # scheduled first, one row each
         limit = self.max_num_batched_tokens - batch.num_tokens
         rows = min(self.max_draft_rows, limit, self.kv.spare_cells())
+        if self._cache_was_full:  # llama.cpp had fewer cells than counted: none to lend now
+            self._cache_was_full, rows = False, 0
         if rows <= 0 or not decodes:
             return
         users = list(dict.fromkeys(item.seq.user for item in decodes))
@@ -325,14 +330,16 @@ class Scheduler:
                 continue
             proposals[i] = draft
             stats = seq.draft_stats
-            candidates.append(Candidate(i, seq.user, stats.rate, len(draft), stats.may_probe))
+            probe, only = stats.may_probe, stats.backing_off
+            candidates.append(Candidate(i, seq.user, stats.rate, len(draft), probe, only))
         candidates.sort(key=lambda c: order[c.user])
-        rows_now = batch.num_decode_tokens
+        rows_now, prefill = batch.num_decode_tokens, batch.num_prefill_tokens
         costs = DraftCosts(
-            step_s=self.cost.predict(rows_now, batch.num_prefill_tokens),
+            step_s=self.cost.predict(rows_now, prefill),
             num_tokens=rows_now,
             row_s=self.cost.decode_token_s,
             limit_s=self.config.itl_target_ms / 1e3,
+            step_with=lambda n: self.cost.predict(rows_now + n, prefill),
         )
         planned = plan_drafts(candidates, costs, rows)
         for c in candidates:
@@ -457,4 +464,4 @@ class Scheduler:
 def _empty(batch: Batch) -> None:
     """Nothing of the batch was computed."""
     batch.items = []
-    batch.num_decode_tokens = batch.num_prefill_tokens = 0
+    batch.num_decode_tokens = batch.num_prefill_tokens = batch.num_draft_tokens = 0

@@ -19,7 +19,8 @@ without drafts does, so a seeded request gives the same reply with speculation o
 Which drafts go into a step (`plan_drafts`) is a question of cost. Each sequence learns its own
 acceptance rate (`DraftStats`: a decaying count, drifting back to a prior while it drafts
 nothing; a sequence whose rate does not pay probes with one draft token at intervals that
-double while its probes fail); the j-th draft
+double while its drafts fail, and after two drafted steps in a row that kept nothing it only
+probes); the j-th draft
 token is worth its chance of being reached and accepted, alpha^j. A draft row costs what the step
 cost model says a draft row costs (`StepCostModel`'s draft price); a token is worth the step's
 time per token it already produces. A row goes in only while its worth exceeds its price
@@ -46,6 +47,7 @@ PRIOR_WEIGHT = 2.0  # ... worth this many observed draft tokens
 DECAY = 0.8  # per step with a draft: older outcomes fade
 IDLE_DECAY = 0.9  # per step without one: the estimate drifts back to the prior
 MAX_PROBE_WAIT = 64  # steps: the longest a sequence waits between probes
+BACK_OFF_AFTER = 2  # drafted steps in a row that kept nothing: then it only probes
 
 
 class NgramDrafter:
@@ -92,20 +94,29 @@ class DraftStats:
 
     A sequence whose rate does not pay for a row would never draft, and so never learn that
     its text has become a repetition: it *probes* instead, one draft token now and then, at
-    intervals that double after every probe that fails (up to MAX_PROBE_WAIT steps) and halve
-    after one that is accepted."""
+    intervals that double after every drafted step that kept nothing (up to MAX_PROBE_WAIT
+    steps) and halve after one that kept something. After BACK_OFF_AFTER drafted steps in a row
+    that kept nothing it only probes, whatever its rate says, until a probe is kept: the rate's
+    prior keeps it from reaching 0, and on a device where a row costs little next to a step it
+    would otherwise go on drafting."""
 
-    __slots__ = ("accepted", "tried", "probe_wait", "idle")
+    __slots__ = ("accepted", "tried", "probe_wait", "idle", "failures")
 
     def __init__(self) -> None:
         self.accepted = 0.0  # decayed counts of draft tokens accepted / judged
         self.tried = 0.0
         self.probe_wait = 1  # steps without a draft before the next probe
         self.idle = 0  # steps since its last draft
+        self.failures = 0  # drafted steps in a row that kept no draft token
 
     @property
     def may_probe(self) -> bool:
         return self.idle >= self.probe_wait
+
+    @property
+    def backing_off(self) -> bool:
+        """Its drafts keep failing: it only probes."""
+        return self.failures >= BACK_OFF_AFTER
 
     @property
     def rate(self) -> float:
@@ -123,8 +134,10 @@ class DraftStats:
         self.idle = 0
         if num_accepted:
             self.probe_wait = max(1, self.probe_wait // 2)
+            self.failures = 0
         else:
             self.probe_wait = min(MAX_PROBE_WAIT, self.probe_wait * 2)
+            self.failures += 1
         judged = num_accepted + (num_accepted < num_drafted)
         self.accepted = self.accepted * DECAY + num_accepted
         self.tried = self.tried * DECAY + judged
@@ -138,6 +151,7 @@ class Candidate(NamedTuple):
     rate: float  # DraftStats.rate
     draft_len: int  # tokens the drafter proposed (the most it may carry)
     probe: bool = False  # DraftStats.may_probe: one row even where the rate does not pay
+    probe_only: bool = False  # DraftStats.backing_off: no row but a probe
 
 
 class DraftCosts(NamedTuple):
@@ -147,6 +161,12 @@ class DraftCosts(NamedTuple):
     num_tokens: int  # tokens it already produces (its decode rows)
     row_s: float  # one draft row
     limit_s: float  # the ITL target: the step may not be predicted longer with its drafts
+    # the step's predicted time with n draft rows (the cost model's, which prices a batch's
+    # prompt tokens by its size); None: step_s + n * row_s
+    step_with: Callable[[int], float] | None = None
+
+    def with_rows(self, n: int) -> float:
+        return self.step_with(n) if self.step_with else self.step_s + n * self.row_s
 
 
 def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -> dict[object, int]:
@@ -164,7 +184,7 @@ def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -
     limit_s = costs.limit_s + 1e-9  # (a step exactly at the target is within it)
     users: dict[str, list[Candidate]] = {}
     for c in candidates:
-        if c.draft_len > 0:
+        if c.draft_len > 0 and not c.probe_only:
             users.setdefault(c.user, []).append(c)
     rows = 0
     while users and rows < max_rows:
@@ -173,7 +193,7 @@ def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -
             if best is None:
                 del users[user]
                 continue
-            if worth * step_s <= costs.row_s * tokens or step_s + costs.row_s > limit_s:
+            if worth * step_s <= costs.row_s * tokens or costs.with_rows(rows + 1) > limit_s:
                 del users[user]  # its best row does not pay: none of its others would
                 continue
             planned[best.key] = planned.get(best.key, 0) + 1
@@ -184,7 +204,7 @@ def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -
                 break
     for c in candidates:  # probes: one row each, in the time and rows left
         if c.probe and c.draft_len and c.key not in planned and rows < max_rows:
-            if step_s + costs.row_s > limit_s:
+            if costs.with_rows(rows + 1) > limit_s:
                 break
             planned[c.key] = 1
             rows += 1

@@ -243,6 +243,9 @@ def test_a_stop_string_inside_an_accepted_draft_trims_the_cells_past_it():
     assert done.finish_reason == "stop" and done.completion_tokens == 16
     assert h.engine.snapshot().result().counters.spec_accepted_tokens >= 10
     assert not h.text("b").endswith(stop)
+    # every token came from a step of its own or as a kept draft token, none counted twice
+    steps = sum(isinstance(e, Token) and e.request_id == "b" for e in h.events)
+    assert steps + done.timings["draft_n_accepted"] == done.completion_tokens
     h.assert_drained()  # the cached prefix holds exactly its computed tokens, as the cache
 
 
@@ -272,7 +275,7 @@ def test_usage_and_timings_count_every_token_and_say_what_the_drafts_did():
     drafted, accepted = done.timings["draft_n"], done.timings["draft_n_accepted"]
     assert 0 < accepted <= drafted
     steps = h.engine.snapshot().result().steps
-    assert steps.tokens_per_decode > 1.5 and 0 < steps.draft_acceptance <= 1
+    assert steps.tokens_per_decode > 1.3 and 0 < steps.draft_acceptance <= 1
     tokens = sum(isinstance(e, Token) for e in h.events if e.request_id == "r0")
     assert tokens < 40  # several tokens per event where a draft was accepted
 
@@ -284,16 +287,32 @@ def test_no_drafts_under_a_grammar_nor_where_the_runner_has_no_rows_for_them():
     assert Engine(runner, ON).scheduler.max_draft_rows == 0
 
 
-def test_drafts_that_keep_failing_fall_to_almost_none():
-    # a "model" that never repeats: every draft from the prompt is wrong
-    runner = FakeRunner(max_draft_rows=32)
-    h = Harness(runner, ON)
-    tokens = [10 + (i % 5) for i in range(40)]  # a prompt full of repeated n-grams
-    h.engine.add_request("a", tokens, SamplingParams(temperature=0, max_tokens=200))
-    h.run()
-    c = h.engine.snapshot().result().counters
-    assert c.spec_accepted_tokens <= c.spec_draft_tokens * 0.2
-    assert c.spec_drafts < 40  # of 200 decode steps, probes only
+@pytest.mark.parametrize("a, b, n", [(0.03, 0.001, 1), (0.01, 0.002, 1), (0.01, 0.002, 4)])
+def test_drafts_that_keep_failing_fall_to_almost_none_even_where_rows_are_cheap(a, b, n):
+    """A sequence whose every draft is rejected, planned step by step as the scheduler does:
+    after two failed steps it only probes, at intervals that double (a GPU-like step, where
+    a row costs 1/30 of it, included)."""
+    stats = [DraftStats() for _ in range(n)]
+    drafted = 0
+    for _ in range(400):
+        cands = [
+            Candidate(i, f"u{i}", s.rate, 8, s.may_probe, s.backing_off)
+            for i, s in enumerate(stats)
+        ]
+        plan = plan_drafts(cands, _costs(a + b * n, n, b, limit_s=1.0), 64)
+        for i, s in enumerate(stats):
+            s.update(plan.get(i, 0), 0)
+        drafted += len(plan)
+    assert drafted <= 12 * n  # two tries, then probes at 2, 4, ... 64 steps: about 9 each
+
+
+def test_a_probe_that_is_kept_brings_the_drafts_back():
+    stats = DraftStats()
+    for _ in range(3):
+        stats.update(4, 0)
+    assert stats.backing_off
+    stats.update(1, 1)
+    assert not stats.backing_off and stats.probe_wait == 4
 
 
 def _sampled_replies(config, seeds, repeats=6, max_tokens=12):
@@ -365,9 +384,22 @@ def test_drafts_in_a_step_llama_found_no_cells_for_give_their_cells_back():
                 break
         assert h.kv.num_cells < 2048 and h.kv.num_committed == h.kv.num_used == 0
         assert runner.cells == {}
+        # a step that computed nothing taught the cost model nothing: a row's price is the fake's
+        assert sched.cost.decode_token_s == pytest.approx(runner.step_cost[1], rel=0.2)
         return {f"r{i}": h.text(f"r{i}") for i in range(4)}, h
 
     off, _ = replies(OFF)
     on, h = replies(ON)
     assert on == off and all(len(t.split()) == 60 for t in on.values())
     assert h.engine.snapshot().result().counters.spec_accepted_tokens > 0
+
+
+def test_the_itl_limit_is_the_cost_models_whole_step_not_a_flat_price_per_row():
+    """A mixed step whose batch crosses into a dearer size for its prompt tokens: drafts stop
+    where the model's prediction of the whole step reaches the target."""
+    cand = [Candidate(0, "ann", 0.99, 8)]
+    flat = plan_drafts(cand, _costs(0.100, 1, row_s=0.001, limit_s=0.12), 64)
+    dear = _costs(0.100, 1, row_s=0.001, limit_s=0.12)._replace(
+        step_with=lambda n: 0.100 + 0.001 * n + (0.03 if n >= 3 else 0.0)
+    )
+    assert sum(flat.values()) == 8 and plan_drafts(cand, dear, 64) == {0: 2}
