@@ -145,7 +145,12 @@ spec_config() {  # on|off: this checkout's models.toml with n_ctx = CTX and that
     echo "models.toml: no single n_ctx line or [scheduler] table to set" >&2
     return 1
   fi
-  [ -z "$line" ] || sed -i "/^\[scheduler\]$/a $line" "$dst"
+  # the line replaces the key models.toml sets (speculative = ...), or goes under [scheduler]
+  if [ -n "$line" ]; then
+    local key=${line%% =*}
+    sed -i "/^$key = /d" "$dst"
+    sed -i "/^\[scheduler\]$/a $line" "$dst"
+  fi
   echo "$dst"
 }
 
