@@ -44,6 +44,8 @@
 #   ROUNDS=2            rounds; odd rounds run the servers in one order, even rounds in reverse
 #   WORKLOADS="edit quote chat"   USERS="1 4 16"   TOKENS=256
 #   PER_USER=2          requests per user of a point (at least 4 a point)
+#   LABELS="ls-on ls-off llama-none llama-ngram-simple"   only these (a run in parts, into
+#                       the same OUT: the tables read every point's JSON there)
 #   SPEC_TYPES="ngram-simple"     llama-server's speculative types, one run each (also:
 #                       ngram-mod, ngram-map-k, ngram-map-k4v; "ngram-simple ngram-mod" for two)
 #   LLAMA_SPEC_ARGS=""  more llama-server flags for every speculative run, e.g.
@@ -208,6 +210,7 @@ run_round() {  # round: every server, freshly started, every workload and point
   fi
   mapfile -t labels < <(ordered "$round" "${labels[@]}")
   for label in "${labels[@]}"; do
+    [ -z "${LABELS:-}" ] || [[ " $LABELS " == *" $label "* ]] || continue
     echo "round $round: $label ($(date +%T))" >&2
     target=(--url "ws://127.0.0.1:$PORT") metrics=http://127.0.0.1:$PORT/metrics
     if [[ $label == llama-* ]]; then
