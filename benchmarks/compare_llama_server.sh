@@ -69,40 +69,6 @@ trap 'stop_server; rm -rf "$TMPD"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-alive() {  # pid: running (an exited child not yet waited for is a zombie, not alive)
-  local stat
-  stat=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $stat != Z* ]]
-}
-
-wait_free() {  # port: until nothing accepts connections on it
-  for _ in $(seq 120); do
-    (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null || return 0
-    sleep 0.5
-  done
-  echo "port $1 is still in use" >&2
-  return 1
-}
-
-wait_up() {  # url: until the server answers it; fails at once if the server has exited
-  for _ in $(seq 240); do
-    alive "$SERVER_PID" || { echo "the server exited (see its log)" >&2; return 1; }
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "timed out waiting for $1" >&2
-  return 1
-}
-
-stop_server() {  # the running server, if any: its signal, 60 s to exit, then SIGKILL
-  [ -n "$SERVER_PID" ] || return 0
-  kill -"$SERVER_SIG" "$SERVER_PID" 2>/dev/null || true
-  for _ in $(seq 120); do alive "$SERVER_PID" || break; sleep 0.5; done
-  kill -KILL "$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=''
-  wait_free "$SERVER_PORT" || true
-}
-
 start_localserve() {  # dir log [config]: `serve` from that checkout's sources, on $PORT
   local dir=$1 log=$2 config=()
   [ -z "${3:-}" ] || config=(--config "$3")
