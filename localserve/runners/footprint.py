@@ -25,7 +25,8 @@ Three parts, each as llama.cpp (the 0.3.36 vendored sources) sizes it:
   model (docs/benchmarks.md), the buffer was the logits alone at n_ctx 4096 and the masks plus
   the feed-forward plus the logits at n_ctx 16384. So the estimate counts them all at once: an
   upper bound, 0-55% above llama.cpp's compute buffer there (a few percent of the total).
-  Besides the graph, llama.cpp keeps an output buffer of the same n_seq_max logit rows.
+  Besides the graph, llama.cpp keeps an output buffer of logit rows: n_seq_max at start, grown
+  to a batch's rows when one asks for more (drafts), so counted here at `logit_rows` too.
 
 Tested in tests/unit/runners/test_footprint.py and tests/e2e/test_footprint.py.
 """

@@ -7,70 +7,23 @@ import pytest
 from localserve.config import ModelConfig, SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem
 from localserve.engine.engine import Engine
-from localserve.engine.events import Done, Preempted, Token
+from localserve.engine.events import Done, Preempted
 from localserve.engine.kv import KVPool
 from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import Sequence
 from localserve.runners.models import ensure_embedded
 from localserve.serve.prompt import PREAMBLE
+from tests.support.llama_runs import PROMPTS, all_cells, open_runner, run_engine, texts
 
 pytestmark = pytest.mark.model
-
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time, in a small village by the sea,",
-    "def fibonacci(n):",
-    "The three primary colours are",
-    "Water boils at",
-    "A haiku about autumn:",
-    "List of planets in the solar system: Mercury,",
-    "In 1969, the first person to walk on the Moon was",
-]
 
 
 @pytest.fixture(scope="module")
 def runner():
-    from localserve.runners.llama import LlamaRunner
-
-    cfg = ModelConfig(
-        embedded=True,
-        chat_template="gemma",
-        n_ctx=2048,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        n_threads=2,
-    )
-    r = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
+    r = open_runner()
     yield r
     r.close()
-
-
-def run_engine(runner, requests, config=None, max_steps=5000, on_step=None):
-    """Run (id, prompt, params, user) requests to completion; return events and the engine."""
-    events = []
-    engine = Engine(runner, config or SchedulerConfig(), on_events=events.extend)
-    for rid, prompt, params, user in requests:
-        engine.add_request(rid, runner.tokenize(prompt), params, user=user)
-    for _ in range(max_steps):
-        engine.step()
-        if on_step:
-            on_step(engine)
-        if not engine.scheduler.has_work:
-            break
-    return events, engine
-
-
-def texts(events) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for e in events:
-        if isinstance(e, Token):
-            out[e.request_id] = out.get(e.request_id, "") + e.text
-    return out
-
-
-def all_cells(runner) -> int:
-    return sum(runner.seq_num_cells(i) for i in range(runner.n_seq_max))
 
 
 def test_eight_concurrent_sequences_finish_and_free_their_cells(runner):
@@ -326,8 +279,8 @@ def test_a_q8_0_kv_cache_serves_real_requests_in_half_the_memory():
 @pytest.mark.parametrize("repeat_penalty", [1.0, 1.1])  # numpy sampler, llama.cpp chain
 def test_a_constrained_neighbour_changes_no_token_of_a_free_request(runner, repeat_penalty):
     """The mask is its own row's: a free greedy request beside a constrained one gives the text
-    it gives beside a free one (the same batch shape, the same prompts), token for token —
-    while the constrained one really writes its JSON."""
+    it gives beside a free one (the same batch shape, the same prompts, no drafts), token for
+    token — while the constrained one really writes its JSON."""
     from localserve.chat.constraints import ConstraintCompiler
 
     schema = {"type": "object", "properties": {"year": {"type": "integer"}}, "required": ["year"]}
@@ -337,9 +290,12 @@ def test_a_constrained_neighbour_changes_no_token_of_a_free_request(runner, repe
     shaped = SamplingParams(
         temperature=0, max_tokens=24, repeat_penalty=repeat_penalty, constraint=constraint
     )
-    beside_free = texts(run_engine(runner, [("a", prompt, free, "u"), ("b", prompt, free, "v")])[0])
-    beside_shaped = texts(
-        run_engine(runner, [("a", prompt, free, "u"), ("b", prompt, shaped, "v")])[0]
-    )
+    # without drafts: a free neighbour would draft and a constrained one cannot, and the batch's
+    # shape alone moves llama.cpp's arithmetic (tests/e2e/test_speculative_decoding.py)
+    same_shape = SchedulerConfig(speculative="off")
+    free_pair = [("a", prompt, free, "u"), ("b", prompt, free, "v")]
+    beside_free = texts(run_engine(runner, free_pair, same_shape)[0])
+    shaped_pair = [("a", prompt, free, "u"), ("b", prompt, shaped, "v")]
+    beside_shaped = texts(run_engine(runner, shaped_pair, same_shape)[0])
     assert beside_shaped["a"] == beside_free["a"] == beside_free["b"]
     assert beside_shaped["b"].startswith('{"year":') and not beside_free["a"].startswith("{")

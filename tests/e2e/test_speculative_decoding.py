@@ -12,14 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from localserve.config import ModelConfig, SchedulerConfig
+from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem
 from localserve.engine.events import Done
 from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import Sequence
-from localserve.runners.models import ensure_embedded
-from tests.e2e.test_llama_runner import PROMPTS, all_cells, run_engine, texts
+from tests.support.llama_runs import PROMPTS, all_cells, open_runner, run_engine, texts
 
 pytestmark = pytest.mark.model
 
@@ -34,17 +33,7 @@ NEAR_TIE = 2.0
 
 @pytest.fixture(scope="module")
 def runner():
-    from localserve.runners.llama import LlamaRunner
-
-    cfg = ModelConfig(
-        embedded=True,
-        chat_template="gemma",
-        n_ctx=2048,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        n_threads=2,
-    )
-    r = LlamaRunner("gemma-3-270m", ensure_embedded(), cfg)
+    r = open_runner()
     yield r
     r.close()
 
