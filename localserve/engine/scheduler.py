@@ -357,12 +357,11 @@ class Scheduler:
         cannot take tokens back), none past max_tokens or the context."""
         if seq.params.constraint is not None:
             return 0
-        room = min(
+        return min(
             self.config.max_draft_tokens,
             seq.params.max_tokens - seq.num_output_tokens - 1,
             seq.max_total_tokens - len(seq.tokens) - 1,
         )
-        return room
 
     def _prefill_budget(self, num_decode: int, prefills: list[Sequence], now: float) -> int:
         """The step's prompt tokens: what is left of the batch; while anyone decodes (continuous
