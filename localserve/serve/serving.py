@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from localserve.config import Config
+from localserve.config import Config, configured_model
 from localserve.engine.engine import Engine
 from localserve.engine.runner import Runner
 from localserve.engine_process.client import EngineProcess
@@ -56,7 +56,7 @@ def serving(
     thread: start listening on 127.0.0.1, any free port, on a thread of its own (`.thread.url`);
     otherwise the caller runs the server (`server.run(served.server, host, port)`).
     """
-    name = model or config.default
+    name = configured_model(config, model)  # ConfigError for a model it does not have
     with contextlib.ExitStack() as stack:
         usage = None
         if config.server.usage:  # first: a bad database is said before the model loads

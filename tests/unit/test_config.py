@@ -12,6 +12,7 @@ from localserve.config import (
     ModelConfig,
     ServerConfig,
     builtin_config,
+    configured_model,
     load_config,
     parse_config,
 )
@@ -57,7 +58,7 @@ def test_empty_file_gives_the_builtin_default():
 # --- a valid custom model --------------------------------------------------------------------
 
 
-def test_custom_model_with_path_is_accepted_next_to_the_builtin():
+def test_custom_model_with_path_is_accepted():
     config = parse_config(
         model_with('chat_template = "chatml"', "n_ctx = 4096", "max_num_seqs = 8")
     )
@@ -65,8 +66,33 @@ def test_custom_model_with_path_is_accepted_next_to_the_builtin():
     assert x.path == "/models/x.gguf"
     assert x.embedded is False
     assert (x.chat_template, x.n_ctx, x.max_num_seqs) == ("chatml", 4096, 8)
-    assert DEFAULT_MODEL in config.models
-    assert config.default == DEFAULT_MODEL
+
+
+def test_a_file_that_names_models_serves_only_those_the_first_by_default():
+    config = parse_config(VALID_MODEL + '[models.y]\npath = "/models/y.gguf"\n')
+    assert list(config.models) == ["x", "y"]  # the embedded toy model is not offered
+    assert config.default == "x"
+
+
+def test_the_embedded_model_is_served_when_the_file_names_it():
+    config = parse_config(VALID_MODEL + f"[models.{DEFAULT_MODEL}]\nembedded = true\n")
+    assert list(config.models) == ["x", DEFAULT_MODEL]
+    assert config.default == DEFAULT_MODEL  # its name stays the default while it is configured
+
+
+def test_a_default_naming_the_embedded_model_it_does_not_serve_says_how_to():
+    message = config_error(f'default = "{DEFAULT_MODEL}"\n' + VALID_MODEL)
+    assert f"default: unknown model '{DEFAULT_MODEL}' (known: x)" in message
+    assert f"[models.{DEFAULT_MODEL}] embedded = true" in message
+
+
+def test_configured_model_names_the_key_and_the_models():
+    config = parse_config(VALID_MODEL)
+    assert configured_model(config, None) == configured_model(config, "x") == "x"
+    with pytest.raises(ConfigError, match=r"^--model: unknown model 'y' \(models.toml has: x\)$"):
+        configured_model(config, "y", "--model")
+    with pytest.raises(ConfigError, match=r"embedded = true"):
+        configured_model(config, DEFAULT_MODEL)
 
 
 def test_default_may_name_a_custom_model():
@@ -186,8 +212,8 @@ def test_empty_path_counts_as_no_path():
 
 def test_unknown_default_model_is_an_error_listing_the_known_ones():
     message = config_error('default = "nope"\n' + VALID_MODEL)
-    assert "default" in message and "'nope'" in message
-    assert DEFAULT_MODEL in message and "x" in message
+    assert "default" in message and "'nope'" in message and "(known: x)" in message
+    assert "embedded = true" not in message  # the hint is for the embedded model's name only
 
 
 def test_invalid_toml_is_a_config_error_naming_the_source():
