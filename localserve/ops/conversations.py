@@ -50,9 +50,10 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS conversations (
     revision INTEGER NOT NULL,     -- 1 at the first save, one more at each
     bytes INTEGER NOT NULL,        -- of title and messages, as stored: what the bound counts
     messages BLOB NOT NULL,        -- JSON: a list of StoredMessage
+    model TEXT,                    -- the model it talks to (NULL: the server's default)
     PRIMARY KEY (user, id)
 ) WITHOUT ROWID"""
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the model column (a version 1 file gets it when opened)
 SUMMARY = "SELECT id, title, created, updated, revision, bytes FROM conversations"
 
 _encode_messages = msgspec.json.Encoder().encode
@@ -136,14 +137,14 @@ class ConversationStore:
 
     def _get(self, user: str, id: str) -> tuple[SavedConversation, ConversationSummary] | None:
         row = self._db.execute(
-            "SELECT id, title, created, updated, revision, bytes, messages FROM conversations "
+            "SELECT id, title, created, updated, revision, bytes, messages, model FROM conversations "
             "WHERE user = ? AND id = ?",
             (user, id),
         ).fetchone()
         if row is None:
             return None
-        *summary, messages = row
-        found = SavedConversation(row[0], row[1], row[2], _decode_messages(messages))
+        *summary, messages, model = row
+        found = SavedConversation(row[0], row[1], row[2], _decode_messages(messages), model)
         return found, ConversationSummary(*summary)
 
     def _used(self, user: str) -> tuple[int, int]:
@@ -169,8 +170,8 @@ class ConversationStore:
             self._check_room(count + (old is None), used - old_size + size, old_size < size)
             now = _now_ms()
             self._db.execute(
-                "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (user, c.id, c.title, c.created, now, revision + 1, size, messages),
+                "INSERT OR REPLACE INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (user, c.id, c.title, c.created, now, revision + 1, size, messages, c.model),
             )
         return ConversationSummary(c.id, c.title, c.created, now, revision + 1, size)
 
@@ -215,7 +216,11 @@ class ConversationStore:
 
 def _connect(path: Path) -> sqlite3.Connection:
     """The database, created if need be; a file that is not one is said with what to do."""
-    return open_store(path, SCHEMA, SCHEMA_VERSION, "the conversation store", StoreUnusable, "")
+    db = open_store(path, SCHEMA, SCHEMA_VERSION, "the conversation store", StoreUnusable, "")
+    columns = {row[1] for row in db.execute("PRAGMA table_info(conversations)")}
+    if "model" not in columns:  # written by schema 1: its conversations have no model
+        db.execute("ALTER TABLE conversations ADD COLUMN model TEXT")
+    return db
 
 
 def _conversations(n: int) -> str:

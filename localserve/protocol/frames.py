@@ -91,6 +91,10 @@ class Subscribe(msgspec.Struct, tag="subscribe", forbid_unknown_fields=True):
     token: str | None = None  # the monitor token, when the server requires one
 
 
+class ListModels(msgspec.Struct, tag="list_models", forbid_unknown_fields=True):
+    """The server's models and what choosing each costs now (answered by `models`)."""
+
+
 # --- server -> client -------------------------------------------------------------------------
 
 
@@ -167,6 +171,7 @@ class Finished(msgspec.Struct, tag="done"):
     # the chat's oldest messages left out so that it fit the context (context_overflow)
     dropped_messages: int = 0
     tool_calls: list[WireToolCall] = msgspec.field(default_factory=list)  # finish "tool_calls"
+    model: str = ""  # the model that answered ("" from older servers)
 
 
 class Error(msgspec.Struct, tag="error", omit_defaults=True):
@@ -214,6 +219,31 @@ class ModelStatus(msgspec.Struct, omit_defaults=True):
     waiting: int = 0  # requests waiting for it to load
 
 
+class ModelChoice(msgspec.Struct):
+    """One model as a person choosing it sees it (the `models` frame)."""
+
+    name: str
+    state: str  # loaded | loading | unloaded | failed
+    busy: bool = False  # loaded, with requests in flight
+    reason: str = ""  # why it failed, or what its load waits for ("waiting for memory: ...")
+    # choosing it now would unload these loaded models to make room (a swap); [] = it fits
+    swap: list[str] = msgspec.field(default_factory=list)
+    swap_waits: bool = False  # some of them are busy: its load waits for their replies
+    too_big: bool = False  # more than the server's whole memory budget: it cannot load
+    # about how long its load takes, in seconds (None: loaded, or nothing to go by) and from
+    # what: "last_load" (its own since the server started) or "estimate" (its memory need at
+    # the rate of earlier loads)
+    load_s: float | None = None
+    load_s_from: str = ""
+
+
+class Models(msgspec.Struct, tag="models"):
+    """The answer to `list_models`: every model, the default first."""
+
+    models: list[ModelChoice]
+    default: str
+
+
 class Stats(msgspec.Struct, tag="stats"):
     snapshot: Snapshot  # the default model's engine (else the loaded one used last)
     usage_today: list[UserUsage] = msgspec.field(default_factory=list)  # most tokens first
@@ -251,6 +281,8 @@ class SavedConversation(msgspec.Struct):
     messages: Annotated[list[StoredMessage], msgspec.Meta(max_length=MAX_MESSAGES)] = msgspec.field(
         default_factory=list
     )
+    # the model the conversation talks to (None: the server's default; older ones have none)
+    model: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
 class ListConversations(msgspec.Struct, tag="list_conversations", forbid_unknown_fields=True):
@@ -329,6 +361,7 @@ ClientFrame = (
     | Chat
     | Cancel
     | Subscribe
+    | ListModels
     | ListConversations
     | GetConversation
     | SaveConversation
@@ -343,6 +376,7 @@ ServerFrame = (
     | Error
     | Notice
     | Stats
+    | Models
     | ConversationList
     | ConversationFound
     | ConversationSaved

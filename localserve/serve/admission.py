@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -158,6 +159,11 @@ class Frontdoor(Protocol):
 
     def describe_models(self) -> list[dict]:
         """Every model's state (pool.py's ModelSlot.describe), the default first."""
+        ...
+
+    async def model_choices(self) -> list[dict]:
+        """describe_models, each with what choosing it now costs (pool.py's `Choice`: the
+        models its load would unload, about how long it takes)."""
         ...
 
     async def loaded_prompts(self) -> PromptBuilder:
@@ -310,6 +316,11 @@ class Admission:
         return [
             self.pool.slot(n).describe() | {"waiting": loading.get(n, 0)} for n in self.model_names
         ]
+
+    async def model_choices(self) -> list[dict]:
+        described = self.describe_models()
+        choices = [await self.pool.choice(self.pool.slot(m["name"])) for m in described]
+        return [m | dataclasses.asdict(c) for m, c in zip(described, choices, strict=True)]
 
     async def loaded_prompts(self, name: str | None = None) -> PromptBuilder:
         """The prompt builder of `name` (None: the default), loading it if it is not."""
@@ -718,6 +729,9 @@ class ModelDoor:
 
     def describe_models(self) -> list[dict]:
         return self._admission.describe_models()
+
+    async def model_choices(self) -> list[dict]:
+        return await self._admission.model_choices()
 
     async def loaded_prompts(self) -> PromptBuilder:
         return await self._admission.loaded_prompts(self._slot.name)

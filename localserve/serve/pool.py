@@ -351,18 +351,15 @@ class ModelPool:
                 f"model {slot.name} could not be loaded: it needs {need / MIB:.0f} MiB, more "
                 f"than the whole memory budget ({budget / MIB:.0f} MiB)"
             )
-        while True:  # loading ones that made their room count as loaded (and busy)
-            loaded = [s for s in self.slots.values()
-                      if (s.is_loaded or s._has_room) and s is not slot]  # fmt: skip
-            used = sum(s.need_bytes for s in loaded)
-            if used + need <= budget and (not cap or len(loaded) < cap):
+        while True:
+            loaded = self._holding(slot)
+            idle, blocked = room_for(need, loaded, budget, cap)
+            if not idle and not blocked:
                 return
             if not slot._told:  # everyone who wanted it left: no eviction, no swap for nobody
                 raise Abandoned(f"nobody waits for model {slot.name} any more")
-            idle = sorted(
-                (s for s in loaded if s.is_loaded and s.active == 0), key=lambda s: s.last_used
-            )
             if idle:
+                used = sum(s.need_bytes for s in loaded)
                 why = "memory" if used + need > budget else f"max_loaded_models = {cap}"
                 log.info("evicting model %s for %s (%s)", idle[0].name, slot.name, why)
                 await self.unload(idle[0])
@@ -376,6 +373,41 @@ class ModelPool:
             await self._memory_changed.wait()
             if self._closing:
                 raise LoadFailure("the server is shutting down")
+
+    def _holding(self, slot: ModelSlot) -> list[ModelSlot]:
+        """The models holding memory `slot` would need: the loaded ones, and the loading ones
+        that made their room (counted as loaded and busy)."""
+        return [s for s in self.slots.values() if (s.is_loaded or s._has_room) and s is not slot]
+
+    async def choice(self, slot: ModelSlot) -> Choice:
+        """What choosing `slot` now would cost: the models its load would unload, and about
+        how long it takes (its last load's time, else an estimate at the rate of earlier loads)."""
+        if slot.state not in ("loaded", "loading"):
+            if not slot.need_bytes:
+                loop = asyncio.get_running_loop()
+                slot.need_bytes = await loop.run_in_executor(None, _need, slot)
+            budget, cap = self.budget(), self._server_config().max_loaded_models
+            loaded = self._holding(slot)
+            idle, blocked = room_for(slot.need_bytes, loaded, budget, cap)
+            busy = [s for s in loaded if s not in idle] if blocked else []
+            too_big = slot.need_bytes > budget
+            swap = [s.name for s in idle + busy] if not too_big else []
+            choice = Choice(swap, bool(busy), too_big)
+        else:
+            choice = Choice()
+        if slot.state != "loaded":
+            choice.load_s, choice.load_s_from = self._load_time(slot)
+        return choice
+
+    def _load_time(self, slot: ModelSlot) -> tuple[float | None, str]:
+        """(seconds, "last_load" | "estimate") a load of `slot` takes; (None, "") unknown."""
+        if slot.load_ms:
+            return round(slot.load_ms / 1e3, 1), "last_load"
+        loads = [s for s in self.slots.values() if s.load_ms and s.need_bytes]
+        if not loads or not slot.need_bytes:
+            return None, ""
+        ms_per_byte = sum(s.load_ms for s in loads) / sum(s.need_bytes for s in loads)
+        return round(slot.need_bytes * ms_per_byte / 1e3, 1), "estimate"
 
     # --- requests and idleness ------------------------------------------------------------------
 
@@ -453,6 +485,37 @@ class ModelPool:
             if slot.loaded is not None:
                 loaded, slot.loaded, slot.state = slot.loaded, None, "unloaded"
                 await asyncio.get_running_loop().run_in_executor(None, loaded.close)
+
+
+@dataclass
+class Choice:
+    """What choosing a model now costs (`ModelPool.choice`)."""
+
+    swap: list[str] = field(default_factory=list)  # the loaded models its load would unload
+    swap_waits: bool = False  # some of those are busy: the load waits for their requests
+    too_big: bool = False  # it needs more than the whole memory budget: it cannot load
+    load_s: float | None = None  # about how long its load takes (None: loaded, or unknown)
+    load_s_from: str = ""  # "last_load" (measured since the start) | "estimate" | ""
+
+
+def room_for(
+    need: int, loaded: list[ModelSlot], budget: int, cap: int
+) -> tuple[list[ModelSlot], bool]:
+    """What would have to go for a model needing `need` bytes to load beside `loaded` within
+    `budget` bytes and `cap` models (0 = no cap): the idle ones to unload, least recently used
+    first, and whether even without them it does not fit (busy ones are in the way). ([],
+    False): it fits now. Pure: the pool's eviction (`_make_room`) and the picker's
+    `choice` both ask it."""
+    idle = sorted((s for s in loaded if s.is_loaded and s.active == 0), key=lambda s: s.last_used)
+    used, count = sum(s.need_bytes for s in loaded), len(loaded)
+    gone: list[ModelSlot] = []
+    for s in [None, *idle]:
+        if s is not None:
+            gone.append(s)
+            used, count = used - s.need_bytes, count - 1
+        if used + need <= budget and (not cap or count < cap):
+            return gone, False
+    return gone, True
 
 
 def give_back_memory() -> None:

@@ -292,3 +292,53 @@ def test_a_copy_older_than_the_stored_one_is_refused_as_a_conflict(server):
     assert broken["code"] == "bad_request" and broken["id"] == "c9"
     for ws in (laptop, phone):
         ws.close()
+
+
+# --- each conversation remembers its model ------------------------------------------------------
+
+
+def test_a_conversation_keeps_its_model_and_one_without_has_none(server):
+    ann, _ = signed_in(server, "ann")
+    with_model = conversation("m1", "Picked", "hi") | {"model": "other"}
+    for saved in (with_model, conversation("m2", "Default", "hi")):
+        ann.send({"type": "save_conversation", "conversation": saved})
+        assert answer(ann)["type"] == "conversation_saved"
+    for id, model in (("m1", "other"), ("m2", None)):
+        ann.send({"type": "get_conversation", "id": id})
+        assert next_of(ann, "conversation")["conversation"]["model"] == model
+    ann.close()
+
+
+SCHEMA_1 = """CREATE TABLE conversations (
+    user TEXT NOT NULL, id TEXT NOT NULL, title TEXT NOT NULL, created INTEGER NOT NULL,
+    updated INTEGER NOT NULL, revision INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    messages BLOB NOT NULL, PRIMARY KEY (user, id)
+) WITHOUT ROWID"""
+
+
+def test_a_store_written_before_models_were_kept_still_loads_and_saves_models(tmp_path):
+    import asyncio
+
+    from localserve.protocol.frames import SavedConversation
+
+    db = sqlite3.connect(tmp_path / DATABASE)
+    db.execute(SCHEMA_1)
+    messages = b'[{"role":"user","content":"old question"}]'
+    db.execute("INSERT INTO conversations VALUES ('ann','old','Old',1,2,1,10,?)", (messages,))
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+
+    async def use() -> tuple:
+        store = ConversationStore.open(ServerConfig(state_dir=str(tmp_path)))
+        try:
+            old, _ = await store.get("ann", "old")
+            await store.save("ann", SavedConversation("new", "New", 3, [], model="other"))
+            new, _ = await store.get("ann", "new")
+            return old, new
+        finally:
+            store.close()
+
+    old, new = asyncio.run(use())
+    assert (old.title, old.messages[0].content, old.model) == ("Old", "old question", None)
+    assert new.model == "other"

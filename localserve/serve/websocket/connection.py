@@ -36,6 +36,7 @@ from localserve.protocol.frames import (
     Error,
     Finished,
     Hello,
+    ListModels,
     Queued,
     ReplyUsage,
     Subscribe,
@@ -217,7 +218,10 @@ class Connection:
         recorded = request.is_recorded
         dropped = request.num_dropped_messages
         self.send(
-            Finished(request.client_id, finish_reason, usage, timings, recorded, dropped, calls)
+            Finished(
+                request.client_id, finish_reason, usage, timings, recorded, dropped, calls,
+                request.model or self.door.model_name,
+            )  # fmt: skip
         )
 
     # --- closing ----------------------------------------------------------------------------
@@ -329,6 +333,8 @@ class Connection:
             await self._chat(frame)
         elif isinstance(frame, Cancel):
             self._cancel(frame)
+        elif isinstance(frame, ListModels):
+            self.send(await self.connections.models_frame())
         elif isinstance(frame, CONVERSATION_FRAMES):
             store = self.connections.conversations
             await conversations.answer(self, frame, store, self.connections.others_of)

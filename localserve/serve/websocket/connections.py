@@ -23,7 +23,7 @@ import msgspec
 from localserve import __version__
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
-from localserve.protocol.frames import Limits, ModelStatus, Stats, Welcome
+from localserve.protocol.frames import Limits, ModelChoice, Models, ModelStatus, Stats, Welcome
 from localserve.protocol.snapshot import ModelInfo, Snapshot
 from localserve.serve.admission import Frontdoor, Request
 from localserve.serve.snapshots import NoModelLoaded, Snapshots
@@ -146,6 +146,12 @@ class Connections:
             models=self._door.model_names,
         )
 
+    async def models_frame(self) -> Models:
+        """The answer to `list_models`: every model, the default first, with what choosing it
+        costs now."""
+        choices = [_choice(m) for m in await self._door.model_choices()]
+        return Models(choices, self._door.model_name)
+
     async def stats_frame(self) -> bytes:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
         try:
@@ -188,4 +194,19 @@ def _status(model: dict) -> ModelStatus:
         model["since"],
         model["memory_mib"],
         model.get("waiting", 0),
+    )
+
+
+def _choice(model: dict) -> ModelChoice:
+    """A model's state and cost (admission's model_choices) as the `models` frame carries it."""
+    return ModelChoice(
+        model["name"],
+        model["state"],
+        model["busy"],
+        model.get("reason", ""),
+        model["swap"],
+        model["swap_waits"],
+        model["too_big"],
+        model["load_s"],
+        model["load_s_from"],
     )

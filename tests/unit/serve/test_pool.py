@@ -20,7 +20,7 @@ from localserve.config import (
     parse_keep_alive,
 )
 from localserve.runners.fake import FakeRunner
-from localserve.serve.pool import LoadedModel, LoadFailure, ModelPool, UnknownModel
+from localserve.serve.pool import LoadedModel, LoadFailure, ModelPool, UnknownModel, room_for
 
 
 class FakeEngine:
@@ -293,5 +293,62 @@ def test_a_model_evicted_for_a_load_is_not_loaded_again_before_that_load():
         pool.release(b)
         await late
         assert loads == ["a", "b", "a"] and a.is_loaded
+
+    run(main())
+
+
+# --- what choosing a model costs (the picker's `models` frame) -------------------------------
+
+
+def test_room_for_names_the_idle_models_to_unload_least_recently_used_first():
+    pool, _ = pool_of(["a", "b", "c", "d"], need_mib=100)
+    a, b, c, d = (pool.slot(n) for n in "abcd")
+    for slot, used in ((a, 2.0), (b, 1.0), (c, 3.0)):
+        slot.state, slot.last_used = "loaded", used
+    loaded = [a, b, c]
+    assert room_for(d.need_bytes, loaded, 400 << 20, 0) == ([], False)  # it fits
+    assert room_for(d.need_bytes, loaded, 300 << 20, 0) == ([b], False)  # memory
+    assert room_for(d.need_bytes, loaded, 200 << 20, 0) == ([b, a], False)
+    assert room_for(d.need_bytes, loaded, 400 << 20, 2) == ([b, a], False)  # the cap
+    a.active = b.active = 1  # busy: never unloaded, they block it
+    assert room_for(d.need_bytes, loaded, 200 << 20, 0) == ([c], True)
+
+
+def test_a_choice_says_what_it_would_unload_and_how_long_its_load_takes():
+    async def main():
+        server = ServerConfig(max_loaded_models=2, memory_budget_mib=1000)
+        pool, loads = pool_of(["a", "b", "c", "big"], server, need_mib=100)
+        a, b, c, big = (pool.slot(n) for n in ("a", "b", "c", "big"))
+        c.need_bytes, big.need_bytes = 300 << 20, 2000 << 20
+        for slot in (a, b):
+            await pool.ready(slot, print)
+        pool.acquire(b)
+        pool.release(b)  # a is the least recently used
+        a.load_ms, b.load_ms = 1500.0, 2500.0  # 2 s per 100 MiB
+        chosen = await pool.choice(c)
+        assert (chosen.swap, chosen.swap_waits, chosen.too_big) == (["a"], False, False)
+        assert (chosen.load_s, chosen.load_s_from) == (6.0, "estimate")
+        assert (await pool.choice(a)).swap == [] and (await pool.choice(a)).load_s is None
+        assert (await pool.choice(big)).too_big and (await pool.choice(big)).swap == []
+        pool.acquire(a)
+        pool.acquire(b)  # both busy: its load would wait for them
+        waits = await pool.choice(c)
+        assert (waits.swap, waits.swap_waits) == (["a", "b"], True)
+        pool.release(a)
+        await pool.ready(c, print)  # a makes room for it
+        await pool.unload(c)
+        c.load_ms = 3200.0
+        again = await pool.choice(c)
+        assert (again.load_s, again.load_s_from, again.swap) == (3.2, "last_load", [])  # a is gone
+        assert loads == ["a", "b", "c"]
+
+    run(main())
+
+
+def test_nothing_to_go_by_is_no_load_time():
+    async def main():
+        pool, _ = pool_of(["a", "b"], ServerConfig(memory_budget_mib=1000), need_mib=100)
+        chosen = await pool.choice(pool.slot("b"))
+        assert (chosen.swap, chosen.load_s, chosen.load_s_from) == ([], None, "")
 
     run(main())
