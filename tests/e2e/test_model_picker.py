@@ -1,0 +1,124 @@
+"""Picking a model (issue 38), on the real server over loopback with fake engines: a models.toml
+that names models lists only those (no embedded toy model) in /v1/models, /api/tags and the
+welcome; `list_models` says each model's state, what choosing it would unload and about how long
+its load takes; a chat for a second model loads it (a swap: max_loaded_models = 1) and its `done`
+names the model that answered. The real model and the page: tests/e2e/test_chat_page.py."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from localserve.config import DEFAULT_MODEL, parse_config
+from localserve.engine.engine import Engine
+from localserve.serve.pool import LoadedModel
+from tests.support.fakes import PacedRunner
+from tests.support.live import WS
+
+LOAD_S = 0.3  # a fake load takes this long, so that it can be seen loading
+
+TOML = """
+[server]
+max_loaded_models = 1
+memory_budget_mib = 1000
+shutdown_grace_s = 1
+state_dir = "{state}"
+
+[models.first]
+path = "/nowhere/first.gguf"
+chat_format = "transcript"
+
+[models.second]
+path = "/nowhere/second.gguf"
+chat_format = "transcript"
+"""
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    from localserve.serve import serving as serving_module
+
+    config = parse_config(TOML.format(state=tmp_path))
+
+    def fake_load(config, name: str) -> LoadedModel:  # as serving.load_model, on a fake runner
+        time.sleep(LOAD_S)
+        runner = PacedRunner()
+        engine = Engine(runner, config.scheduler).start()
+        return LoadedModel(engine, runner, engine.stop)
+
+    monkeypatch.setattr(serving_module, "load_model", fake_load)
+    runner = PacedRunner()
+    with serving_module.serving(config, runner=runner, thread=True) as made:
+        yield made
+    runner.close()
+
+
+def get(served, path: str) -> dict:
+    with urllib.request.urlopen(served.thread.http + path, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def models_of(ws: WS) -> dict:
+    ws.send({"type": "list_models"})
+    return ws.until(lambda f: f["type"] in ("models", "error"), 10)[-1]
+
+
+def by_name(frame: dict) -> dict:
+    return {m["name"]: m for m in frame["models"]}
+
+
+def test_only_the_configured_models_are_listed_the_first_the_default(served):
+    assert served.name == "first"
+    assert [m["id"] for m in get(served, "/v1/models")["data"]] == ["first", "second"]
+    assert [m["name"] for m in get(served, "/api/tags")["models"]] == ["first:latest", "second:latest"]
+    ws = WS(served.thread.url)
+    welcome = ws.hello("ann")
+    assert (welcome["model"], welcome["models"]) == ("first", ["first", "second"])
+    assert DEFAULT_MODEL not in json.dumps(get(served, "/v1/models"))
+    ws.close()
+
+
+def test_list_models_says_what_choosing_costs_and_done_names_the_model(served):
+    ws = WS(served.thread.url)
+    ws.send({"type": "list_models"})  # before hello: refused, as every frame but hello
+    assert ws.recv(10)["code"] == "unauthorized"
+    ws.hello("ann")
+    before = models_of(ws)
+    assert before["default"] == "first" and [m["name"] for m in before["models"]] == [
+        "first",
+        "second",
+    ]
+    first, second = before["models"]
+    assert (first["state"], first["swap"], first["load_s"]) == ("loaded", [], None)
+    assert (second["state"], second["swap"], second["swap_waits"]) == ("unloaded", ["first"], False)
+    assert (second["load_s"], second["load_s_from"]) == (None, "")  # nothing to go by yet
+
+    ws.chat("r1", "hello", max_tokens=4, model="second")
+    frames = ws.until_done("r1", 30)
+    assert any("loading model second" in f.get("loading", "") for f in frames)
+    done = frames[-1]
+    assert (done["finish_reason"], done["model"]) == ("length", "second")
+    assert done["timings"]["load_ms"] >= LOAD_S * 1e3
+
+    after = by_name(models_of(ws))
+    assert after["second"]["state"] == "loaded" and after["first"]["state"] == "unloaded"
+    assert after["first"]["swap"] == ["second"]
+    assert after["second"]["load_s"] is None  # loaded: nothing to wait for
+    ws.chat("r2", "hello", max_tokens=4)  # the default again: a swap back
+    assert ws.until_done("r2", 30)[-1]["model"] == "first"
+    measured = by_name(models_of(ws))["second"]
+    assert measured["load_s_from"] == "last_load" and measured["load_s"] >= LOAD_S
+    ws.close()
+
+
+def test_a_bad_list_models_frame_gets_one_error_and_the_connection_goes_on(served):
+    ws = WS(served.thread.url)
+    ws.hello("ann")
+    ws.send({"type": "list_models", "model": "x"})
+    error = ws.recv(10)
+    assert error["type"] == "error" and error["code"] == "bad_request" and "model" in error["message"]
+    assert models_of(ws)["type"] == "models"
+    ws.close()
