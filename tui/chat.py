@@ -24,6 +24,7 @@ from typing import TextIO
 
 from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
+from tui import model_picker
 
 MAX_LINE_CHARS = 256 << 10  # a message from standard input: the server's max_frame_bytes default
 TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
@@ -31,6 +32,7 @@ TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
 HELP = "/help lists the commands, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
 COMMANDS = (
     ("/new", "start a new conversation (the model forgets this one)"),
+    *model_picker.COMMANDS,
     ("/help", "this list"),
     ("/quit", "leave (so do Ctrl-D, and Ctrl-C at the prompt)"),
 )
@@ -100,6 +102,7 @@ class ChatClient:
         echo: bool = False,
         err: TextIO | None = None,
         color: bool | None = None,
+        model: str | None = None,
     ) -> None:
         self.url, self.user, self.token = url, user, token
         self.max_tokens, self.temperature = max_tokens, temperature
@@ -110,6 +113,7 @@ class ChatClient:
         # reasoning dimmed: on a terminal only (not in a file or a pipe), unless $NO_COLOR
         self.color = color if color is not None else _is_terminal(out)
         self.history: list[Message] = []
+        self.picker = model_picker.ModelPicker(model, self._print)  # /model, --model
         self.client: Client | None = None
         self._current: str | None = None  # id of the reply being streamed
         self._leave: asyncio.Future | None = None  # set at Ctrl-C while waiting at the prompt
@@ -128,7 +132,13 @@ class ChatClient:
             self._print(f"localserve chat: cannot connect to {self.url}: {e}", file=self.err)
             return 1
         w = self.client.welcome
-        self._print(f"Connected to {w.model} at {self.url} as {self.user}. {HELP}.")
+        self.picker.client = self.client
+        if self.picker.model and (refused := self.picker.unknown(self.picker.model)):
+            self._print(f"localserve chat: --model: {refused}", file=self.err)
+            await self.client.close()
+            return 2
+        model = self.picker.model or w.model
+        self._print(f"Connected to {model} at {self.url} as {self.user}. {HELP}.")
         if w.quota is not None:
             self._print(quota_line(w.quota))
         loop = asyncio.get_running_loop()
@@ -153,7 +163,8 @@ class ChatClient:
                 self._print("")
                 return 0
             if _COMMAND.fullmatch(text.split(maxsplit=1)[0] if text else ""):
-                self.command(text)
+                if not await self.picker.command(text):  # /model
+                    self.command(text)
                 continue
             if text.startswith("//"):
                 text = text[1:]
@@ -205,6 +216,7 @@ class ChatClient:
             messages=list(self.history),
             max_tokens=self.max_tokens,
             temperature=self.temperature,
+            model=self.picker.model,
         )
         reply = ReplyPrinter(self._print, self.color)
         self._print("model> ", end="")

@@ -30,6 +30,9 @@ def add(sub) -> None:
     )
     add_url_arguments(c)
     c.add_argument("--name", help="your user name (default: $USER)")
+    c.add_argument(
+        "--model", help="the server's model to talk to (default: its default; /model lists them)"
+    )
     token = c.add_mutually_exclusive_group()
     token.add_argument(
         "--token",
@@ -62,6 +65,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         args.temperature,
         echo=not sys.stdin.isatty(),  # lines from a file or a pipe: show them with the replies
         err=sys.stderr,
+        model=args.model,
     )
     return asyncio.run(client.run())
 

@@ -137,8 +137,8 @@ class ConversationStore:
 
     def _get(self, user: str, id: str) -> tuple[SavedConversation, ConversationSummary] | None:
         row = self._db.execute(
-            "SELECT id, title, created, updated, revision, bytes, messages, model FROM conversations "
-            "WHERE user = ? AND id = ?",
+            "SELECT id, title, created, updated, revision, bytes, messages, model "
+            "FROM conversations WHERE user = ? AND id = ?",
             (user, id),
         ).fetchone()
         if row is None:

@@ -6,6 +6,7 @@ names the model that answered. The real model and the page: tests/e2e/test_chat_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -14,9 +15,11 @@ import pytest
 
 from localserve.config import DEFAULT_MODEL, parse_config
 from localserve.engine.engine import Engine
+from localserve.ops.usage import DATABASE as USAGE_DB
 from localserve.serve.pool import LoadedModel
 from tests.support.fakes import PacedRunner
 from tests.support.live import WS
+from tests.support.waiting import wait_until
 
 LOAD_S = 0.3  # a fake load takes this long, so that it can be seen loading
 
@@ -73,7 +76,10 @@ def by_name(frame: dict) -> dict:
 def test_only_the_configured_models_are_listed_the_first_the_default(served):
     assert served.name == "first"
     assert [m["id"] for m in get(served, "/v1/models")["data"]] == ["first", "second"]
-    assert [m["name"] for m in get(served, "/api/tags")["models"]] == ["first:latest", "second:latest"]
+    assert [m["name"] for m in get(served, "/api/tags")["models"]] == [
+        "first:latest",
+        "second:latest",
+    ]
     ws = WS(served.thread.url)
     welcome = ws.hello("ann")
     assert (welcome["model"], welcome["models"]) == ("first", ["first", "second"])
@@ -119,6 +125,65 @@ def test_a_bad_list_models_frame_gets_one_error_and_the_connection_goes_on(serve
     ws.hello("ann")
     ws.send({"type": "list_models", "model": "x"})
     error = ws.recv(10)
-    assert error["type"] == "error" and error["code"] == "bad_request" and "model" in error["message"]
+    assert (
+        error["type"] == "error" and error["code"] == "bad_request" and "model" in error["message"]
+    )
     assert models_of(ws)["type"] == "models"
     ws.close()
+
+
+# --- the terminal chat: --model and /model ------------------------------------------------------
+
+
+def answered_by(state, user: str) -> list[tuple[str, str]]:
+    """(client id, model) of the user's requests in the usage record, in order."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(state / USAGE_DB)) as db:
+        rows = db.execute(
+            "SELECT client_id, model FROM requests WHERE user = ? ORDER BY id", (user,)
+        )
+        return list(rows)
+
+
+def terminal(served, *lines: str, **kw) -> tuple[int, str]:
+    import asyncio
+    import io
+
+    from tui.chat import ChatClient
+
+    async def script():
+        for line in lines:
+            yield line
+
+    out = io.StringIO()
+    client = ChatClient(
+        served.thread.url, "tess", max_tokens=4, temperature=0, lines=script(), out=out, **kw
+    )
+    return asyncio.run(client.run()), out.getvalue()
+
+
+def test_the_terminal_chat_starts_on_model_and_switches_with_slash_model(served, tmp_path):
+    status, out = terminal(
+        served, "hello", "/model", "/model nope", "/model first", "again", "/quit", model="second"
+    )
+    assert status == 0
+    assert "Connected to second at" in out
+    assert "    first   unloaded: would unload second (default)\n" in out
+    assert "  * second  loaded\n" in out
+    assert "no model 'nope' on this server; it has first, second (/model lists them)" in out
+    assert "(the next turns go to first)" in out
+    wait_until(lambda: answered_by(tmp_path, "tess")[1:], 10, "both rows in the usage record")
+    assert [model for _, model in answered_by(tmp_path, "tess")] == ["second", "first"]
+
+
+def test_an_unknown_model_on_the_command_line_is_one_line(served):
+    import io
+
+    err = io.StringIO()
+    status, out = terminal(served, "hello", model="third", err=err)
+    assert status == 2 and "model>" not in out
+    assert err.getvalue() == (
+        "localserve chat: --model: no model 'third' on this server; it has first, second "
+        "(/model lists them)\n"
+    )

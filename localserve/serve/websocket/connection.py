@@ -219,7 +219,13 @@ class Connection:
         dropped = request.num_dropped_messages
         self.send(
             Finished(
-                request.client_id, finish_reason, usage, timings, recorded, dropped, calls,
+                request.client_id,
+                finish_reason,
+                usage,
+                timings,
+                recorded,
+                dropped,
+                calls,
                 request.model or self.door.model_name,
             )  # fmt: skip
         )

@@ -114,3 +114,22 @@ def test_the_line_under_a_reply_says_how_many_tokens_came_as_kept_drafts():
     plain = Finished("c1", "length", usage, Timings(5, 90, 20, 900))
     assert "40 tokens · 22 drafted · length" in _summary(drafted)
     assert "drafted" not in _summary(plain)
+
+
+def test_slash_model_says_each_models_state_and_what_choosing_it_costs():
+    from localserve.protocol.frames import ModelChoice
+    from tui.model_picker import choice_text
+
+    assert choice_text(ModelChoice("a", "loaded", busy=True)) == "loaded, busy"
+    assert choice_text(ModelChoice("b", "failed", reason="not a GGUF")) == "failed: not a GGUF"
+    swap = ModelChoice("c", "unloaded", swap=["a"], swap_waits=True, load_s=6.4,
+                       load_s_from="estimate")  # fmt: skip
+    assert (
+        choice_text(swap)
+        == "unloaded: would unload a, after their replies, ~6 s to load (estimated)"
+    )
+    loading = ModelChoice("d", "loading", reason="waiting for memory: a is busy")
+    assert choice_text(loading) == "loading (waiting for memory: a is busy)"
+    assert choice_text(ModelChoice("e", "unloaded", too_big=True)).endswith(
+        "too big for this server's memory"
+    )
