@@ -24,7 +24,7 @@ import pytest
 from localserve.ops.auth import Access
 from localserve.serve.page import CSP
 from tests.support.cli import kill_serve, start_serve
-from tests.support.fakes import FakeServer, ScriptedRunner
+from tests.support.fakes import FakeServer, ScriptedRunner, two_fake_models
 from tests.support.waiting import wait_until
 
 CHROMIUM = (
@@ -917,3 +917,114 @@ def test_reasoning_shows_folded_apart_from_the_answer_and_is_never_sent_back(
     shot(phone.page, "reasoning-on-the-phone")
     ann.close()
     phone.close()
+
+
+# --- picking a model (issue 38) ------------------------------------------------------------------
+
+TWO_MODELS = """
+[server]
+max_loaded_models = 1  # the second model's load is a swap
+
+[models.gemma]
+embedded = true
+chat_format = "transcript"
+chat_template = "gemma"
+n_ctx = 2048
+max_num_seqs = 4
+
+[models.twin]  # the same GGUF under another name
+path = "{gguf}"
+chat_format = "transcript"
+chat_template = "gemma"
+n_ctx = 1024
+max_num_seqs = 2
+"""
+
+
+def picker_options(page) -> list[str]:
+    return page.locator("#model-pick option").all_inner_texts()
+
+
+def answered_by(state: Path, user: str) -> list[str]:
+    """The models of the user's requests in the server's usage record, in order."""
+    import sqlite3
+
+    from localserve.ops.usage import DATABASE
+
+    db = sqlite3.connect(state / DATABASE)
+    try:
+        return [m for (m,) in db.execute("SELECT model FROM requests WHERE user = ?", (user,))]
+    finally:
+        db.close()
+
+
+def test_the_picker_on_fake_models_shows_costs_loading_and_who_answered(
+    browser, fake_server, tmp_path, monkeypatch
+):
+    """The page's side on fake engines (no model needed): one model, no picker; two, the
+    picker, the load seen, the reply's model, and the choice kept in this browser."""
+    only_one = Person.open(browser, fake_server, "solo")
+    assert only_one.page.locator("#model-row").is_hidden()
+    only_one.close()
+    with two_fake_models(tmp_path, monkeypatch) as served:
+        where = Where(served.thread.http)
+        ann = Person.open(browser, where, "ann", viewport=PHONE)
+        page = ann.page
+        wait_until(lambda: "second — needs a swap" in picker_options(page)[1], 10, "the costs")
+        page.select_option("#model-pick", "second")
+        ann.say("Hello")
+        page.wait_for_selector(".msg.assistant .meta .loading", timeout=10_000)
+        ann.wait_reply("done", "stopped")
+        assert ann.reply().locator(".meta .model").inner_text() == "second"
+        shot(page, "model-picker-fake-phone")
+        page.reload()
+        page.wait_for_selector("#input:not([disabled])")
+        assert page.input_value("#model-pick") == "second"
+        ann.close()
+
+
+@pytest.mark.model
+def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, tmp_path):
+    from localserve.runners.models import ensure_embedded
+
+    toml = tmp_path / "models.toml"
+    toml.write_text(TWO_MODELS.format(gguf=ensure_embedded()))
+    env = {"LOCALSERVE_MODELS": str(toml), "LOCALSERVE_USERS": "ann:" + FAMILY["ann"]}
+    proc, url = start_serve(tmp_path, env)
+    try:
+        where = Where(url.replace("ws://", "http://"))
+        ann = Person.open(browser, where, "ann", FAMILY["ann"])
+        page = ann.page
+        page.wait_for_selector("#model-row:not([hidden])")
+        wait_until(lambda: "twin — needs a swap" in picker_options(page)[1], 10, "the costs")
+        assert picker_options(page)[0] == "gemma (default) — loaded"
+        assert page.input_value("#model-pick") == "gemma"
+        page.select_option("#model-pick", "twin")
+        ann.settings(0, 8)
+        ann.say("Hello")
+        page.wait_for_selector(".msg.assistant .meta .loading", timeout=60_000)
+        assert "loading model twin" in ann.reply().locator(".meta").inner_text()
+        wait_until(lambda: "twin — loading…" in picker_options(page), 30, "the picker: loading")
+        ann.wait_reply("done")
+        assert ann.reply().locator(".meta .model").inner_text() == "twin"
+        assert answered_by(tmp_path, "ann") == ["twin"]  # the server's record says so too
+        wait_until(lambda: "gemma (default) — needs a swap" in picker_options(page)[0], 10, "swapped")
+        saved(ann)
+        page.reload()
+        page.wait_for_selector("#input:not([disabled])")
+        wait_until(lambda: page.locator(".msg.assistant").count() == 1, 10, "its messages")
+        assert page.input_value("#model-pick") == "twin"
+        assert ann.reply().locator(".meta .model").inner_text() == "twin"
+        ann.say("And again")  # the next turn goes to the conversation's model
+        ann.wait_reply("done")
+        assert answered_by(tmp_path, "ann") == ["twin", "twin"]
+        ann.close()
+        phone = Person.open(browser, where, "ann", FAMILY["ann"], viewport=PHONE)
+        phone.page.wait_for_selector("#model-row:not([hidden])")
+        wait_until(lambda: phone.page.input_value("#model-pick") == "twin", 10, "on the phone")
+        width = phone.page.evaluate("document.documentElement.scrollWidth")
+        assert width <= PHONE["width"], "the picker makes the phone scroll sideways"
+        shot(phone.page, "model-picker-phone")
+        phone.close()
+    finally:
+        kill_serve(proc)

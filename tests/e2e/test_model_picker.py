@@ -8,55 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 import urllib.request
 
 import pytest
 
-from localserve.config import DEFAULT_MODEL, parse_config
-from localserve.engine.engine import Engine
+from localserve.config import DEFAULT_MODEL
 from localserve.ops.usage import DATABASE as USAGE_DB
-from localserve.serve.pool import LoadedModel
-from tests.support.fakes import PacedRunner
+from tests.support.fakes import FAKE_LOAD_S as LOAD_S
+from tests.support.fakes import two_fake_models
 from tests.support.live import WS
 from tests.support.waiting import wait_until
 
-LOAD_S = 0.3  # a fake load takes this long, so that it can be seen loading
-
-TOML = """
-[server]
-max_loaded_models = 1
-memory_budget_mib = 1000
-shutdown_grace_s = 1
-state_dir = "{state}"
-
-[models.first]
-path = "/nowhere/first.gguf"
-chat_format = "transcript"
-
-[models.second]
-path = "/nowhere/second.gguf"
-chat_format = "transcript"
-"""
-
-
 @pytest.fixture
 def served(tmp_path, monkeypatch):
-    from localserve.serve import serving as serving_module
-
-    config = parse_config(TOML.format(state=tmp_path))
-
-    def fake_load(config, name: str) -> LoadedModel:  # as serving.load_model, on a fake runner
-        time.sleep(LOAD_S)
-        runner = PacedRunner()
-        engine = Engine(runner, config.scheduler).start()
-        return LoadedModel(engine, runner, engine.stop)
-
-    monkeypatch.setattr(serving_module, "load_model", fake_load)
-    runner = PacedRunner()
-    with serving_module.serving(config, runner=runner, thread=True) as made:
+    with two_fake_models(tmp_path, monkeypatch) as made:
         yield made
-    runner.close()
 
 
 def get(served, path: str) -> dict:

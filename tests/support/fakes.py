@@ -124,3 +124,48 @@ def connections_of(server, prefix: str) -> list:
 
 
 # --- clients -----------------------------------------------------------------------------------
+
+
+FAKE_LOAD_S = 0.3  # a fake model's load takes this long, so that it can be seen loading
+TWO_FAKE_MODELS = """
+[server]
+max_loaded_models = 1
+memory_budget_mib = 1000
+shutdown_grace_s = 1
+state_dir = "{state}"
+
+[models.first]
+path = "/nowhere/first.gguf"
+chat_format = "transcript"
+
+[models.second]
+path = "/nowhere/second.gguf"
+chat_format = "transcript"
+"""
+
+
+@contextlib.contextmanager
+def two_fake_models(state, monkeypatch, access=None):
+    """A server with two models on paced fake runners ("first", the default, loaded; "second"
+    loaded on demand in FAKE_LOAD_S, max_loaded_models = 1: a swap), from a parsed models.toml;
+    its usage record in `state`. Yields serving()'s ServedModel (`.thread` listens)."""
+    from localserve.config import parse_config
+    from localserve.engine.engine import Engine
+    from localserve.serve import serving as serving_module
+    from localserve.serve.pool import LoadedModel
+
+    config = parse_config(TWO_FAKE_MODELS.format(state=state))
+
+    def fake_load(config, name: str) -> LoadedModel:  # as serving.load_model, on a fake runner
+        time.sleep(FAKE_LOAD_S)
+        runner = PacedRunner()
+        engine = Engine(runner, config.scheduler).start()
+        return LoadedModel(engine, runner, engine.stop)
+
+    monkeypatch.setattr(serving_module, "load_model", fake_load)
+    runner = PacedRunner()
+    try:
+        with serving_module.serving(config, runner=runner, thread=True, access=access) as made:
+            yield made
+    finally:
+        runner.close()

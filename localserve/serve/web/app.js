@@ -13,6 +13,7 @@
   const HEALTH_EVERY_MS = 2000;
   const HEALTH_HIDDEN_MS = 10000;
   const RENDER_EVERY_MS = 40;
+  const MODELS_POLL_MS = 1500;  // the picker asks the models again this often while one loads
   const PLACEHOLDER = "Message (Enter sends, Shift+Enter: new line)";
   const $ = (id) => document.getElementById(id);
 
@@ -41,6 +42,9 @@
     listed: false,     // the server's list has arrived since the welcome
     listing: null,     // its pages so far, while they come
     deleting: new Set(), // ids deleted here that the server has not confirmed
+    models: [],        // the server's `models` frame's list: each model's state and cost
+    modelsTimer: null, // asks again while a model loads
+    modelsShown: "",   // what the picker's options were built from
   };
 
   // --- storage ----------------------------------------------------------------------------------
@@ -87,6 +91,7 @@
 
   function checkChat(chat) {  // from storage or the server: only what this page can show
     if (!chat || typeof chat.id !== "string" || !Array.isArray(chat.messages)) return null;
+    if (typeof chat.model !== "string" || !chat.model) delete chat.model;  // older: the default
     chat.messages = chat.messages.filter(
       (m) => m && (m.role === "user" || m.role === "assistant") && typeof m.content === "string");
     for (const m of chat.messages) {  // a reply that was coming when its page closed
@@ -154,15 +159,18 @@
   // saved meanwhile) is kept as a conversation of its own rather than lost. What this browser
   // kept for the person before the server had users is moved to the server, then removed here.
 
-  const KEPT = ["role", "content", "status", "error", "finish", "usage", "timings", "reasoning"];
+  const KEPT = ["role", "content", "status", "error", "finish", "usage", "timings", "reasoning",
+                "model"];
   const wellFormed = (s) => (typeof s === "string" && s.toWellFormed ? s.toWellFormed() : s);
   const storedMessage = (m) => Object.fromEntries(KEPT.filter((k) => m[k] !== undefined && m[k] !== null)
     .map((k) => [k, wellFormed(m[k])]));
   const cut = (s, n) => Array.from(s).slice(0, n).join("");  // by characters, not UTF-16 units
 
   function stored(chat) {  // what the server keeps of a conversation
-    return { id: chat.id, title: wellFormed(chat.title || "New chat"), created: chat.created || 0,
-             messages: chat.messages.map(storedMessage) };
+    const kept = { id: chat.id, title: wellFormed(chat.title || "New chat"),
+                   created: chat.created || 0, messages: chat.messages.map(storedMessage) };
+    if (chat.model) kept.model = chat.model;
+    return kept;
   }
 
   function keepUnsaved(chat) {  // this browser's copy until the server has it
@@ -603,6 +611,8 @@
         }
         if (state.remote) welcomeRemote();
         else if (wasRemote) loadChats();
+        state.models = [];
+        askModels();
         showNotice(quotaText(frame.quota));
         state.quotaNotice = !!frame.quota;
         if (frame.quota && frame.quota.remaining <= 0) blockUntil(Date.parse(frame.quota.resets_at));
@@ -613,6 +623,7 @@
         if (p) {
           p.msg.status = "queued"; p.msg.position = frame.position;
           p.msg.loading = frame.loading || "";  // its model loads first (several models)
+          if (p.msg.loading) askModels();  // the picker shows it loading
           p.msg.requeued = !!p.msg.content; touch(p.msg);
         }
         break;
@@ -628,6 +639,7 @@
       case "done":
         if (p) finish(frame.id, p, frame);
         break;
+      case "models": onModels(frame); break;
       case "conversation_list": onListPage(frame); break;
       case "conversation": onFound(frame); break;
       case "conversation_saved": onSaved(frame); break;
@@ -766,6 +778,8 @@
       msg.timings = done.timings;
       msg.finish = done.finish_reason;
       msg.dropped = done.dropped_messages || 0;  // left out to fit the context (not kept)
+      if (done.model) msg.model = done.model;  // the model that answered
+      askModels();  // it is loaded now (and another maybe not)
       if (done.finish_reason === "error") msg.status = "error";
       else if (done.finish_reason !== "cancelled") msg.status = "done";
       else if (msg.status === "stopping") msg.status = "stopped";  // the person pressed Stop
@@ -777,6 +791,85 @@
     touch(msg);
     saveChat(p.chat);
     renderComposer();
+  }
+
+  // --- the model picker (a server with several models) ------------------------------------------
+  // The server's models (its `models` frame: state, whether choosing one needs a swap, about how
+  // long its load takes), asked for at each welcome, when the picker is opened, after each reply
+  // and every MODELS_POLL_MS while a model loads. The open conversation's model (chat.model;
+  // none: the server's default) is chosen here, kept with it and sent as its chats' `model`.
+
+  function askModels() {
+    if ((state.welcome?.models || []).length > 1) send({ type: "list_models" });
+  }
+
+  function onModels(frame) {
+    state.models = Array.isArray(frame.models) ? frame.models : [];
+    clearTimeout(state.modelsTimer);
+    const waiting = [...state.pending.values()].some((p) => p.msg.loading);
+    if (waiting || state.models.some((m) => m.state === "loading")) {
+      state.modelsTimer = setTimeout(askModels, MODELS_POLL_MS);
+    }
+    renderPicker();
+  }
+
+  function chatModel(chat) {  // the model a conversation talks to
+    return (chat && chat.model) || state.welcome?.model || "";
+  }
+
+  function modelLabel(name) {  // "gemma — loaded", "qwen — needs a swap (~7 s)"
+    const m = state.models.find((x) => x.name === name);
+    const dflt = name === state.welcome?.model ? " (default)" : "";
+    if (!(state.welcome?.models || []).includes(name)) return `${name} — not on this server`;
+    if (!m) return name + dflt;
+    const secs = m.load_s != null ? ` (~${Math.max(1, Math.round(m.load_s))} s)` : "";
+    let what = m.swap && m.swap.length ? `needs a swap${secs}` : `not loaded${secs}`;
+    if (m.state === "loaded") what = m.busy ? "loaded, busy" : "loaded";
+    else if (m.state === "loading") what = "loading…";
+    else if (m.state === "failed") what = "failed";
+    else if (m.too_big) what = "too big to load";
+    return `${name}${dflt} — ${what}`;
+  }
+
+  function renderPicker() {
+    const names = state.welcome?.models || [];
+    const row = $("model-row");
+    row.hidden = names.length <= 1;  // one model: nothing to pick
+    if (row.hidden) return;
+    const chat = currentChat();
+    const chosen = chatModel(chat);
+    const shown = names.includes(chosen) ? names : [...names, chosen];
+    const labels = shown.map(modelLabel);
+    const key = JSON.stringify([labels, chosen]);
+    if (key !== state.modelsShown) {  // rebuilt only when it changed: an open list stays open
+      state.modelsShown = key;
+      const pick = $("model-pick");
+      pick.replaceChildren(...shown.map((name, i) => {
+        const option = document.createElement("option");
+        option.value = name;
+        option.textContent = labels[i];
+        return option;
+      }));
+      pick.value = chosen;
+    }
+    const m = state.models.find((x) => x.name === chosen);
+    row.dataset.state = m ? m.state : "";
+    let note = "";
+    if (m?.state === "failed") note = m.reason || "";
+    else if (m?.state === "loading") note = m.reason || "loading…";
+    else if (m?.state === "unloaded" && m.swap?.length) {
+      note = `unloads ${m.swap.join(", ")}${m.swap_waits ? " once idle" : ""}`;
+    }
+    $("model-note").textContent = note;
+    $("model-note").title = note;
+  }
+
+  function pickModel(name) {
+    const chat = currentChat() || newChat();
+    chat.model = name;
+    if (chat.messages.length) saveChat(chat);  // else kept with its first message
+    renderPicker();
+    askModels();
   }
 
   // --- chatting ---------------------------------------------------------------------------------
@@ -801,6 +894,7 @@
     const { temperature, max_tokens } = state.settings;
     const frame = { type: "chat", id, messages: history(chat, reply), temperature,
                     max_tokens: Math.min(max_tokens, limits.max_tokens || max_tokens) };
+    if (chat.model) frame.model = chat.model;  // else the server's default
     const text = JSON.stringify(frame);
     const bytes = new TextEncoder().encode(text).length;
     if (limits.max_frame_bytes && bytes > limits.max_frame_bytes) {
@@ -857,6 +951,7 @@
   // --- rendering --------------------------------------------------------------------------------
 
   function renderAll() {
+    renderPicker();
     renderStatus();
     renderChats();
     renderMessages();
@@ -959,7 +1054,7 @@
     if (!chat || !chat.messages.length) {
       const empty = document.createElement("p");
       empty.className = "empty";
-      const model = state.welcome ? ` ${state.welcome.model}` : "";
+      const model = state.welcome ? ` ${chatModel(chat)}` : "";
       const where = state.remote ? "are kept on this server, for you only (on any device you " +
         "sign in from)" : "stay in this browser";
       empty.textContent = chat && !chat.loaded ? "Loading this conversation…"
@@ -1079,6 +1174,7 @@
         break;
       default: break;
     }
+    if (msg.model && (state.welcome?.models || []).length > 1) add(msg.model, "model");
     if (msg.timings && msg.usage) {
       const t = msg.timings;
       const u = msg.usage;
@@ -1231,6 +1327,10 @@
     });
     $("input").addEventListener("input", autoGrow);
     $("stop").addEventListener("click", stop);
+    $("model-pick").addEventListener("change", () => pickModel($("model-pick").value));
+    for (const opened of ["focus", "mousedown", "touchstart"]) {  // fresh states when opened
+      $("model-pick").addEventListener(opened, askModels, { passive: true });
+    }
     $("new-chat").addEventListener("click", () => { newChat(); $("chats").classList.remove("open"); });
     $("who").addEventListener("click", () => openSignIn(""));
     $("settings-open").addEventListener("click", openSettings);
