@@ -272,6 +272,7 @@ class StoredMessage(msgspec.Struct, omit_defaults=True):
     usage: ReplyUsage | None = None
     timings: Timings | None = None
     reasoning: str | None = None  # a thinking model's reasoning, shown folded (never resent)
+    model: Annotated[str, msgspec.Meta(max_length=256)] | None = None  # the one that answered
 
 
 class SavedConversation(msgspec.Struct):

@@ -310,6 +310,7 @@
     const found = checkChat(frame.conversation);
     if (!chat || !found || chat.loaded) return;  // deleted meanwhile, or changed here
     Object.assign(chat, { title: found.title, created: found.created, messages: found.messages,
+                          model: found.model,
                           revision: summary.revision, loaded: true, requested: false });
     if (chat.id === state.current) renderAll();
   }
@@ -379,13 +380,13 @@
   }
 
   function asMarkdown(chat) {
-    const model = state.welcome?.model || "the model";
+    const model = chatModel(chat) || "the model";
     const person = state.identity?.user || "you";
     const when = new Date(chat.created || Date.now()).toLocaleString("en-GB");
     const parts = [`# ${chat.title || "New chat"}`, "", `_${person} with ${model}, started ${when}_`];
     for (const m of chat.messages) {
       if (!m.content && m.role === "assistant") continue;  // a reply that never came
-      parts.push("", `## ${m.role === "user" ? person : model}`, "", m.content);
+      parts.push("", `## ${m.role === "user" ? person : m.model || model}`, "", m.content);
       if (m.role === "assistant" && m.status && m.status !== "done") parts.push("", `_(${m.status})_`);
     }
     return parts.join("\n") + "\n";
@@ -396,7 +397,7 @@
     const created = new Date(chat.created || 0);
     return JSON.stringify({ id: chat.id, title: chat.title,
                             created: Number.isNaN(created.getTime()) ? null : created.toISOString(),
-                            user: state.identity?.user ?? null, model: state.welcome?.model ?? null,
+                            user: state.identity?.user ?? null, model: chatModel(chat) || null,
                             messages }, null, 2) + "\n";
   }
 
