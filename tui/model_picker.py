@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from localserve.client import Client, ClientError
-from localserve.protocol.frames import Error, ListModels, ModelChoice, Models
+from localserve.protocol.frames import Error, ListModels, ModelChoice, ModelList
 
 COMMANDS = (("/model", "list the models; /model NAME: NAME answers from the next turn"),)
 
@@ -81,14 +81,14 @@ def choice_text(m: ModelChoice) -> str:
     return ": ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if parts[1:] else "")
 
 
-async def list_models(client: Client) -> Models:
+async def list_models(client: Client) -> ModelList:
     """Ask the server for its models (`list_models`) and return its `models` answer; an error
     without an id (an older server that does not know the frame) raises ClientError. Frames
     about anything else are skipped: one question at a time per client."""
     await client.send(ListModels())
     while True:
         answer = await client.recv()
-        if isinstance(answer, Models):
+        if isinstance(answer, ModelList):
             return answer
         if isinstance(answer, Error) and answer.id is None:
             raise ClientError(answer.code, answer.message, answer.retry_after_s)

@@ -237,7 +237,7 @@ class ModelChoice(msgspec.Struct):
     load_s_from: str = ""
 
 
-class Models(msgspec.Struct, tag="models"):
+class ModelList(msgspec.Struct, tag="models"):
     """The answer to `list_models`: every model, the default first."""
 
     models: list[ModelChoice]
@@ -377,7 +377,7 @@ ServerFrame = (
     | Error
     | Notice
     | Stats
-    | Models
+    | ModelList
     | ConversationList
     | ConversationFound
     | ConversationSaved

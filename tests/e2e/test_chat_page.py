@@ -1008,7 +1008,9 @@ def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, 
         ann.wait_reply("done")
         assert ann.reply().locator(".meta .model").inner_text() == "twin"
         assert answered_by(tmp_path, "ann") == ["twin"]  # the server's record says so too
-        wait_until(lambda: "gemma (default) — needs a swap" in picker_options(page)[0], 10, "swapped")
+        wait_until(
+            lambda: "gemma (default) — needs a swap" in picker_options(page)[0], 10, "swapped"
+        )
         saved(ann)
         page.reload()
         page.wait_for_selector("#input:not([disabled])")

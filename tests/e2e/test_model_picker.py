@@ -19,6 +19,7 @@ from tests.support.fakes import two_fake_models
 from tests.support.live import WS
 from tests.support.waiting import wait_until
 
+
 @pytest.fixture
 def served(tmp_path, monkeypatch):
     with two_fake_models(tmp_path, monkeypatch) as made:

@@ -23,7 +23,7 @@ import msgspec
 from localserve import __version__
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
-from localserve.protocol.frames import Limits, ModelChoice, Models, ModelStatus, Stats, Welcome
+from localserve.protocol.frames import Limits, ModelChoice, ModelList, ModelStatus, Stats, Welcome
 from localserve.protocol.snapshot import ModelInfo, Snapshot
 from localserve.serve.admission import Frontdoor, Request
 from localserve.serve.snapshots import NoModelLoaded, Snapshots
@@ -146,11 +146,11 @@ class Connections:
             models=self._door.model_names,
         )
 
-    async def models_frame(self) -> Models:
+    async def models_frame(self) -> ModelList:
         """The answer to `list_models`: every model, the default first, with what choosing it
         costs now."""
         choices = [_choice(m) for m in await self._door.model_choices()]
-        return Models(choices, self._door.model_name)
+        return ModelList(choices, self._door.model_name)
 
     async def stats_frame(self) -> bytes:
         """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
