@@ -149,7 +149,8 @@ class Connections:
     async def models_frame(self) -> ModelList:
         """The answer to `list_models`: every model, the default first, with what choosing it
         costs now."""
-        choices = [_choice(m) for m in await self._door.model_choices()]
+        # each model's state and cost (admission's model_choices: their other keys left out)
+        choices = [msgspec.convert(m, ModelChoice) for m in await self._door.model_choices()]
         return ModelList(choices, self._door.model_name)
 
     async def stats_frame(self) -> bytes:
@@ -194,19 +195,4 @@ def _status(model: dict) -> ModelStatus:
         model["since"],
         model["memory_mib"],
         model.get("waiting", 0),
-    )
-
-
-def _choice(model: dict) -> ModelChoice:
-    """A model's state and cost (admission's model_choices) as the `models` frame carries it."""
-    return ModelChoice(
-        model["name"],
-        model["state"],
-        model["busy"],
-        model.get("reason", ""),
-        model["swap"],
-        model["swap_waits"],
-        model["too_big"],
-        model["load_s"],
-        model["load_s_from"],
     )
