@@ -54,6 +54,10 @@ def read_token(path: Path) -> str | None:
             mode = os.fstat(f.fileno()).st_mode
             text = f.read(4096) if stat.S_ISREG(mode) else ""
     except FileNotFoundError:
+        if path.is_symlink():  # else it could never be created: a link is in its place
+            raise ConfigError(
+                f"{path}: a link to nothing: remove it (the server makes a new token)"
+            )
         return None
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e

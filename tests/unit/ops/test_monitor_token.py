@@ -85,5 +85,10 @@ def test_a_tokenless_server_has_no_monitor_token(server):
     assert not token_file(server).exists()
 
 
-def test_no_file_is_no_token(server):
-    assert read_token(token_file(server)) is None
+def test_no_file_is_no_token_and_a_dangling_link_is_refused(server):
+    path = token_file(server)
+    assert read_token(path) is None
+    path.parent.mkdir(parents=True)
+    path.symlink_to(path.parent / "gone")
+    with pytest.raises(ConfigError, match="a link to nothing: remove it"):
+        server_monitor_token(None, USERS, server)
