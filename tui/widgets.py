@@ -85,8 +85,9 @@ class HeaderBar(Static):
         models: Sequence[ModelStatus] = (),
     ) -> None:
         self._state = (snap, connected, status, usage_problem, models)
-        hinted = not connected and "\n" in status
-        self.set_class(hinted or (snap is not None and has_device_line(snap)), "two-lines")
+        hinted = not connected and "\n" in status  # a refused token's hint: all of it shown
+        self.set_class(hinted, "hinted")
+        self.set_class(not hinted and snap is not None and has_device_line(snap), "two-lines")
         self.refresh()
 
     def render(self) -> Text:
@@ -159,8 +160,10 @@ def header_text(
 
 
 def _with_hint(text: Text, hint: str) -> Text:
+    """The header and, below it, the hint, wrapped to the width: it is read in full."""
     if hint:
         text.append(f"\n{DEVICE_INDENT}{hint}")
+        text.no_wrap, text.overflow = False, "fold"
     return text
 
 

@@ -119,3 +119,19 @@ def test_a_token_file_others_may_read_is_refused_in_one_line(tmp_path):
     path.chmod(0o644)
     ran = localserve("monitor", "--state-dir", str(tmp_path), timeout=30)
     slip_line(ran, str(path), "others may read", f"chmod 600 {path}")
+
+
+def test_the_users_files_monitor_token_is_the_servers(tmp_path, monkeypatch):
+    """Set in the users file, it is the token: no file is kept, the monitor passes it."""
+    users = tmp_path / "users.toml"
+    users.write_text(USERS + '[monitor]\ntoken = "from-the-users-file"\n')
+    state = tmp_path / "state"
+    proc, url = start_serve(state, args=("--users", str(users)))
+    try:
+        assert not (state / "monitor_token").exists()
+        assert "the monitor token is in" not in "".join(proc.startup_lines)
+        monkeypatch.setenv("LOCALSERVE_STATE_DIR", str(state))
+        assert monitor_header(url)[0].startswith(f"● {NO_MONITOR_TOKEN}")
+        assert monitor_header(url, "--monitor-token", "from-the-users-file")[0].startswith("● live")
+    finally:
+        kill_serve(proc)

@@ -9,6 +9,7 @@ import sys
 
 import msgspec
 import pytest
+from textual.geometry import Region
 from textual.widgets import Static
 
 from localserve.client import ClientError
@@ -219,10 +220,12 @@ def test_a_refused_token_is_named_with_when_the_monitor_tries_again(fake_snapsho
         async with app.run_test(size=(100, 30)) as pilot:
             feed(app, Refused(NO_MONITOR_TOKEN, 5.0, HINT))
             await settle(pilot)
-            what, how = header_text(app).splitlines()  # the header's two lines
+            what, how = header_text(app).splitlines()  # the state, and below it the hint
             assert what == f"● {NO_MONITOR_TOKEN}; trying again in 5 s"
             assert how.strip() == HINT and "reconnecting" not in what
-            assert app.query_one(HeaderBar).has_class("two-lines")
+            header = app.query_one(HeaderBar)
+            shown = header.render_lines(Region(0, 0, 100, header.size.height))
+            assert " ".join(line.text.strip() for line in shown[1:]) == HINT  # all of it, wrapped
             assert app.screen.has_class("disconnected")
             feed(app, Connected("ws://test"), fake_snapshots[0])
             await settle(pilot)
