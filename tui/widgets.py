@@ -160,10 +160,9 @@ def header_text(
 
 
 def _with_hint(text: Text, hint: str) -> Text:
-    """The header and, below it, the hint, wrapped to the width: it is read in full."""
+    """The header and, below it, the hint (the widget wraps it: `#header.hinted`)."""
     if hint:
         text.append(f"\n{DEVICE_INDENT}{hint}")
-        text.no_wrap, text.overflow = False, "fold"
     return text
 
 
