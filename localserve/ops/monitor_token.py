@@ -57,7 +57,7 @@ def read_token(path: Path) -> str | None:
         if path.is_symlink():  # else it could never be created: a link is in its place
             raise ConfigError(
                 f"{path}: a link to nothing: remove it (the server makes a new token)"
-            )
+            ) from None
         return None
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
