@@ -6,18 +6,14 @@ machine) is told in one line how to get it; /metrics takes the file's token as a
 
 from __future__ import annotations
 
-import asyncio
 import stat
 import urllib.error
 import urllib.request
 
 import pytest
 
-from localserve.cli import build_parser
-from localserve.cli.monitor import build_monitor
 from tests.support.cli import kill_serve, localserve, slip_line, start_serve
-from tests.support.monitor import header_text
-from tests.support.waiting import async_wait_until
+from tests.support.monitor import monitor_header
 from tui.source import NO_MONITOR_TOKEN, WRONG_MONITOR_TOKEN
 
 pytestmark = pytest.mark.model
@@ -34,28 +30,6 @@ def served(tmp_path_factory):
     proc, url = start_serve(state, args=("--users", str(users)))
     yield state, state / "monitor_token", url, proc.startup_lines
     kill_serve(proc)
-
-
-def monitor_header(url: str, *argv: str) -> tuple[str, str]:
-    """`localserve monitor URL ARGV` built as the command builds it, run under Textual's pilot
-    until its header says how the connection went: the header's text and the whole screen's."""
-    app = build_monitor(build_parser().parse_args(["monitor", url, *argv]))
-
-    async def run() -> tuple[str, str]:
-        async with app.run_test(size=(120, 40)) as pilot:
-            await async_wait_until(
-                lambda: "● live" in header_text(app) or "trying again" in header_text(app),
-                60,
-                "stats or a refusal",
-                pause=lambda: pilot.pause(0.05),
-            )
-            if "● live" in header_text(app):  # and the numbers with it: the model's name
-                await async_wait_until(
-                    lambda: "gemma" in header_text(app), 30, "a snapshot", lambda: pilot.pause(0.05)
-                )
-            return header_text(app), app.export_screenshot()
-
-    return asyncio.run(run())
 
 
 def test_the_server_keeps_its_monitor_token_readable_only_by_its_owner(served):

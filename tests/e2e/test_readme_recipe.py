@@ -7,7 +7,8 @@ is this checkout's), as a person pastes them, except:
   full-screen program with tests of its own (tests/e2e/test_serving.py);
 - the commands marked "network" (`localserve pull`, docker): the pulled entry is written as
   `pull` writes it (cli/pull.py's entry_text) for a GGUF that is here, the embedded one;
-- `serve` is given `--port 0`, so that no fixed port is needed.
+- `serve` is given `--port 0`, so that no fixed port is needed, and the monitor the server's
+  URL for the same reason.
 
 Then what the recipe promises is checked against the server it started: the page for a phone,
 a person's token from `users add`, Open WebUI's forwarded people and the monitor on the same
@@ -33,6 +34,7 @@ from localserve.cli.pull import entry_name, entry_text
 from localserve.ops.usage import DATABASE as USAGE_DATABASE
 from localserve.runners.models import ensure_embedded
 from tests.support.live import WS
+from tests.support.monitor import monitor_header
 from tests.support.paths import ROOT
 
 RECIPE = re.compile(r"<!-- recipe\b.*?-->\n```sh\n(.*?)```", re.S)
@@ -85,7 +87,7 @@ def script(commands: list[tuple[str, str]], pulled: str) -> str:
 
 
 @pytest.mark.model
-def test_the_recipe_runs_as_written_and_serves_the_household(tmp_path):
+def test_the_recipe_runs_as_written_and_serves_the_household(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     (home / ".venv").symlink_to(Path(sys.executable).parent.parent)
@@ -118,6 +120,11 @@ def test_the_recipe_runs_as_written_and_serves_the_household(tmp_path):
         assert sorted(tokens) == ["alice", "bob", "openwebui"]
         assert oct((home / "users.toml").stat().st_mode & 0o777) == "0o600"
         check_the_household(port, tokens, name)
+        # 8. the monitor on the same machine, as the recipe's shell has it: no token typed
+        monkeypatch.setenv("LOCALSERVE_STATE_DIR", env["LOCALSERVE_STATE_DIR"])
+        monkeypatch.setenv("LOCALSERVE_MODELS", str(home / "home.toml"))
+        header, _ = monitor_header(f"ws://127.0.0.1:{port}")
+        assert header.startswith("● live") and name in header
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
