@@ -123,7 +123,7 @@ def test_the_recipe_runs_as_written_and_serves_the_household(tmp_path, monkeypat
         # 8. the monitor on the same machine, as the recipe's shell has it: no token typed
         monkeypatch.setenv("LOCALSERVE_STATE_DIR", env["LOCALSERVE_STATE_DIR"])
         monkeypatch.setenv("LOCALSERVE_MODELS", str(home / "home.toml"))
-        header, _ = monitor_header(f"ws://127.0.0.1:{port}")
+        header, _ = monitor_header(f"ws://127.0.0.1:{port}", model=name)
         assert header.startswith("● live") and name in header
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -15,9 +15,10 @@ def header_text(app: MonitorApp) -> str:
     return str(app.query_one(HeaderBar).render())
 
 
-def monitor_header(url: str, *argv: str) -> tuple[str, str]:
+def monitor_header(url: str, *argv: str, model: str = "gemma") -> tuple[str, str]:
     """`localserve monitor URL ARGV` built as the command builds it, run under Textual's pilot
-    until its header says how the connection went: the header's text and the whole screen's."""
+    until its header says how the connection went (live: with the model's name): the header's
+    text and the whole screen's."""
     app = build_monitor(build_parser().parse_args(["monitor", url, *argv]))
 
     async def run() -> tuple[str, str]:
@@ -30,7 +31,7 @@ def monitor_header(url: str, *argv: str) -> tuple[str, str]:
             )
             if "● live" in header_text(app):  # and the numbers with it: the model's name
                 await async_wait_until(
-                    lambda: "gemma" in header_text(app), 30, "a snapshot", lambda: pilot.pause(0.05)
+                    lambda: model in header_text(app), 30, "a snapshot", lambda: pilot.pause(0.05)
                 )
             return header_text(app), app.export_screenshot()
 
