@@ -62,7 +62,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 @dataclass
-class Conversation:
+class OpenConversation:
     """The conversation this terminal is in, as the server keeps it."""
 
     id: str
@@ -79,7 +79,7 @@ class ServerChats:
         self.history = history  # the chat client's: replaced in place by a resume
         self._write = write  # print-like: write(text, file=None)
         self.client: Client | None = None
-        self.current: Conversation | None = None
+        self.current: OpenConversation | None = None
         self._shown: dict[int, str] = {}  # the numbers of the last /chats: number -> id
 
     @property
@@ -137,7 +137,7 @@ class ServerChats:
         if found is None:
             return False
         got = found.conversation
-        self.current = Conversation(
+        self.current = OpenConversation(
             got.id, got.title, got.created, list(got.messages), found.summary.revision
         )
         self.history[:] = history_of(got.messages)
@@ -174,7 +174,7 @@ class ServerChats:
         if not self.is_kept:
             return
         if self.current is None:
-            self.current = Conversation(new_id(), title_of(question), _now_ms())
+            self.current = OpenConversation(new_id(), title_of(question), _now_ms())
         user = StoredMessage("user", question)
         self.current.messages += [user, reply_message(answer, thought, done, stopped)]
         await self.save()
@@ -200,7 +200,7 @@ class ServerChats:
     async def _keep_as_copy(self) -> None:
         old = self.current
         title = f"{old.title} (this device)"[:MAX_TITLE_CHARS]
-        self.current = Conversation(new_id(), title, old.created, old.messages)
+        self.current = OpenConversation(new_id(), title, old.created, old.messages)
         self._write(
             f"[“{_title(old.title)}” was changed on another device meanwhile: this terminal's "
             f"copy is kept as “{_title(title)}”, and goes on there (/chats lists both)]"
