@@ -1,7 +1,6 @@
 """`localserve chat` (localserve/cli/chat.py): where the token comes from (--token, --token-file,
 $LOCALSERVE_TOKEN) and the one-line answers for a token file it cannot use or a --resume that
-names no conversation. Its chats, through a
-process, are in e2e/test_cli_slips.py."""
+names no conversation. Its chats, through a process, are in e2e/test_cli_slips.py."""
 
 from __future__ import annotations
 
