@@ -182,7 +182,13 @@ def test_a_long_list_is_paged_and_numbers_resume_what_was_shown(server):
         ws.send({"type": "save_conversation", "conversation": chat})
     ws.until(lambda f: f.get("summary", {}).get("id") == "c44", 30)
     ws.close()
-    client, out = terminal(server, "/chats", "/chats 3", "/chats 4", "/resume 42")
+
+    def a_newer_one_meanwhile():
+        page_save(server, page_conversation("new", "newer", 1_800_000_000_000, ("q", "a")))
+        return "/resume 1"  # the 1 shown, not the newest now
+
+    lines = ("/chats", "/chats 3", "/chats 4", "/resume 42", a_newer_one_meanwhile)
+    client, out = terminal(server, *lines)
     assert run(client) == 0
     text = out.getvalue()
     assert "(1–20 of 45; /chats 2 for more; /resume N goes on with N)" in text
@@ -190,6 +196,7 @@ def test_a_long_list_is_paged_and_numbers_resume_what_was_shown(server):
     assert " 41. chat 4 " in text and " 45. chat 0 " in text
     assert "(no page 4: your 45 conversations fill 3 of 20 each)" in text
     assert "(resumed “chat 3”" in text  # number 42 of the list: the 42nd newest
+    assert "(resumed “chat 44”" in text
 
 
 def test_every_slip_is_one_line_and_the_chat_goes_on(server):
@@ -229,3 +236,29 @@ def test_a_server_that_keeps_none_says_so_in_one_line():
         ]
     finally:
         server.close()
+
+
+def test_the_answer_taken_is_this_connections_not_the_news_of_anothers(server):
+    """`stored` skips what the person's other connections did meanwhile (localserve/client.py)."""
+    from localserve.client import Client, ClientError, stored
+    from localserve.protocol.frames import GetConversation, ListConversations, SaveConversation
+    from localserve.protocol.frames import SavedConversation as Saved
+
+    async def both():
+        here = await Client.connect(server.url, "ann", USERS["ann"])
+        phone = await Client.connect(server.url, "ann", USERS["ann"])
+        first = await stored(phone, SaveConversation(Saved("c1", "From the phone")))
+        # `here` has the news of it (here: false) waiting: not the answer to its own save
+        mine = await stored(here, SaveConversation(Saved("c1", "Mine"), first.summary.revision))
+        listed = await stored(here, ListConversations())
+        try:
+            await stored(here, GetConversation("nope"))
+        except ClientError as e:
+            refused = e.code
+        await here.close()
+        await phone.close()
+        return first, mine, listed, refused
+
+    first, mine, listed, refused = asyncio.run(both())
+    assert (first.summary.revision, mine.summary.revision) == (1, 2) and mine.here
+    assert [s.title for s in listed.conversations] == ["Mine"] and refused == "unknown_id"
