@@ -188,8 +188,5 @@ def _answers(answer: ServerFrame, frame: StoreFrame) -> bool:
         return isinstance(answer, ConversationList) and answer.offset == frame.offset
     if isinstance(frame, GetConversation):
         return isinstance(answer, ConversationFound) and answer.summary.id == frame.id
-    return (
-        isinstance(answer, ConversationSaved)
-        and answer.here
-        and answer.summary.id == (frame.conversation.id)
-    )
+    is_ours = isinstance(answer, ConversationSaved) and answer.here  # not another's news
+    return is_ours and answer.summary.id == frame.conversation.id
