@@ -130,7 +130,7 @@ class ServerChats:
         """Load the conversation `ref` names (a number from /chats, an id; "" the newest), show
         where it stands and make it this chat's. False, said in one line, when it cannot."""
         if not self.is_kept:
-            self._write(NOT_KEPT, file=file)
+            self._fail(NOT_KEPT, file)
             return False
         id = await self._resolve(ref or "1", file)
         found = await self._ask(GetConversation(id), file) if id else None
@@ -154,7 +154,7 @@ class ServerChats:
             if re.fullmatch(CONVERSATION_ID, ref):
                 return ref
             why = "a number from /chats or a conversation id (letters, digits, _ and -)"
-            self._write(f"/resume takes {why}, not {_shown(ref)!r}", file=file)
+            self._fail(f"/resume takes {why}, not {_shown(ref)!r}", file)
             return None
         num = _number(ref)
         if num in self._shown:
@@ -162,9 +162,11 @@ class ServerChats:
         found = await self._ask(ListConversations(num - 1), file) if num else None
         if found is not None and found.conversations:
             return found.conversations[0].id
-        if found is not None or num is None:
+        if found is not None and not found.total:
+            self._fail("you have no conversations on the server yet", file)
+        elif found is not None or num is None:
             total = f"you have {found.total}" if found is not None else "/chats lists yours"
-            self._write(f"no conversation {_shown(ref)} on the server ({total})", file=file)
+            self._fail(f"no conversation {_shown(ref)} on the server ({total})", file)
         return None
 
     # --- each turn saved ---
@@ -215,12 +217,20 @@ class ServerChats:
         except ClientError as e:
             if e.code == "conflict":
                 raise
-            self._write(f"[{e.message}]", file=file)
+            self._fail(e.message, file, server=True)
         except TimeoutError:
-            self._write(f"[the server did not answer in {STORE_TIMEOUT_S:.0f} s]", file=file)
+            self._fail(f"the server did not answer in {STORE_TIMEOUT_S:.0f} s", file, True)
         except (ConnectionClosed, OSError) as e:
-            self._write(f"[connection lost: {e}]", file=file)
+            self._fail(f"connection lost: {e}", file, server=True)
         return None
+
+    def _fail(self, text: str, file: TextIO | None, server: bool = False) -> None:
+        """Why a command could not be done, in one line: in the chat (the server's words in
+        brackets, as its other errors), or for --resume on `file` (standard error) as a slip."""
+        if file is not None:
+            self._write(f"localserve chat: --resume: {text}", file=file)
+        else:
+            self._write(f"[{text}]" if server else text)
 
 
 def history_of(messages: list[StoredMessage]) -> list[Message]:

@@ -232,7 +232,8 @@ def test_a_server_that_keeps_none_says_so_in_one_line():
         client, out = terminal(server, "Hello", user="zed", resume="", err=err)
         assert run(client) == 2
         assert err.getvalue().strip().splitlines() == [
-            "this server keeps no conversations (it has no users): /chats and /resume need one"
+            "localserve chat: --resume: this server keeps no conversations (it has no users): "
+            "/chats and /resume need one"
         ]
     finally:
         server.close()
