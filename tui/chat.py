@@ -7,7 +7,9 @@ Ctrl-D. `/help` lists the client's commands; any other `/word` is answered here,
 the model (`//` at the start sends one `/`). Standard input from a file or a pipe is read as
 messages, one a line, each reply printed, until its end. A thinking model's reasoning (the
 token frames' `reasoning`) is printed before its answer, each line starting "thinking: ",
-dimmed on a terminal; it is not kept in the history the model is sent again.
+dimmed on a terminal; it is not kept in the history the model is sent again. On a server that
+keeps its people's conversations, each turn is saved there, and `/chats` and `/resume` list and
+go on with them (tui/server_chats.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TextIO
 
 from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
-from tui import model_picker
+from tui import model_picker, server_chats
 
 MAX_LINE_CHARS = 256 << 10  # a message from standard input: the server's max_frame_bytes default
 TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
@@ -33,11 +35,12 @@ HELP = "/help lists the commands, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
 COMMANDS = (
     ("/new", "start a new conversation (the model forgets this one)"),
     *model_picker.COMMANDS,
+    *server_chats.COMMANDS,
     ("/help", "this list"),
     ("/quit", "leave (so do Ctrl-D, and Ctrl-C at the prompt)"),
 )
 COMMANDS_HELP = "\n".join(
-    [f"  {name:6} {what}" for name, what in COMMANDS]
+    [f"  {name:8} {what}" for name, what in COMMANDS]
     + ["  Ctrl-C while a reply streams stops it; a line starting // sends one /"]
 )
 DIM, UNDIM = "\x1b[2m", "\x1b[0m"
@@ -103,6 +106,7 @@ class ChatClient:
         err: TextIO | None = None,
         color: bool | None = None,
         model: str | None = None,
+        resume: str | None = None,
     ) -> None:
         self.url, self.user, self.token = url, user, token
         self.max_tokens, self.temperature = max_tokens, temperature
@@ -114,6 +118,9 @@ class ChatClient:
         self.color = color if color is not None else _is_terminal(out)
         self.history: list[Message] = []
         self.picker = model_picker.ModelPicker(model, self._print)  # /model, --model
+        self.kept = server_chats.ServerChats(self.history, self._print)
+        self.resume = resume  # --resume: this conversation ("" the newest) before the first turn
+        self._stopped = False  # the person stopped the reply being streamed (Ctrl-C)
         self.client: Client | None = None
         self._current: str | None = None  # id of the reply being streamed
         self._leave: asyncio.Future | None = None  # set at Ctrl-C while waiting at the prompt
@@ -141,6 +148,10 @@ class ChatClient:
         self._print(f"Connected to {model} at {self.url} as {self.user}. {HELP}.")
         if w.quota is not None:
             self._print(quota_line(w.quota))
+        self.kept.client = self.client
+        if self.resume is not None and not await self.kept.resume(self.resume, self.err):
+            await self.client.close()
+            return 2
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGINT, self.interrupt)
@@ -163,7 +174,7 @@ class ChatClient:
                 self._print("")
                 return 0
             if _COMMAND.fullmatch(text.split(maxsplit=1)[0] if text else ""):
-                if not await self.picker.command(text):  # /model
+                if not await self.picker.command(text) and not await self.kept.command(text):
                     self.command(text)
                 continue
             if text.startswith("//"):
@@ -191,6 +202,7 @@ class ChatClient:
         word = text.split(maxsplit=1)[0]
         if word == "/new":
             self.history.clear()
+            self.kept.new()
             self._print("(new conversation)")
         elif word == "/help":
             self._print(COMMANDS_HELP)
@@ -200,6 +212,7 @@ class ChatClient:
     def interrupt(self) -> None:
         """Ctrl-C: stop the reply being streamed; at the prompt, leave (status 0)."""
         if self._current is not None and self.client is not None:
+            self._stopped = True
             asyncio.ensure_future(self.client.send(Cancel(self._current)))
         elif self._leave is not None and not self._leave.done():
             self._leave.set_result(None)  # _converse ends as at Ctrl-D
@@ -210,6 +223,7 @@ class ChatClient:
         """Send one turn, stream the reply; False if the connection is gone."""
         self._num += 1
         rid = self._current = f"turn-{self._num}"
+        self._stopped = False
         self.history.append(Message("user", text))
         request = Chat(
             id=rid,
@@ -228,14 +242,15 @@ class ChatClient:
         finally:
             self._current = None
         reply.end()
-        text = reply.answer()
+        answer = reply.answer()
         if finished is None:
             self.history.pop()  # the turn never happened
         else:
-            self.history.append(Message("assistant", text))
+            self.history.append(Message("assistant", answer))
             self._print("\n" + _summary(finished))
             if finished.dropped_messages:
                 self._print(dropped_line(finished.dropped_messages))
+            await self.kept.turn(text, answer, reply.thought(), finished, self._stopped)
         return True
 
     async def _stream(self, request: Chat, reply: ReplyPrinter) -> Finished | None:
@@ -275,10 +290,12 @@ class ReplyPrinter:
         self._write = write  # print-like: write(text, end="")
         self._color = color
         self._answer: list[str] = []
+        self._thought: list[str] = []  # the reasoning as it came, kept with a saved reply
         self._thinking = False  # reasoning printed, the answer not started
         self._newlines = 0  # reasoning newlines not printed yet (none after its last line)
 
     def reasoning(self, text: str) -> None:
+        self._thought.append(text)
         for i, line in enumerate(text.split("\n")):
             if i:
                 self._newlines += 1 if self._thinking else 0
@@ -309,6 +326,9 @@ class ReplyPrinter:
 
     def answer(self) -> str:
         return "".join(self._answer).strip()
+
+    def thought(self) -> str:
+        return "".join(self._thought).strip()
 
 
 def _summary(done: Finished) -> str:

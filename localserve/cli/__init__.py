@@ -26,14 +26,15 @@ from localserve.cli import (
     serve,
     sweep,
     usage,
+    users,
     worker,
 )
 from localserve.config import ConfigError
 
 DESCRIPTION = (
     "`localserve` command line: serve a model (serve, worker), share and watch it (demo, "
-    "monitor, chat), account for it (usage), try it (generate, models) and measure it (bench, "
-    "sweep, bench-engine)."
+    "monitor, chat), give people tokens (users), account for it (usage), try it (generate, "
+    "models, pull) and measure it (bench, sweep, bench-engine)."
 )
 
 CONFIG_HELP = "models.toml (default: $LOCALSERVE_MODELS or ./models.toml)"
@@ -45,6 +46,7 @@ COMMANDS = (
     monitor,
     serve,
     worker,
+    users,
     usage,
     generate,
     models,
