@@ -1,4 +1,5 @@
-"""`localserve serve`: the websocket chat server, with the OpenAI API, /healthz and /metrics.
+"""`localserve serve`: the chat server on one port: the page, websocket chat, the OpenAI, Ollama and
+Anthropic APIs, /healthz and /metrics.
 
 Tested in tests/unit/cli/test_cli.py and tests/e2e/test_serving.py.
 """
@@ -22,11 +23,14 @@ from localserve.config import ConfigError, load_config
 def add(sub) -> None:
     s = sub.add_parser(
         "serve",
-        help="serve a model on one port: the chat page, websocket chat, the OpenAI API",
+        help="serve a model on one port: the chat page, websocket chat, the OpenAI, Ollama "
+        "and Anthropic APIs",
         description="Serve a model to several people on one port: the chat page at /, websocket "
-        "chat and stats, the OpenAI-compatible API under /v1, /healthz and /metrics. The engine "
-        "runs in a supervised process of its own; the usage record and quotas are kept in the "
-        "state directory.",
+        "chat and stats (ws://HOST:PORT), the OpenAI API under /v1 (chat/completions, "
+        "completions, models), the Ollama API under /api (chat, generate, tags), the Anthropic "
+        "API at /v1/messages, /healthz and /metrics (Prometheus). The engine runs in a "
+        "supervised process of its own; the usage record and quotas are kept in the state "
+        "directory.",
     )
     add_model_argument(s)
     s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
