@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # llama.cpp warns about harmless model quirks at every load; -v shows them
     logging.getLogger("llama_cpp").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+    # each model's load, swap and unload, with its time: one line on the console (serve/pool.py)
+    logging.getLogger("localserve.serve.pool").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
@@ -115,9 +117,17 @@ def version_text() -> str:
     return f"localserve {__version__} (llama-cpp-python {llama})"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a slip said in one line and no usage block before it (every
+    command's subparser is one too: argparse makes them of their parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: the global options, then every command's subparser."""
-    p = argparse.ArgumentParser(prog="localserve", description=DESCRIPTION)
+    p = Parser(prog="localserve", description=DESCRIPTION)
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
     p.add_argument("-V", "--version", action="version", version=version_text())

@@ -13,6 +13,7 @@ from localserve.cli.shared import (
     add_model_argument,
     check_port,
     model_name,
+    port_number,
     prefix_cache_option,
     say_where,
     team_options,
@@ -34,7 +35,7 @@ def add(sub) -> None:
     )
     add_model_argument(s)
     s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
-    s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")
+    s.add_argument("--port", type=port_number, help="port (default 8765, from models.toml; 0 = any)")
     s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
     s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
     s.add_argument("--monitor-token", help="require this token for stats subscriptions")
