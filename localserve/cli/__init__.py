@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     # llama.cpp warns about harmless model quirks at every load; -v shows them
     logging.getLogger("llama_cpp").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     # each model's load, swap and unload, with its time: one line on the console (serve/pool.py)
-    logging.getLogger("localserve.serve.pool").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    logging.getLogger("localserve.serve.pool").setLevel(
+        logging.DEBUG if args.verbose else logging.INFO
+    )
     if not hasattr(args, "run"):
         parser.print_help()
         return 2

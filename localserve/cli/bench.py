@@ -43,7 +43,7 @@ def _add_target_options(lb) -> None:
         "--url",
         type=server_address,
         default="ws://127.0.0.1:8765",
-        help="localserve's address (default %(default)s)"
+        help="localserve's address (default %(default)s)",
     )
     lb.add_argument(
         "--peer",
@@ -70,7 +70,10 @@ def _add_load_options(lb) -> None:
         "default %(default)s",
     )
     lb.add_argument(
-        "--num-requests", type=positive_int, default=50, help="requests to send (default %(default)s)"
+        "--num-requests",
+        type=positive_int,
+        default=50,
+        help="requests to send (default %(default)s)",
     )
     lb.add_argument(
         "--request-rate",
@@ -109,10 +112,16 @@ def _add_load_options(lb) -> None:
 
 def _add_conversation_options(cv) -> None:
     cv.add_argument(
-        "--conversations", type=positive_int, default=4, help="conversations to play (default %(default)s)"
+        "--conversations",
+        type=positive_int,
+        default=4,
+        help="conversations to play (default %(default)s)",
     )
     cv.add_argument(
-        "--turns", type=positive_int, default=5, help="user turns per conversation (default %(default)s)"
+        "--turns",
+        type=positive_int,
+        default=5,
+        help="user turns per conversation (default %(default)s)",
     )
     cv.add_argument(
         "--turn-tokens",

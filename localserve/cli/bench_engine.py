@@ -26,7 +26,10 @@ def add(sub) -> None:
         help="comma-separated sequence counts (default %(default)s)",
     )
     b.add_argument(
-        "--tokens", type=positive_int, default=64, help="decode steps per measurement (default %(default)s)"
+        "--tokens",
+        type=positive_int,
+        default=64,
+        help="decode steps per measurement (default %(default)s)",
     )
     b.add_argument("--out", help="write the results as JSON here")
     b.set_defaults(run=cmd_bench_engine)

@@ -43,10 +43,16 @@ def add(sub) -> None:
     )
     token.add_argument("--token-file", metavar="FILE", help="read the token from this file")
     c.add_argument(
-        "--max-tokens", type=positive_int, default=256, help="tokens per reply at most (default %(default)s)"
+        "--max-tokens",
+        type=positive_int,
+        default=256,
+        help="tokens per reply at most (default %(default)s)",
     )
     c.add_argument(
-        "--temperature", type=non_negative_float, default=0.7, help="0 = greedy (default %(default)s)"
+        "--temperature",
+        type=non_negative_float,
+        default=0.7,
+        help="0 = greedy (default %(default)s)",
     )
     c.set_defaults(run=cmd_chat)
 

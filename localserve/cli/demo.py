@@ -31,7 +31,10 @@ def add(sub) -> None:
     add_model_argument(d)
     d.add_argument("--seed", type=int, default=0, help="varies the scenario's prompts and pauses")
     d.add_argument(
-        "--pace", type=non_negative_float, default=1.0, help="scales the scenario's pauses (default %(default)s)"
+        "--pace",
+        type=non_negative_float,
+        default=1.0,
+        help="scales the scenario's pauses (default %(default)s)",
     )
     d.add_argument("--screenshot", metavar="SVG", help="run headless; save the screen to SVG")
     d.add_argument(

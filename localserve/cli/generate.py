@@ -34,7 +34,10 @@ def add(sub) -> None:
         help="tokens to generate at most (default %(default)s)",
     )
     g.add_argument(
-        "--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default %(default)s)"
+        "--temperature",
+        type=non_negative_float,
+        default=0.0,
+        help="0 = greedy (default %(default)s)",
     )
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a random one)")
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")

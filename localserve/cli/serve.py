@@ -35,7 +35,9 @@ def add(sub) -> None:
     )
     add_model_argument(s)
     s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
-    s.add_argument("--port", type=port_number, help="port (default 8765, from models.toml; 0 = any)")
+    s.add_argument(
+        "--port", type=port_number, help="port (default 8765, from models.toml; 0 = any)"
+    )
     s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
     s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
     s.add_argument("--monitor-token", help="require this token for stats subscriptions")

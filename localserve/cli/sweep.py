@@ -27,7 +27,10 @@ def add(sub) -> None:
         "--workloads", default="chat,mixed", help="comma-separated (default %(default)s)"
     )
     sw.add_argument(
-        "--concurrency", type=counts, default="1,2,4,8,16", help="comma-separated (default %(default)s)"
+        "--concurrency",
+        type=counts,
+        default="1,2,4,8,16",
+        help="comma-separated (default %(default)s)",
     )
     sw.add_argument(
         "--num-requests",
@@ -77,7 +80,10 @@ def _known(policies: str, workloads: str) -> tuple[list[str], list[str]]:
     from localserve.config import SchedulerConfig
 
     known = typing.get_args(typing.get_type_hints(SchedulerConfig)["policy"])
-    asked = {"--policies": (policies.split(","), known), "--workloads": (workloads.split(","), WORKLOADS)}
+    asked = {
+        "--policies": (policies.split(","), known),
+        "--workloads": (workloads.split(","), WORKLOADS),
+    }
     for flag, (names, names_known) in asked.items():
         if unknown := [n for n in names if n not in names_known]:
             raise ConfigError(f"{flag}: {', '.join(unknown)}: not one of {', '.join(names_known)}")

@@ -55,7 +55,10 @@ SLIPS = [  # argv, the words of its one line
     (["serve", "--port", "-1"], ["argument --port", "'-1' is not a port"]),
     (["serve", "--port", "http"], ["argument --port", "'http' is not a port"]),
     (["serve", "--open", "--host", "999.1.1.1"], ["cannot listen on 999.1.1.1:", "(--host)"]),
-    (["serve", "--open", "--host", "no such host.invalid"], ["cannot listen on no such host", "(--host)"]),
+    (
+        ["serve", "--open", "--host", "no such host.invalid"],
+        ["cannot listen on no such host", "(--host)"],
+    ),
     (["serve", "--users", "missing.toml"], ["missing.toml: no such users file"]),
     (["serve", "--users", "{bad}"], ["not valid TOML"]),
     (["serve", "--state-dir", "{file}/state"], ["cannot create the state directory"]),

@@ -371,7 +371,9 @@ def test_serve_says_each_load_swap_unload_and_failed_load_on_its_console(tmp_pat
         return any(words in line for line in lines)
 
     try:
-        url = wait_until(lambda: next((f"http://{m[1]}" for x in out if (m := PORT.search(x))), None), 180)
+        url = wait_until(
+            lambda: next((f"http://{m[1]}" for x in out if (m := PORT.search(x))), None), 180
+        )
 
         class Served:  # what chat() reads of a served model
             thread = type("Thread", (), {"http": url})
@@ -382,7 +384,9 @@ def test_serve_says_each_load_swap_unload_and_failed_load_on_its_console(tmp_pat
         wait_until(lambda: said("model broken could not be loaded"), 60)
     finally:
         kill_serve(proc)
-    pool = [x.split("localserve.serve.pool: ", 1)[1].rstrip("\n") for x in lines if "serve.pool" in x]
+    pool = [
+        x.split("localserve.serve.pool: ", 1)[1].rstrip("\n") for x in lines if "serve.pool" in x
+    ]
     events = [x for x in pool if not x.startswith("loading model")]
     patterns = [
         r"swap: unloading gemma to load small \(max_loaded_models = 1\)",

@@ -254,8 +254,8 @@ def test_version_says_localserve_and_llama_cpp_python_without_loading_llama_cpp(
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == f"localserve {__version__} (llama-cpp-python {llama})\n"
     script = (
-        "import sys\nfrom localserve.cli import main\ntry:\n    main([%r])\n"
-        "except SystemExit:\n    pass\nprint('llama_cpp' in sys.modules)" % flag
+        f"import sys\nfrom localserve.cli import main\ntry:\n    main([{flag!r}])\n"
+        "except SystemExit:\n    pass\nprint('llama_cpp' in sys.modules)"
     )
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)

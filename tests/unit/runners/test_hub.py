@@ -103,7 +103,10 @@ def test_the_entry_is_valid_toml_and_never_clobbers(tmp_path):
         ("http://www.huggingface.co/org/repo?library=gguf", ("org/repo", None, None)),
         ("https://huggingface.co/org/repo/tree/main", ("org/repo", None, None)),
         ("https://huggingface.co/org/repo/tree/main/sub", ("org/repo", None, None)),
-        ("https://huggingface.co/org/repo/blob/main/x-Q8_0.gguf", ("org/repo", None, "x-Q8_0.gguf")),
+        (
+            "https://huggingface.co/org/repo/blob/main/x-Q8_0.gguf",
+            ("org/repo", None, "x-Q8_0.gguf"),
+        ),
         (
             "https://huggingface.co/org/repo/resolve/main/sub/x.gguf?download=true",
             ("org/repo", None, "sub/x.gguf"),
