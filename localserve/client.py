@@ -1,8 +1,9 @@
 """A small asyncio client for the protocol: connect, say hello, send frames, read frames.
 
 `chat` sends one chat and yields the frames about it until it is over: the one loop behind the
-terminal chat client, the demo's people and the load generator. The monitor uses `Client` too;
-anyone else can follow docs/protocol.md instead.
+terminal chat client, the demo's people and the load generator. `stored` asks the server's
+conversation store one thing (list, get, save) and returns its answer. The monitor uses
+`Client` too; anyone else can follow docs/protocol.md instead.
 
 Tested in tests/e2e/test_websocket_client.py.
 """
@@ -20,11 +21,17 @@ from localserve.protocol.frames import (
     Cancel,
     Chat,
     ClientFrame,
+    ConversationFound,
+    ConversationList,
+    ConversationSaved,
     Error,
     Finished,
+    GetConversation,
     Hello,
+    ListConversations,
     Notice,
     Queued,
+    SaveConversation,
     ServerFrame,
     TokenDelta,
     Welcome,
@@ -34,9 +41,19 @@ _decoder = msgspec.json.Decoder(ServerFrame)
 _encoder = msgspec.json.Encoder()
 
 
-__all__ = ["ChatFrame", "Client", "ClientError", "ConnectionClosed", "chat", "websocket_url"]
+__all__ = [
+    "ChatFrame",
+    "Client",
+    "ClientError",
+    "ConnectionClosed",
+    "chat",
+    "stored",
+    "websocket_url",
+]
 
 ChatFrame = Queued | TokenDelta | Finished | Error | Notice
+StoreFrame = ListConversations | GetConversation | SaveConversation
+StoreAnswer = ConversationList | ConversationFound | ConversationSaved
 
 
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
@@ -143,3 +160,33 @@ def _about(frame: ServerFrame, rid: str) -> bool:
     if isinstance(frame, Error):
         return frame.id in (rid, None)
     return isinstance(frame, Queued | TokenDelta | Finished) and frame.id == rid
+
+
+async def stored(client: Client, frame: StoreFrame) -> StoreAnswer:
+    """Send one conversation-store frame and return its answer: a `conversation_list`, the
+    `conversation` asked for, or this connection's `conversation_saved` (`here`). An error about
+    it raises ClientError (`unknown_id`, `conflict`, `not_saved`, ...). Frames about anything
+    else (the person's other connections' news, notices, stats) are skipped. One request at a
+    time per client: this reads the connection."""
+    await client.send(frame)
+    while True:
+        answer = await client.recv()
+        if isinstance(answer, Error) and answer.id in (_store_id(frame), None):
+            raise ClientError(answer.code, answer.message, answer.retry_after_s)
+        if _answers(answer, frame):
+            return answer
+
+
+def _store_id(frame: StoreFrame) -> str | None:
+    if isinstance(frame, SaveConversation):
+        return frame.conversation.id
+    return getattr(frame, "id", None)
+
+
+def _answers(answer: ServerFrame, frame: StoreFrame) -> bool:
+    if isinstance(frame, ListConversations):
+        return isinstance(answer, ConversationList) and answer.offset == frame.offset
+    if isinstance(frame, GetConversation):
+        return isinstance(answer, ConversationFound) and answer.summary.id == frame.id
+    is_ours = isinstance(answer, ConversationSaved) and answer.here  # not another's news
+    return is_ours and answer.summary.id == frame.conversation.id

@@ -165,7 +165,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_people_per_frontend: Positive = 256
     # Running it for a team (usage.py). State: the usage database and the access log live in
     # state_dir ("" = $LOCALSERVE_STATE_DIR, else $XDG_STATE_HOME/localserve, else
-    # ~/.local/state/localserve); usage = false records nothing.
+    # ~/.local/state/localserve); usage = false records nothing. A server with users keeps its
+    # monitor token there too, unless the users file's [monitor] table sets one
+    # (ops/monitor_token.py): no models.toml key, a secret belongs with the users' tokens.
     state_dir: str = ""
     usage: bool = True
     # The chat page's conversations on a server with users (ops/conversations.py): kept in the

@@ -7,7 +7,9 @@ Ctrl-D. `/help` lists the client's commands; any other `/word` is answered here,
 the model (`//` at the start sends one `/`). Standard input from a file or a pipe is read as
 messages, one a line, each reply printed, until its end. A thinking model's reasoning (the
 token frames' `reasoning`) is printed before its answer, each line starting "thinking: ",
-dimmed on a terminal; it is not kept in the history the model is sent again.
+dimmed on a terminal; it is not kept in the history the model is sent again. On a server that
+keeps its people's conversations, each turn is saved there, and `/chats` and `/resume` list and
+go on with them (tui/server_chats.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TextIO
 
 from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
+from tui import server_chats
 
 MAX_LINE_CHARS = 256 << 10  # a message from standard input: the server's max_frame_bytes default
 TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
@@ -31,11 +34,12 @@ TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
 HELP = "/help lists the commands, Ctrl-C stops a reply, /quit or Ctrl-D leaves"
 COMMANDS = (
     ("/new", "start a new conversation (the model forgets this one)"),
+    *server_chats.COMMANDS,
     ("/help", "this list"),
     ("/quit", "leave (so do Ctrl-D, and Ctrl-C at the prompt)"),
 )
 COMMANDS_HELP = "\n".join(
-    [f"  {name:6} {what}" for name, what in COMMANDS]
+    [f"  {name:8} {what}" for name, what in COMMANDS]
     + ["  Ctrl-C while a reply streams stops it; a line starting // sends one /"]
 )
 DIM, UNDIM = "\x1b[2m", "\x1b[0m"
@@ -100,6 +104,7 @@ class ChatClient:
         echo: bool = False,
         err: TextIO | None = None,
         color: bool | None = None,
+        resume: str | None = None,
     ) -> None:
         self.url, self.user, self.token = url, user, token
         self.max_tokens, self.temperature = max_tokens, temperature
@@ -110,6 +115,9 @@ class ChatClient:
         # reasoning dimmed: on a terminal only (not in a file or a pipe), unless $NO_COLOR
         self.color = color if color is not None else _is_terminal(out)
         self.history: list[Message] = []
+        self.kept = server_chats.ServerChats(self.history, self._print)
+        self.resume = resume  # --resume: this conversation ("" the newest) before the first turn
+        self._stopped = False  # the person stopped the reply being streamed (Ctrl-C)
         self.client: Client | None = None
         self._current: str | None = None  # id of the reply being streamed
         self._leave: asyncio.Future | None = None  # set at Ctrl-C while waiting at the prompt
@@ -131,6 +139,10 @@ class ChatClient:
         self._print(f"Connected to {w.model} at {self.url} as {self.user}. {HELP}.")
         if w.quota is not None:
             self._print(quota_line(w.quota))
+        self.kept.client = self.client
+        if self.resume is not None and not await self.kept.resume(self.resume, self.err):
+            await self.client.close()
+            return 2
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGINT, self.interrupt)
@@ -153,7 +165,8 @@ class ChatClient:
                 self._print("")
                 return 0
             if _COMMAND.fullmatch(text.split(maxsplit=1)[0] if text else ""):
-                self.command(text)
+                if not await self.kept.command(text):  # /chats, /resume
+                    self.command(text)
                 continue
             if text.startswith("//"):
                 text = text[1:]
@@ -180,6 +193,7 @@ class ChatClient:
         word = text.split(maxsplit=1)[0]
         if word == "/new":
             self.history.clear()
+            self.kept.new()
             self._print("(new conversation)")
         elif word == "/help":
             self._print(COMMANDS_HELP)
@@ -189,6 +203,7 @@ class ChatClient:
     def interrupt(self) -> None:
         """Ctrl-C: stop the reply being streamed; at the prompt, leave (status 0)."""
         if self._current is not None and self.client is not None:
+            self._stopped = True
             asyncio.ensure_future(self.client.send(Cancel(self._current)))
         elif self._leave is not None and not self._leave.done():
             self._leave.set_result(None)  # _converse ends as at Ctrl-D
@@ -199,6 +214,7 @@ class ChatClient:
         """Send one turn, stream the reply; False if the connection is gone."""
         self._num += 1
         rid = self._current = f"turn-{self._num}"
+        self._stopped = False
         self.history.append(Message("user", text))
         request = Chat(
             id=rid,
@@ -216,14 +232,15 @@ class ChatClient:
         finally:
             self._current = None
         reply.end()
-        text = reply.answer()
+        answer = reply.answer()
         if finished is None:
             self.history.pop()  # the turn never happened
         else:
-            self.history.append(Message("assistant", text))
+            self.history.append(Message("assistant", answer))
             self._print("\n" + _summary(finished))
             if finished.dropped_messages:
                 self._print(dropped_line(finished.dropped_messages))
+            await self.kept.turn(text, answer, reply.thought(), finished, self._stopped)
         return True
 
     async def _stream(self, request: Chat, reply: ReplyPrinter) -> Finished | None:
@@ -263,10 +280,12 @@ class ReplyPrinter:
         self._write = write  # print-like: write(text, end="")
         self._color = color
         self._answer: list[str] = []
+        self._thought: list[str] = []  # the reasoning as it came, kept with a saved reply
         self._thinking = False  # reasoning printed, the answer not started
         self._newlines = 0  # reasoning newlines not printed yet (none after its last line)
 
     def reasoning(self, text: str) -> None:
+        self._thought.append(text)
         for i, line in enumerate(text.split("\n")):
             if i:
                 self._newlines += 1 if self._thinking else 0
@@ -297,6 +316,9 @@ class ReplyPrinter:
 
     def answer(self) -> str:
         return "".join(self._answer).strip()
+
+    def thought(self) -> str:
+        return "".join(self._thought).strip()
 
 
 def _summary(done: Finished) -> str:

@@ -142,6 +142,8 @@ class MonitorApp(App):
         elif isinstance(item, Refused):  # a token to fix: said as it is
             self.connected = False
             self.status = f"{item.reason}; trying again in {item.retry_s:g} s"
+            if item.hint:  # how to get the right token: the header's second line
+                self.status += f"\n{item.hint}"
             self._main.set_class(True, "disconnected")
         elif isinstance(item, Disconnected):
             self.connected, self.status = False, f"disconnected ({item.reason}), reconnecting"

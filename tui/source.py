@@ -8,8 +8,9 @@ yield bare snapshots.
 
 When the server refuses a token (`unauthorized`: the monitor token in `subscribe`, or the
 user's in `hello`) trying again at once cannot help and only feeds the server's throttle: the
-source says which token (`Refused`) and waits longer each time (5 s, doubling, at most a
-minute) until stats come.
+source says which token (`Refused`): for the monitor token, whether none was sent or a wrong
+one, and how to get the right one (its `hint`: the file the server keeps it in); and it waits
+longer each time (5 s, doubling, at most a minute) until stats come.
 
 Tested in tests/unit/tui/test_monitor.py, tests/e2e/test_monitor.py and
 tests/e2e/test_auth_throttle.py.
@@ -38,14 +39,26 @@ class Disconnected:
 
 @dataclass(frozen=True)
 class Refused(Disconnected):
-    """The server refused a token: what to fix, and when the source tries again."""
+    """The server refused a token: what to fix, when the source tries again, and how to get
+    the right one (or "")."""
 
     retry_s: float
+    hint: str = ""
 
 
 SourceItem = Connected | Disconnected | Stats | Snapshot
 
-MONITOR_TOKEN = "the monitor token is missing or wrong (--monitor-token)"
+NO_MONITOR_TOKEN = "no monitor token was sent, and this server needs one"
+WRONG_MONITOR_TOKEN = "the monitor token sent is wrong"
+NO_MONITOR_TOKEN_HINT = (
+    "on the server's machine `localserve monitor` reads it from {path} by itself; "
+    "from another, pass --monitor-token with that file's content"
+)
+WRONG_MONITOR_TOKEN_HINT = (
+    "the right one is in {path} on the server's machine (or its users file's [monitor] "
+    "token): pass it with --monitor-token"
+)
+TOKEN_FILE = "monitor_token in the server's state directory"  # when the source is not told
 USER_TOKEN = "the user name or token is wrong (--name, --token)"
 REFUSED_RETRY_S = (5.0, 60.0)  # the first and the longest wait after a refused token
 
@@ -54,20 +67,22 @@ class TokenRefused(Exception):
     """The server answered `unauthorized`: what to fix, or (`wait`: the auth throttle's
     refusal, the token may be right) how long to wait."""
 
-    def __init__(self, message: str, wait: float | None = None) -> None:
+    def __init__(self, message: str, wait: float | None = None, hint: str = "") -> None:
         super().__init__(message)
         self.wait = wait
+        self.hint = hint
 
 
-def _refused(error: ClientError | Error, wrong_token: str) -> TokenRefused:
+def _refused(error: ClientError | Error, wrong_token: str, hint: str = "") -> TokenRefused:
     """A throttled attempt says so (the server's words, its wait); else the token is wrong."""
     if error.retry_after_s:
         return TokenRefused(error.message, error.retry_after_s)
-    return TokenRefused(wrong_token)
+    return TokenRefused(wrong_token, hint=hint)
 
 
 class WebSocketSource:
-    """Stats frames from a localserve server; reconnects forever."""
+    """Stats frames from a localserve server; reconnects forever. `monitor_token_file`: where
+    the server keeps its monitor token, for the refusal's hint."""
 
     def __init__(
         self,
@@ -77,9 +92,11 @@ class WebSocketSource:
         token: str | None = None,
         interval_ms: int = 500,
         max_retry_s: float = 5.0,
+        monitor_token_file: str = TOKEN_FILE,
     ) -> None:
         self.url = url
         self.monitor_token = monitor_token
+        self.monitor_token_file = monitor_token_file
         self.user, self.token = user, token
         self.interval_ms = interval_ms
         self.max_retry_s = max_retry_s
@@ -96,7 +113,7 @@ class WebSocketSource:
                 first, longest = REFUSED_RETRY_S
                 refused = min(refused * 2 or first, longest)
                 wait = max(refused, e.wait or 0.0)
-                yield Refused(str(e), wait)
+                yield Refused(str(e), wait, e.hint)
                 await asyncio.sleep(wait)
                 continue
             except (OSError, ConnectionClosed, ClientError, TimeoutError) as e:
@@ -127,9 +144,17 @@ class WebSocketSource:
             if isinstance(frame, Stats):
                 yield frame
             elif isinstance(frame, Error) and frame.code == "unauthorized":
-                raise _refused(frame, MONITOR_TOKEN)
+                raise _refused(frame, *self._monitor_refusal())
             elif isinstance(frame, Error):
                 raise ClientError(frame.code, frame.message)
+
+    def _monitor_refusal(self) -> tuple[str, str]:
+        """What was wrong with the monitor token (none sent, or a wrong one), and the hint."""
+        if self.monitor_token:
+            return WRONG_MONITOR_TOKEN, WRONG_MONITOR_TOKEN_HINT.format(
+                path=self.monitor_token_file
+            )
+        return NO_MONITOR_TOKEN, NO_MONITOR_TOKEN_HINT.format(path=self.monitor_token_file)
 
 
 class QueueSource:

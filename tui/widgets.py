@@ -87,7 +87,9 @@ class HeaderBar(Static):
         models: Sequence[ModelStatus] = (),
     ) -> None:
         self._state = (snap, connected, status, usage_problem, models)
-        self.set_class(snap is not None and has_device_line(snap), "two-lines")
+        hinted = not connected and "\n" in status  # a refused token's hint: all of it shown
+        self.set_class(hinted, "hinted")
+        self.set_class(not hinted and snap is not None and has_device_line(snap), "two-lines")
         self.refresh()
 
     def render(self) -> Text:
@@ -111,8 +113,10 @@ def header_text(
     """The connection state (or, while connected, the engine's and the usage record's
     problems), then as many facts about the server as fit in `width` columns (a fact that does
     not fit is left out, never wrapped), each behind its own separator; then, for a split
-    model, a line of its devices."""
+    model, a line of its devices; a status's second line (a refused token's hint) instead."""
     text = Text(no_wrap=True, overflow="crop")
+    status, _, hint = status.partition("\n")
+    hint = "" if connected else hint
     problems = []
     if connected and snap is not None and snap.engine_problem.strip():
         problems.append(f"engine down: {snap.engine_problem.strip()}")
@@ -127,7 +131,7 @@ def header_text(
     else:
         text.append(f"● {status}", style="bold red")
     if snap is None:
-        return text
+        return _with_hint(text, hint)
     m = snap.model
     where = m.backend if m.backend == "CPU" else f"{m.backend} {m.n_gpu_layers}/{m.n_layer}L"
     facts = [
@@ -149,9 +153,18 @@ def header_text(
             continue
         text.append(sep, style="grey50")
         text.append(fact, style=style)
+    if hint:
+        return _with_hint(text, hint)
     if has_device_line(snap):
         text.append("\n")
         text.append_text(devices_text(m.devices, snap.workers, width))
+    return text
+
+
+def _with_hint(text: Text, hint: str) -> Text:
+    """The header and, below it, the hint (the widget wraps it: `#header.hinted`)."""
+    if hint:
+        text.append(f"\n{DEVICE_INDENT}{hint}")
     return text
 
 

@@ -27,16 +27,17 @@ from localserve.cli import (
     serve,
     sweep,
     usage,
+    users,
     worker,
 )
 from localserve.config import ConfigError
 
 DESCRIPTION = (
     "`localserve` command line: serve a model (serve, worker), share and watch it (demo, "
-    "monitor, chat), account for it (usage), try it (generate, models) and measure it (bench, "
-    "sweep, bench-engine). `serve` answers on one port: the chat page (/), websocket chat, "
-    "the OpenAI API (/v1), the Ollama API (/api), the Anthropic API (/v1/messages), /healthz "
-    "and /metrics."
+    "monitor, chat), give people tokens (users), account for it (usage), try it (generate, "
+    "models, pull) and measure it (bench, sweep, bench-engine). `serve` answers on one port: "
+    "the chat page (/), websocket chat, the OpenAI API (/v1), the Ollama API (/api), the "
+    "Anthropic API (/v1/messages), /healthz and /metrics."
 )
 
 CONFIG_HELP = "models.toml (default: $LOCALSERVE_MODELS or ./models.toml)"
@@ -48,6 +49,7 @@ COMMANDS = (
     monitor,
     serve,
     worker,
+    users,
     usage,
     generate,
     models,

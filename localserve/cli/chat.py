@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from localserve.cli.shared import (
     server_url,
 )
 from localserve.config import ConfigError
+from localserve.protocol.frames import CONVERSATION_ID
 
 TOKEN_VARIABLE = "LOCALSERVE_TOKEN"
 MAX_TOKEN_CHARS = 4096  # --token-file: its first line, at most this long
@@ -54,6 +56,14 @@ def add(sub) -> None:
         default=0.7,
         help="0 = greedy (default %(default)s)",
     )
+    c.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="ID",
+        help="go on with one of your conversations kept on the server (a server with users): "
+        "this id, or without one the newest; /chats lists them",
+    )
     c.set_defaults(run=cmd_chat)
 
 
@@ -65,6 +75,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     name = args.name or getpass.getuser()
     url = server_url(args)
+    resume = resume_id(args)
     client = ChatClient(
         url,
         name,
@@ -73,6 +84,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         args.temperature,
         echo=not sys.stdin.isatty(),  # lines from a file or a pipe: show them with the replies
         err=sys.stderr,
+        resume=resume,
     )
     return asyncio.run(client.run())
 
@@ -92,3 +104,15 @@ def chat_token(args: argparse.Namespace) -> str | None:
             raise ConfigError(f"--token-file: {args.token_file} is empty")
         return text.strip().splitlines()[0].strip()
     return os.environ.get(TOKEN_VARIABLE) or None
+
+
+def resume_id(args: argparse.Namespace) -> str | None:
+    """--resume's id ("" for the newest, None without --resume); ConfigError for one that
+    cannot be an id (an address after --resume is taken for one: put it first)."""
+    if args.resume and not re.fullmatch(CONVERSATION_ID, args.resume):
+        shown = args.resume if len(args.resume) <= 40 else args.resume[:39] + "…"
+        raise ConfigError(
+            f"--resume: {shown!r} is not a conversation id (letters, digits, _ and -; "
+            "an address goes before --resume)"
+        )
+    return args.resume

@@ -21,7 +21,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from localserve.config import ConfigError, ModelConfig, parse_config
+from localserve.config import ConfigError, ModelConfig, config_path, parse_config
 
 MIN_CONTEXT = 2048
 DEFAULT_CONTEXT = 8192  # as a models.toml entry's default n_ctx
@@ -33,8 +33,9 @@ def add(sub) -> None:
         "pull",
         help="fetch a GGUF from the Hugging Face Hub and add it to models.toml",
         description="Fetch a GGUF from the Hugging Face Hub (HF_ENDPOINT, HF_HOME, HF_TOKEN "
-        "honoured), check its sha256, and add a models.toml entry (--config's file or "
-        "./models.toml) that uses its chat template, with an n_ctx that fits this machine.",
+        "honoured), check its sha256, and add a models.toml entry (--config's file, "
+        "$LOCALSERVE_MODELS or ./models.toml) that uses its chat template, with an n_ctx that "
+        "fits this machine.",
     )
     p.add_argument(
         "spec",
@@ -50,7 +51,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from localserve.runners import hub
 
     repo, quant, file = hub.parse_spec(args.spec)
-    target = Path(args.config or "models.toml")
+    target = config_path(args.config) or Path("models.toml")
     existing = target.read_text(encoding="utf-8") if target.is_file() else ""
     candidates = hub.pick(hub.list_models(repo), quant, file, repo)
     usable, where, gpu = _usable()

@@ -40,7 +40,11 @@ def add(sub) -> None:
     )
     s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
     s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
-    s.add_argument("--monitor-token", help="require this token for stats subscriptions")
+    s.add_argument(
+        "--monitor-token",
+        help="the token stats and /metrics need (default: the users file's [monitor] token, "
+        "else, with users, one kept in the state dir's monitor_token)",
+    )
     s.add_argument("--no-prefix-cache", action="store_true", help=NO_PREFIX_CACHE_HELP)
     s.add_argument("--state-dir", help="usage database and access log (default [server] state_dir)")
     s.add_argument(
@@ -57,8 +61,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_frontends,
         is_known_user,
         load_daily_tokens,
+        load_monitor_token,
         load_users,
     )
+    from localserve.ops.monitor_token import server_monitor_token, token_file
     from localserve.serve.server import run
     from localserve.serve.serving import serving
 
@@ -66,15 +72,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = model_name(config, args.model)
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
-    access = Access(load_users(args.users), args.monitor_token)
+    users = load_users(args.users)
     daily_tokens = load_daily_tokens(args.users)
     trusted = config.server.trusted_frontends
-    check_frontends(trusted, access.users)
-    if unknown := sorted(u for u in daily_tokens if not is_known_user(u, access.users, trusted)):
+    check_frontends(trusted, users)
+    if unknown := sorted(u for u in daily_tokens if not is_known_user(u, users, trusted)):
         raise ConfigError(f"{args.users}: daily_tokens for users it does not have: {unknown}")
     config.server = team_options(config.server, args, daily_tokens)
+    configured = args.monitor_token or load_monitor_token(args.users)
+    access = Access(users, server_monitor_token(configured, users, config.server))
     access.check_bind(host, args.open)  # before the model loads: fail fast
     check_port(host, port)
+    if access.monitor_token is not None and configured is None:  # where, never what
+        print(f"localserve: the monitor token is in {token_file(config.server)}", flush=True)
     with serving(config, name, access=access) as served:
         say_where(served.runner)
         asyncio.run(run(served.server, host, port))

@@ -53,13 +53,37 @@ def load_daily_tokens(path: str | None) -> dict[str, int]:
     """A users file's optional `[daily_tokens]` table: name = tokens a day (quotas)."""
     if not path:
         return {}
-    raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))  # load_users checked it
-    quotas = raw.get("daily_tokens", {})
+    quotas = _table(path, "daily_tokens")
     if not isinstance(quotas, dict) or not all(
         isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in quotas.values()
     ):
         raise ConfigError(f"{path}: `daily_tokens`: expected a table of name = tokens (>= 0)")
     return quotas
+
+
+def load_monitor_token(path: str | None) -> str | None:
+    """A users file's optional `[monitor]` table: `token = "..."`, the monitor token."""
+    if not path:
+        return None
+    monitor = _table(path, "monitor")
+    token = monitor.get("token") if isinstance(monitor, dict) else None
+    if (
+        not isinstance(monitor, dict)
+        or set(monitor) - {"token"}
+        or not (token is None or (isinstance(token, str) and len(token) >= 8))
+    ):
+        raise ConfigError(f'{path}: `monitor`: expected token = "..." (at least 8 characters)')
+    return token
+
+
+def _table(path: str, key: str) -> object:
+    """One table of a users file that load_users has read (so it exists and is TOML)."""
+    return tomllib.loads(Path(path).read_text(encoding="utf-8")).get(key, {})
+
+
+def monitor_refusal(needs: str, token: str | None) -> str:
+    """Why a monitor token was refused, in one line: none was sent, or a wrong one."""
+    return f"{needs}: {'the one sent is wrong' if token else 'none was sent'}"
 
 
 def _checked(users: dict[str, str], source: str) -> dict[str, str]:
@@ -139,7 +163,9 @@ class Access:
         return found
 
     def allows_monitor(self, token: str | None) -> bool:
-        """Stats and /metrics show every user's traffic: open only on a tokenless server."""
+        """Stats and /metrics show every user's traffic: they need the monitor token when the
+        server has one (a server with users always has: ops/monitor_token.py), else they are
+        open, like the tokenless server's chat."""
         if self.monitor_token is not None:
             return _same_token(self.monitor_token, token)
         return not self.users

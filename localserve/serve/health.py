@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from localserve.ops import prometheus
+from localserve.ops.auth import monitor_refusal
 from localserve.ops.usage import Usage
 from localserve.protocol.snapshot import ModelInfo
 from localserve.serve.admission import Admission
@@ -125,7 +126,7 @@ class Health:
             "monitor",
             token,
             allowed,
-            "/metrics needs the monitor token (Bearer)",
+            monitor_refusal("/metrics needs the monitor token (Bearer)", token),
         )
         if refused is not None:
             if refused.retry_after_s:

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable
 
@@ -236,18 +237,36 @@ async def run(server: Server, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # a browser can open it
-    if ":" in shown:
-        shown = f"[{shown}]"
+    pages = ", ".join(f"http://{a}:{server.port}/" for a in browser_addresses(host))
     print(
         f"localserve: serving {server.model_name} on ws://{host}:{server.port} "
         f"and http://{host}:{server.port}/v1 (Ctrl-C stops)\n"
-        f"localserve: chat in a browser at http://{shown}:{server.port}/",
+        f"localserve: chat in a browser at {pages}",
         flush=True,
     )
     await stop.wait()
     print("localserve: shutting down", flush=True)
     await server.shutdown()
+
+
+def browser_addresses(host: str) -> list[str]:
+    """Where a browser opens the page: the bound address, or for a wildcard bind this machine's
+    loopback and then its addresses on the networks it is on (what a phone types)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return [f"[{host}]" if ":" in host else host]
+    found = ["127.0.0.1"]
+    # the address of the default route (connecting a UDP socket sends nothing)
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never a real host
+        found.append(probe.getsockname()[0])
+    with contextlib.suppress(OSError):
+        for *_, address in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            found.append(address[0])
+    shown: list[str] = []
+    for address in found:  # 127.0.1.1 and the like (/etc/hosts) are this machine's loopback
+        if address not in shown and (address == "127.0.0.1" or not address.startswith("127.")):
+            shown.append(address)
+    return shown
 
 
 class ServerThread:

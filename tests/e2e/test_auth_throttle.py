@@ -159,7 +159,8 @@ def test_the_monitor_without_its_token_backs_off_and_says_so(fake, monkeypatch):
         with monkeypatch.context() as patched:
             patched.setattr(source, "asyncio", type("Asyncio", (), {"sleep": sleep}))
             items = asyncio.run(first(None, 4))
-        assert items == [source.Refused(source.MONITOR_TOKEN, s) for s in (5, 10, 20, 40)]
+        hint = source.NO_MONITOR_TOKEN_HINT.format(path=source.TOKEN_FILE)
+        assert items == [source.Refused(source.NO_MONITOR_TOKEN, s, hint) for s in (5, 10, 20, 40)]
         assert waits == [5, 10, 20]
         assert server.admission.throttle.num_failures == 4
         items = asyncio.run(first("m-secret", 2))

@@ -781,6 +781,56 @@ def test_two_devices_changing_one_conversation_lose_nothing(browser, scripted, t
     phone.close()
 
 
+def terminal_chat(server, user: str, *lines: str) -> str:
+    """`localserve chat` (tui/chat.py) typing `lines`, on a thread of its own (Playwright's sync
+    API keeps this one); what it printed."""
+    import asyncio
+    import io
+    import threading
+
+    from tui.chat import ChatClient
+
+    async def typed():
+        for line in lines:
+            yield line
+
+    out = io.StringIO()
+    client = ChatClient(server.url, user, FAMILY[user], temperature=0, lines=typed(), out=out)
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(asyncio.run(client.run())))
+    thread.start()
+    thread.join(60)
+    assert status == [0], out.getvalue()
+    return out.getvalue()
+
+
+def test_the_page_and_the_terminal_chat_go_on_with_each_others_conversations(
+    browser, scripted, tmp_path
+):
+    """A conversation started in the page is resumed in `localserve chat`; the page, open on
+    it, shows the terminal's turn; the terminal's own new conversation is in the page's list."""
+    server = scripted(["Boil ", "water."], access=Access(FAMILY), state_dir=str(tmp_path))
+    ann = Person.open(browser, server, "ann", FAMILY["ann"])
+    ann.say("How do I make soup?")
+    ann.wait_reply("done")
+    saved(ann)
+    printed = terminal_chat(server, "ann", "/resume 1", "And then?", "/new", "Tea, please")
+    assert "model> Boil water." in printed and "(resumed “How do I make soup?”" in printed
+    wait_until(lambda: ann.page.locator(".msg.assistant").count() == 2, 10, "the terminal's turn")
+    assert ann.page.locator(".msg.user").nth(1).inner_text() == "And then?"
+    assert ann.reply().locator(".body").inner_text() == "Boil water."
+    assert ann.reply_status() == "done" and "prompt " in ann.reply().locator(".meta").inner_text()
+    wait_until(
+        lambda: sorted(ann.chat_titles()) == ["How do I make soup?", "Tea, please"], 10, "its list"
+    )
+    ann.say("And salt?")  # the page goes on after the terminal's turn
+    ann.wait_reply("done")
+    saved(ann)
+    printed = terminal_chat(server, "ann", "/chats", "/resume 2")
+    assert "you> And salt?\nmodel> Boil water." in printed
+    ann.close()
+
+
 def test_a_conversation_deleted_while_its_reply_comes_stays_deleted(browser, scripted, tmp_path):
     server = scripted(["word "] * 150, access=Access(FAMILY), state_dir=str(tmp_path))
     ann = Person.open(browser, server, "ann", FAMILY["ann"])

@@ -1,11 +1,11 @@
 """The first hour's slips that need a socket, through `python -m localserve` processes: a port
 in use said before the model loads, `chat` given the address `serve` prints or host:port, with
 its lines from a file or /dev/null, without the token a server needs or with it from a file or
-$LOCALSERVE_TOKEN, left with Ctrl-C at the prompt; and (real model) a chat template llama.cpp
-cannot use, refused when `serve` starts; and every other slip of the command line (a port out of
-range or not a number, a bad host, URL, count or list, a users file missing or malformed, a
-state directory that cannot be written, a sweep's unknown policy) in one line, before any model
-loads. The slips that need no socket are in unit/cli/test_cli.py."""
+$LOCALSERVE_TOKEN, a --resume that cannot be, left with Ctrl-C at the prompt; (real model) a
+chat template llama.cpp cannot use, refused when `serve` starts; and every other slip of the
+command line (a port out of range or not a number, a bad host, URL, count or list, a users file
+missing or malformed, a state directory that cannot be made, a sweep's unknown policy) in one
+line, before any model loads. The slips that need no socket are in unit/cli/test_cli.py."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 
 from localserve.ops.auth import Access, AuthThrottle
 from tests.support.cli import localserve, slip_line
+from tests.support.fakes import FakeServer
 from tests.support.paths import ROOT
 
 
@@ -142,6 +143,23 @@ def test_chat_without_the_token_a_server_needs_says_so(fake, tmp_path):
             ran = localserve("chat", fake.url, "--name", "ann", *argv, env=env)
             assert ran.returncode == 0, ran.stderr
             assert "as ann." in ran.stdout
+
+
+def test_chat_resume_that_cannot_be_is_one_line(fake, tmp_path):
+    """--resume given an address (the id is optional: it takes the next word), or on a server
+    that keeps no conversations, or of an id it does not have (tui/server_chats.py)."""
+    slip_line(localserve("chat", "--resume", fake.url), "--resume:", "an address goes before")
+    line = slip_line(localserve("chat", fake.url, "--resume"), "keeps no conversations")
+    assert line.startswith("localserve chat: --resume: this server keeps no conversations")
+    store = FakeServer(access=Access({"ann": "s3cret"}), state_dir=str(tmp_path))
+    try:
+        ann = ["--name", "ann", "--token", "s3cret"]
+        line = slip_line(localserve("chat", store.url, *ann, "--resume"), "no conversations")
+        assert line == "localserve chat: --resume: you have no conversations on the server yet"
+        line = slip_line(localserve("chat", store.url, *ann, "--resume", "c1"), "'c1'")
+        assert line == "localserve chat: --resume: you have no conversation 'c1' on this server"
+    finally:
+        store.close()
 
 
 def test_ctrl_c_at_the_prompt_leaves_cleanly(fake):

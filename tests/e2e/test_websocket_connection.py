@@ -337,7 +337,9 @@ def test_stats_of_a_server_with_users_need_the_monitor_token(fake, connect):
         ws = connect()
         ws.hello("kate", "correct-horse")
         ws.send({"type": "subscribe", "interval_ms": 100})
-        assert ws.recv()["code"] == "unauthorized"  # users must not see each other's requests
+        reply = ws.recv()  # users must not see each other's requests
+        assert reply["code"] == "unauthorized"
+        assert reply["message"] == "stats need the server's monitor token: none was sent"
 
 
 def test_one_user_cannot_cancel_another_users_request(fake, connect):
@@ -357,7 +359,9 @@ def test_monitor_token_guards_the_stats_stream(fake, connect):
     with configured(fake, access=Access({}, monitor_token="monitor-secret")):
         ws = connect()
         ws.send({"type": "subscribe", "interval_ms": 100, "token": "wrong"})
-        assert ws.recv()["code"] == "unauthorized"
+        reply = ws.recv()
+        assert reply["code"] == "unauthorized"
+        assert reply["message"] == "stats need the server's monitor token: the one sent is wrong"
         ws.send({"type": "subscribe", "interval_ms": 100, "token": "monitor-secret"})
         stats = ws.recv()
         assert stats["type"] == "stats" and stats["snapshot"]["kv_total"] == 4096

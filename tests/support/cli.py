@@ -41,11 +41,14 @@ def slip_line(ran: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0]
 
 
-def start_serve(state: Path, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`localserve serve` (the embedded model) on any free port with this state directory, in
-    a session of its own (kill_serve ends it and its engine process): the process, its URL."""
+def start_serve(
+    state: Path, env: dict | None = None, args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """`localserve serve` (the embedded model, with `args`) on any free port with this state
+    directory, in a session of its own (kill_serve ends it and its engine process): the
+    process (what it printed up to its URL in `startup_lines`), its URL."""
     env = os.environ | {"LOCALSERVE_STATE_DIR": str(state)} | (env or {})
-    command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
+    command = [sys.executable, "-m", "localserve", "serve", "--port", "0", *args]
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -55,7 +58,9 @@ def start_serve(state: Path, env: dict | None = None) -> tuple[subprocess.Popen,
         start_new_session=True,
     )
     deadline = time.monotonic() + 180
+    proc.startup_lines = []
     for line in proc.stdout:
+        proc.startup_lines.append(line)
         if found := re.search(r"on (ws://127\.0\.0\.1:\d+)", line):
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep it drained
             return proc, found[1]

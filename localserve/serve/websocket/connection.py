@@ -27,7 +27,7 @@ from localserve.chat.messages import PromptMessage, ToolCallMade, check_tool_his
 from localserve.chat.reply import ReasoningText
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
-from localserve.ops.auth import address_group, check_user_name
+from localserve.ops.auth import address_group, check_user_name, monitor_refusal
 from localserve.protocol.frames import (
     CONVERSATION_FRAMES,
     Cancel,
@@ -361,7 +361,11 @@ class Connection:
     async def _subscribe(self, sub: Subscribe) -> None:
         allowed = self.door.access.allows_monitor(sub.token)
         refused = await self.door.authenticate(
-            self.address, "monitor", sub.token, allowed, "stats need the server's monitor token"
+            self.address,
+            "monitor",
+            sub.token,
+            allowed,
+            monitor_refusal("stats need the server's monitor token", sub.token),
         )
         if self.is_closed:
             return None

@@ -1,6 +1,6 @@
 """`localserve chat` (localserve/cli/chat.py): where the token comes from (--token, --token-file,
-$LOCALSERVE_TOKEN) and the one-line answers for a token file it cannot use. Its chats, through a
-process, are in e2e/test_cli_slips.py."""
+$LOCALSERVE_TOKEN) and the one-line answers for a token file it cannot use or a --resume that
+names no conversation. Its chats, through a process, are in e2e/test_cli_slips.py."""
 
 from __future__ import annotations
 
@@ -39,3 +39,16 @@ def test_help_says_where_the_token_may_come_from(capsys):
         args("--help")
     text = " ".join(capsys.readouterr().out.split())
     assert "--token-file FILE" in text and "$LOCALSERVE_TOKEN" in text and "/help" in text
+
+
+def test_resume_takes_an_id_or_none_and_a_slip_is_one_line():
+    from localserve.cli.chat import resume_id
+
+    assert resume_id(args()) is None
+    assert resume_id(args("--resume")) == ""  # the newest
+    assert resume_id(args("--resume", "c1abc")) == "c1abc"
+    assert resume_id(args("ws://127.0.0.1:9", "--resume")) == ""
+    with pytest.raises(ConfigError, match=r"--resume: 'ws://h:1' is not a conversation id.*before"):
+        resume_id(args("--resume", "ws://h:1"))
+    with pytest.raises(ConfigError, match="…"):
+        resume_id(args("--resume", "x" * 1000))

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from localserve.config import ConfigError
-from localserve.ops.auth import Access, AuthThrottle, load_users
+from localserve.ops.auth import (
+    Access,
+    AuthThrottle,
+    load_monitor_token,
+    load_users,
+    monitor_refusal,
+)
 
 
 class Clock:
@@ -174,3 +180,31 @@ def test_trusted_frontends_are_checked_against_the_users():
     assert not is_known_user("openwebui/alice", users, [])
     assert not is_known_user("openwebui/", users, ["openwebui"])
     assert not is_known_user("mallory", users, ["openwebui"])
+
+
+def test_stats_are_open_on_a_tokenless_server_and_need_the_token_on_one_with_users():
+    assert Access({}).allows_monitor(None) and Access({}).allows_monitor("anything")
+    with_users = Access({"kate": "correct-horse"})
+    assert not with_users.allows_monitor(None) and not with_users.allows_monitor("correct-horse")
+    guarded = Access({"kate": "correct-horse"}, monitor_token="m-secret-1")
+    assert guarded.allows_monitor("m-secret-1")
+    assert not guarded.allows_monitor(None) and not guarded.allows_monitor("m-secret-2")
+    assert not Access({}, monitor_token="m-secret-1").allows_monitor(None)
+
+
+def test_a_monitor_refusal_says_whether_a_token_was_sent():
+    assert monitor_refusal("stats need it", None) == "stats need it: none was sent"
+    assert monitor_refusal("stats need it", "") == "stats need it: none was sent"
+    assert monitor_refusal("stats need it", "guess") == "stats need it: the one sent is wrong"
+
+
+def test_the_users_file_may_set_the_monitor_token(tmp_path):
+    path = tmp_path / "users.toml"
+    path.write_text('[users]\nkate = "correct-horse"\n')
+    assert load_monitor_token(str(path)) is None and load_monitor_token(None) is None
+    path.write_text('[users]\nkate = "correct-horse"\n[monitor]\ntoken = "m-secret-1"\n')
+    assert load_monitor_token(str(path)) == "m-secret-1"
+    for bad in ('token = "short"', "token = 12345678", 'tokn = "m-secret-1"'):
+        path.write_text(f'[users]\nkate = "correct-horse"\n[monitor]\n{bad}\n')
+        with pytest.raises(ConfigError, match=r"`monitor`: expected token"):
+            load_monitor_token(str(path))

@@ -64,7 +64,7 @@ def test_help_lists_the_clients_commands_and_none_is_sent():
     said = Said("/help", "/new", "hello", "/quit", "never read")
     assert said.run() == 0
     out = said.out.getvalue()
-    for command in ("/new", "/help", "/quit", "Ctrl-C"):
+    for command in ("/new", "/chats", "/resume", "/help", "/quit", "Ctrl-C"):
         assert command in out
     assert "(new conversation)" in out
     assert said.sent == ["hello"]

@@ -9,6 +9,7 @@ import sys
 
 import msgspec
 import pytest
+from textual.geometry import Region
 from textual.widgets import Static
 
 from localserve.client import ClientError
@@ -20,7 +21,9 @@ from tui import source
 from tui.format import tokens
 from tui.monitor import HelpScreen, MonitorApp
 from tui.source import (
-    MONITOR_TOKEN,
+    NO_MONITOR_TOKEN,
+    NO_MONITOR_TOKEN_HINT,
+    TOKEN_FILE,
     USER_TOKEN,
     Connected,
     Disconnected,
@@ -47,6 +50,8 @@ def feed(app: MonitorApp, *items) -> None:
 
 
 # today's totals as a server's stats frames carry them: most tokens first
+HINT = NO_MONITOR_TOKEN_HINT.format(path=TOKEN_FILE)
+
 USAGE = [
     UserUsage("eve", 8, 41230, 1200, 9800, 50000),  # 49,830 of 50,000: nearly spent
     UserUsage("cleo", 3, 18000, 0, 2300),  # no quota
@@ -213,11 +218,14 @@ def test_a_refused_token_is_named_with_when_the_monitor_tries_again(fake_snapsho
     async def run():
         app = MonitorApp(QueueSource(), "ws://test")
         async with app.run_test(size=(100, 30)) as pilot:
-            feed(app, Refused(MONITOR_TOKEN, 5.0))
+            feed(app, Refused(NO_MONITOR_TOKEN, 5.0, HINT))
             await settle(pilot)
-            shown = header_text(app)
-            assert "the monitor token is missing or wrong (--monitor-token)" in shown
-            assert "trying again in 5 s" in shown and "reconnecting" not in shown
+            what, how = header_text(app).splitlines()  # the state, and below it the hint
+            assert what == f"● {NO_MONITOR_TOKEN}; trying again in 5 s"
+            assert how.strip() == HINT and "reconnecting" not in what
+            header = app.query_one(HeaderBar)
+            shown = header.render_lines(Region(0, 0, 100, header.size.height))
+            assert " ".join(line.text.strip() for line in shown[1:]) == HINT  # all of it, wrapped
             assert app.screen.has_class("disconnected")
             feed(app, Connected("ws://test"), fake_snapshots[0])
             await settle(pilot)
@@ -272,7 +280,7 @@ def test_a_refused_monitor_token_is_tried_again_ever_more_slowly(monkeypatch):
         return RefusingClient()
 
     items, waits = source_items(monkeypatch, connect, 7)
-    assert items == [Refused(MONITOR_TOKEN, s) for s in (5, 10, 20, 40, 60, 60, 60)]
+    assert items == [Refused(NO_MONITOR_TOKEN, s, HINT) for s in (5, 10, 20, 40, 60, 60, 60)]
     assert waits == [5, 10, 20, 40, 60, 60]
 
 
@@ -291,7 +299,7 @@ def test_a_refused_hello_names_the_user_token_and_stats_reset_the_wait(monkeypat
     items, waits = source_items(monkeypatch, connect, 6)
     assert items[:2] == [Refused(USER_TOKEN, 5), Refused(USER_TOKEN, 10)]
     assert items[2] == Connected("ws://test") and isinstance(items[3], Stats)
-    assert items[4:] == [Refused(MONITOR_TOKEN, 5), Refused(MONITOR_TOKEN, 10)]
+    assert items[4:] == [Refused(NO_MONITOR_TOKEN, 5, HINT), Refused(NO_MONITOR_TOKEN, 10, HINT)]
     assert waits == [5, 10, 5]
 
 
