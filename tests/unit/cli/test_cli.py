@@ -22,6 +22,7 @@ from tests.support.paths import ROOT
 
 COMMANDS = {
     "usage",
+    "users",
     "worker",
     "demo",
     "monitor",
