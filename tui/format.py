@@ -74,19 +74,34 @@ def span(seconds: float, window_s: float) -> str:
 
 
 # a user's name in the tables: "openwebui/alice" whole, longer ones cut short; on a narrow
-# table (80 columns, today's totals beside it) less, so that the timings still show
+# table (80 columns, today's totals beside it) less, so that the timings still show; a wide one
+# gives a name what its other columns leave, up to WIDE_USER_WIDTH
 USER_WIDTH = 16
 NARROW_USER_WIDTH = 12
+WIDE_USER_WIDTH = 24
 
 
 def user_label(user: str, limit: int = USER_WIDTH) -> str:
     """A user's name in at most `limit` characters. A trusted front-end's person
-    ("openwebui/alice smith") keeps the person's part ("…/alice smith"): cut at the end, all of
-    one front-end's people would read alike ("openwebui…")."""
-    frontend, sep, person = " ".join(user.split()).partition("/")
+    ("openwebui/alice smith") keeps the person's part: the front-end's is shortened first
+    ("openw…/alice smith"), then left as "…/" ("…/alice smith"), and only then is the person's
+    cut ("…/alice s…"); cut at the end, all of one front-end's people would read alike."""
+    user = " ".join(user.split())
+    frontend, sep, person = user.partition("/")
     if len(user) <= limit or not sep or not person:
         return clip(user, limit)
+    room = limit - len(person) - 1  # for the front-end's part, before "/" and the person's
+    if room >= 2:  # a letter of it and the ellipsis
+        return clip(frontend, room) + "/" + person
     return "…/" + clip(person, limit - 2)
+
+
+def person_width(user: str) -> int:
+    """The fewest characters that keep a trusted front-end's person whole: "…/" and the
+    person's part ("openwebui/alice smith": 13); 0 for anyone else's name."""
+    user = " ".join(user.split())
+    _, sep, person = user.partition("/")
+    return min(len(user), len(person) + 2) if sep and person else 0
 
 
 def clip(text: str, limit: int) -> str:

@@ -20,9 +20,11 @@ from tui.format import (
     MISSING,
     NARROW_USER_WIDTH,
     USER_WIDTH,
+    WIDE_USER_WIDTH,
     clip,
     duration,
     pct,
+    person_width,
     plural,
     rate,
     tokens,
@@ -399,6 +401,7 @@ class RunningTable(DataTable):
         "idle",
         "cached",
     )
+    OTHERS_WIDTH = 60  # what the columns after the user's take, up to ITL at least
 
     def on_mount(self) -> None:
         self.add_columns(*self.COLUMNS)
@@ -427,8 +430,11 @@ class RunningTable(DataTable):
 
 
 def user_width(table: DataTable) -> int:
-    """How much of a user's name a table shows: less on a narrow one (80 columns)."""
-    return USER_WIDTH if table.size.width > 60 else NARROW_USER_WIDTH
+    """How much of a user's name a table shows: less on a narrow one (80 columns), and on a
+    wide one what its other columns leave (OTHERS_WIDTH), up to WIDE_USER_WIDTH."""
+    width = table.size.width
+    least = USER_WIDTH if width > 60 else NARROW_USER_WIDTH
+    return max(least, min(WIDE_USER_WIDTH, width - table.OTHERS_WIDTH))
 
 
 class WaitingTable(DataTable):
@@ -436,6 +442,7 @@ class WaitingTable(DataTable):
 
     # the numbers first, the request id last: on a narrow screen only the id is cut short
     COLUMNS = ("user", "waited", "prompt", "request")
+    OTHERS_WIDTH = 18  # waited and prompt (the request id is cut first)
 
     def on_mount(self) -> None:
         self.add_columns(*self.COLUMNS)
@@ -556,7 +563,8 @@ class TodayTable:
 
 
 TODAY_TITLE = "today"
-TODAY_USER_WIDTH = 10  # longer names are cut short ("…/alice": format.user_label)
+TODAY_USER_WIDTH = 10  # the least of a name shown ("…/alice s…": format.user_label)
+TODAY_USER_CAP = WIDE_USER_WIDTH  # the most, however wide the panel
 TODAY_DROPPABLE = ("cached", "req", "out")  # left out in this order while the table is too wide
 TITLE_SHIFT = 1  # the panel draws its title this many columns right of its text (its padding)
 
@@ -568,20 +576,15 @@ def today_table(
     `title_width` characters that names the columns shown, each head above its column."""
     rows = list(usage[: max(height, 1)])
     more = f"+{len(usage) - len(rows)} more" if len(usage) > len(rows) else ""
-    names = [user_label(u.user, TODAY_USER_WIDTH) for u in rows]
-    # the user column: as wide as the title's "today" and a space before the next head
-    user_head = " " * (len(TODAY_TITLE) + 2 - TITLE_SHIFT)
-    users = [Text(n, style=known_color(u.user)) for n, u in zip(names, rows, strict=True)]
-    columns = [
-        _Column(user_head, users, right=False),
-        _Column("req", [Text(f"{u.requests:,}") for u in rows]),
-        _Column("in", [Text(tokens(u.prompt_tokens)) for u in rows]),
-        _Column("cached", [_cached_share(u) for u in rows]),
-        _Column("out", [Text(tokens(u.completion_tokens)) for u in rows]),
-    ]
-    if any(u.daily_tokens is not None for u in rows):
-        columns.append(_Column("quota", [_quota(u) for u in rows], right=False))
-    columns, gap, title = _fit(columns, width, width if title_width is None else title_width)
+    title_width = width if title_width is None else title_width
+    for user_width, droppable in _user_widths(rows):  # the widest names that fit, first
+        columns = _today_columns(rows, user_width)
+        if fitted := _fit(columns, width, title_width, droppable):
+            columns, gap, title = fitted
+            break
+    else:  # too narrow even so: what is still too wide is cut at the edge
+        columns = [c for c in columns if c.head not in TODAY_DROPPABLE]
+        gap, title = 1, _title(columns, 1)
     text = Text(no_wrap=True, overflow="crop")
     for i in range(len(rows)):
         if i:
@@ -595,17 +598,51 @@ def today_table(
     return TodayTable(title, text, more, tuple(c.head for c in columns[1:]))
 
 
-def _fit(columns: list[_Column], width: int, title_width: int) -> tuple[list[_Column], int, str]:
+def _user_widths(rows: Sequence[UserUsage]) -> list[tuple[int, tuple[str, ...]]]:
+    """The user column's widths to try, each with the columns that may be left out for it:
+    the whole names (up to TODAY_USER_CAP) down to the trusted front-ends' persons' parts (or
+    TODAY_USER_WIDTH) with every column; the persons' parts without "cached"; then
+    TODAY_USER_WIDTH without any of TODAY_DROPPABLE."""
+    whole = min(max((len(" ".join(u.user.split())) for u in rows), default=0), TODAY_USER_CAP)
+    whole = max(whole, TODAY_USER_WIDTH)
+    person = min(max((person_width(u.user) for u in rows), default=0), whole)
+    person = max(person, TODAY_USER_WIDTH)
+    widths: list[tuple[int, tuple[str, ...]]] = [(w, ()) for w in range(whole, person - 1, -1)]
+    return [*widths, (person, ("cached",)), (TODAY_USER_WIDTH, TODAY_DROPPABLE)]
+
+
+def _today_columns(rows: Sequence[UserUsage], user_width: int) -> list[_Column]:
+    names = [user_label(u.user, user_width) for u in rows]
+    # the user column: as wide as the title's "today" and a space before the next head
+    user_head = " " * (len(TODAY_TITLE) + 2 - TITLE_SHIFT)
+    users = [Text(n, style=known_color(u.user)) for n, u in zip(names, rows, strict=True)]
+    columns = [
+        _Column(user_head, users, right=False),
+        _Column("req", [Text(f"{u.requests:,}") for u in rows]),
+        _Column("in", [Text(tokens(u.prompt_tokens)) for u in rows]),
+        _Column("cached", [_cached_share(u) for u in rows]),
+        _Column("out", [Text(tokens(u.completion_tokens)) for u in rows]),
+    ]
+    if any(u.daily_tokens is not None for u in rows):
+        columns.append(_Column("quota", [_quota(u) for u in rows], right=False))
+    return columns
+
+
+def _fit(
+    columns: list[_Column], width: int, title_width: int, droppable: Sequence[str]
+) -> tuple[list[_Column], int, str] | None:
     """The columns that fit in `width` (their title in `title_width`), two spaces apart or else
-    one; while none do, the droppable ones are left out one by one (what is still too wide then
-    is cut at the edge)."""
-    droppable = [head for head in TODAY_DROPPABLE if any(c.head == head for c in columns)]
+    one; while none do, the `droppable` ones are left out one by one; None when even without
+    them they do not fit."""
+    droppable = [head for head in droppable if any(c.head == head for c in columns)]
     while True:
         for gap in (2, 1):
             title = _title(columns, gap)
             fits = sum(c.width for c in columns) + gap * (len(columns) - 1) <= width
-            if (fits and len(title) <= title_width) or (gap == 1 and not droppable):
+            if fits and len(title) <= title_width:
                 return columns, gap, title
+        if not droppable:
+            return None
         head = droppable.pop(0)
         columns = [c for c in columns if c.head != head]
 

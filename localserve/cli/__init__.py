@@ -9,6 +9,7 @@ functions only.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import select
@@ -34,7 +35,9 @@ from localserve.config import ConfigError
 DESCRIPTION = (
     "`localserve` command line: serve a model (serve, worker), share and watch it (demo, "
     "monitor, chat), give people tokens (users), account for it (usage), try it (generate, "
-    "models, pull) and measure it (bench, sweep, bench-engine)."
+    "models, pull) and measure it (bench, sweep, bench-engine). `serve` answers on one port: "
+    "the chat page (/), websocket chat, the OpenAI API (/v1), the Ollama API (/api), the "
+    "Anthropic API (/v1/messages), /healthz and /metrics."
 )
 
 CONFIG_HELP = "models.toml (default: $LOCALSERVE_MODELS or ./models.toml)"
@@ -66,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # llama.cpp warns about harmless model quirks at every load; -v shows them
     logging.getLogger("llama_cpp").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+    # each model's load, swap and unload, with its time: one line on the console (serve/pool.py)
+    logging.getLogger("localserve.serve.pool").setLevel(
+        logging.DEBUG if args.verbose else logging.INFO
+    )
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
@@ -102,11 +109,32 @@ def _pipe_closed() -> int:
     return 141
 
 
+def version_text() -> str:
+    """localserve's version and the llama-cpp-python it would use, read from the package
+    metadata: importing llama_cpp loads llama.cpp's libraries, too slow for --version."""
+    from localserve import __version__
+
+    try:
+        llama = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        llama = "not installed"
+    return f"localserve {__version__} (llama-cpp-python {llama})"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a slip said in one line and no usage block before it (every
+    command's subparser is one too: argparse makes them of their parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: the global options, then every command's subparser."""
-    p = argparse.ArgumentParser(prog="localserve", description=DESCRIPTION)
+    p = Parser(prog="localserve", description=DESCRIPTION)
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging, llama.cpp's too")
+    p.add_argument("-V", "--version", action="version", version=version_text())
     sub = p.add_subparsers(title="commands")
     for command in COMMANDS:
         command.add(sub)

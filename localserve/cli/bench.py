@@ -11,6 +11,13 @@ import argparse
 import dataclasses
 import json
 
+from localserve.cli.shared import (
+    http_address,
+    positive_float,
+    positive_int,
+    server_address,
+)
+
 
 def add(sub) -> None:
     lb = sub.add_parser(
@@ -33,11 +40,15 @@ def add(sub) -> None:
 
 def _add_target_options(lb) -> None:
     lb.add_argument(
-        "--url", default="ws://127.0.0.1:8765", help="localserve's address (default %(default)s)"
+        "--url",
+        type=server_address,
+        default="ws://127.0.0.1:8765",
+        help="localserve's address (default %(default)s)",
     )
     lb.add_argument(
         "--peer",
         metavar="URL",
+        type=http_address,
         help="bench an OpenAI-compatible server instead (e.g. http://127.0.0.1:8080)",
     )
     lb.add_argument(
@@ -59,29 +70,32 @@ def _add_load_options(lb) -> None:
         "default %(default)s",
     )
     lb.add_argument(
-        "--num-requests", type=int, default=50, help="requests to send (default %(default)s)"
+        "--num-requests",
+        type=positive_int,
+        default=50,
+        help="requests to send (default %(default)s)",
     )
     lb.add_argument(
         "--request-rate",
-        type=float,
+        type=positive_float,
         default=float("inf"),
         help="requests/s, open loop (default inf: all at once)",
     )
     lb.add_argument(
         "--burstiness",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="gamma shape; 1 = Poisson (default %(default)s)",
     )
     lb.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         help="closed loop: this many in flight instead (conversation: conversations at a time)",
     )
     lb.add_argument("--ignore-eos", action="store_true", help="fixed output lengths")
     lb.add_argument(
         "--max-tokens",
-        type=int,
+        type=positive_int,
         help="output tokens of every request (default: per kind, short 48, long 320, paste 96; "
         "conversation: 64 per turn)",
     )
@@ -98,14 +112,20 @@ def _add_load_options(lb) -> None:
 
 def _add_conversation_options(cv) -> None:
     cv.add_argument(
-        "--conversations", type=int, default=4, help="conversations to play (default %(default)s)"
+        "--conversations",
+        type=positive_int,
+        default=4,
+        help="conversations to play (default %(default)s)",
     )
     cv.add_argument(
-        "--turns", type=int, default=5, help="user turns per conversation (default %(default)s)"
+        "--turns",
+        type=positive_int,
+        default=5,
+        help="user turns per conversation (default %(default)s)",
     )
     cv.add_argument(
         "--turn-tokens",
-        type=int,
+        type=positive_int,
         default=350,
         help="document tokens per user turn (350: turn 5 has ~2,000) (default %(default)s)",
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from localserve.cli.shared import add_model_argument
+from localserve.cli.shared import add_model_argument, counts, positive_int
 from localserve.config import load_config
 
 
@@ -21,11 +21,15 @@ def add(sub) -> None:
     add_model_argument(b)
     b.add_argument(
         "--concurrency",
+        type=counts,
         default="1,4,8,16",
         help="comma-separated sequence counts (default %(default)s)",
     )
     b.add_argument(
-        "--tokens", type=int, default=64, help="decode steps per measurement (default %(default)s)"
+        "--tokens",
+        type=positive_int,
+        default=64,
+        help="decode steps per measurement (default %(default)s)",
     )
     b.add_argument("--out", help="write the results as JSON here")
     b.set_defaults(run=cmd_bench_engine)
@@ -34,5 +38,5 @@ def add(sub) -> None:
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from localserve.bench.engine import run_benchmark
 
-    concurrency = [int(c) for c in args.concurrency.split(",")]
-    return run_benchmark(load_config(args.config), args.model, concurrency, args.tokens, args.out)
+    config = load_config(args.config)
+    return run_benchmark(config, args.model, args.concurrency, args.tokens, args.out)

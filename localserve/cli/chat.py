@@ -14,7 +14,12 @@ import re
 import sys
 from pathlib import Path
 
-from localserve.cli.shared import add_url_arguments, server_url
+from localserve.cli.shared import (
+    add_url_arguments,
+    non_negative_float,
+    positive_int,
+    server_url,
+)
 from localserve.config import ConfigError
 from localserve.protocol.frames import CONVERSATION_ID
 
@@ -43,10 +48,16 @@ def add(sub) -> None:
     )
     token.add_argument("--token-file", metavar="FILE", help="read the token from this file")
     c.add_argument(
-        "--max-tokens", type=int, default=256, help="tokens per reply at most (default %(default)s)"
+        "--max-tokens",
+        type=positive_int,
+        default=256,
+        help="tokens per reply at most (default %(default)s)",
     )
     c.add_argument(
-        "--temperature", type=float, default=0.7, help="0 = greedy (default %(default)s)"
+        "--temperature",
+        type=non_negative_float,
+        default=0.7,
+        help="0 = greedy (default %(default)s)",
     )
     c.add_argument(
         "--resume",

@@ -15,6 +15,7 @@ from localserve.cli.shared import (
     add_model_argument,
     log_to_file,
     model_name,
+    non_negative_float,
     prefix_cache_option,
     say_where,
 )
@@ -30,12 +31,15 @@ def add(sub) -> None:
     add_model_argument(d)
     d.add_argument("--seed", type=int, default=0, help="varies the scenario's prompts and pauses")
     d.add_argument(
-        "--pace", type=float, default=1.0, help="scales the scenario's pauses (default %(default)s)"
+        "--pace",
+        type=non_negative_float,
+        default=1.0,
+        help="scales the scenario's pauses (default %(default)s)",
     )
     d.add_argument("--screenshot", metavar="SVG", help="run headless; save the screen to SVG")
     d.add_argument(
         "--after",
-        type=float,
+        type=non_negative_float,
         default=40.0,
         help="seconds before the screenshot (default %(default)s)",
     )

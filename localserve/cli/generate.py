@@ -6,7 +6,14 @@ import argparse
 import sys
 import time
 
-from localserve.cli.shared import add_model_argument, model_name, say_where
+from localserve.cli.shared import (
+    add_model_argument,
+    endpoint,
+    model_name,
+    non_negative_float,
+    positive_int,
+    say_where,
+)
 from localserve.config import ConfigError, load_config
 from localserve.engine.sampling_params import SamplingParams
 
@@ -22,18 +29,22 @@ def add(sub) -> None:
     add_model_argument(g)
     g.add_argument(
         "--max-tokens",
-        type=int,
+        type=positive_int,
         default=128,
         help="tokens to generate at most (default %(default)s)",
     )
     g.add_argument(
-        "--temperature", type=float, default=0.0, help="0 = greedy (default %(default)s)"
+        "--temperature",
+        type=non_negative_float,
+        default=0.0,
+        help="0 = greedy (default %(default)s)",
     )
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a random one)")
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument(
         "--rpc",
+        type=endpoint,
         action="append",
         default=[],
         metavar="HOST:PORT",

@@ -1,5 +1,6 @@
-"""`localserve pull ORG/REPO[:QUANT]` (or ORG/REPO/FILE.gguf): fetch a GGUF from the Hugging Face
-Hub and add a models.toml entry for it.
+"""`localserve pull ORG/REPO[:QUANT]` (or ORG/REPO/FILE.gguf, or the Hub address of either pasted
+from a browser: runners/hub.py's from_url): fetch a GGUF from the Hugging Face Hub and add a
+models.toml entry for it.
 
 Without a quantization it takes the best of the usual ones (runners/hub.py: Q4_K_M first, then
 smaller) whose estimated footprint (runners/footprint.py, from the file's header read with a
@@ -36,7 +37,12 @@ def add(sub) -> None:
         "$LOCALSERVE_MODELS or ./models.toml) that uses its chat template, with an n_ctx that "
         "fits this machine.",
     )
-    p.add_argument("spec", help="ORG/REPO, ORG/REPO:QUANT (e.g. :Q4_K_M) or ORG/REPO/FILE.gguf")
+    p.add_argument(
+        "spec",
+        help="ORG/REPO, ORG/REPO:QUANT (e.g. :Q4_K_M), ORG/REPO/FILE.gguf, or the Hub address "
+        "of a repository or a file (https://huggingface.co/ORG/REPO/blob/main/FILE.gguf, "
+        "hf.co/ORG/REPO:QUANT)",
+    )
     p.add_argument("--name", help="the entry's name in models.toml (default: from the repo)")
     p.set_defaults(run=cmd_pull)
 

@@ -1,4 +1,5 @@
-"""`localserve serve`: the websocket chat server, with the OpenAI API, /healthz and /metrics.
+"""`localserve serve`: the chat server on one port: the page, websocket chat, the OpenAI, Ollama and
+Anthropic APIs, /healthz and /metrics.
 
 Tested in tests/unit/cli/test_cli.py and tests/e2e/test_serving.py.
 """
@@ -12,6 +13,7 @@ from localserve.cli.shared import (
     add_model_argument,
     check_port,
     model_name,
+    port_number,
     prefix_cache_option,
     say_where,
     team_options,
@@ -22,15 +24,20 @@ from localserve.config import ConfigError, load_config
 def add(sub) -> None:
     s = sub.add_parser(
         "serve",
-        help="serve a model on one port: the chat page, websocket chat, the OpenAI API",
+        help="serve a model on one port: the chat page, websocket chat, the OpenAI, Ollama "
+        "and Anthropic APIs",
         description="Serve a model to several people on one port: the chat page at /, websocket "
-        "chat and stats, the OpenAI-compatible API under /v1, /healthz and /metrics. The engine "
-        "runs in a supervised process of its own; the usage record and quotas are kept in the "
-        "state directory.",
+        "chat and stats (ws://HOST:PORT), the OpenAI API under /v1 (chat/completions, "
+        "completions, models), the Ollama API under /api (chat, generate, tags), the Anthropic "
+        "API at /v1/messages, /healthz and /metrics (Prometheus). The engine runs in a "
+        "supervised process of its own; the usage record and quotas are kept in the state "
+        "directory.",
     )
     add_model_argument(s)
     s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
-    s.add_argument("--port", type=int, help="port (default 8765, from models.toml; 0 = any)")
+    s.add_argument(
+        "--port", type=port_number, help="port (default 8765, from models.toml; 0 = any)"
+    )
     s.add_argument("--users", help='users file: a TOML [users] table of name = "token"')
     s.add_argument("--open", action="store_true", help="allow a network bind without tokens")
     s.add_argument(

@@ -1,7 +1,8 @@
 """What several commands share: the --model and server-URL arguments, the prefix-cache switch,
 the team options of serve and usage, logging to a file under a full-screen app, and the
 "what runs where" block with its GPU warning; the checks that catch a slip before the model
-loads (an unknown model name, a port in use).
+loads: the argument types (a port, a count, a URL, a list of numbers) argparse answers in one
+line, an unknown model name, a port in use.
 
 Tested in tests/unit/cli/test_shared.py and tests/e2e/test_cli_slips.py.
 """
@@ -11,8 +12,10 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import math
 import socket
 import sys
+import urllib.parse
 
 import msgspec
 
@@ -20,6 +23,109 @@ log = logging.getLogger("localserve")
 
 DEFAULT_URL = "ws://127.0.0.1:8765"
 NO_PREFIX_CACHE_HELP = "keep no finished conversations' KV: every turn prefills its whole prompt"
+
+
+# --- argument types: a slip is argparse's one line, before anything loads ---------------------
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    value = _number(int, text, "a port")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count of at least 1."""
+    value = _number(int, text, "a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number of at least 0 (a temperature, a pause)."""
+    value = _number(float, text, "a number")
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of at least 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A number above 0; inf allowed (a request rate: all at once)."""
+    value = _number(float, text, "a number")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    return value
+
+
+def counts(text: str) -> list[int]:
+    """Comma-separated counts of at least 1 ("1,4,8")."""
+    try:
+        return [positive_int(item.strip()) for item in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated whole numbers of at least 1, e.g. 1,4,8"
+        ) from None
+
+
+def _number(kind: type, text: str, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if kind is float and math.isnan(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def server_address(text: str) -> str:
+    """A server's address as chat, monitor and bench take it (ws://, http://, host:port): its
+    host and port checked here, so a typo is not a connection error later."""
+    from localserve.client import websocket_url
+
+    try:
+        check_url(websocket_url(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def http_address(text: str) -> str:
+    """An OpenAI-compatible server's http(s):// base URL."""
+    if urllib.parse.urlsplit(text.strip()).scheme.lower() not in ("http", "https"):
+        raise argparse.ArgumentTypeError(f"{text}: expected http://host:port or https://...")
+    try:
+        check_url(text.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def endpoint(text: str) -> str:
+    """HOST:PORT (a `localserve worker`)."""
+    host, sep, number = text.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT")
+    port_number(number)
+    return text
+
+
+def check_url(url: str) -> None:
+    """ValueError naming what is wrong with a URL's host or port."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        number = parts.port
+    except ValueError:
+        raise ValueError(f"{url}: the port is not a number from 0 to 65535") from None
+    if not parts.hostname or " " in parts.netloc:
+        raise ValueError(f"{url}: no host in it (expected host:port, e.g. 127.0.0.1:8765)")
+    if number == 0:
+        raise ValueError(f"{url}: port 0 is not a server's port")
+
+
+# --- arguments ---------------------------------------------------------------------------------
 
 
 def add_model_argument(p: argparse.ArgumentParser) -> None:
@@ -32,10 +138,17 @@ def add_url_arguments(p: argparse.ArgumentParser) -> None:
     where.add_argument(
         "url",
         nargs="?",
+        type=server_address,
         help="the server's address: ws://host:port, the http://host:port that `serve` prints, "
         f"or host:port (default {DEFAULT_URL})",
     )
-    where.add_argument("--url", dest="url_option", metavar="URL", help="the same, as an option")
+    where.add_argument(
+        "--url",
+        dest="url_option",
+        metavar="URL",
+        type=server_address,
+        help="the same, as an option",
+    )
 
 
 def server_url(args: argparse.Namespace) -> str:
@@ -58,12 +171,13 @@ def check_port(host: str, port: int) -> None:
     machine does not have) is a ConfigError naming it, not a traceback after the load."""
     from localserve.config import ConfigError
 
-    if port == 0:
-        return
     try:  # every address the host resolves to, as asyncio's create_server binds them
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError as e:
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e} (--host)") from None
+    except (OSError, UnicodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise ConfigError(f"cannot listen on {host}:{port}: {why} (--host)") from None
+    if port == 0:  # any free port: nothing to be in use
+        return
     for family, kind, proto, _, address in addresses:
         _check_address(family, kind, proto, address, host, port)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from localserve.cli.shared import add_model_argument, model_name
-from localserve.config import load_config
+from localserve.cli.shared import add_model_argument, counts, model_name, positive_int
+from localserve.config import ConfigError, load_config
 
 
 def add(sub) -> None:
@@ -27,11 +27,14 @@ def add(sub) -> None:
         "--workloads", default="chat,mixed", help="comma-separated (default %(default)s)"
     )
     sw.add_argument(
-        "--concurrency", default="1,2,4,8,16", help="comma-separated (default %(default)s)"
+        "--concurrency",
+        type=counts,
+        default="1,2,4,8,16",
+        help="comma-separated (default %(default)s)",
     )
     sw.add_argument(
         "--num-requests",
-        type=int,
+        type=positive_int,
         default=16,
         help="per point, at least twice the concurrency (default %(default)s)",
     )
@@ -48,15 +51,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     name = model_name(config, args.model)
+    policies, workloads = _known(args.policies, args.workloads)
     runner = open_runner(config, name)
     try:
         points = run_sweep(
             config,
             runner,
             name,
-            args.policies.split(","),
-            args.workloads.split(","),
-            [int(c) for c in args.concurrency.split(",")],
+            policies,
+            workloads,
+            args.concurrency,
             args.num_requests,
             args.seed,
         )
@@ -66,3 +70,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print((out / "sweep.md").read_text())
     print(f"written: {out}/sweep.json, sweep.md, sweep.svg")
     return 0
+
+
+def _known(policies: str, workloads: str) -> tuple[list[str], list[str]]:
+    """The --policies and --workloads asked for, each checked before the model loads."""
+    import typing
+
+    from localserve.bench.workloads import WORKLOADS
+    from localserve.config import SchedulerConfig
+
+    known = typing.get_args(typing.get_type_hints(SchedulerConfig)["policy"])
+    asked = {
+        "--policies": (policies.split(","), known),
+        "--workloads": (workloads.split(","), WORKLOADS),
+    }
+    for flag, (names, names_known) in asked.items():
+        if unknown := [n for n in names if n not in names_known]:
+            raise ConfigError(f"{flag}: {', '.join(unknown)}: not one of {', '.join(names_known)}")
+    return asked["--policies"][0], asked["--workloads"][0]

@@ -23,7 +23,9 @@ def add(sub) -> None:
         "once, `remove` takes names out, `list` names them. `serve --users FILE` reads the file "
         "at start: restart the server for a change to count.",
     )
-    u.add_argument("action", choices=("add", "remove", "list"))
+    u.add_argument(
+        "action", choices=("add", "remove", "list"), help="add people, remove them, or list them"
+    )
     u.add_argument("names", nargs="*", metavar="NAME", help="the people (add, remove)")
     u.add_argument("--file", default=DEFAULT_FILE, help=f"the users file (default {DEFAULT_FILE})")
     u.set_defaults(run=cmd_users)

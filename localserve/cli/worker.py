@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+from localserve.cli.shared import port_number, positive_int
 from localserve.config import ConfigError
 
 RPC_WARNING = (
@@ -28,7 +29,7 @@ def add(sub) -> None:
         "models.toml) puts layers of its model on this machine's devices.",
     )
     w.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    w.add_argument("--port", type=int, default=50052, help="port (default %(default)s)")
+    w.add_argument("--port", type=port_number, default=50052, help="port (default %(default)s)")
     w.add_argument(
         "--allow-network", action="store_true", help="listen on an address other than loopback"
     )
@@ -44,7 +45,7 @@ def add(sub) -> None:
         help="where received tensors are kept, so a restart does not resend the weights "
         "(default ~/.cache/localserve/rpc; 'off' keeps none)",
     )
-    w.add_argument("--threads", type=int, help="CPU threads (default: every core)")
+    w.add_argument("--threads", type=positive_int, help="CPU threads (default: every core)")
     w.set_defaults(run=cmd_worker)
 
 
@@ -57,6 +58,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from localserve.runners import rpc
     from localserve.runners.models import cache_dir
 
+    if not 0 < args.port < 65536:  # before the devices are listed (llama.cpp loads)
+        raise ConfigError(f"--port {args.port}: a worker needs a port of its own, 1-65535")
     local = [d for d in rpc.devices() if not d.is_remote]
     if args.list:
         for d in local:
@@ -64,8 +67,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 0
     if not rpc.supports_rpc():
         raise ConfigError("this llama.cpp build has no RPC backend: run `make setup` again")
-    if not 0 < args.port < 65536:
-        raise ConfigError(f"--port {args.port}: 1-65535")
     endpoint = f"{args.host}:{args.port}"
     if not is_loopback(args.host):
         if not args.allow_network:

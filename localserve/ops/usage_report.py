@@ -1,6 +1,7 @@
 """The usage report: what `localserve usage` reads from the record and prints.
 
-Rows summed per local day and user (`by_day`), the `--since` argument (`parse_since`: today,
+Rows summed per local day, user and model (`by_day`), with totals per model over the period
+(`by_model`), the `--since` argument (`parse_since`: today,
 7d, 24h, a date or an ISO time), and the two ways out: a table for people (`table`) and one JSON
 object per line (`day_dict`). The record itself, its file and the server's writes are
 localserve/ops/usage.py's.
@@ -22,8 +23,9 @@ from localserve.ops.usage import local_day_start, local_midnight
 
 @dataclasses.dataclass
 class DayUsage:
-    day: str  # YYYY-MM-DD, local
-    user: str
+    day: str  # YYYY-MM-DD, local ("" in a total over the period)
+    user: str  # "" in a model's total
+    model: str
     requests: int
     prompt_tokens: int
     cached_tokens: int
@@ -36,23 +38,37 @@ class DayUsage:
 
 
 def by_day(db: sqlite3.Connection, since: float, user: str | None = None) -> list[DayUsage]:
-    """Per local day and user since `since`: requests, tokens, median TTFT."""
+    """Per local day, user and model since `since`: requests, tokens, median TTFT."""
+    return _grouped(db, since, user, ("day", "user", "model"))
+
+
+def by_model(db: sqlite3.Connection, since: float, user: str | None = None) -> list[DayUsage]:
+    """Per model since `since`, everyone's (or `user`'s) requests together."""
+    return _grouped(db, since, user, ("model",))
+
+
+def _grouped(db: sqlite3.Connection, since: float, user: str | None, keys: tuple[str, ...]):
     where, args = "finished >= ?", [since]
     if user is not None:
         where += " AND user = ?"
         args.append(user)
+    by = ", ".join(keys)  # column names of this module's, never the caller's text
     groups = db.execute(
-        "SELECT day, user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), "
-        f"SUM(completion_tokens) FROM requests WHERE {where} GROUP BY day, user "
-        "ORDER BY day, user",
+        f"SELECT {by}, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), "
+        f"SUM(completion_tokens) FROM requests WHERE {where} GROUP BY {by} ORDER BY {by}",
         args,
     ).fetchall()
-    ttfts: dict[tuple[str, str], list[float]] = {}
-    for key_day, key_user, ttft in db.execute(
-        f"SELECT day, user, ttft_ms FROM requests WHERE {where} AND ttft_ms IS NOT NULL", args
+    ttfts: dict[tuple, list[float]] = {}
+    for *key, ttft in db.execute(
+        f"SELECT {by}, ttft_ms FROM requests WHERE {where} AND ttft_ms IS NOT NULL", args
     ):
-        ttfts.setdefault((key_day, key_user), []).append(ttft)
-    return [DayUsage(d, u, n, p, c, g, _median(ttfts.get((d, u)))) for d, u, n, p, c, g in groups]
+        ttfts.setdefault(tuple(key), []).append(ttft)
+    days = []
+    for *key, n, p, c, g in groups:
+        names = dict(zip(keys, key, strict=True))
+        row = (names.get("day", ""), names.get("user", ""), names["model"])
+        days.append(DayUsage(*row, n, p, c, g, _median(ttfts.get(tuple(key)))))
+    return days
 
 
 def _median(values: list[float] | None) -> float | None:
@@ -86,6 +102,7 @@ def day_dict(day: DayUsage) -> dict:
     return {
         "day": day.day,
         "user": day.user,
+        "model": day.model,
         "requests": day.requests,
         "prompt_tokens": day.prompt_tokens,
         "cached_tokens": day.cached_tokens,
@@ -95,33 +112,15 @@ def day_dict(day: DayUsage) -> dict:
     }
 
 
-def table(days: list[DayUsage], config: ServerConfig) -> str:
-    """The report as a text table, with totals per user over the period."""
+def table(days: list[DayUsage], config: ServerConfig, models: list[DayUsage] = ()) -> str:
+    """The report as a text table, then the totals per model over the period (`models`, from
+    by_model; left out when one model served everything) and the users' quotas."""
     if not days:
         return "no requests recorded in this period"
-    header = ("day", "user", "requests", "tokens in", "cached", "tokens out", "median TTFT")
-    lines = [header]
-    for d in days:
-        ttft = "–" if d.median_ttft_ms is None else f"{d.median_ttft_ms:.0f} ms"
-        lines.append(
-            (
-                d.day,
-                d.user,
-                f"{d.requests:,}",
-                f"{d.prompt_tokens:,}",
-                f"{d.cached_share:.0%}",
-                f"{d.completion_tokens:,}",
-                ttft,
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text = [
-        "  ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in lines
-    ]
+    text = _columns(("day", "user", "model"), [(d.day, d.user, d.model) for d in days], days)
+    if len(models) > 1:
+        text += ["", "per model, the whole period:"]
+        text += _columns(("model",), [(m.model,) for m in models], models)
     quotas = {
         d.user: limit
         for d in days
@@ -134,3 +133,27 @@ def table(days: list[DayUsage], config: ServerConfig) -> str:
             + ", ".join(f"{u} {q:,}" for u, q in sorted(quotas.items()))
         )
     return "\n".join(text)
+
+
+def _columns(heads: tuple[str, ...], names: list[tuple[str, ...]], rows: list[DayUsage]):
+    """Lines of a table: the naming columns left-aligned, then the figures right-aligned."""
+    header = (*heads, "requests", "tokens in", "cached", "tokens out", "median TTFT")
+    lines = [header]
+    for name, d in zip(names, rows, strict=True):
+        ttft = "–" if d.median_ttft_ms is None else f"{d.median_ttft_ms:.0f} ms"
+        figures = (
+            f"{d.requests:,}",
+            f"{d.prompt_tokens:,}",
+            f"{d.cached_share:.0%}",
+            f"{d.completion_tokens:,}",
+            ttft,
+        )
+        lines.append((*name, *figures))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return [
+        "  ".join(
+            cell.ljust(w) if i < len(heads) else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in lines
+    ]

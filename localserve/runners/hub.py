@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,9 @@ class HubModel:
 
 
 def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
-    """ORG/REPO[:QUANT] or ORG/REPO/FILE.gguf -> (repo, quant, file)."""
+    """ORG/REPO[:QUANT] or ORG/REPO/FILE.gguf, or a Hub address pasted from a browser (see
+    from_url) -> (repo, quant, file)."""
+    spec = from_url(spec.strip())
     repo, _, quant = spec.partition(":")
     parts = repo.split("/")
     file = None
@@ -62,6 +65,51 @@ def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
     if len(repo.split("/")) != 2 or not all(repo.split("/")) or (quant and file):
         raise ConfigError(f"pull: {spec!r} is not ORG/REPO, ORG/REPO:QUANT or ORG/REPO/FILE.gguf")
     return repo, quant.upper() or None, file
+
+
+def from_url(spec: str) -> str:
+    """A model's Hub address as pull takes it: https://huggingface.co/ORG/REPO (or hf.co, with
+    or without the scheme; Ollama's hf.co/ORG/REPO:QUANT) -> ORG/REPO[:QUANT]; its file's page
+    or download link (.../blob/main/FILE.gguf, .../resolve/main/FILE.gguf) -> ORG/REPO/FILE.gguf;
+    its file list (.../tree/main) -> ORG/REPO. Anything else that is not an address is returned
+    as it is; an address pull cannot take is a ConfigError saying why."""
+    if "://" not in spec and not _HUB_PREFIX.match(spec):
+        return spec
+    url = urllib.parse.urlsplit(spec if "://" in spec else f"https://{spec}")
+    if url.scheme.lower() not in ("http", "https") or (url.hostname or "") not in _hub_hosts():
+        raise ConfigError(
+            f"pull: {spec}: not a Hugging Face Hub address (huggingface.co or hf.co): "
+            "give ORG/REPO, ORG/REPO:QUANT or ORG/REPO/FILE.gguf"
+        )
+    parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
+    if parts and parts[0] in ("datasets", "spaces"):
+        raise ConfigError(f"pull: {spec}: a Hub {parts[0][:-1]}, not a model repository")
+    if len(parts) < 2:
+        raise ConfigError(f"pull: {spec}: no ORG/REPO in it")
+    repo, rest = "/".join(parts[:2]), parts[2:]
+    if not rest:
+        return repo
+    if rest[0] not in ("blob", "resolve", "tree") or len(rest) < 2:
+        raise ConfigError(f"pull: {spec}: expected a repository, a file or a file list of it")
+    if rest[1] != "main":
+        raise ConfigError(f"pull: {spec}: revision {rest[1]!r}: pull fetches the main revision")
+    file = "/".join(rest[2:])
+    if rest[0] == "tree":
+        return repo  # a folder of the repository: its models are listed whatever the folder
+    if not file.lower().endswith(".gguf"):
+        raise ConfigError(f"pull: {spec}: {file or 'the file'} is not a .gguf file")
+    return f"{repo}/{file}"
+
+
+_HUB_PREFIX = re.compile(r"(www\.)?(huggingface\.co|hf\.co)/", re.IGNORECASE)
+
+
+def _hub_hosts() -> set[str]:
+    """The Hub's host names, and HF_ENDPOINT's (a mirror, or the tests' stand-in hub)."""
+    from huggingface_hub import constants
+
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT).hostname or ""
+    return {"huggingface.co", "www.huggingface.co", "hf.co", endpoint.lower()} - {""}
 
 
 def _hub_error(repo: str, e: Exception) -> ConfigError:

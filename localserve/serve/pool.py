@@ -17,6 +17,10 @@ evicted: the newcomer waits ("waiting for memory: X is busy") until one goes idl
 bigger than the whole budget fails its requests. After `keep_alive` seconds idle a model is
 unloaded: its engine process exits and its memory is returned.
 
+Each load, failed load, swap (an eviction for another model) and unload is one INFO (a failure:
+WARNING) line of this module's logger with how long it took, e.g. "model qwen loaded in 6.4 s
+(1,234 MiB)"; `localserve serve` shows them on its console (cli/__init__.py).
+
 Tested in tests/unit/serve/test_pool.py and tests/e2e/test_several_models.py.
 """
 
@@ -305,7 +309,8 @@ class ModelPool:
                 raise LoadFailure("the server is shutting down")
             self._install(slot, loaded)
             slot.load_ms = (time.monotonic() - started) * 1e3
-            log.info("model %s loaded in %.0f ms", slot.name, slot.load_ms)
+            size = f" ({slot.need_bytes / MIB:,.0f} MiB)" if slot.need_bytes else ""
+            log.info("model %s loaded in %.1f s%s", slot.name, slot.load_ms / 1e3, size)
         except Abandoned:  # not a failure: the next request loads it as if it never started
             slot.state, slot.reason, slot.since = "unloaded", "", time.time()
             raise
@@ -315,7 +320,8 @@ class ModelPool:
             why = message.removeprefix(prefix)
             slot.state, slot.reason, slot.since = "failed", why, time.time()
             slot.retry_at = time.monotonic() + RETRY_LOAD_S
-            log.warning("model %s could not be loaded: %s", slot.name, why)
+            took = time.monotonic() - started
+            log.warning("model %s could not be loaded after %.1f s: %s", slot.name, took, why)
             raise LoadFailure(prefix + why, RETRY_LOAD_S) from None
         finally:
             slot._ready, slot._has_room = None, False
@@ -360,9 +366,13 @@ class ModelPool:
                 raise Abandoned(f"nobody waits for model {slot.name} any more")
             if idle:
                 used = sum(s.need_bytes for s in loaded)
-                why = "memory" if used + need > budget else f"max_loaded_models = {cap}"
-                log.info("evicting model %s for %s (%s)", idle[0].name, slot.name, why)
-                await self.unload(idle[0])
+                if used + need > budget:
+                    why = f"memory: {need / MIB:,.0f} MiB needed, {used / MIB:,.0f} of "
+                    why += f"{budget / MIB:,.0f} MiB in use"
+                else:
+                    why = f"max_loaded_models = {cap}"
+                log.info("swap: unloading %s to load %s (%s)", idle[0].name, slot.name, why)
+                await self.unload(idle[0], f"for {slot.name}")
                 continue
             self._yield(loaded, slot)
             busy = ", ".join(s.name for s in loaded)
@@ -450,13 +460,13 @@ class ModelPool:
     def _expire(self, slot: ModelSlot) -> None:
         slot._timer = None
         if slot.active == 0 and slot.is_loaded:
-            log.info("model %s idle for its keep_alive (%g s): unloading", slot.name,
-                     slot.keep_alive_s)  # fmt: skip
-            asyncio.ensure_future(self.unload(slot))
+            asyncio.ensure_future(self.unload(slot, f"after {idle_time(slot.keep_alive_s)} idle"))
 
-    async def unload(self, slot: ModelSlot) -> None:
-        """Stop its engine (the process exits) and close its vocabulary; its memory is freed."""
+    async def unload(self, slot: ModelSlot, why: str = "") -> None:
+        """Stop its engine (the process exits) and close its vocabulary; its memory is freed.
+        `why` ("after 5 min idle", "for qwen") goes in its log line."""
         loaded, prompts = slot.loaded, slot.prompts
+        started = time.monotonic()
         if loaded is None or slot.active:
             return
         if slot._timer is not None:
@@ -468,7 +478,8 @@ class ModelPool:
             prompts.shutdown()
         await asyncio.get_running_loop().run_in_executor(None, loaded.close)
         give_back_memory()
-        log.info("model %s unloaded", slot.name)
+        took = time.monotonic() - started
+        log.info("model %s unloaded%s (%.1f s)", slot.name, f" {why}" if why else "", took)
         self._memory_changed.set()
 
     async def close(self) -> None:
@@ -516,6 +527,15 @@ def room_for(
         if used + need <= budget and (not cap or count < cap):
             return gone, False
     return gone, True
+
+
+def idle_time(seconds: float) -> str:
+    """A keep_alive as a person says it: "5 min", "1.5 h", "30 s"."""
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
 
 
 def give_back_memory() -> None:

@@ -1,9 +1,11 @@
 """The first hour's slips that need a socket, through `python -m localserve` processes: a port
 in use said before the model loads, `chat` given the address `serve` prints or host:port, with
 its lines from a file or /dev/null, without the token a server needs or with it from a file or
-$LOCALSERVE_TOKEN, a --resume that cannot be, left with Ctrl-C at the prompt; and (real model) a
-chat template llama.cpp cannot use, refused when `serve` starts. The slips that need no socket
-are in unit/cli/test_cli.py."""
+$LOCALSERVE_TOKEN, a --resume that cannot be, left with Ctrl-C at the prompt; (real model) a
+chat template llama.cpp cannot use, refused when `serve` starts; and every other slip of the
+command line (a port out of range or not a number, a bad host, URL, count or list, a users file
+missing or malformed, a state directory that cannot be made, a sweep's unknown policy) in one
+line, before any model loads. The slips that need no socket are in unit/cli/test_cli.py."""
 
 from __future__ import annotations
 
@@ -47,6 +49,57 @@ def test_a_port_in_use_is_said_before_the_model_loads(tmp_path):
         "stop it, or pick another with --port"
     )
     assert "gemma" not in ran.stdout  # what runs where is printed once the model has loaded
+
+
+SLIPS = [  # argv, the words of its one line
+    (["serve", "--port", "99999"], ["argument --port", "'99999' is not a port (0-65535)"]),
+    (["serve", "--port", "-1"], ["argument --port", "'-1' is not a port"]),
+    (["serve", "--port", "http"], ["argument --port", "'http' is not a port"]),
+    (["serve", "--open", "--host", "999.1.1.1"], ["cannot listen on 999.1.1.1:", "(--host)"]),
+    (
+        ["serve", "--open", "--host", "no such host.invalid"],
+        ["cannot listen on no such host", "(--host)"],
+    ),
+    (["serve", "--users", "missing.toml"], ["missing.toml: no such users file"]),
+    (["serve", "--users", "{bad}"], ["not valid TOML"]),
+    (["serve", "--state-dir", "{file}/state"], ["cannot create the state directory"]),
+    (["chat", "ws://127.0.0.1:abc"], ["the port is not a number from 0 to 65535"]),
+    (["chat", "http://127.0.0.1:99999"], ["the port is not a number from 0 to 65535"]),
+    (["chat", "foo bar"], ["no host in it"]),
+    (["chat", "ftp://example.org"], ["not a server address"]),
+    (["chat", "--max-tokens", "0"], ["argument --max-tokens", "'0': must be at least 1"]),
+    (["chat", "--temperature", "-1"], ["argument --temperature", "at least 0"]),
+    (["monitor", "--url", "ws://127.0.0.1:0"], ["argument --url", "port 0 is not a server's"]),
+    (["bench", "--num-requests", "0"], ["argument --num-requests", "must be at least 1"]),
+    (["bench", "--request-rate", "-2"], ["argument --request-rate", "must be above 0"]),
+    (["bench", "--concurrency", "four"], ["argument --concurrency", "'four' is not a whole"]),
+    (["bench", "--url", "localhost:port"], ["argument --url", "the port is not a number"]),
+    (["bench", "--peer", "ws://127.0.0.1:8080"], ["argument --peer", "expected http://"]),
+    (["bench-engine", "--concurrency", "1,x"], ["argument --concurrency", "e.g. 1,4,8"]),
+    (["bench-engine", "--tokens", "0"], ["argument --tokens", "must be at least 1"]),
+    (["sweep", "--concurrency", "0"], ["argument --concurrency", "comma-separated"]),
+    (["sweep", "--policies", "fifo"], ["--policies: fifo: not one of continuous, static"]),
+    (["sweep", "--workloads", "chat,huge"], ["--workloads: huge: not one of short"]),
+    (["generate", "hi", "--max-tokens", "-5"], ["argument --max-tokens", "at least 1"]),
+    (["generate", "hi", "--temperature", "nan"], ["argument --temperature", "not a number"]),
+    (["generate", "hi", "--rpc", "10.0.0.2"], ["argument --rpc", "expected HOST:PORT"]),
+    (["demo", "--pace", "-1"], ["argument --pace", "at least 0"]),
+    (["worker", "--port", "70000"], ["argument --port", "not a port"]),
+    (["worker", "--port", "0"], ["--port 0: a worker needs a port of its own"]),
+    (["worker", "--threads", "0"], ["argument --threads", "must be at least 1"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), SLIPS, ids=[" ".join(a) for a, _ in SLIPS])
+def test_every_slip_is_one_line_before_anything_loads(tmp_path, argv, words):
+    (tmp_path / "models.toml").write_text('default = "gemma-3-270m"\n')
+    (tmp_path / "bad.toml").write_text("[users\n")
+    (tmp_path / "file").write_text("")
+    argv = [a.format(bad=tmp_path / "bad.toml", file=tmp_path / "file") for a in argv]
+    ran = localserve(*argv, cwd=tmp_path, env={"LOCALSERVE_STATE_DIR": str(tmp_path)})
+    line = slip_line(ran, *words)
+    assert line.startswith(f"localserve{' ' + argv[0] if 'argument' in line else ''}: "), line
+    assert ran.stdout == ""  # nothing loaded: what runs where is printed once a model has
 
 
 def test_chat_reads_lines_from_a_file_as_messages(fake, tmp_path):

@@ -101,8 +101,11 @@ def serving(cwd: Path, model: str):
 
 
 def test_a_corrupted_file_is_refused_and_not_added(hub, tmp_path):
+    """Named by its download link, pasted as a browser gives it (HF_ENDPOINT's host)."""
     hub.corrupt = True
-    ran = pull(hub, tmp_path, f"{REPO}:Q4_K_M")
+    pasted = f"{hub.url}/{REPO}/resolve/main/gemma-3-270m-Q4_K_M.gguf?download=true"
+    ran = pull(hub, tmp_path, pasted)
+    assert "pull: gemma-3-270m-Q4_K_M.gguf" in ran.stderr  # the file the link names
     assert ran.returncode == 2 and "Traceback" not in ran.stderr
     assert "is corrupt: its sha256" in ran.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "models.toml").exists()
@@ -115,5 +118,12 @@ def test_slips_are_one_line(hub, tmp_path):
         pull(hub, tmp_path, f"{REPO}:q2_k")
     )
     assert "not ORG/REPO" in slip_line(pull(hub, tmp_path, "justaname"))
+    pasted = f"{hub.url}/nobody/nothing/tree/main"  # an address: its repository asked for
+    assert "no such repository nobody/nothing" in slip_line(pull(hub, tmp_path, pasted))
+    line = slip_line(pull(hub, tmp_path, "https://github.com/google/gemma"))
+    assert line == (
+        "localserve: pull: https://github.com/google/gemma: not a Hugging Face Hub address "
+        "(huggingface.co or hf.co): give ORG/REPO, ORG/REPO:QUANT or ORG/REPO/FILE.gguf"
+    )
     hub.close()
     assert "cannot reach" in slip_line(pull(hub, tmp_path, REPO))

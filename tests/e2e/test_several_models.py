@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -335,3 +336,68 @@ def test_a_swap_has_its_turn_while_another_user_keeps_the_loaded_model_busy(serv
     for t in chats:
         t.join(180)
     assert {status for _, _, status in log} == {200}, log
+
+
+def test_serve_says_each_load_swap_unload_and_failed_load_on_its_console(tmp_path):
+    """`localserve serve` as a person runs it: its console (stderr) has one line per model
+    event, with its time (serve/pool.py's lines, shown at INFO by cli/__init__.py)."""
+    import subprocess
+    import sys
+
+    from localserve.runners.models import ensure_embedded
+    from tests.support.cli import kill_serve
+    from tests.support.paths import ROOT
+
+    (tmp_path / "broken.gguf").write_bytes(b"not a GGUF at all")
+    (tmp_path / "models.toml").write_text(
+        'default = "gemma"\n[server]\nmax_loaded_models = 1\n'
+        f'[models.gemma]\npath = "{ensure_embedded()}"\nchat_format = "transcript"\n'
+        f'[models.small]\npath = "{ensure_embedded()}"\nchat_format = "transcript"\n'
+        'n_ctx = 1024\nkeep_alive = "1s"\n'
+        '[models.broken]\npath = "broken.gguf"\nchat_format = "transcript"\n'
+    )
+    command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
+    env = os.environ | {"PYTHONPATH": str(ROOT), "LOCALSERVE_STATE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    out: list[str] = []
+    lines: list[str] = []  # the console's stderr
+    threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+
+    def said(words: str) -> bool:
+        return any(words in line for line in lines)
+
+    try:
+        url = wait_until(
+            lambda: next((f"http://{m[1]}" for x in out if (m := PORT.search(x))), None), 180
+        )
+
+        class Served:  # what chat() reads of a served model
+            thread = type("Thread", (), {"http": url})
+
+        assert chat(Served, "small", "ann")[0] == 200  # gemma swapped out for small
+        wait_until(lambda: said("model small unloaded after 1 s idle"), 60)
+        assert chat(Served, "broken", "ann")[0] != 200
+        wait_until(lambda: said("model broken could not be loaded"), 60)
+    finally:
+        kill_serve(proc)
+    pool = [
+        x.split("localserve.serve.pool: ", 1)[1].rstrip("\n") for x in lines if "serve.pool" in x
+    ]
+    events = [x for x in pool if not x.startswith("loading model")]
+    patterns = [
+        r"swap: unloading gemma to load small \(max_loaded_models = 1\)",
+        r"model gemma unloaded for small \(\d+\.\d s\)",
+        r"model small loaded in \d+\.\d s \(\d[\d,]* MiB\)",
+        r"model small unloaded after 1 s idle \(\d+\.\d s\)",
+        r"model broken could not be loaded after \d+\.\d s: .+",
+    ]
+    assert len(events) == len(patterns), lines
+    for line, pattern in zip(events, patterns, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern, lines)
+
+
+PORT = re.compile(r"on ws://(127\.0\.0\.1:\d+)")

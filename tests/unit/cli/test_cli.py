@@ -22,6 +22,7 @@ from tests.support.paths import ROOT
 
 COMMANDS = {
     "usage",
+    "users",
     "worker",
     "demo",
     "monitor",
@@ -238,3 +239,37 @@ def test_a_frontends_people_may_have_quotas_in_the_users_file(tmp_path):
     argv = ["serve", "--state-dir", str(tmp_path), "--users", str(tmp_path / "users.toml")]
     line = slip_line(localserve(*argv, cwd=tmp_path), "daily_tokens for users it does not have")
     assert "nobody/x" in line and "openwebui/alice" not in line
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_says_localserve_and_llama_cpp_python_without_loading_llama_cpp(flag):
+    import importlib.metadata
+    import tomllib
+
+    from localserve import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert __version__ == project["version"]
+    llama = importlib.metadata.version("llama-cpp-python")
+    ran = localserve(flag)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"localserve {__version__} (llama-cpp-python {llama})\n"
+    script = (
+        f"import sys\nfrom localserve.cli import main\ntry:\n    main([{flag!r}])\n"
+        "except SystemExit:\n    pass\nprint('llama_cpp' in sys.modules)"
+    )
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.stdout.splitlines()[-1] == "False", out
+
+
+FRONT_DOORS = ["chat page", "websocket chat", "OpenAI", "Ollama", "Anthropic"]
+
+
+def test_serve_help_and_the_top_level_help_name_every_front_door():
+    serve = " ".join(localserve("serve", "--help").stdout.split())  # argparse wraps lines
+    for door in [*FRONT_DOORS, "/v1", "/api", "/v1/messages", "/healthz", "/metrics"]:
+        assert door in serve, door
+    top = " ".join(localserve("--help").stdout.split())
+    for door in [*FRONT_DOORS, "/healthz", "/metrics"]:
+        assert door in top, door

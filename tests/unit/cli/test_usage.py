@@ -38,3 +38,37 @@ def test_report_per_day_and_user(tmp_path, capsys):
     assert "200 ms" in text and "40%" in text
     assert main(["usage", *state, "--since", "nonsense"]) == 2
     assert "expected today, 7d" in capsys.readouterr().err
+
+
+def test_a_model_column_and_each_models_total(tmp_path, capsys):
+    store = Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
+    recorded(
+        store,
+        row("ann", model="gemma", prompt=10, completion=5, ttft=100.0),
+        row("ann", model="qwen", prompt=30, cached=0, completion=20, ttft=300.0),
+        row("ann", model="qwen", prompt=10, cached=0, completion=10, ttft=500.0),
+        row("bo", model="gemma", prompt=20, cached=0, completion=7, ttft=None),
+    )
+    store.close()
+    state = ["--state-dir", str(tmp_path)]
+    assert main(["usage", *state, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["user"], d["model"], d["requests"]) for d in lines] == [
+        ("ann", "gemma", 1),
+        ("ann", "qwen", 2),
+        ("bo", "gemma", 1),
+    ]
+    assert main(["usage", *state]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].split() == [
+        "day", "user", "model", "requests", "tokens", "in", "cached", "tokens", "out", "median",
+        "TTFT",
+    ]  # fmt: skip
+    assert text[2].split()[1:] == ["ann", "qwen", "2", "40", "0%", "30", "400", "ms"]
+    totals = text[text.index("per model, the whole period:") + 2 :]
+    assert [line.split() for line in totals] == [
+        ["gemma", "2", "30", "13%", "12", "100", "ms"],
+        ["qwen", "2", "40", "0%", "30", "400", "ms"],
+    ]
+    assert main(["usage", *state, "--user", "bo"]) == 0  # one model: no totals to repeat it
+    assert "per model" not in capsys.readouterr().out

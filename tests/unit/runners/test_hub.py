@@ -93,3 +93,52 @@ def test_the_entry_is_valid_toml_and_never_clobbers(tmp_path):
     assert tomllib.loads(text)["models"][name]["chat_format"] == "template"
     with pytest.raises(ConfigError, match="already has"):
         pull._check_free(name, text, tmp_path / "models.toml")
+
+
+@pytest.mark.parametrize(
+    ("pasted", "spec"),
+    [
+        ("https://huggingface.co/org/repo", ("org/repo", None, None)),
+        ("https://huggingface.co/org/repo/", ("org/repo", None, None)),
+        ("http://www.huggingface.co/org/repo?library=gguf", ("org/repo", None, None)),
+        ("https://huggingface.co/org/repo/tree/main", ("org/repo", None, None)),
+        ("https://huggingface.co/org/repo/tree/main/sub", ("org/repo", None, None)),
+        (
+            "https://huggingface.co/org/repo/blob/main/x-Q8_0.gguf",
+            ("org/repo", None, "x-Q8_0.gguf"),
+        ),
+        (
+            "https://huggingface.co/org/repo/resolve/main/sub/x.gguf?download=true",
+            ("org/repo", None, "sub/x.gguf"),
+        ),
+        ("hf.co/org/repo", ("org/repo", None, None)),
+        ("hf.co/org/repo:q4_k_m", ("org/repo", "Q4_K_M", None)),
+        ("huggingface.co/org/repo:Q4_K_M", ("org/repo", "Q4_K_M", None)),
+        ("https://hf.co/org/repo:Q5_K_M", ("org/repo", "Q5_K_M", None)),
+        ("  https://HuggingFace.co/org/repo  ", ("org/repo", None, None)),
+    ],
+)
+def test_a_pasted_hub_address_is_what_pull_takes(pasted, spec):
+    assert hub.parse_spec(pasted) == spec
+
+
+@pytest.mark.parametrize(
+    ("pasted", "why"),
+    [
+        ("https://github.com/org/repo", "not a Hugging Face Hub address"),
+        ("ftp://huggingface.co/org/repo", "not a Hugging Face Hub address"),
+        ("https://huggingface.co.evil.example/org/repo", "not a Hugging Face Hub address"),
+        ("https://huggingface.co/datasets/org/data", "a Hub dataset, not a model repository"),
+        ("https://huggingface.co/spaces/org/app", "a Hub space, not a model repository"),
+        ("https://huggingface.co/org", "no ORG/REPO in it"),
+        ("https://huggingface.co/org/repo/blob/main/README.md", "README.md is not a .gguf file"),
+        ("https://huggingface.co/org/repo/blob/v2/x.gguf", "revision 'v2'"),
+        ("https://huggingface.co/org/repo/discussions/3", "a repository, a file or a file list"),
+        ("https://huggingface.co/org/repo/blob/main/x.gguf:Q8_0", "is not a .gguf file"),
+    ],
+)
+def test_an_address_pull_cannot_take_says_why_in_one_line(pasted, why):
+    with pytest.raises(ConfigError) as e:
+        hub.parse_spec(pasted)
+    assert why in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith("pull: ")

@@ -6,6 +6,7 @@ a model idle for its keep_alive is unloaded. The real engine: tests/e2e/test_mod
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import msgspec
@@ -352,3 +353,46 @@ def test_nothing_to_go_by_is_no_load_time():
         assert (chosen.swap, chosen.load_s, chosen.load_s_from) == ([], None, "")
 
     run(main())
+
+
+def test_each_load_swap_unload_and_failed_load_is_one_log_line_with_its_time(caplog):
+    """What `localserve serve` prints (cli/__init__.py shows this logger at INFO)."""
+    from localserve.serve.pool import idle_time
+
+    async def main():
+        pool, _ = pool_of(["a", "b", "c"], ServerConfig(max_loaded_models=1), ["c"], 1234)
+        loader = pool._loader
+
+        def slow(name):  # as an engine process starting takes a while
+            threading.Event().wait(0.2)
+            return loader(name)
+
+        pool._loader = slow
+        a, b, c = pool.slot("a"), pool.slot("b"), pool.slot("c")
+        await pool.ready(a, print)
+        await pool.ready(b, print)  # one at a time: a is swapped out for b
+        b.model.keep_alive = 0.1
+        pool.acquire(b)
+        pool.release(b)
+        await asyncio.sleep(0.3)  # b idle for its keep_alive: unloaded
+        with pytest.raises(LoadFailure):
+            await pool.ready(c, print)
+
+    with caplog.at_level("INFO", logger="localserve.serve.pool"):
+        run(main())
+    lines = [r.getMessage() for r in caplog.records if r.name == "localserve.serve.pool"]
+    events = [line for line in lines if not line.startswith("loading model")]
+    patterns = [  # the times as measured: a load of at least 0.2 s, an unload of the fakes' 0
+        r"model a loaded in 0\.[2-9] s \(1,234 MiB\)",
+        r"swap: unloading a to load b \(max_loaded_models = 1\)",
+        r"model a unloaded for b \(0\.\d s\)",
+        r"model b loaded in 0\.[2-9] s \(1,234 MiB\)",
+        r"model b unloaded after 0\.1 s idle \(0\.\d s\)",
+        r"model c could not be loaded after 0\.[2-9] s: c\.gguf is not a GGUF",
+    ]
+    assert len(events) == len(patterns), lines
+    for line, pattern in zip(events, patterns, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+    assert [idle_time(s) for s in (300, 5400, 30, 2.5, 90)] == [
+        "5 min", "1.5 h", "30 s", "2.5 s", "1.5 min",
+    ]  # fmt: skip

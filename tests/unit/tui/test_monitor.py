@@ -535,13 +535,14 @@ def test_today_table_drops_columns_that_do_not_fit_and_keeps_heads_over_them():
     ]
     wide = today_table(usage, 60, 5)
     assert wide.columns == ("req", "in", "cached", "out", "quota")
-    assert wide.text.plain.split("\n") == [
-        "eve             8  41.2k      3%  9.8k  49.8k/50k",
-        "a-very-lo…  1,234   1.2M     81%  100k  —",
+    assert wide.text.plain.split("\n") == [  # room for the whole name: it is shown whole
+        "eve                   8  41.2k      3%  9.8k  49.8k/50k",
+        "a-very-long-name  1,234   1.2M     81%  100k  —",
     ]
     # each head ends where its column does (quota's starts where it does), one column left of
     # the text: the panel draws its title from one column further right
-    assert wide.title == "today        req     in  cached   out  quota"
+    assert wide.title == "today              req     in  cached   out  quota"
+    assert today_table(usage, 46, 5).text.plain.split("\n")[1].startswith("a-very-long… ")
     assert today_table(usage, 46, 5).columns == ("req", "in", "cached", "out", "quota")
     assert today_table(usage, 38, 5).columns == ("req", "in", "out", "quota")
     assert today_table(usage, 32, 5).columns == ("in", "out", "quota")
@@ -688,11 +689,15 @@ def test_a_throttled_hello_says_the_servers_words_and_waits_as_long_as_it_asks(m
     assert waits == [30.0]
 
 
-PEOPLE = {"ana": "openwebui/alice", "eve": "openwebui/evangeline smith-jones"}
+PEOPLE = {
+    "ana": "openwebui/alice",
+    "ben": "openwebui/alice smith",
+    "eve": "openwebui/evangeline smith-jones",
+}
 
 
 def behind_a_frontend(snap):
-    """The snapshot with two of its users people of a trusted front-end (frontends.py)."""
+    """The snapshot with three of its users people of a trusted front-end (frontends.py)."""
 
     def renamed(row):
         return msgspec.structs.replace(row, user=PEOPLE.get(row.user, row.user))
@@ -704,36 +709,39 @@ def behind_a_frontend(snap):
 
 
 def test_a_frontends_people_are_rows_of_their_own_by_name(fake_snapshots):
-    """ "openwebui/alice" shows whole in every table; a longer name keeps the person's part, not
-    the front-end's (cut at the end, all its people would read "openwebui…"); at 80 columns the
+    """A front-end's person keeps the person's part of the name: the front-end's is shortened
+    first ("openw…/alice"), then left as "…/"; at 120 columns "openwebui/alice smith" shows
+    whole in the running table and the person's part whole in today's; at 80 columns the
     running table still shows up to ITL."""
     snapshots = [behind_a_frontend(s) for s in fake_snapshots]
     usage = [UserUsage(PEOPLE.get(u.user, u.user), *msgspec.structs.astuple(u)[1:]) for u in USAGE]
 
-    async def run():
+    async def seen(size):
         app = MonitorApp(QueueSource(), "ws://test")
-        async with app.run_test(size=(80, 24)) as pilot:
+        async with app.run_test(size=size) as pilot:
             feed(app, Connected("ws://test"), *with_usage(snapshots, usage))
             await settle(pilot)
             table = app.query_one(RunningTable)
             users = {str(table.get_row_at(i)[0]) for i in range(table.row_count)}
-            assert "…/alice" in users and "…/evangelin…" in users  # 80 columns: 12 of a name
             waiting = app.query_one(WaitingTable)
-            assert {str(waiting.get_row_at(i)[0]) for i in range(waiting.row_count)} <= users
+            queued = {str(waiting.get_row_at(i)[0]) for i in range(waiting.row_count)}
             heads = [str(c.label) for c in table.ordered_columns]
             upto = heads.index("ITL") + 1
             right = sum(c.get_render_width(table) for c in table.ordered_columns[:upto])
             assert right <= table.scrollable_content_region.width, heads[:upto]
-            lines = today_lines(app)
-            assert lines[0].startswith("…/evangel… ")  # 10 of a name
-            assert any(line.startswith("…/alice ") for line in lines), lines
-        app = MonitorApp(QueueSource(), "ws://test")
-        async with app.run_test(size=(120, 40)) as pilot:
-            feed(app, Connected("ws://test"), *with_usage(snapshots, usage))
-            await settle(pilot)
-            table = app.query_one(RunningTable)
-            users = {str(table.get_row_at(i)[0]) for i in range(table.row_count)}
-            assert "openwebui/alice" in users and "…/evangeline sm…" in users
+            return users, queued, today_lines(app)
+
+    async def run():
+        users, queued, today = await seen((80, 24))
+        assert {"openw…/alice", "…/alice smi…", "…/evangelin…"} <= users  # 12 of a name
+        assert queued <= users
+        assert today[0].startswith("…/evangel… ")  # 10 of a name
+        assert any(line.startswith("ope…/alice ") for line in today), today
+        users, queued, today = await seen((120, 40))
+        assert {"openwebui/alice", "openwebui/alice smith", "…/evangeline smith-jon…"} <= users
+        assert queued == {"…/evangeline s…"}  # the queue's narrower column: 16 of a name
+        assert any(line.startswith("openwebui/alice smith ") for line in today), today
+        assert any(line.startswith("openwebui/alice ") for line in today), today
 
     asyncio.run(run())
 
