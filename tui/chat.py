@@ -118,7 +118,7 @@ class ChatClient:
         self.color = color if color is not None else _is_terminal(out)
         self.history: list[Message] = []
         self.picker = model_picker.ModelPicker(model, self._print)  # /model, --model
-        self.kept = server_chats.ServerChats(self.history, self._print)
+        self.kept = server_chats.ServerChats(self.history, self._print, self.picker)
         self.resume = resume  # --resume: this conversation ("" the newest) before the first turn
         self._stopped = False  # the person stopped the reply being streamed (Ctrl-C)
         self.client: Client | None = None

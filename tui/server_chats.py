@@ -43,6 +43,7 @@ from localserve.protocol.frames import (
     SavedConversation,
     StoredMessage,
 )
+from tui.model_picker import ModelPicker
 
 PAGE_SIZE = 20  # conversations a /chats shows (the server's list frame pages by 100)
 NUM_SHOWN = 4  # messages printed when a conversation is resumed: its last two turns
@@ -70,13 +71,15 @@ class OpenConversation:
     created: int  # ms since the epoch
     messages: list[StoredMessage] = field(default_factory=list)
     revision: int | None = None  # the stored revision this copy is of; None: never saved
+    model: str | None = None  # the model it talks to, as the page keeps it (None: the default)
 
 
 class ServerChats:
     """Lists, resumes and saves the person's conversations over the chat's connection."""
 
-    def __init__(self, history: list[Message], write) -> None:
+    def __init__(self, history: list[Message], write, picker: ModelPicker) -> None:
         self.history = history  # the chat client's: replaced in place by a resume
+        self.picker = picker  # the model of the next turns: set by a resume, saved with a turn
         self._write = write  # print-like: write(text, file=None)
         self.client: Client | None = None
         self.current: OpenConversation | None = None
@@ -138,15 +141,29 @@ class ServerChats:
             return False
         got = found.conversation
         self.current = OpenConversation(
-            got.id, got.title, got.created, list(got.messages), found.summary.revision
+            got.id, got.title, got.created, list(got.messages), found.summary.revision, got.model
         )
         self.history[:] = history_of(got.messages)
         when = _when(found.summary.updated, datetime.now())
         num = len(got.messages)
-        self._write(f"(resumed “{_title(got.title)}”: {_messages(num)}, last saved {when})")
+        on = self._take_model(got.model)
+        self._write(f"(resumed “{_title(got.title)}”: {_messages(num)}, last saved {when}{on})")
         for line in recent(got.messages):
             self._write(line)
         return True
+
+    def _take_model(self, model: str | None) -> str:
+        """A resumed conversation goes on with its model, as in the page, when the server
+        still has it; what to add to the resume's line."""
+        if model is None or model == self.picker.model:
+            return ""
+        if self.picker.unknown(model):
+            return f"; its model {_shown(model)} is gone, so {self._model_now()} answers"
+        self.picker.model = model
+        return f", on {model}"
+
+    def _model_now(self) -> str:
+        return self.picker.model or self.client.welcome.model
 
     async def _resolve(self, ref: str, file: TextIO | None) -> str | None:
         """The id `ref` names: its number in the last /chats, else in the list now; or itself."""
@@ -177,6 +194,7 @@ class ServerChats:
             return
         if self.current is None:
             self.current = OpenConversation(new_id(), title_of(question), _now_ms())
+        self.current.model = self.picker.model
         user = StoredMessage("user", question)
         self.current.messages += [user, reply_message(answer, thought, done, stopped)]
         await self.save()
@@ -184,7 +202,7 @@ class ServerChats:
     async def save(self) -> None:
         c = self.current
         frame = SaveConversation(
-            SavedConversation(c.id, c.title, c.created, c.messages), c.revision
+            SavedConversation(c.id, c.title, c.created, c.messages, c.model), c.revision
         )
         limit = self.client.welcome.limits.max_frame_bytes
         if len(_encode(frame)) > limit:
@@ -202,7 +220,7 @@ class ServerChats:
     async def _keep_as_copy(self) -> None:
         old = self.current
         title = f"{old.title} (this device)"[:MAX_TITLE_CHARS]
-        self.current = OpenConversation(new_id(), title, old.created, old.messages)
+        self.current = OpenConversation(new_id(), title, old.created, old.messages, None, old.model)
         self._write(
             f"[“{_title(old.title)}” was changed on another device meanwhile: this terminal's "
             f"copy is kept as “{_title(title)}”, and goes on there (/chats lists both)]"
@@ -260,6 +278,7 @@ def reply_message(answer: str, thought: str, done: Finished, stopped: bool) -> S
         usage=done.usage,
         timings=done.timings,
         reasoning=thought or None,
+        model=done.model or None,
     )
 
 

@@ -154,3 +154,36 @@ def test_an_unknown_model_on_the_command_line_is_one_line(served):
         "localserve chat: --model: no model 'third' on this server; it has first, second "
         "(/model lists them)\n"
     )
+
+
+def stored_conversation(served, user: str, token: str, id: str) -> dict:
+    """The conversation as a page opened anew gets it."""
+    ws = WS(served.thread.url)
+    ws.hello(user, token)
+    ws.send({"type": "get_conversation", "id": id})
+    found = ws.until(lambda f: f["type"] in ("conversation", "error"), 10)[-1]
+    ws.close()
+    return found["conversation"]
+
+
+def test_a_resumed_conversation_goes_on_with_its_model_and_keeps_it(tmp_path, monkeypatch):
+    from localserve.ops.auth import Access
+
+    token = "tess-secret-token"
+    with two_fake_models(tmp_path, monkeypatch, access=Access({"tess": token})) as made:
+        ws = WS(made.thread.url)
+        ws.hello("tess", token)
+        page = {"id": "c1", "title": "On second", "model": "second", "messages": []}
+        ws.send({"type": "save_conversation", "conversation": page})  # as the page saves it
+        saved = ws.until(lambda f: f.get("here") is True or f["type"] == "error", 10)[-1]
+        ws.close()
+        assert saved["type"] == "conversation_saved"
+        status, out = terminal(made, "/resume c1", "more", "/quit", token=token)
+        assert status == 0 and "(resumed “On second”: 0 messages" in out and ", on second)" in out
+        wait_until(lambda: answered_by(tmp_path, "tess"), 10, "its row in the usage record")
+        assert [model for _, model in answered_by(tmp_path, "tess")] == ["second"]
+        kept = stored_conversation(made, "tess", token, "c1")
+        assert kept["model"] == "second"  # the page reopens it on second
+        assert kept["messages"][-1]["model"] == "second"  # and says who answered
+        terminal(made, "/resume c1", "/model first", "again", "/quit", token=token)
+        assert stored_conversation(made, "tess", token, "c1")["model"] == "first"  # switched

@@ -18,6 +18,7 @@ from localserve.protocol.frames import (
     Timings,
 )
 from tui import server_chats
+from tui.model_picker import ModelPicker
 from tui.server_chats import ServerChats
 
 
@@ -102,7 +103,7 @@ def test_a_resumed_conversation_shows_its_last_turns_each_cut_short():
 
 def test_the_commands_on_a_server_that_keeps_none_say_so():
     said: list[str] = []
-    kept = ServerChats([], lambda text, file=None: said.append(text))
+    kept = ServerChats([], lambda text, file=None: said.append(text), ModelPicker(None, print))
     assert asyncio.run(kept.command("/chats")) is True
     assert asyncio.run(kept.command("/resume 2")) is True
     assert asyncio.run(kept.command("/new")) is False  # not ours: the chat client's
