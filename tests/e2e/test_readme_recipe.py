@@ -5,7 +5,7 @@ is this checkout's), as a person pastes them, except:
 
 - `make run`: the set-up is `make test`'s own (done before this runs), and the demo is a
   full-screen program with tests of its own (tests/e2e/test_serving.py);
-- the commands marked "network" (`localserve pull`, docker): the pulled entry is written as
+- the commands marked "(network)" (`localserve pull`, docker): the pulled entry is written as
   `pull` writes it (cli/pull.py's entry_text) for a GGUF that is here, the embedded one;
 - `serve` is given `--port 0`, so that no fixed port is needed, and the monitor the server's
   URL for the same reason.
@@ -76,7 +76,7 @@ def script(commands: list[tuple[str, str]], pulled: str) -> str:
     for code, comment in commands:
         if code == "make run":
             continue
-        if "network" in comment:
+        if "(network)" in comment:
             assert " pull " in f" {code} ", code  # the only network step of this block
             lines.append(f"cat >> home.toml <<'EOF'\n{pulled}EOF")
             continue
