@@ -1,4 +1,5 @@
-"""Fixtures every directory of the tests needs: a state directory of their own, a small disk."""
+"""Fixtures every directory of the tests needs (a state directory of their own, a small disk),
+and CI's rule that no test skips (tests/support/ci.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import tempfile
 
 import pytest
 
+from tests.support.ci import cannot_run_here, is_ci
 from tests.support.usage import Disk
+
+_skipped: list[str] = []  # on CI: the tests that skipped all the same
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,8 +31,27 @@ def small_disk(tmp_path):
     command = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)]
     mounted = subprocess.run(command, capture_output=True, text=True)
     if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (root only): {mounted.stderr.strip()}")
+        cannot_run_here(f"cannot mount a tmpfs here (root only): {mounted.stderr.strip()}")
     try:
         yield Disk(where)
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def pytest_runtest_logreport(report):
+    if is_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        _skipped.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """On CI a skipped test fails the run: a guarantee whose test did not run is not kept."""
+    if _skipped and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _skipped:
+        terminalreporter.section("skipped on CI (LOCALSERVE_CI): the run fails", red=True)
+        for line in _skipped:
+            terminalreporter.write_line(line)

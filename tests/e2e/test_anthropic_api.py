@@ -451,6 +451,32 @@ def test_the_usage_row_says_anthropic(tmp_path):
     ]
 
 
+def test_person_headers_name_someone_only_from_a_trusted_frontends_key(tmp_path):
+    """Open WebUI's key may say on whose behalf it asks (serve/frontends.py); the same headers
+    with another user's key change nothing: the request is that user's."""
+    from localserve.ops import usage
+
+    keys = {"openwebui": "owui-connection-key", "kate": "kates-own-token"}
+    server = FakeServer(
+        state_dir=str(tmp_path), step_s=0.001, access=Access(keys), trusted_frontends=["openwebui"]
+    )
+    person = {"X-OpenWebUI-User-Name": "Alice", "X-OpenWebUI-User-Id": "alice-id"}
+    try:
+        for key in ("kates-own-token", "owui-connection-key"):
+            for headers in (person, {"X-Localserve-User": "bob"}):
+                c = client(server, key, timeout=30).with_options(default_headers=headers)
+                c.messages.create(model="fake", max_tokens=2, messages=ask("hello"))
+    finally:
+        server.close()  # everything written
+    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
+    assert [(r.api, r.user) for r in usage.rows_of(db)] == [
+        ("anthropic", "kate"),
+        ("anthropic", "kate"),
+        ("anthropic", "openwebui/alice"),
+        ("anthropic", "openwebui/bob"),
+    ]
+
+
 # --- a fuzzer for request bodies --------------------------------------------------------------
 
 json_values = st.recursive(

@@ -122,6 +122,64 @@ def test_another_person_sees_none_and_the_same_person_elsewhere_hears_of_changes
         ws.close()
 
 
+def heard_before_a_list(ws: WS) -> list[dict]:
+    """Every frame this connection was sent up to the answer to a list it asks for now."""
+    ws.send({"type": "list_conversations"})
+    return ws.until(lambda f: f["type"] in ("conversation_list", "error"), 10)[:-1]
+
+
+def test_a_change_is_told_to_the_persons_own_connections_only(server):
+    """Each save, rename and delete of ann's reaches her phone and nobody else: ben hears
+    nothing of it, nor ann of his (every frame read, not only those of one type)."""
+    ann, _ = signed_in(server, "ann")
+    phone, _ = signed_in(server, "ann")
+    ben, _ = signed_in(server, "ben")
+    ann.send({"type": "save_conversation", "conversation": conversation("c1", "Ann's")})
+    assert answer(ann)["here"] is True
+    ann.send({"type": "rename_conversation", "id": "c1", "title": "Ann's, renamed"})
+    assert answer(ann)["here"] is True
+    ben.send({"type": "save_conversation", "conversation": conversation("c2", "Ben's")})
+    assert answer(ben)["here"] is True
+    ann.send({"type": "delete_conversation", "id": "c1"})
+    assert answer(ann)["here"] is True
+    assert heard_before_a_list(ben) == []
+    assert heard_before_a_list(ann) == []
+    heard = heard_before_a_list(phone)
+    assert [(f["type"], f["here"]) for f in heard] == [
+        ("conversation_saved", False),
+        ("conversation_saved", False),
+        ("conversation_deleted", False),
+    ]
+    assert [heard[0]["summary"]["title"], heard[1]["summary"]["title"], heard[2]["id"]] == [
+        "Ann's",
+        "Ann's, renamed",
+        "c1",
+    ]
+    for ws in (ann, phone, ben):
+        ws.close()
+
+
+def test_a_rename_changes_the_renamers_own_conversation_only(server):
+    """ann and ben each have a conversation "c1": ben's rename leaves ann's as it was."""
+    ann, _ = signed_in(server, "ann")
+    ben, _ = signed_in(server, "ben")
+    ann.send({"type": "save_conversation", "conversation": conversation("c1", "Ann's", "q")})
+    assert answer(ann)["summary"]["revision"] == 1
+    ben.send({"type": "save_conversation", "conversation": conversation("c1", "Ben's", "q")})
+    assert answer(ben)["summary"]["revision"] == 1
+    ben.send({"type": "rename_conversation", "id": "c1", "title": "Ben's, renamed"})
+    renamed = answer(ben)["summary"]
+    assert renamed["title"] == "Ben's, renamed" and renamed["revision"] == 2
+    ann.send({"type": "get_conversation", "id": "c1"})
+    found = next_of(ann, "conversation")
+    assert found["conversation"]["title"] == "Ann's" and found["summary"]["revision"] == 1
+    ann.send({"type": "list_conversations"})
+    listed = next_of(ann, "conversation_list")["conversations"]
+    assert [(c["title"], c["revision"]) for c in listed] == [("Ann's", 1)]
+    for ws in (ann, ben):
+        ws.close()
+
+
 def test_the_bounds_are_said_and_nothing_is_deleted_to_make_room(server):
     ann, _ = signed_in(server, "ann")
     for i in range(3):

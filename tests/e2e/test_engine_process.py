@@ -15,6 +15,7 @@ import time
 import msgspec
 import pytest
 
+from tests.support.ci import cannot_run_here
 from tests.support.live import live_config
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
@@ -27,7 +28,7 @@ def test_the_engine_starts_when_the_server_is_pid_1():
     getppid() is 1 although its parent is alive."""
     unshare = shutil.which("unshare")
     if unshare is None or subprocess.run([unshare, "--pid", "--fork", "true"]).returncode:
-        pytest.skip("no PID namespaces here")
+        cannot_run_here("no PID namespaces here (unshare --pid)")
     script = textwrap.dedent(
         """
         import os, sys

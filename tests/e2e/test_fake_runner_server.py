@@ -7,6 +7,7 @@ cover the same paths end to end; these pin the logic down fast and deterministic
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from localserve.ops.auth import Access
+from tests.support.clients import http_request
 from tests.support.fakes import FakeServer, PacedRunner
 from tests.support.live import WS
 from tests.support.waiting import wait_until
@@ -174,4 +177,61 @@ def test_transcript_replies_do_not_start_with_the_formats_space():
         text = c.completions.create(model="fake", prompt="a b", max_tokens=2).choices[0].text
         assert text.startswith(" w") and text.count(" w") == 2
     finally:
+        server.close()
+
+
+# --- one count per user across the front doors ---------------------------------------------------
+
+ANN = "ann-secret-token"
+LONG = 2000  # tokens: at 5 ms a step, a reply in flight for ten seconds
+
+
+def stream_over_http(server, path: str, body: dict, headers: dict):
+    """A streamed HTTP request left open (its reply in flight): the connection and its status."""
+    host, port = server.http.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request(
+        "POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"} | headers
+    )
+    return conn, conn.getresponse().status
+
+
+def test_the_per_user_cap_counts_the_requests_of_every_front_door_together():
+    """A user's requests in flight are one count, whatever door each came in by: one stream
+    open on each of the four doors fills a cap of 4, and a fifth is busy on every door."""
+    server = FakeServer(step_s=0.005, access=Access({"ann": ANN}), max_inflight_per_user=4)
+    bearer = {"Authorization": f"Bearer {ANN}"}
+    ask = [{"role": "user", "content": "hi"}]
+    doors = {  # each door's path, its streamed body and its key's header
+        "openai": ("/v1/chat/completions", {"model": "fake", "messages": ask, "stream": True,
+                   "max_tokens": LONG, "ignore_eos": True}, bearer),
+        "ollama": ("/api/chat", {"model": "fake", "messages": ask, "stream": True,
+                   "options": {"num_predict": LONG}}, bearer),
+        "anthropic": ("/v1/messages", {"model": "fake", "messages": ask, "stream": True,
+                      "max_tokens": LONG}, {"x-api-key": ANN}),
+    }  # fmt: skip
+    ws, opened = WS(server.url), []
+    try:
+        assert ws.hello("ann", ANN)["type"] == "welcome"
+        ws.chat("a", "hi", max_tokens=LONG, ignore_eos=True)
+        for path, body, headers in doors.values():
+            conn, status = stream_over_http(server.thread, path, body, headers)
+            opened.append(conn)
+            assert status == 200, path
+        wait_until(lambda: len(server.snapshot().seqs) == 4, 10, "ann's four requests running")
+        ws.chat("b", "hi", max_tokens=5)
+        # admitted, it would be queued first
+        answer = ws.until(lambda f: f.get("id") == "b" and f["type"] in ("error", "queued"), 10)
+        refused = answer[-1]
+        assert refused.get("code") == "busy", refused
+        assert "4 requests of yours" in refused["message"]
+        for path, body, headers in doors.values():
+            status, _, payload = http_request(
+                server.thread, "POST", path, body | {"stream": False}, headers
+            )
+            assert status == 429 and b"4 requests of yours" in payload, (path, payload[:200])
+    finally:
+        ws.close()
+        for conn in opened:
+            conn.close()
         server.close()

@@ -28,6 +28,8 @@ from localserve.config import Config, ModelConfig, ServerConfig
 from tests.support.live import WS
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.model  # the embedded model, under two names
+
 SETTINGS = dict(
     chat_format="transcript", chat_template="gemma", max_num_batched_tokens=256, n_threads=2
 )

@@ -5,6 +5,8 @@ with a clear error, quickly, without taking the thread with them."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +19,7 @@ from localserve.chat.templates import (
     ChatTemplateError,
     is_jinja,
 )
+from tests.support.paths import ROOT
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "templates"
 SPEC = json.loads((DATA / "conversations.json").read_text(encoding="utf-8"))
@@ -100,9 +103,9 @@ def test_template_kwargs_cannot_replace_the_servers_variables():
 
 
 def test_template_kwargs_are_template_variables_never_the_renders_own_bounds():
-    t = ChatTemplate("{{ max_s }} {{ now }}" + HOSTILE["nested-loops"])
-    with pytest.raises(ChatTemplateError, match="too much work|took over"):
-        t.render(HELLO, None, {"max_s": 1e9, "now": "x"})
+    source = "{{ max_s }} {{ now }}" + HOSTILE["nested-loops"]
+    error, _ = render_in_a_child(source, HELLO, {"max_s": 1e9, "now": "x"})
+    assert error is not None and ("too much work" in error or "took over" in error), error
 
 
 def test_tojson_keeps_text_as_it_is_and_takes_transformers_arguments():
@@ -159,13 +162,51 @@ HOSTILE = {
 }
 
 
+# A render the budget fails to stop runs on, or takes the machine's memory: each hostile render
+# is a child process of its own, bounded in memory, killed when it outlasts the budget.
+RENDER_IN_A_CHILD = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from localserve.chat.templates import ChatTemplate, ChatTemplateError
+source, messages, kwargs = json.load(sys.stdin)
+start = time.monotonic()
+try:
+    ChatTemplate(source).render(messages, None, kwargs)
+    error = None
+except ChatTemplateError as e:
+    error = str(e)
+print(json.dumps({"error": error, "s": time.monotonic() - start}))
+"""
+CHILD_START_S = 10  # a Python started and localserve.chat imported, on a busy machine
+
+
+def render_in_a_child(
+    source: str, messages: list[dict], template_kwargs: dict | None = None
+) -> tuple[str | None, float]:
+    """The render's ChatTemplateError (None: it rendered) and its seconds; a failed test when
+    it is still going past the budget and the child's start."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", RENDER_IN_A_CHILD],
+            input=json.dumps([source, messages, template_kwargs]),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=MAX_RENDER_S + CHILD_START_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still rendering after {MAX_RENDER_S + CHILD_START_S:g} s: nothing stopped it")
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    return answer["error"], answer["s"]
+
+
 @pytest.mark.parametrize("name", HOSTILE)
 def test_a_hostile_template_fails_its_render_quickly_and_clearly(name):
-    start = time.monotonic()
-    with pytest.raises(ChatTemplateError) as e:
-        ChatTemplate(HOSTILE[name]).render(HELLO)
-    assert time.monotonic() - start < MAX_RENDER_S + 1
-    assert str(e.value).startswith("chat_template: ")
+    error, seconds = render_in_a_child(HOSTILE[name], HELLO)
+    assert error is not None and error.startswith("chat_template: "), error
+    assert "out of memory" not in error  # the budget refused it, not the child's memory bound
+    assert seconds < MAX_RENDER_S + 1
 
 
 def test_a_hostile_chat_through_a_real_template_is_bounded():
@@ -175,9 +216,8 @@ def test_a_hostile_chat_through_a_real_template_is_bounded():
     text = template("Qwen-Qwen3-0.6B").render(huge)
     assert text.count("<|im_start|>") == 4002 and time.monotonic() - start < MAX_RENDER_S
     both = "{% for m in messages %}{% for n in messages %}{% endfor %}{% endfor %}"
-    quadratic = ChatTemplate(both)
-    with pytest.raises(ChatTemplateError, match="too much work|took over"):
-        quadratic.render(huge)
+    error, _ = render_in_a_child(both, huge)
+    assert error is not None and ("too much work" in error or "took over" in error), error
 
 
 def test_a_chats_own_odd_content_is_data_to_the_template():
