@@ -25,7 +25,7 @@ from localserve.bench.workloads import (
     TOKENS_PER_WORD,
     pages_slice,
 )
-from localserve.client import Client, chat
+from localserve.websocket_client import Client, chat
 from localserve.protocol.frames import Chat, Finished, Message, TokenDelta
 
 URL = sys.argv[1] if len(sys.argv) > 1 else "ws://127.0.0.1:8765"

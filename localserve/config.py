@@ -160,7 +160,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # own; daily_tokens_per_user takes such names). Headers from anyone else are ignored. Who is
     # who (each id's name) is kept in state_dir/people.sqlite3 across restarts (ops/people.py);
     # one front-end names at most max_people_per_frontend people, those kept included; a new one
-    # past it is refused (serve/frontends.py).
+    # past it is refused (serve/trusted_proxies.py).
     trusted_frontends: list[str] = msgspec.field(default_factory=list)
     max_people_per_frontend: Positive = 256
     # Running it for a team (usage.py). State: the usage database and the access log live in

@@ -24,8 +24,8 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
 
-from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
+from localserve.websocket_client import Client, ClientError, ConnectionClosed, chat
 from tui import model_picker, server_chats
 
 MAX_LINE_CHARS = 256 << 10  # a message from standard input: the server's max_frame_bytes default

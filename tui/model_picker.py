@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from localserve.client import Client, ClientError
 from localserve.protocol.frames import Error, ListModels, ModelChoice, ModelList
+from localserve.websocket_client import Client, ClientError
 
 COMMANDS = (("/model", "list the models; /model NAME: NAME answers from the next turn"),)
 

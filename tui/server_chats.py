@@ -30,7 +30,6 @@ from typing import TextIO
 
 import msgspec
 
-from localserve.client import Client, ClientError, ConnectionClosed, stored
 from localserve.protocol.frames import (
     CONVERSATION_ID,
     MAX_TITLE_CHARS,
@@ -43,6 +42,7 @@ from localserve.protocol.frames import (
     SavedConversation,
     StoredMessage,
 )
+from localserve.websocket_client import Client, ClientError, ConnectionClosed, stored
 from tui.model_picker import ModelPicker
 
 PAGE_SIZE = 20  # conversations a /chats shows (the server's list frame pages by 100)

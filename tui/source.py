@@ -22,9 +22,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from localserve.client import Client, ClientError, ConnectionClosed
 from localserve.protocol.frames import Error, Stats, Subscribe
 from localserve.protocol.snapshot import Snapshot
+from localserve.websocket_client import Client, ClientError, ConnectionClosed
 
 
 @dataclass(frozen=True)

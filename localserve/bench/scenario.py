@@ -27,8 +27,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from localserve.client import Client, ConnectionClosed, chat
 from localserve.protocol.frames import Chat, Error, Finished, Message, Notice, TokenDelta
+from localserve.websocket_client import Client, ConnectionClosed, chat
 
 log = logging.getLogger("localserve.bench.scenario")
 

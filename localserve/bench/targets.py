@@ -23,9 +23,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localserve.client import Client, ClientError, ConnectionClosed, chat
 from localserve.protocol.frames import Chat, Error, Finished, Message, TokenDelta
 from localserve.serve.prompt import TRANSCRIPT_STOPS, render_transcript
+from localserve.websocket_client import Client, ClientError, ConnectionClosed, chat
 
 ENDPOINTS = ("completions", "chat")
 

@@ -83,7 +83,7 @@ def _number(kind: type, text: str, what: str):
 def server_address(text: str) -> str:
     """A server's address as chat, monitor and bench take it (ws://, http://, host:port): its
     host and port checked here, so a typo is not a connection error later."""
-    from localserve.client import websocket_url
+    from localserve.websocket_client import websocket_url
 
     try:
         check_url(websocket_url(text))
@@ -152,8 +152,8 @@ def add_url_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def server_url(args: argparse.Namespace) -> str:
-    """The websocket URL asked for (http:// and host:port accepted: localserve.client)."""
-    from localserve.client import websocket_url
+    """The websocket URL asked for (http:// and host:port accepted: localserve.websocket_client)."""
+    from localserve.websocket_client import websocket_url
 
     return websocket_url(args.url or args.url_option or DEFAULT_URL)
 

@@ -2,7 +2,7 @@
 
 `EngineClient` is what `localserve.serve` depends on. Two classes implement it: the engine on a
 thread of this process (`localserve.engine.engine.Engine`) and the engine in a supervised process
-of its own (`localserve.engine_process.client.EngineProcess`). Both inherit the request entry
+of its own (`localserve.engine_process.parent.EngineProcess`). Both inherit the request entry
 points written here (`add_request`, `cancel`, `reject`), which become commands handed to
 `submit`.
 

@@ -6,7 +6,7 @@ runs the engine (the runner, the scheduler, the metrics: all of localserve.engin
 child process, and the server's process keeps what users see: connections, the queue's bounds,
 the usage record, the monitor. The package by side of the process boundary:
 
-- `client`: the server's side. `EngineProcess` implements `localserve.engine.client.EngineClient`
+- `parent`: the server's side. `EngineProcess` implements `localserve.engine.client.EngineClient`
   (what `Server` uses of an engine); `Vocabulary` has what the server uses of the runner
   (`tokenize`, `apply_chat_template`, `info`, `where`): prompts are tokenized there, with a
   vocabulary-only load of the model, and only token ids cross. Its watchdog lives there too.

@@ -1,6 +1,6 @@
 """The engine process's main: load the model, run the engine, obey the pipe until told to stop.
 
-Started by `localserve.engine_process.client.EngineProcess` as
+Started by `localserve.engine_process.parent.EngineProcess` as
 
     python -m localserve.engine_process.child CONN_FD CLOCK_FD LOG_LEVEL LLAMA_LOG_LEVEL PARENT_PID
 

@@ -1,7 +1,7 @@
 """The people trusted front-ends named, kept: SQLite in the state dir, so that a name stays its
 person's across restarts and crashes.
 
-A trusted front-end (serve/frontends.py) names a person by its own id for them (Open WebUI's
+A trusted front-end (serve/trusted_proxies.py) names a person by its own id for them (Open WebUI's
 X-OpenWebUI-User-Id) and a name; the first name an id comes with is bound to that id, and the
 id's requests are the user "<frontend>/<name>" from then on (their usage rows, quota and cached
 prefixes). Kept in memory only, the bindings went with each restart, and the first id to send
@@ -11,9 +11,9 @@ SIGKILL or a power cut. A row is a name (the identity's display) and the id it i
 none for a person a front-end names without ids (`X-Localserve-User` alone).
 
 One thread owns the database (`people.sqlite3`, beside the usage record): the bindings are read
-once at start and kept by the event loop (frontends.People), which hands this thread each new
+once at start and kept by the event loop (trusted_proxies.People), which hands this thread each new
 one; so people already known are served without it, also while the file cannot be written. The
-rows are bounded per front-end by `[server] max_people_per_frontend`: frontends.People refuses
+rows are bounded per front-end by `[server] max_people_per_frontend`: trusted_proxies.People refuses
 a new person past it before anything is written. A file that is not such a store stops the
 server at start, naming it.
 

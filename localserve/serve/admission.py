@@ -38,7 +38,6 @@ from localserve.ops.auth import Access, AuthThrottle, address_group
 from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.frontends import People
 from localserve.serve.pool import (
     RETRY_LOAD_S,
     LoadFailure,
@@ -47,6 +46,7 @@ from localserve.serve.pool import (
     UnknownModel,
 )
 from localserve.serve.prompt import Prompt, PromptBuilder, PromptTooLong
+from localserve.serve.trusted_proxies import People
 
 log = logging.getLogger("localserve.serve.admission")
 
@@ -127,7 +127,7 @@ class Frontdoor(Protocol):
 
     @property
     def people(self) -> People:
-        """The people trusted front-ends named (frontends.py), bounded per front-end."""
+        """The people trusted front-ends named (trusted_proxies.py), bounded per front-end."""
         ...
 
     @property

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from localserve.config import Config, configured_model
 from localserve.engine.engine import Engine
 from localserve.engine.runner import Runner
-from localserve.engine_process.client import EngineProcess
+from localserve.engine_process.parent import EngineProcess
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.people import PeopleStore

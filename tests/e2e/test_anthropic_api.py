@@ -452,7 +452,7 @@ def test_the_usage_row_says_anthropic(tmp_path):
 
 
 def test_person_headers_name_someone_only_from_a_trusted_frontends_key(tmp_path):
-    """Open WebUI's key may say on whose behalf it asks (serve/frontends.py); the same headers
+    """Open WebUI's key may say on whose behalf it asks (serve/trusted_proxies.py); the same headers
     with another user's key change nothing: the request is that user's."""
     from localserve.ops import usage
 

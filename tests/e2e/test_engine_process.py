@@ -33,7 +33,7 @@ def test_the_engine_starts_when_the_server_is_pid_1():
         """
         import os, sys
         from tests.support.live import live_config
-        from localserve.engine_process.client import EngineProcess
+        from localserve.engine_process.parent import EngineProcess
         assert os.getpid() == 1
         config = live_config()
         EngineProcess(config, config.default).start().stop()
@@ -51,7 +51,7 @@ def test_the_engine_starts_when_the_server_is_pid_1():
 
 
 def test_a_reload_that_keeps_failing_backs_off():
-    from localserve.engine_process.client import EngineProcess
+    from localserve.engine_process.parent import EngineProcess
 
     config = live_config()
     engine = EngineProcess(config, config.default).start()
@@ -76,7 +76,7 @@ def test_a_reload_that_keeps_failing_backs_off():
 def test_stop_after_a_restart_ends_the_engine_process_with_stop():
     """The restarted process was started by the watchdog's thread: PR_SET_PDEATHSIG kills it
     when that thread ends, so the watchdog must outlive it."""
-    from localserve.engine_process.client import EngineProcess
+    from localserve.engine_process.parent import EngineProcess
 
     config = live_config()
     engine = EngineProcess(config, config.default).start()

@@ -542,7 +542,7 @@ def test_hostile_person_headers_fail_only_themselves(live, bob, tmp_path):
 
     from localserve.ops.auth import Access
     from localserve.ops.people import DATABASE, PeopleStore
-    from localserve.serve.frontends import People
+    from localserve.serve.trusted_proxies import People
 
     url = urllib.parse.urlsplit(live.http)
     key = "owui-connection-key"

@@ -60,5 +60,5 @@ def test_the_demo_log_file_gets_the_servers_log_and_the_engine_processs(tmp_path
     text = log.read_bytes()[before:].decode(errors="replace")  # this run's lines
     assert "INFO localserve: localserve: " in text  # what runs where, as printed
     assert "INFO localserve.serve.server: listening on 127.0.0.1:" in text
-    assert "INFO localserve.engine_process.client: engine process" in text
+    assert "INFO localserve.engine_process.parent: engine process" in text
     assert shot.exists()

@@ -1,5 +1,5 @@
 """People behind a trusted front-end kept in the state dir (localserve/ops/people.py through
-serve/frontends.py): dave's binding survives a restart of the server and a SIGKILL of a real
+serve/trusted_proxies.py): dave's binding survives a restart of the server and a SIGKILL of a real
 `localserve serve` mid-reply; after either, another id that calls itself "dave", or a request
 giving the name without an id, is refused while the real dave is still `openwebui/dave`; and a
 store that cannot be written refuses new people while the known ones go on; one that is not a

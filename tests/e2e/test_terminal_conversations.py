@@ -240,10 +240,11 @@ def test_a_server_that_keeps_none_says_so_in_one_line():
 
 
 def test_the_answer_taken_is_this_connections_not_the_news_of_anothers(server):
-    """`stored` skips what the person's other connections did meanwhile (localserve/client.py)."""
-    from localserve.client import Client, ClientError, stored
+    """`stored` skips what the person's other connections did meanwhile
+    (localserve/websocket_client.py)."""
     from localserve.protocol.frames import GetConversation, ListConversations, SaveConversation
     from localserve.protocol.frames import SavedConversation as Saved
+    from localserve.websocket_client import Client, ClientError, stored
 
     async def both():
         here = await Client.connect(server.url, "ann", USERS["ann"])

@@ -1,4 +1,4 @@
-"""People behind a trusted front-end (localserve/serve/frontends.py): Open WebUI's requests,
+"""People behind a trusted front-end (localserve/serve/trusted_proxies.py): Open WebUI's requests,
 replayed as it sends them, against the real server and model on loopback.
 
 What Open WebUI sends, from its source (open-webui/open-webui):
@@ -30,7 +30,7 @@ from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE as PEOPLE
 from localserve.ops.people import PeopleStore
 from localserve.ops.usage import Usage
-from localserve.serve.frontends import People
+from localserve.serve.trusted_proxies import People
 from tests.support.live import configured
 from tests.support.waiting import wait_until
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from localserve.client import Client, chat
 from localserve.protocol.frames import Chat, Error, Finished, Message, Notice, Queued, TokenDelta
+from localserve.websocket_client import Client, chat
 
 LIMITS = {
     "max_frame_bytes": 1 << 20,

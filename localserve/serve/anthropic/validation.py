@@ -22,9 +22,9 @@ from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
 from localserve.serve.anthropic.errors import AnthropicError, dotted, invalid, retry_after
 from localserve.serve.anthropic.types import MessagesRequest
-from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.transport import bearer_token, client_address
+from localserve.serve.trusted_proxies import PersonRefused, on_behalf_of
 
 DEFAULT_USER = "anthropic"  # the user of an open server's Anthropic requests
 
@@ -33,7 +33,7 @@ Body = TypeVar("Body")
 
 async def identify(door: Frontdoor, request: HttpRequest) -> str:
     """The user: the API key's owner (a server with tokens; or the person a trusted front-end
-    names, serve/frontends.py), else DEFAULT_USER."""
+    names, serve/trusted_proxies.py), else DEFAULT_USER."""
     access = door.access
     if not access.requires_tokens:
         return DEFAULT_USER

@@ -6,7 +6,7 @@ The body is read bounded in bytes (max_frame_bytes) and in time (serve/http_body
 into its endpoint's type; the model, when named, must be this server's (with or without
 Ollama's ":latest" tag). `Authorization: Bearer` names the user on a server with tokens
 (failures throttled like any token check; a trusted front-end's may name a person behind it:
-frontends.py); on an open server every Ollama request is
+trusted_proxies.py); on an open server every Ollama request is
 DEFAULT_USER's (Ollama's API names no user).
 
 Tested in tests/e2e/test_ollama_api.py.
@@ -21,11 +21,11 @@ from starlette.requests import Request as HttpRequest
 from localserve.config import parse_keep_alive
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.admission import Frontdoor
-from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.ollama.errors import OllamaError, retry_after
 from localserve.serve.ollama.types import OllamaFields, Options
 from localserve.serve.transport import bearer_token, client_address
+from localserve.serve.trusted_proxies import PersonRefused, on_behalf_of
 
 DEFAULT_USER = "ollama"  # the user of an open server's Ollama requests
 TAG = ":latest"  # Ollama's default tag: "gemma-3-270m" and "gemma-3-270m:latest" are one model

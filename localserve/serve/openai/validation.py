@@ -3,7 +3,7 @@
 The body is read bounded in bytes (max_frame_bytes) and in time (serve/http_body.py) and decoded
 into its endpoint's type; the model, when named, must be this server's. The API key
 (`Authorization: Bearer`) names the user on a server with tokens (failures throttled like any
-token check; a trusted front-end's key may name a person behind it: frontends.py); on an open
+token check; a trusted front-end's key may name a person behind it: trusted_proxies.py); on an open
 server the `user` field does (DEFAULT_USER when absent). Fields that would change the output
 and are not supported are refused with a 400 that names them.
 
@@ -20,11 +20,11 @@ from starlette.requests import Request as HttpRequest
 from localserve.ops.auth import check_user_name
 from localserve.protocol.frames import SAMPLING_FIELDS, SamplingFields
 from localserve.serve.admission import Frontdoor
-from localserve.serve.frontends import PersonRefused, on_behalf_of
 from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.openai.errors import CHALLENGE, ApiError, retry_after, unsupported
 from localserve.serve.openai.types import RequestFields
 from localserve.serve.transport import bearer_token, client_address
+from localserve.serve.trusted_proxies import PersonRefused, on_behalf_of
 
 DEFAULT_USER = "api"  # the user of an open server's HTTP requests that name none
 

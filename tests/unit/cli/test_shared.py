@@ -33,7 +33,7 @@ def test_an_unknown_model_names_the_option_and_the_known_ones():
 def test_the_address_serve_prints_and_host_port_become_websocket_urls():
     import pytest
 
-    from localserve.client import websocket_url
+    from localserve.websocket_client import websocket_url
 
     assert websocket_url("http://127.0.0.1:8765") == "ws://127.0.0.1:8765"
     assert websocket_url("https://chat.example.org/") == "wss://chat.example.org/"
@@ -58,7 +58,7 @@ def test_the_log_file_of_a_full_screen_command_gets_the_servers_info_lines(tmp_p
         "logging.basicConfig(level=logging.WARNING); "
         "from localserve.cli.shared import log_to_file; path = log_to_file('demo'); "
         "logging.getLogger('localserve.serve.server').info('listening on 127.0.0.1:1'); "
-        "logging.getLogger('localserve.engine_process.client').warning('engine restarted'); "
+        "logging.getLogger('localserve.engine_process.parent').warning('engine restarted'); "
         "logging.getLogger('localserve').debug('not this'); "
         "print(path, logging.getLogger().level)"
     )
@@ -70,5 +70,5 @@ def test_the_log_file_of_a_full_screen_command_gets_the_servers_info_lines(tmp_p
     assert path == str(tmp_path / "demo.log") and int(level) == 20  # INFO: the child's too
     text = (tmp_path / "demo.log").read_text()
     assert "INFO localserve.serve.server: listening on 127.0.0.1:1" in text
-    assert "WARNING localserve.engine_process.client: engine restarted" in text
+    assert "WARNING localserve.engine_process.parent: engine restarted" in text
     assert "not this" not in text and out.stderr == ""

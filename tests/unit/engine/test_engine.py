@@ -216,7 +216,7 @@ def test_the_engine_on_a_thread_and_in_a_process_are_both_engine_clients():
     """The server is handed either: both have every member of the EngineClient protocol."""
     from localserve.config import builtin_config
     from localserve.engine.client import EngineClient
-    from localserve.engine_process.client import EngineProcess
+    from localserve.engine_process.parent import EngineProcess
 
     assert isinstance(Engine(FakeRunner()), EngineClient)
     config = builtin_config()

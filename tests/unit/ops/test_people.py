@@ -1,7 +1,7 @@
 """The store of people trusted front-ends named (localserve/ops/people.py): a binding committed
 is there for the next server, a name's first id, a file that is not a store said at start, and a
-disk that fills up. Who gets which name is serve/frontends.py's (tests/unit/serve/
-test_frontends.py); through the server, e2e/test_people_store.py."""
+disk that fills up. Who gets which name is serve/trusted_proxies.py's (tests/unit/serve/
+test_trusted_proxies.py); through the server, e2e/test_people_store.py."""
 
 from __future__ import annotations
 

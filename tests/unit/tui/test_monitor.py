@@ -12,9 +12,9 @@ import pytest
 from textual.geometry import Region
 from textual.widgets import Static
 
-from localserve.client import ClientError
 from localserve.protocol.frames import Error, Stats, UserUsage
 from localserve.protocol.snapshot import Device, Worker
+from localserve.websocket_client import ClientError
 from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
 from tui import source
@@ -697,7 +697,7 @@ PEOPLE = {
 
 
 def behind_a_frontend(snap):
-    """The snapshot with three of its users people of a trusted front-end (frontends.py)."""
+    """The snapshot with three of its users people of a trusted front-end (trusted_proxies.py)."""
 
     def renamed(row):
         return msgspec.structs.replace(row, user=PEOPLE.get(row.user, row.user))

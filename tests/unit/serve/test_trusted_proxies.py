@@ -1,4 +1,4 @@
-"""Who a trusted front-end's request is (localserve/serve/frontends.py): the header that names
+"""Who a trusted front-end's request is (localserve/serve/trusted_proxies.py): the header that names
 the person, the normalized name, an id keeping its first name (kept in the store of people,
 ops/people.py, before it is used), the bound per front-end, and that no other caller's header
 counts. Through the HTTP API: tests/e2e/test_trusted_frontends.py and test_people_store.py."""
@@ -15,7 +15,7 @@ from starlette.requests import Request
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE, PeopleStore
-from localserve.serve.frontends import People, PersonRefused, on_behalf_of, person_name
+from localserve.serve.trusted_proxies import People, PersonRefused, on_behalf_of, person_name
 
 USERS = {"openwebui": "owui-connection-key", "kate": "kates-own-token"}
 

@@ -57,7 +57,7 @@ from localserve.engine_process.messages import (
 from localserve.engine_process.step_clock import StepClock
 from localserve.protocol.snapshot import ModelInfo, RunningStep, Snapshot, Worker
 
-log = logging.getLogger("localserve.engine_process.client")
+log = logging.getLogger("localserve.engine_process.parent")
 
 WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
 # a snapshot the engine has not given in this long (it is busy in a step) is the last one, with

@@ -28,7 +28,7 @@ naming the header. One front-end names at most `[server] max_people_per_frontend
 ones included: a new one past it is refused (403 naming the bound) while the known ones go on.
 Forgetting idle ones instead would free their names for another id to take.
 
-Tested in tests/unit/serve/test_frontends.py, tests/e2e/test_trusted_frontends.py and
+Tested in tests/unit/serve/test_trusted_proxies.py, tests/e2e/test_trusted_frontends.py and
 tests/e2e/test_people_store.py.
 """
 
