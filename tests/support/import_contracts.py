@@ -16,12 +16,21 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 Edit = tuple[str, str] | None  # (a module's path in the tree, the line appended to it), or none
 
 
-def lint_with_each(tree: Path, edits: list[Edit]) -> list[tuple[int, dict[str, str]]]:
-    """For each edit, lint-imports' exit status and each contract's verdict (KEPT or BROKEN)."""
+class Lint(NamedTuple):
+    """One run of lint-imports: its exit status, each contract's verdict, what it printed."""
+
+    status: int
+    verdicts: dict[str, str]  # the contract's name: KEPT or BROKEN
+    output: str
+
+
+def lint_with_each(tree: Path, edits: list[Edit]) -> list[Lint]:
+    """lint-imports on `tree` for each edit in turn."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "500", "NO_COLOR": "1"}
     done = subprocess.run(
         [sys.executable, __file__],
@@ -33,9 +42,9 @@ def lint_with_each(tree: Path, edits: list[Edit]) -> list[tuple[int, dict[str, s
         timeout=120,
         check=True,
     )
-    runs = json.loads(done.stdout)
     return [
-        (status, dict(re.findall(r"^(.+?) (KEPT|BROKEN)\b", out, re.M))) for status, out in runs
+        Lint(status, dict(re.findall(r"^(.+?) (KEPT|BROKEN)\b", out, re.M)), out)
+        for status, out in json.loads(done.stdout)
     ]
 
 
