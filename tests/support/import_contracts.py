@@ -33,7 +33,7 @@ def lint_with_each(tree: Path, edits: list[Edit]) -> list[Lint]:
     """lint-imports on `tree` for each edit in turn."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "500", "NO_COLOR": "1"}
     done = subprocess.run(
-        [sys.executable, __file__],
+        [sys.executable, "-P", __file__],  # -P: tests/support/ not on its path (its names)
         cwd=tree,
         env=env,
         input=json.dumps(edits),
