@@ -1,6 +1,6 @@
 """Fixtures of the end-to-end tests: localserve's server on the paced fake runner (`fake`, one
-per test module) and on the real model (`live`, one per session), and websocket clients of the
-live one (`connect`)."""
+per test module; `stand_in`, the same under the live model's name and chat format) and on the
+real model (`live`, one per session), and websocket clients of the live one (`connect`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,18 @@ def fake():
     from tests.support.fakes import FakeServer
 
     server = FakeServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    """The paced FakeRunner standing in for the live model, one per test module: served under its
+    name, in its chat format, so that a test of what the server does whatever the model says
+    sends the real model's tests' bodies, at the fake's speed."""
+    from tests.support.fakes import FakeServer
+
+    server = FakeServer(name=live_config().default, chat_format="transcript")
     yield server
     server.close()
 

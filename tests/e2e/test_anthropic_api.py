@@ -1,7 +1,8 @@
 """The Anthropic Messages API, driven by the official `anthropic` package against a real server
 on a loopback port with the real model; the tool-use round trip scripted on the fake runner
 (the embedded base model calls no tools by itself); raw events, errors and hostile bodies
-checked with a plain HTTP client."""
+checked with a plain HTTP client; errors, the raw stream's order and the fuzzer on `stand_in`,
+the fake runner under the model's name."""
 
 from __future__ import annotations
 
@@ -133,13 +134,12 @@ def test_max_tokens_and_stop_sequences_say_why_the_reply_ended(live):
     live.wait_idle()
 
 
-@pytest.mark.model
-def test_the_raw_stream_is_anthropics_events_in_order(live):
+def test_the_raw_stream_is_anthropics_events_in_order(stand_in):
     # greedy and a question with a long answer: the reply runs to max_tokens (sampled, the
     # base model may stop within 5 tokens)
     messages = ask("Tell me a long story.")
     body = {"model": MODEL, "max_tokens": 5, "messages": messages, "stream": True, **sampled(0)}
-    status, headers, payload = request(live, "POST", "/v1/messages", body)
+    status, headers, payload = request(stand_in, "POST", "/v1/messages", body)
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     events = events_of(payload)
     names = [n for n, _ in events]
@@ -153,9 +153,8 @@ def test_the_raw_stream_is_anthropics_events_in_order(live):
     assert all(d["delta"]["type"] == "text_delta" for n, d in events if n == "content_block_delta")
 
 
-@pytest.mark.model
-def test_errors_are_raised_as_the_packages_exceptions(live):
-    c = client(live)
+def test_errors_are_raised_as_the_packages_exceptions(stand_in):
+    c = client(stand_in)
     with pytest.raises(anthropic.NotFoundError) as e:
         c.messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=ask())
     assert MODEL in e.value.message
@@ -170,13 +169,15 @@ def test_errors_are_raised_as_the_packages_exceptions(live):
             model=MODEL, max_tokens=5, messages=[{"role": "user", "content": [image]}]
         )
     assert "image" in e.value.message and "messages.0.content.0.type" in e.value.message
-    status, _, payload = request(live, "POST", "/v1/messages", {"model": MODEL, "messages": ask()})
+    status, _, payload = request(
+        stand_in, "POST", "/v1/messages", {"model": MODEL, "messages": ask()}
+    )
     assert status == 400 and "max_tokens" in error_of(payload)[1]
-    status, _, payload = request(live, "GET", "/v1/messages")
+    status, _, payload = request(stand_in, "GET", "/v1/messages")
     assert status == 405 and error_of(payload)[0] == "invalid_request_error"
-    status, _, payload = request(live, "POST", "/v1/messages/batches", {})
+    status, _, payload = request(stand_in, "POST", "/v1/messages/batches", {})
     assert status == 404 and error_of(payload)[0] == "not_found_error"
-    status, _, payload = request(live, "GET", "/v1/nothing")
+    status, _, payload = request(stand_in, "GET", "/v1/nothing")
     assert status == 404 and "message" in json.loads(payload)["error"]  # OpenAI's shape there
 
 
@@ -522,19 +523,18 @@ bodies = st.fixed_dictionaries(
 )
 
 
-@pytest.mark.model
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=bodies, path=st.sampled_from(["/v1/messages", "/v1/messages/count_tokens"]))
-def test_fuzzed_bodies_never_crash_the_server(live, body, path):
+def test_fuzzed_bodies_never_crash_the_server(stand_in, body, path):
     if not isinstance(body["max_tokens"], int) or body["max_tokens"] > 8:
         body["max_tokens"] = 3  # replies stay short (a wrong type is tried by the rest)
-    status, headers, payload = request(live, "POST", path, body)
+    status, headers, payload = request(stand_in, "POST", path, body)
     assert status in (200, 400, 404, 413, 429), (status, payload[:300])
     if status != 200:
         error_of(payload)
     elif headers["Content-Type"].startswith("text/event-stream"):
         names = [n for n, _ in events_of(payload)]
         assert names[-1] in ("message_stop", "error"), names
-    reply = request(live, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 1,
+    reply = request(stand_in, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 1,
                                                     "messages": ask("Hi")})  # fmt: skip
     assert reply[0] == 200

@@ -1,6 +1,8 @@
 """The Ollama API, driven by the official `ollama` package against a real server on a loopback
 port with the real model; raw NDJSON, errors and hostile bodies checked with a plain HTTP
-client."""
+client. What does not depend on what the model says (validation, error shapes, framing,
+cancelling, the fuzzer) runs on `stand_in`, the fake runner under the model's name; the rest is
+marked `model`."""
 
 from __future__ import annotations
 
@@ -21,8 +23,6 @@ from tests.support.clients import http_request as request
 from tests.support.fakes import prefilling
 from tests.support.live import configured
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.model
 
 MODEL = "gemma-3-270m"
 TAGGED = MODEL + ":latest"
@@ -47,35 +47,36 @@ def error_of(payload: bytes) -> str:
 # --- the model endpoints ----------------------------------------------------------------------
 
 
-def test_version_tags_show_and_ps(live):
-    status, _, payload = request(live, "GET", "/api/version")
+def test_version_tags_show_and_ps(stand_in):
+    status, _, payload = request(stand_in, "GET", "/api/version")
     assert status == 200 and json.loads(payload) == {"version": VERSION}
-    listed = client(live).list()
+    listed = client(stand_in).list()
     assert [m.model for m in listed.models] == [TAGGED]
-    shown = client(live).show(MODEL)
+    shown = client(stand_in).show(MODEL)
     assert "completion" in shown.capabilities
-    assert shown.modelinfo["general.context_length"] == live.server.admission.max_model_len
-    assert client(live).show(TAGGED).capabilities == shown.capabilities
-    running = client(live).ps()
+    assert shown.modelinfo["general.context_length"] == stand_in.server.admission.max_model_len
+    assert client(stand_in).show(TAGGED).capabilities == shown.capabilities
+    running = client(stand_in).ps()
     assert [m.model for m in running.models] == [TAGGED]
     with pytest.raises(ollama.ResponseError) as e:
-        client(live).show("llama3")
+        client(stand_in).show("llama3")
     assert e.value.status_code == 404 and "not found" in e.value.error
 
 
-def test_embeddings_are_a_clear_not_supported(live):
+def test_embeddings_are_a_clear_not_supported(stand_in):
     for path in ("/api/embed", "/api/embeddings"):
-        status, _, payload = request(live, "POST", path, {"model": MODEL, "input": "hi"})
+        status, _, payload = request(stand_in, "POST", path, {"model": MODEL, "input": "hi"})
         assert status == 501 and "not supported" in error_of(payload)
-    status, _, payload = request(live, "POST", "/api/pull", {"model": MODEL})
+    status, _, payload = request(stand_in, "POST", "/api/pull", {"model": MODEL})
     assert status == 404 and error_of(payload)
-    status, _, payload = request(live, "GET", "/api/chat")
+    status, _, payload = request(stand_in, "GET", "/api/chat")
     assert status == 405 and error_of(payload)
 
 
 # --- chat and generate ------------------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_chat_streams_and_ends_with_the_done_fields(live):
     live.wait_idle()  # alone in its steps: another request's rows could change the numerics
     parts = list(
@@ -98,6 +99,7 @@ def test_chat_streams_and_ends_with_the_done_fields(live):
     live.wait_idle()
 
 
+@pytest.mark.model
 def test_generate_streams_and_whole(live):
     parts = list(client(live).generate(MODEL, QUESTION, stream=True, options={"num_predict": 12}))
     assert parts[-1].done and parts[-1].eval_count <= 12
@@ -110,9 +112,9 @@ def test_generate_streams_and_whole(live):
     live.wait_idle()
 
 
-def test_raw_ndjson_framing(live):
+def test_raw_ndjson_framing(stand_in):
     status, headers, payload = request(
-        live,
+        stand_in,
         "POST",
         "/api/chat",
         {"model": MODEL, "messages": ask(), "options": {"num_predict": 5}},
@@ -126,6 +128,7 @@ def test_raw_ndjson_framing(live):
             "prompt_eval_duration", "eval_count", "eval_duration"} <= set(objects[-1])  # fmt: skip
 
 
+@pytest.mark.model
 def test_options_stop_and_format_json(live):
     reply = client(live).chat(
         model=MODEL,
@@ -160,6 +163,7 @@ def test_options_stop_and_format_json(live):
     live.wait_idle()
 
 
+@pytest.mark.model
 def test_a_tool_round_trip_history_is_accepted(live):
     messages = [
         *ask("What is the weather in Paris?"),
@@ -171,6 +175,7 @@ def test_a_tool_round_trip_history_is_accepted(live):
     assert reply.done
 
 
+@pytest.mark.model
 def test_tools_are_offered_and_the_capabilities_say_so(live):
     formats = live.server.admission.formats
     shown = client(live).show(MODEL).capabilities
@@ -199,6 +204,7 @@ def test_tools_are_offered_and_the_capabilities_say_so(live):
 # --- admission: users, cancelling -------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_a_token_server_needs_a_users_token_and_names_the_user_by_it(live):
     access = Access({"kate": "correct-horse"})
     with configured(live, access=access):
@@ -226,6 +232,7 @@ def held_chat(live, token: str) -> socket.socket:
     return sock
 
 
+@pytest.mark.model
 def test_the_same_limits_hold_a_429_with_retry_after_for_that_user_only(live):
     access = Access({"kate": "correct-horse", "liz": "battery-staple"})
     with configured(live, access=access, max_inflight_per_user=1):
@@ -247,6 +254,7 @@ def test_the_same_limits_hold_a_429_with_retry_after_for_that_user_only(live):
     live.wait_idle()
 
 
+@pytest.mark.model
 def test_an_open_server_names_the_user_ollama(live):
     sock = held_chat(live, "any-key")  # an open server ignores the key
     wait_until(lambda: prefilling(live, DEFAULT_USER), 30, "the request, as the user ollama")
@@ -254,6 +262,7 @@ def test_an_open_server_names_the_user_ollama(live):
     live.wait_idle()
 
 
+@pytest.mark.model
 def test_a_dropped_chat_is_cancelled_mid_prefill_and_its_cells_freed(live):
     before = live.snapshot()
     body = json.dumps(
@@ -277,28 +286,28 @@ def test_a_dropped_chat_is_cancelled_mid_prefill_and_its_cells_freed(live):
     assert after.counters.generation_tokens == before.counters.generation_tokens
 
 
-def test_closing_a_stream_mid_reply_cancels_it(live):
+def test_closing_a_stream_mid_reply_cancels_it(stand_in):
     """Ollama has no ignore_eos and the model may stop by itself: a reply still running after
     five chunks is closed (another seed until one is)."""
     for seed in range(10):
-        before = live.snapshot().counters.cancellations
-        stream = client(live).chat(
+        before = stand_in.snapshot().counters.cancellations
+        stream = client(stand_in).chat(
             model=MODEL, messages=ask(), stream=True,
             options={"num_predict": 1500, "seed": seed, "temperature": 1.0},
         )  # fmt: skip
         for i, _ in enumerate(stream):
             if i == 5:
                 break
-        running = DEFAULT_USER in {s.user for s in live.snapshot().seqs}
+        running = DEFAULT_USER in {s.user for s in stand_in.snapshot().seqs}
         stream.close()
         if running:
-            gone = lambda b=before: live.snapshot().counters.cancellations > b  # noqa: E731
+            gone = lambda b=before: stand_in.snapshot().counters.cancellations > b  # noqa: E731
             wait_until(gone, 10, "cancelled")
             break
-        live.wait_idle()
+        stand_in.wait_idle()
     else:
         pytest.fail("every reply stopped within five chunks")
-    live.wait_idle()
+    stand_in.wait_idle()
 
 
 # --- hostile input ----------------------------------------------------------------------------
@@ -329,45 +338,45 @@ def test_closing_a_stream_mid_reply_cancels_it(live):
         ([1, 2], "object"),
     ],
 )
-def test_bad_chat_bodies_are_clear_400s(live, body, words):
-    status, _, payload = request(live, "POST", "/api/chat", body)
+def test_bad_chat_bodies_are_clear_400s(stand_in, body, words):
+    status, _, payload = request(stand_in, "POST", "/api/chat", body)
     assert status == 400, payload[:300]
     assert words in error_of(payload), payload[:300]
 
 
-def test_bad_generate_bodies_and_an_unknown_model(live):
+def test_bad_generate_bodies_and_an_unknown_model(stand_in):
     for body, words in [
         ({"model": MODEL, "prompt": 5}, "prompt"),
         ({"model": MODEL, "prompt": "hi", "images": ["AA"]}, "images"),
         ({"model": MODEL, "prompt": "hi", "suffix": "end"}, "suffix"),
         ({"model": MODEL, "prompt": "hi", "raw": True, "system": "s"}, "raw"),
     ]:
-        status, _, payload = request(live, "POST", "/api/generate", body)
+        status, _, payload = request(stand_in, "POST", "/api/generate", body)
         assert status == 400 and words in error_of(payload), payload[:300]
-    status, _, payload = request(live, "POST", "/api/generate", {"model": "x", "prompt": "hi"})
+    status, _, payload = request(stand_in, "POST", "/api/generate", {"model": "x", "prompt": "hi"})
     assert status == 404 and "not found" in error_of(payload)
 
 
-def test_huge_deep_and_broken_bodies(live):
-    limit = live.config.max_frame_bytes
+def test_huge_deep_and_broken_bodies(stand_in):
+    limit = stand_in.config.max_frame_bytes
     huge = {"model": MODEL, "messages": ask("x" * (limit + 10))}
-    status, _, payload = request(live, "POST", "/api/chat", huge)
+    status, _, payload = request(stand_in, "POST", "/api/chat", huge)
     assert status == 413 and "bytes" in error_of(payload)
     deep = b'{"model": "' + MODEL.encode() + b'", "messages": [], "x": ' + b"[" * 5000 + b"]" * 5000
     deep = deep + b"}"
-    status, _, payload = request(live, "POST", "/api/chat", deep)
+    status, _, payload = request(stand_in, "POST", "/api/chat", deep)
     assert status == 400 and error_of(payload)
     arguments = b'{"a":' * 3000 + b"1" + b"}" * 3000
     calls = (b'{"model":"%s","messages":[{"role":"assistant","tool_calls":[{"function":'
              b'{"name":"f","arguments":%s}}]}]}') % (MODEL.encode(), arguments)  # fmt: skip
-    status, _, payload = request(live, "POST", "/api/chat", calls)
+    status, _, payload = request(stand_in, "POST", "/api/chat", calls)
     assert status in (400, 413) and error_of(payload)
     for broken in (b"{", b"", b"null", b'{"messages": [{}]}'):
-        status, _, payload = request(live, "POST", "/api/chat", broken)
+        status, _, payload = request(stand_in, "POST", "/api/chat", broken)
         assert status == 400 and error_of(payload), (broken, payload)
-    status, _, payload = request(live, "POST", "/api/show", {"model": 5})
+    status, _, payload = request(stand_in, "POST", "/api/show", {"model": 5})
     assert status == 400 and error_of(payload)
-    reply = client(live).generate(MODEL, "Hi", options={"num_predict": 1})
+    reply = client(stand_in).generate(MODEL, "Hi", options={"num_predict": 1})
     assert reply.done  # the server still answers
 
 
@@ -433,6 +442,7 @@ def test_a_scripted_call_and_thinking_come_back_as_ollama_shows_them():
         server.close()
 
 
+@pytest.mark.model
 def test_langchain_ollama_invokes_and_streams(live):
     from langchain_ollama import ChatOllama
 
@@ -497,7 +507,7 @@ bodies = st.fixed_dictionaries(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=bodies, path=st.sampled_from(["/api/chat", "/api/generate"]))
-def test_fuzzed_bodies_never_crash_the_server(live, body, path):
+def test_fuzzed_bodies_never_crash_the_server(stand_in, body, path):
     given = body["options"]
     if given is None:
         body["options"] = {"num_predict": 3}  # replies stay short
@@ -505,13 +515,13 @@ def test_fuzzed_bodies_never_crash_the_server(live, body, path):
         n = given.get("num_predict")
         if not isinstance(n, int) or n in (-1, -2) or 8 < n <= 10**6:  # -1, -2: the cap
             given["num_predict"] = 3
-    status, headers, payload = request(live, "POST", path, body)
+    status, headers, payload = request(stand_in, "POST", path, body)
     assert status in (200, 400, 404, 413, 429), (status, payload[:300])
     if status != 200:
         error_of(payload)
     elif headers["Content-Type"] == "application/x-ndjson":
         lines = payload.decode().split("\n")
         assert lines[-1] == "" and json.loads(lines[-2])["done"] is True
-    reply = request(live, "POST", "/api/generate", {"model": MODEL, "prompt": "Hi",
+    reply = request(stand_in, "POST", "/api/generate", {"model": MODEL, "prompt": "Hi",
                                                      "options": {"num_predict": 1}})  # fmt: skip
     assert reply[0] == 200

@@ -1,5 +1,7 @@
 """The OpenAI-compatible API, driven by the official `openai` package against a real server on a
-loopback port with the real model; raw framing checked with a plain HTTP client."""
+loopback port with the real model; raw framing checked with a plain HTTP client. What does not
+depend on what the model says (validation, error shapes, keys, caps, framing, cancelling, the
+fuzzer) runs on `stand_in`, the fake runner under the model's name; the rest is marked `model`."""
 
 from __future__ import annotations
 
@@ -22,8 +24,6 @@ from localserve.serve.openai.validation import DEFAULT_USER
 from tests.support.fakes import prefilling
 from tests.support.live import WS, configured
 from tests.support.waiting import wait_until
-
-pytestmark = pytest.mark.model
 
 MODEL = "gemma-3-270m"
 QUESTION = "What is the capital of France?"
@@ -66,12 +66,13 @@ def sse_events(payload: bytes) -> list[str]:
 # --- the happy paths --------------------------------------------------------------------------
 
 
-def test_models_lists_the_configured_model(live):
-    models = client(live).models.list()
+def test_models_lists_the_configured_model(stand_in):
+    models = client(stand_in).models.list()
     assert [m.id for m in models.data] == [MODEL]
-    assert client(live).models.retrieve(MODEL).id == MODEL
+    assert client(stand_in).models.retrieve(MODEL).id == MODEL
 
 
+@pytest.mark.model
 def test_chat_streams_a_role_delta_content_and_a_finish_reason(live):
     stream = client(live).chat.completions.create(
         model=MODEL,
@@ -94,6 +95,7 @@ def test_chat_streams_a_role_delta_content_and_a_finish_reason(live):
     assert usage.prompt_tokens_details.cached_tokens >= 0
 
 
+@pytest.mark.model
 def test_chat_whole_reply_matches_the_websocket_reply(live, connect):
     reply = client(live).chat.completions.create(
         model=MODEL, messages=ask(), max_tokens=16, temperature=0, user="olga"
@@ -110,6 +112,7 @@ def test_chat_whole_reply_matches_the_websocket_reply(live, connect):
     assert reply.usage.completion_tokens == frames[-1]["usage"]["completion_tokens"]
 
 
+@pytest.mark.model
 def test_text_parts_and_developer_messages_are_accepted(live):
     messages = [
         {"role": "developer", "content": "Answer briefly."},
@@ -119,6 +122,7 @@ def test_text_parts_and_developer_messages_are_accepted(live):
     assert reply.choices[0].message.content
 
 
+@pytest.mark.model
 def test_completions_stream_and_whole(live):
     c = client(live)
     prompt = "User: What is the capital of France?\nAssistant:"
@@ -132,9 +136,9 @@ def test_completions_stream_and_whole(live):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_raw_sse_framing(live):
+def test_raw_sse_framing(stand_in):
     status, headers, payload = post(
-        live,
+        stand_in,
         "/v1/chat/completions",
         {
             "model": MODEL,
@@ -156,6 +160,7 @@ def test_raw_sse_framing(live):
     assert len({c["id"] for c in chunks}) == 1
 
 
+@pytest.mark.model
 def test_a_stop_string_and_sampling_fields_are_honoured(live):
     reply = client(live).chat.completions.create(
         model=MODEL,
@@ -176,8 +181,8 @@ def test_a_stop_string_and_sampling_fields_are_honoured(live):
 # --- errors: each maps to the openai package's exception --------------------------------------
 
 
-def test_errors_have_openai_shape_and_exception_types(live):
-    c = client(live)
+def test_errors_have_openai_shape_and_exception_types(stand_in):
+    c = client(stand_in)
     with pytest.raises(openai.NotFoundError) as e:
         c.chat.completions.create(model="gpt-4o", messages=ask())
     assert e.value.code == "model_not_found" and e.value.param == "model"
@@ -210,22 +215,22 @@ def test_errors_have_openai_shape_and_exception_types(live):
     assert e.value.param == "echo"
 
 
-def test_too_long_is_context_length_exceeded_with_both_numbers(live):
+def test_too_long_is_context_length_exceeded_with_both_numbers(stand_in):
     with pytest.raises(openai.BadRequestError) as e:
-        client(live).chat.completions.create(model=MODEL, messages=ask("word " * 5000))
+        client(stand_in).chat.completions.create(model=MODEL, messages=ask("word " * 5000))
     assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
     assert "4096" in e.value.message and "tokens" in e.value.message
 
 
-def test_a_token_server_needs_a_users_key_and_names_the_user_by_it(live):
+def test_a_token_server_needs_a_users_key_and_names_the_user_by_it(stand_in):
     access = Access({"kate": "correct-horse", "liz": "battery-staple"})
-    with configured(live, access=access):
+    with configured(stand_in, access=access):
         with pytest.raises(openai.AuthenticationError):
-            client(live).models.list()
+            client(stand_in).models.list()
         with pytest.raises(openai.AuthenticationError) as e:
-            client(live, "wrong-key").chat.completions.create(model=MODEL, messages=ask())
+            client(stand_in, "wrong-key").chat.completions.create(model=MODEL, messages=ask())
         assert e.value.code == "invalid_api_key"
-        stream = client(live, "battery-staple").chat.completions.create(
+        stream = client(stand_in, "battery-staple").chat.completions.create(
             model=MODEL,
             messages=ask(),
             max_tokens=200,
@@ -234,27 +239,27 @@ def test_a_token_server_needs_a_users_key_and_names_the_user_by_it(live):
             extra_body={"ignore_eos": True},
         )
         next(iter(stream))
-        users = users_in_flight(live)
+        users = users_in_flight(stand_in)
         stream.close()
         assert "liz" in users and "kate" not in users
 
 
-def test_failed_keys_are_throttled_and_the_right_one_still_passes(live):
+def test_failed_keys_are_throttled_and_the_right_one_still_passes(stand_in):
     access = Access({"kate": "correct-horse"})
-    with configured(live, access=access, max_auth_failures_per_minute=3) as server:
+    with configured(stand_in, access=access, max_auth_failures_per_minute=3) as server:
         server.admission.throttle.window_s = 3.0  # once locked, a turn a second
         for i in range(3):
             with pytest.raises(openai.AuthenticationError):
-                client(live, f"guess-{i}").models.list()
+                client(stand_in, f"guess-{i}").models.list()
         with pytest.raises(openai.RateLimitError) as e:
-            client(live, "guess-3").models.list()  # a fourth guess: after its turn, refused
+            client(stand_in, "guess-3").models.list()  # a fourth guess: after its turn, refused
         assert int(e.value.response.headers["Retry-After"]) > 0
-        assert client(live, "correct-horse").models.list().data  # right: it passes
+        assert client(stand_in, "correct-horse").models.list().data  # right: it passes
 
 
-def test_over_the_per_user_cap_is_429_with_retry_after(live):
-    with configured(live, max_inflight_per_user=1):
-        stream = client(live).chat.completions.create(
+def test_over_the_per_user_cap_is_429_with_retry_after(stand_in):
+    with configured(stand_in, max_inflight_per_user=1):
+        stream = client(stand_in).chat.completions.create(
             model=MODEL,
             messages=ask(),
             max_tokens=300,
@@ -264,19 +269,20 @@ def test_over_the_per_user_cap_is_429_with_retry_after(live):
         )
         next(iter(stream))
         with pytest.raises(openai.RateLimitError) as e:
-            client(live).chat.completions.create(model=MODEL, messages=ask(), user="capped")
+            client(stand_in).chat.completions.create(model=MODEL, messages=ask(), user="capped")
         assert e.value.response.headers["Retry-After"]
         assert (
-            client(live)
+            client(stand_in)
             .chat.completions.create(  # someone else is not held back
                 model=MODEL, messages=ask(), max_tokens=2, user="free"
             )
             .choices
         )
         stream.close()
-    live.wait_idle()
+    stand_in.wait_idle()
 
 
+@pytest.mark.model
 def test_a_whole_reply_the_engine_died_under_is_503_with_retry_after(live):
     """The engine process killed under a whole (not streamed) reply: a 503 that says when."""
     result = {}
@@ -305,22 +311,22 @@ def test_a_whole_reply_the_engine_died_under_is_503_with_retry_after(live):
     live.wait_idle()
 
 
-def test_an_oversized_body_is_413_and_bad_json_400(live):
-    limit = live.config.max_frame_bytes
-    status, _, payload = post(live, "/v1/chat/completions", b"{" + b" " * limit + b"}")
+def test_an_oversized_body_is_413_and_bad_json_400(stand_in):
+    limit = stand_in.config.max_frame_bytes
+    status, _, payload = post(stand_in, "/v1/chat/completions", b"{" + b" " * limit + b"}")
     assert status == 413 and json.loads(payload)["error"]["code"] == "request_too_large"
-    status, _, payload = post(live, "/v1/chat/completions", b'{"model": ')
+    status, _, payload = post(stand_in, "/v1/chat/completions", b'{"model": ')
     assert status == 400 and json.loads(payload)["error"]["type"] == "invalid_request_error"
-    status, _, payload = post(live, "/v1/nothing", {})
+    status, _, payload = post(stand_in, "/v1/nothing", {})
     assert status == 404 and "error" in json.loads(payload)
 
 
 # --- a closed stream is a cancelled request ---------------------------------------------------
 
 
-def test_closing_a_stream_mid_reply_cancels_it_and_frees_the_cells(live):
-    before = live.snapshot().counters.cancellations
-    stream = client(live).chat.completions.create(
+def test_closing_a_stream_mid_reply_cancels_it_and_frees_the_cells(stand_in):
+    before = stand_in.snapshot().counters.cancellations
+    stream = client(stand_in).chat.completions.create(
         model=MODEL,
         messages=ask(),
         max_tokens=1500,
@@ -333,12 +339,13 @@ def test_closing_a_stream_mid_reply_cancels_it_and_frees_the_cells(live):
             break
     stream.close()
     deadline = time.monotonic() + 10
-    while live.snapshot().counters.cancellations == before:
+    while stand_in.snapshot().counters.cancellations == before:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.05)
-    live.wait_idle()
+    stand_in.wait_idle()
 
 
+@pytest.mark.model
 def test_a_dropped_connection_cancels_even_mid_prefill(live):
     """A whole request whose client leaves during its prefill (~2,700 tokens: 11 chunks of
     256) is cancelled there: no token generated, no time to first token."""
@@ -368,6 +375,7 @@ def finished_event(live, request_id: str):
     )
 
 
+@pytest.mark.model
 def test_a_stream_nobody_reads_is_cut_off_and_cancelled(live):
     with configured(live, write_timeout_s=1.0):
         before = live.snapshot().counters.cancellations
@@ -399,6 +407,7 @@ def test_a_stream_nobody_reads_is_cut_off_and_cancelled(live):
 # --- many at once; turns; users ---------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_sixteen_http_streams_and_four_websocket_users_all_complete(live):
     results: dict[str, object] = {}
 
@@ -439,6 +448,7 @@ def test_sixteen_http_streams_and_four_websocket_users_all_complete(live):
     live.wait_idle()
 
 
+@pytest.mark.model
 def test_the_fifth_turn_reuses_the_conversation_and_others_do_not(live):
     c = client(live)
     messages = [{"role": "system", "content": "You are terse. " * 20}]
@@ -459,8 +469,8 @@ def test_the_fifth_turn_reuses_the_conversation_and_others_do_not(live):
     assert other.usage.prompt_tokens_details.cached_tokens < hit / 2  # turner's stay turner's
 
 
-def test_an_open_server_names_the_user_by_the_user_field(live):
-    stream = client(live).chat.completions.create(
+def test_an_open_server_names_the_user_by_the_user_field(stand_in):
+    stream = client(stand_in).chat.completions.create(
         model=MODEL,
         messages=ask(),
         max_tokens=300,
@@ -469,15 +479,15 @@ def test_an_open_server_names_the_user_by_the_user_field(live):
         extra_body={"ignore_eos": True},
     )
     next(iter(stream))
-    anonymous = client(live).chat.completions.create(
+    anonymous = client(stand_in).chat.completions.create(
         model=MODEL, messages=ask(), max_tokens=300, stream=True, extra_body={"ignore_eos": True}
     )
     next(iter(anonymous))
-    users = users_in_flight(live)
+    users = users_in_flight(stand_in)
     stream.close()
     anonymous.close()
     assert {"named", DEFAULT_USER} <= users
-    live.wait_idle()
+    stand_in.wait_idle()
 
 
 # --- a fuzzer for request bodies --------------------------------------------------------------
@@ -531,8 +541,8 @@ bodies = st.fixed_dictionaries(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=bodies, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
-def test_fuzzed_bodies_never_crash_the_server(live, body, path):
-    status, headers, payload = post(live, path, body)
+def test_fuzzed_bodies_never_crash_the_server(stand_in, body, path):
+    status, headers, payload = post(stand_in, path, body)
     assert status in (200, 400, 404, 413, 429), (status, payload[:300])
     if status != 200:
         error = json.loads(payload)["error"]
@@ -540,5 +550,6 @@ def test_fuzzed_bodies_never_crash_the_server(live, body, path):
     elif headers["Content-Type"].startswith("text/event-stream"):
         assert sse_events(payload)[-1] == "[DONE]"
     assert (
-        post(live, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})[0] == 200
+        post(stand_in, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})[0]
+        == 200
     )

@@ -1,5 +1,6 @@
 """Structured output against the real model: `response_format` through the `openai` package and
-the websocket `chat` frame, constrained by llguidance so the base model's replies validate."""
+the websocket `chat` frame, constrained by llguidance so the base model's replies validate; a schema
+refused with a 400 on `stand_in`, the fake runner under the model's name."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import json
 import openai
 import pytest
 from pydantic import BaseModel, Field
-
-pytestmark = pytest.mark.model
 
 MODEL = "gemma-3-270m"
 
@@ -33,6 +32,7 @@ class City(BaseModel):
 PROMPT = "Describe Paris as JSON with name, country and population."
 
 
+@pytest.mark.model
 def test_parse_returns_a_parsed_object_that_validates(live):
     reply = client(live).chat.completions.parse(
         model=MODEL, messages=ask(PROMPT), response_format=City, max_tokens=200, temperature=0
@@ -43,6 +43,7 @@ def test_parse_returns_a_parsed_object_that_validates(live):
     City.model_validate_json(choice.message.content)
 
 
+@pytest.mark.model
 def test_streamed_schema_reply_validates(live):
     with client(live).chat.completions.stream(
         model=MODEL, messages=ask(PROMPT), response_format=City, max_tokens=200, temperature=0.7
@@ -54,6 +55,7 @@ def test_streamed_schema_reply_validates(live):
     assert isinstance(final.choices[0].message.parsed, City)
 
 
+@pytest.mark.model
 def test_json_object_returns_a_json_object(live):
     reply = client(live).chat.completions.create(
         model=MODEL,
@@ -70,10 +72,10 @@ def test_json_object_returns_a_json_object(live):
         assert choice.message.content.lstrip().startswith("{")
 
 
-def test_an_unsupported_keyword_gets_a_400_naming_it(live):
+def test_an_unsupported_keyword_gets_a_400_naming_it(stand_in):
     bad = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     with pytest.raises(openai.BadRequestError) as e:
-        client(live).chat.completions.create(
+        client(stand_in).chat.completions.create(
             model=MODEL,
             messages=ask("hi"),
             max_tokens=8,
@@ -82,6 +84,7 @@ def test_an_unsupported_keyword_gets_a_400_naming_it(live):
     assert e.value.status_code == 400 and "uniqueItems" in str(e.value)
 
 
+@pytest.mark.model
 def test_websocket_chat_with_a_schema_and_a_bad_one(live, connect):
     ws = connect()
     ws.hello("wanda")

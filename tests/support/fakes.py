@@ -57,7 +57,7 @@ class ScriptedRunner(PacedRunner):
 
 class FakeServer:
     """localserve's Server on its own event-loop thread over the paced fake runner, assembled by
-    `serving()` as the real one is."""
+    `serving()` as the real one is; its one model is called `name`."""
 
     def __init__(
         self,
@@ -67,6 +67,7 @@ class FakeServer:
         chat_format: str = "template",
         runner: PacedRunner | None = None,
         access=None,
+        name: str = "fake",
         **config,
     ) -> None:
         from localserve.config import Config, ModelConfig, ServerConfig
@@ -77,7 +78,7 @@ class FakeServer:
             **({"max_frame_bytes": 64 * 1024, "shutdown_grace_s": 1} | config)
         )
         self.model = ModelConfig(chat_format=chat_format, keep_alive=-1)  # kept while it runs
-        whole = Config(default="fake", models={"fake": self.model}, server=self.config)
+        whole = Config(default=name, models={name: self.model}, server=self.config)
         self._stack = contextlib.ExitStack()
         served = self._stack.enter_context(
             serving(whole, runner=self.runner, thread=True, access=access)
