@@ -270,12 +270,17 @@ def builtin_config() -> Config:
     return Config(models={DEFAULT_MODEL: default})
 
 
-def parse_config(text: str, source: str = "models.toml") -> Config:
-    """Parse and validate TOML text; errors name the offending key."""
+def loads_toml(text: str, source: str) -> dict:
+    """TOML text as a dict; a ConfigError naming `source` when it is not TOML."""
     try:
-        raw = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from None
+
+
+def parse_config(text: str, source: str = "models.toml") -> Config:
+    """Parse and validate TOML text; errors name the offending key."""
+    raw = loads_toml(text, source)
     models = raw.pop("models", {})
     if not isinstance(models, dict):
         raise ConfigError(f"{source}: models: expected a table of models")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from localserve.config import ConfigError
+from localserve.config import ConfigError, loads_toml
 
 MAX_USER_NAME = 64
 
@@ -34,10 +34,7 @@ def load_users(path: str | None = None) -> dict[str, str]:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p}: no such users file")
-        try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML: {e}") from None
+        raw = loads_toml(p.read_text(encoding="utf-8"), str(p))
         users = raw.get("users")
         if not isinstance(users, dict) or not all(isinstance(t, str) for t in users.values()):
             raise ConfigError(f'{p}: `users`: expected a table of name = "token"')

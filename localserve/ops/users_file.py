@@ -20,7 +20,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from localserve.config import ConfigError
+from localserve.config import ConfigError, loads_toml
 from localserve.ops.auth import MAX_USER_NAME, check_user_name, load_users
 
 TOKEN_BYTES = 24  # 32 characters of URL-safe base64: 192 random bits
@@ -76,11 +76,7 @@ def remove_users(path: Path, names: list[str]) -> None:
 
 
 def _users_of(text: str, path: Path) -> dict[str, str]:
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    users = raw.get("users", {})
+    users = loads_toml(text, str(path)).get("users", {})
     if not isinstance(users, dict):
         raise ConfigError(f'{path}: `users`: expected a table of name = "token"')
     return users
