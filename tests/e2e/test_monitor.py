@@ -11,7 +11,7 @@ from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
 from tui.monitor import MonitorApp
 from tui.source import WebSocketSource
-from tui.widgets import RunningTable
+from tui.widgets.requests import RunningTable
 
 
 @pytest.mark.model
