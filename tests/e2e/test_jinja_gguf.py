@@ -12,10 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.chat.templates import ChatTemplate
 from localserve.config import Config, ModelConfig, ServerConfig
 from localserve.runners.models import ensure_embedded
-from tests.support.live import WS
 
 pytestmark = pytest.mark.model
 

@@ -16,7 +16,7 @@ from tui.widgets.requests import RunningTable
 
 @pytest.mark.model
 def test_monitor_sees_a_running_sequence_on_a_real_server(live):
-    from tests.support.live import WS
+    from localserve.bench.blocking_ws import WS
 
     async def run():
         app = MonitorApp(WebSocketSource(live.url, interval_ms=100), live.url)

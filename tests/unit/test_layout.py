@@ -93,3 +93,25 @@ def test_no_test_imports_a_conftest_or_another_test():
                 if leaf == "conftest" or leaf.startswith("test_"):
                     bad.append(f"{_name(path)}: {name}")
     assert bad == []
+
+
+def _imports_of_tests(path: Path) -> list[str]:
+    """The imports of `tests` (or a module of it) anywhere in the file, inside functions too."""
+    found = []
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            continue
+        found += [f"{_name(path)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "tests"]
+    return found
+
+
+def test_no_benchmark_or_script_imports_test_code():
+    """What a benchmark shares with the tests is in localserve/bench/ (lint-imports keeps
+    localserve itself from importing tests; benchmarks/ and scripts/ are not packages)."""
+    files = sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
+    assert files
+    assert [hit for path in files for hit in _imports_of_tests(path)] == []
