@@ -106,7 +106,7 @@ class Vocabulary:
     """The runner's text side, in the server's process: prompts become tokens here."""
 
     def __init__(self, vocab, info: ModelInfo, where: str) -> None:
-        self._vocab = vocab  # runners.llama.VocabOnly
+        self._vocab = vocab  # runners.llama_text.VocabOnly
         self.info = info
         self.where_text = where  # the engine process's start-up block
 
@@ -172,7 +172,7 @@ class EngineProcess(EngineClient):
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> EngineProcess:
-        from localserve.runners.llama import VocabOnly
+        from localserve.runners.llama_text import VocabOnly
         from localserve.runners.models import resolve_model
 
         path = resolve_model(self.name, self.model)  # the download is said here, not there

@@ -137,7 +137,7 @@ def test_a_hostile_template_file_fails_its_request_and_nothing_else(tmp_path):
 
 
 def vocab(path: Path, **cfg):
-    from localserve.runners.llama import VocabOnly
+    from localserve.runners.llama_text import VocabOnly
 
     return VocabOnly(path, ModelConfig(path=str(path), **cfg))
 
