@@ -115,3 +115,28 @@ def test_no_benchmark_or_script_imports_test_code():
     files = sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
     assert files
     assert [hit for path in files for hit in _imports_of_tests(path)] == []
+
+
+# a package's docstring lists what is inside it, one bullet each: "- `name.py`: its job" or
+# "- `name/`: its job" (a subpackage)
+LISTED = re.compile(r"^\s*- `(\w+(?:\.py|/))`: \S", re.M)
+
+
+def _inside(package: Path) -> set[str]:
+    """The package's modules and subpackages, as its docstring names them."""
+    modules = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    return modules | {f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_package_lists_what_is_inside_it():
+    wrong = []
+    for init in (p for p in SOURCES if p.name == "__init__.py"):
+        listed = LISTED.findall(ast.get_docstring(_tree(init)) or "")
+        there = _inside(init.parent)
+        if missing := sorted(there - set(listed)):
+            wrong.append(f"{_name(init)} does not list {missing}")
+        if gone := sorted(set(listed) - there):
+            wrong.append(f"{_name(init)} lists {gone}, not there")
+        if len(listed) != len(set(listed)):
+            wrong.append(f"{_name(init)} lists a module twice")
+    assert wrong == []
