@@ -91,9 +91,7 @@ class HttpExchange:
     @property
     def chunks(self) -> list[bytes]:
         """The body as the app wrote it, one item per write (empty writes left out)."""
-        return [
-            m["body"] for m in self.messages if m["type"] == "http.response.body" and m["body"]
-        ]
+        return [m["body"] for m in self.messages if m["type"] == "http.response.body" and m["body"]]
 
     @property
     def body(self) -> bytes:

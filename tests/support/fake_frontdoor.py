@@ -102,6 +102,11 @@ class FakePrompts:
 class Backstage:
     """What every model's door of one fake shares: the server's side of the seam."""
 
+    config: ServerConfig
+    access: Access
+    records_usage: bool = False
+    is_shutting_down: bool = False
+    done_on_cancel: bool = True  # a cancel ends the request with a `done`, as the engine's
     submitted: list[Submitted] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # in flight, by engine id
@@ -118,8 +123,8 @@ class Backstage:
 
 class FakeFrontdoor:
     """The seam as a front-end sees it; `model(name)` gives that model's door over the same
-    backstage. Settings are plain attributes: `config`, `access`, `is_shutting_down`,
-    `records_usage`, `models` (by name, the default first)."""
+    backstage. The settings: `config`, `access`, `is_shutting_down`, `records_usage` (shared
+    by every model's door), `models` (by name, the default first)."""
 
     def __init__(
         self,
@@ -128,18 +133,37 @@ class FakeFrontdoor:
         models: dict[str, FakeModel] | None = None,
         records_usage: bool = False,
     ) -> None:
-        self.config = config or ServerConfig()
-        self.access = access or Access({})
+        self.stage = Backstage(config or ServerConfig(), access or Access({}), records_usage)
         self.people = People(None)
         self.constraints = ConstraintCompiler()
         self.models = models or {MODEL: FakeModel()}
         self.model_name = next(iter(self.models))
-        self.records_usage = records_usage
-        self.is_shutting_down = False
-        self.done_on_cancel = True  # a cancel ends the request with a `done`, as the engine's
-        self.stage = Backstage()
 
-    # --- the Frontdoor's members ---------------------------------------------------------------
+    # --- the Frontdoor's members (the settings, set on any model's door, are every door's) -----
+
+    @property
+    def config(self) -> ServerConfig:
+        return self.stage.config
+
+    @config.setter
+    def config(self, config: ServerConfig) -> None:
+        self.stage.config = config
+
+    @property
+    def access(self) -> Access:
+        return self.stage.access
+
+    @property
+    def records_usage(self) -> bool:
+        return self.stage.records_usage
+
+    @property
+    def is_shutting_down(self) -> bool:
+        return self.stage.is_shutting_down
+
+    @is_shutting_down.setter
+    def is_shutting_down(self, value: bool) -> None:
+        self.stage.is_shutting_down = value
 
     @property
     def prompts(self) -> FakePrompts:
@@ -219,7 +243,7 @@ class FakeFrontdoor:
     def cancel(self, request: Request) -> None:
         self.stage.cancelled.append(request)
         request.cancelled.set()
-        if self.done_on_cancel and request.engine_id in self.stage.requests:
+        if self.stage.done_on_cancel and request.engine_id in self.stage.requests:
             asyncio.get_running_loop().call_soon(self._end_cancelled, request)
 
     # --- the engine's side, played by the test ---------------------------------------------
@@ -361,8 +385,8 @@ class FakeFrontdoor:
 
 def _described(name: str, m: FakeModel) -> dict:
     """A model as the pool describes it (pool.py's ModelSlot.describe, with `waiting`)."""
-    body = {"name": name, "state": m.state, "busy": False, "since": 0.0,
-            "memory_mib": m.memory_mib, "keep_alive_s": None, "n_ctx": m.n_ctx, "waiting": 0}  # fmt: skip
+    body = {"name": name, "state": m.state, "busy": False, "since": 0.0}
+    body |= {"memory_mib": m.memory_mib, "keep_alive_s": None, "n_ctx": m.n_ctx, "waiting": 0}
     if m.expires_at is not None:
         body["expires_at"] = m.expires_at
     return body
