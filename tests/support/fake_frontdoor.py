@@ -72,18 +72,22 @@ class Submitted:
 
 class FakePrompts:
     """The prompt builder's stand-in: it keeps what it is asked to render (`asked`: the kind,
-    the messages or text, the reply tokens, the extras) and gives one token per word."""
+    the messages or text, the reply tokens, the extras) and gives one token per word; a `gate`
+    holds a chat's render (a prompt still being built) until the test opens it."""
 
     def __init__(self) -> None:
         self.asked: list[tuple] = []
         self.tail = ""  # the rendered prompt's end (an opened <think>, say)
         self.too_long: PromptTooLong | None = None  # raised by the next render
         self.num_dropped_messages = 0
+        self.gate: asyncio.Event | None = None  # when given, a render waits until it is set
 
     async def chat(
         self, messages, reply_tokens: int | None = None, extras: ChatExtras = NO_EXTRAS
     ) -> Prompt:
         self.asked.append(("chat", list(messages), reply_tokens, extras))
+        if self.gate is not None:
+            await self.gate.wait()
         return self._prompt(" ".join(m[1] for m in messages))
 
     async def text(self, text: str) -> Prompt:

@@ -17,10 +17,11 @@ from localserve.config import ServerConfig
 from localserve.ops.auth import Access
 from localserve.serve import openai
 from tests.support.asgi import HttpExchange, call, wait_for
-from tests.support.fake_frontdoor import FakeFrontdoor
+from tests.support.fake_frontdoor import HERMES_THINKING, FakeFrontdoor, FakeModel
 
 PATH = "/v1/chat/completions"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 
 
 def app_of(door: FakeFrontdoor) -> Starlette:
@@ -107,6 +108,29 @@ def test_a_tool_answer_must_answer_a_call_of_the_message_before_it():
         {"role": "tool", "tool_call_id": "call_2", "content": "4"}]  # fmt: skip
     answer = call(app_of(FakeFrontdoor()), "POST", PATH, {"messages": history})
     assert answer.status == 400 and error_of(answer)["param"] == "messages[2].tool_call_id"
+
+
+def test_tools_need_a_call_format_and_a_forced_call_no_response_format():
+    plain = call(app_of(FakeFrontdoor()), "POST", PATH, {"messages": ASK, "tools": [WEATHER]})
+    assert plain.status == 400 and error_of(plain)["param"] == "tools"
+    door = FakeFrontdoor(models={"tiny": FakeModel(formats=HERMES_THINKING)})
+    both = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+            "response_format": {"type": "json_object"}}  # fmt: skip
+    answer = call(app_of(door), "POST", PATH, both)
+    assert answer.status == 400 and error_of(answer)["param"] == "tool_choice"
+    assert door.submitted == []
+
+
+def test_a_forced_call_reaches_admission_with_its_grammar_and_its_reply_is_read():
+    door = FakeFrontdoor(models={"tiny": FakeModel(formats=HERMES_THINKING)})
+    door.script('<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>')
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required"}
+    answer = call(app_of(door), "POST", PATH, body)
+    assert door.submitted[0].constraint is not None  # the call's grammar, compiled
+    [choice] = answer.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [made] = choice["message"]["tool_calls"]
+    assert made["function"] == {"name": "weather", "arguments": '{"city": "Paris"}'}
 
 
 def test_hostile_sizes_and_broken_json_are_413_and_400_with_openais_shape():
@@ -434,6 +458,21 @@ def test_a_client_that_leaves_before_a_whole_reply_cancels_it():
         await wait_for(lambda: door.cancelled, what="the request cancelled")
         await whole.finished()
         assert door.cancelled == [request] and whole.status is None
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_leaves_while_its_prompt_is_built_stops_it_there():
+    async def scenario():
+        door = FakeFrontdoor()
+        door.prompts.gate = asyncio.Event()  # the prompt is being built
+        whole = HttpExchange(app_of(door), "POST", PATH, {"messages": ASK}).start()
+        await wait_for(lambda: door.prompts.asked, what="the prompt being built")
+        whole.leave()
+        await wait_for(lambda: door.submitted[0].cancelled.is_set(), what="told to stop")
+        door.prompts.gate.set()
+        await whole.finished()
+        assert whole.status == 499 and not door.in_flight
 
     asyncio.run(scenario())
 
