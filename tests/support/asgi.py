@@ -32,9 +32,11 @@ class HttpExchange:
         self.app = app
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         self._body: bytes | None = data or b""
-        sent = {"content-type": "application/json"} | (headers or {})
-        if data is not None:
-            sent.setdefault("content-length", str(len(data)))
+        # a dict, or (name, value) pairs where a header comes more than once
+        pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        sent = [("content-type", "application/json"), *pairs]
+        if data is not None and "content-length" not in dict(pairs):
+            sent.append(("content-length", str(len(data))))
         path, _, query = path.partition("?")
         self.scope = {
             "type": "http",
@@ -46,7 +48,7 @@ class HttpExchange:
             "raw_path": path.encode(),
             "query_string": query.encode(),
             "root_path": "",
-            "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in sent.items()],
+            "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in sent],
             "client": ("127.0.0.1", 50000),
             "server": ("testserver", 80),
             "extensions": {},

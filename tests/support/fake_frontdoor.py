@@ -2,8 +2,8 @@
 (localserve/serve/admission.py's Protocol) in plain Python, with no pool, no engine and no
 llama.cpp behind it.
 
-`FakeFrontdoor` answers each member the front-ends use: a config, an Access, People, the
-models' names, formats and states, a token check, a prompt builder's stand-in
+`FakeFrontdoor` answers each member the front-ends use: a config, an Access, People (kept in
+memory), the models' names, formats and states, a token check, a prompt builder's stand-in
 (`FakePrompts`, which keeps what it was asked to render) and `submit`, which keeps what it was
 given (a `Submitted`), applies the per-user caps of the config as admission does, builds the
 prompt and returns a `Request`. The test then plays the engine through the fake: `token`,
@@ -102,6 +102,19 @@ class FakePrompts:
         return Prompt(tokens, (), 0, False, False, self.num_dropped_messages, self.tail)
 
 
+class KeptPeople:
+    """The store of trusted front-ends' people (ops/people.py's PeopleStore) in memory."""
+
+    def __init__(self) -> None:
+        self.kept: list = []
+
+    def bindings(self) -> list:
+        return list(self.kept)
+
+    async def bind(self, binding) -> None:
+        self.kept.append(binding)
+
+
 @dataclass
 class Backstage:
     """What every model's door of one fake shares: the server's side of the seam."""
@@ -138,7 +151,7 @@ class FakeFrontdoor:
         records_usage: bool = False,
     ) -> None:
         self.stage = Backstage(config or ServerConfig(), access or Access({}), records_usage)
-        self.people = People(None)
+        self.people = People(KeptPeople())  # trusted front-ends' people, kept in memory
         self.constraints = ConstraintCompiler()
         self.models = models or {MODEL: FakeModel()}
         self.model_name = next(iter(self.models))

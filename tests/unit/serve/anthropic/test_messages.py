@@ -346,3 +346,17 @@ def test_count_tokens_renders_the_prompt_as_a_message_would_without_submitting()
     refused = call(app, "POST", f"{PATH}/count_tokens", body)
     assert refused.status == 529 and refused.headers["retry-after"] == "30"
     assert call(app, "POST", f"{PATH}/count_tokens", body | {"model": "x"}).status == 404
+
+
+def test_person_headers_name_someone_only_from_a_trusted_frontends_key():
+    config = ServerConfig(trusted_frontends=["webui"])
+    door = FakeFrontdoor(config, Access({"kate": "kate-key", "webui": "webui-key"}))
+    app = app_of(door)
+    for key in ("kate-key", "webui-key"):
+        door.script("ok")
+        headers = {"x-api-key": key, "x-openwebui-user-name": "Bob", "x-openwebui-user-id": "7"}
+        assert call(app, "POST", PATH, BODY, headers).status == 200
+    assert [door.user_of(1), door.user_of(2)] == ["kate", "webui/bob"]
+    other = {"x-api-key": "webui-key", "x-openwebui-user-name": "Bob", "x-openwebui-user-id": "8"}
+    taken = call(app, "POST", PATH, BODY, other)  # bob is another account's name now
+    assert taken.status == 403 and error_of(taken)[0] == "permission_error"

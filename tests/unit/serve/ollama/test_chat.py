@@ -347,3 +347,17 @@ def test_tags_show_and_ps_describe_the_models_tagged():
     assert call(app, "POST", "/api/show", {"name": "big"}).json()["capabilities"] == ["completion"]
     assert call(app, "POST", "/api/show", {"model": "llama3"}).status == 404
     assert call(app, "POST", "/api/show", {}).status == 400
+
+
+def test_person_headers_name_someone_only_from_a_trusted_frontends_token():
+    config = ServerConfig(trusted_frontends=["webui"])
+    door = FakeFrontdoor(config, Access({"kate": "kate-key", "webui": "webui-key"}))
+    app = app_of(door)
+    for key in ("kate-key", "webui-key"):
+        door.script("ok")
+        headers = {"authorization": f"Bearer {key}", "x-localserve-user": "Bob"}
+        assert call(app, "POST", "/api/chat", {"messages": ASK}, headers).status == 200
+    assert [door.user_of(1), door.user_of(2)] == ["kate", "webui/bob"]
+    long = {"authorization": "Bearer webui-key", "x-localserve-user": "b" * 2000}
+    answer = call(app, "POST", "/api/chat", {"messages": ASK}, long)
+    assert answer.status == 400 and "X-Localserve-User" in error_of(answer)

@@ -490,3 +490,21 @@ def test_a_stream_nobody_reads_is_cut_off_past_max_outbox_bytes_and_cancelled():
         await stream.finished()
 
     asyncio.run(scenario())
+
+
+# --- people behind a trusted front-end ----------------------------------------------------------
+
+
+def test_person_headers_name_someone_only_from_a_trusted_frontends_key():
+    config = ServerConfig(trusted_frontends=["webui"])
+    door = FakeFrontdoor(config, Access({"kate": "kate-key", "webui": "webui-key"}))
+    app = app_of(door)
+    person = {"x-localserve-user": "Bob"}
+    for key in ("kate-key", "webui-key"):
+        door.script("ok")
+        headers = {"authorization": f"Bearer {key}"} | person
+        assert call(app, "POST", PATH, {"messages": ASK}, headers).status == 200
+    assert [door.user_of(1), door.user_of(2)] == ["kate", "webui/bob"]
+    twice = [("authorization", "Bearer webui-key")] + [("x-localserve-user", "bob")] * 2
+    answer = call(app, "POST", PATH, {"messages": ASK}, twice)
+    assert answer.status == 400 and error_of(answer)["param"] == "X-Localserve-User"

@@ -303,6 +303,23 @@ def test_a_cancel_reaches_the_door_and_the_request_ends_with_a_cancelled_done():
     run(scenario)
 
 
+def test_a_cancel_while_the_prompt_is_built_stops_it_there_with_a_done_and_no_tokens():
+    async def scenario():
+        door = FakeFrontdoor()
+        door.prompts.gate = asyncio.Event()  # the prompt is being built
+        async with connected(door) as socket:
+            socket.say(chat())
+            await wait_for(lambda: door.prompts.asked, what="the prompt being built")
+            socket.say({"type": "cancel", "id": "r1"})  # handled while it is admitted
+            await wait_for(lambda: door.submitted[0].cancelled.is_set(), what="told to stop")
+            door.prompts.gate.set()
+            done = await socket.next_of("done", "r1")
+            assert done["finish_reason"] == "cancelled" and done["usage"]["completion_tokens"] == 0
+            assert socket.of("token") == [] and socket.of("error") == []
+
+    run(scenario)
+
+
 def test_another_connections_ids_cannot_be_cancelled():
     async def scenario():
         door = FakeFrontdoor()
