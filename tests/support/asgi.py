@@ -17,11 +17,14 @@ WAIT_S = 5.0  # what a test waits at most for the app to say something
 
 
 async def wait_for(predicate: Callable[[], object], timeout: float = WAIT_S, what: str = ""):
-    """Until `predicate()` is true (its value), yielding to the app between looks."""
-    async with asyncio.timeout(timeout):
-        while not (value := predicate()):
-            await asyncio.sleep(0.001)
-    assert value, what
+    """Until `predicate()` is true (its value), yielding to the app between looks; a test
+    failure naming `what` when it is not within `timeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not (value := predicate()):
+                await asyncio.sleep(0.001)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout:g} s for {what or predicate}") from None
     return value
 
 
@@ -168,5 +171,5 @@ class WebsocketSession:
 
     async def next_of(self, kind: str, request_id: str | None = None, n: int = 1) -> dict:
         """The `n`th frame of that type (and request), once it has come."""
-        found = await wait_for(lambda: len(self.of(kind, request_id)) >= n, what=kind)
-        return self.of(kind, request_id)[n - 1] if found else {}
+        await wait_for(lambda: len(self.of(kind, request_id)) >= n, what=f"{kind} frame {n}")
+        return self.of(kind, request_id)[n - 1]

@@ -78,7 +78,8 @@ class FakePrompts:
     def __init__(self) -> None:
         self.asked: list[tuple] = []
         self.tail = ""  # the rendered prompt's end (an opened <think>, say)
-        self.too_long: PromptTooLong | None = None  # raised by the next render
+        self.too_long: int | None = None  # the next render's tokens, over the context
+        self.n_ctx = 4096  # the context a too-long prompt is said not to fit
         self.num_dropped_messages = 0
         self.gate: asyncio.Event | None = None  # when given, a render waits until it is set
 
@@ -96,8 +97,8 @@ class FakePrompts:
 
     def _prompt(self, text: str) -> Prompt:
         if self.too_long is not None:
-            problem, self.too_long = self.too_long, None
-            raise problem
+            num_tokens, self.too_long = self.too_long, None
+            raise PromptTooLong(num_tokens, self.n_ctx)
         tokens = list(range(len(text.split()) + 1))  # a BOS, then a token a word
         return Prompt(tokens, (), 0, False, False, self.num_dropped_messages, self.tail)
 

@@ -346,6 +346,9 @@ def test_count_tokens_renders_the_prompt_as_a_message_would_without_submitting()
     refused = call(app, "POST", f"{PATH}/count_tokens", body)
     assert refused.status == 529 and refused.headers["retry-after"] == "30"
     assert call(app, "POST", f"{PATH}/count_tokens", body | {"model": "x"}).status == 404
+    door.prompts.too_long = 5000
+    too_long = call(app, "POST", f"{PATH}/count_tokens", body)
+    assert too_long.status == 400 and error_of(too_long)[1].startswith("prompt is too long: ")
 
 
 def test_person_headers_name_someone_only_from_a_trusted_frontends_key():

@@ -293,6 +293,14 @@ def test_each_refusal_is_its_status_type_code_and_retry_after(
     assert answer.headers.get("retry-after") == retry_after
 
 
+def test_a_prompt_too_long_for_the_context_says_both_numbers_on_messages():
+    door = FakeFrontdoor()
+    door.prompts.too_long = 5000
+    error = error_of(call(app_of(door), "POST", PATH, {"messages": ASK}))
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+    assert "5000" in error["message"] and "4096" in error["message"]
+
+
 def test_the_per_user_cap_is_a_429_for_that_user_only_with_retry_after():
     async def scenario():
         door = FakeFrontdoor(ServerConfig(max_inflight_per_user=1))
