@@ -31,11 +31,19 @@ from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.engine.events import Done
 from localserve.ops.auth import Access
-from localserve.serve.admission import AuthRefusal, Refusal, Request
+from localserve.serve.admission import AuthRefusal, Frontdoor, Refusal, Request
 from localserve.serve.prompt import NO_EXTRAS, ChatExtras, Prompt, PromptTooLong
 from localserve.serve.trusted_proxies import People
 
-__all__ = ["AuthRefusal", "FakeFrontdoor", "FakeModel", "FakePrompts", "Refusal", "Request"]
+__all__ = [
+    "AuthRefusal",
+    "FakeFrontdoor",
+    "FakeModel",
+    "FakePrompts",
+    "Frontdoor",
+    "Refusal",
+    "Request",
+]
 
 MODEL = "tiny"  # the fake's default model
 TIMINGS = {"queue_ms": 1.0, "ttft_ms": 5.0, "itl_ms": 2.0, "e2e_ms": 20.0}
