@@ -312,6 +312,15 @@ class FakeFrontdoor:
         """The sampling fields of the `n`th chat submitted."""
         return self.stage.submitted[n - 1].fields
 
+    def constraint_of(self, n: int = 1):
+        """The constraint the `n`th chat was submitted with (a forced call's grammar)."""
+        return self.stage.submitted[n - 1].constraint
+
+    def is_told_to_stop(self, n: int = 1) -> bool:
+        """The `n`th chat's admission was told to stop (its client left or cancelled)."""
+        cancelled = self.stage.submitted[n - 1].cancelled
+        return cancelled is not None and cancelled.is_set()
+
     def token(self, request: Request, text: str) -> None:
         """A token's text for the request (the engine admitted it: no longer waiting)."""
         request.is_waiting = False

@@ -126,7 +126,7 @@ def test_a_forced_call_reaches_admission_with_its_grammar_and_its_reply_is_read(
     door.script('<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>')
     body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required"}
     answer = call(app_of(door), "POST", PATH, body)
-    assert door.submitted[0].constraint is not None  # the call's grammar, compiled
+    assert door.constraint_of(1) is not None  # the call's grammar, compiled
     [choice] = answer.json()["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     [made] = choice["message"]["tool_calls"]
@@ -477,7 +477,7 @@ def test_a_client_that_leaves_while_its_prompt_is_built_stops_it_there():
         whole = HttpExchange(app_of(door), "POST", PATH, {"messages": ASK}).start()
         await wait_for(lambda: door.prompts.asked, what="the prompt being built")
         whole.leave()
-        await wait_for(lambda: door.submitted[0].cancelled.is_set(), what="told to stop")
+        await wait_for(lambda: door.is_told_to_stop(1), what="told to stop")
         door.prompts.gate.set()
         await whole.finished()
         assert whole.status == 499 and not door.in_flight

@@ -311,7 +311,7 @@ def test_a_cancel_while_the_prompt_is_built_stops_it_there_with_a_done_and_no_to
             socket.say(chat())
             await wait_for(lambda: door.prompts.asked, what="the prompt being built")
             socket.say({"type": "cancel", "id": "r1"})  # handled while it is admitted
-            await wait_for(lambda: door.submitted[0].cancelled.is_set(), what="told to stop")
+            await wait_for(lambda: door.is_told_to_stop(1), what="told to stop")
             door.prompts.gate.set()
             done = await socket.next_of("done", "r1")
             assert done["finish_reason"] == "cancelled" and done["usage"]["completion_tokens"] == 0
