@@ -58,6 +58,8 @@ class HttpExchange:
         }
         self.messages: list[dict] = []
         self._gone = asyncio.Event()
+        self._writable = asyncio.Event()  # cleared: the client's socket takes nothing
+        self._writable.set()
         self.task: asyncio.Task | None = None
 
     def start(self) -> HttpExchange:
@@ -67,6 +69,10 @@ class HttpExchange:
     def leave(self) -> None:
         """The client closes its connection (the app's next receive says so)."""
         self._gone.set()
+
+    def stall(self) -> None:
+        """The client stops reading: every write the app makes from now on waits."""
+        self._writable.clear()
 
     async def finished(self, timeout: float = WAIT_S) -> HttpExchange:
         """The app's answer, once it has ended."""
@@ -81,6 +87,7 @@ class HttpExchange:
         return {"type": "http.disconnect"}
 
     async def _send(self, message: dict) -> None:
+        await self._writable.wait()
         self.messages.append(message)
 
     @property

@@ -312,6 +312,14 @@ class FakeFrontdoor:
         """The sampling fields of the `n`th chat submitted."""
         return self.stage.submitted[n - 1].fields
 
+    def keep_alive_of(self, n: int = 1) -> float | None:
+        """The keep_alive the `n`th chat asked for its model (Ollama's), in seconds."""
+        return self.stage.submitted[n - 1].keep_alive_s
+
+    def response_format_of(self, n: int = 1):
+        """The response_format the `n`th chat asked for (admission compiles it)."""
+        return self.stage.submitted[n - 1].response_format
+
     def constraint_of(self, n: int = 1):
         """The constraint the `n`th chat was submitted with (a forced call's grammar)."""
         return self.stage.submitted[n - 1].constraint

@@ -361,3 +361,15 @@ def test_person_headers_name_someone_only_from_a_trusted_frontends_token():
     long = {"authorization": "Bearer webui-key", "x-localserve-user": "b" * 2000}
     answer = call(app, "POST", "/api/chat", {"messages": ASK}, long)
     assert answer.status == 400 and "X-Localserve-User" in error_of(answer)
+
+
+def test_keep_alive_and_format_reach_admission_as_seconds_and_a_response_format():
+    door = FakeFrontdoor()
+    app = app_of(door)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    for body in ({"keep_alive": "5m", "format": "json"}, {"keep_alive": -1, "format": schema}):
+        door.script("{}")
+        assert call(app, "POST", "/api/chat", {"messages": ASK} | body).status == 200
+    assert [door.keep_alive_of(1), door.keep_alive_of(2)] == [300.0, -1.0]
+    assert door.response_format_of(1) == {"type": "json_object"}
+    assert door.response_format_of(2)["json_schema"]["schema"] == schema

@@ -516,3 +516,47 @@ def test_person_headers_name_someone_only_from_a_trusted_frontends_key():
     twice = [("authorization", "Bearer webui-key")] + [("x-localserve-user", "bob")] * 2
     answer = call(app, "POST", PATH, {"messages": ASK}, twice)
     assert answer.status == 400 and error_of(answer)["param"] == "X-Localserve-User"
+
+
+# --- what a reply carries beside its text ------------------------------------------------------
+
+
+def test_a_streamed_call_and_reasoning_come_as_deltas_by_index_with_finish_tool_calls():
+    door = FakeFrontdoor(models={"tiny": FakeModel(formats=HERMES_THINKING)})
+    reply = ('<think>Weather it is.</think><tool_call>{"name": "weather", "arguments": '
+             '{"city": "Paris"}}</tool_call>')  # fmt: skip
+    door.script(*(reply[i : i + 7] for i in range(0, len(reply), 7)))
+    body = {"messages": ASK, "tools": [WEATHER], "stream": True}
+    chunks = sse(call(app_of(door), "POST", PATH, body))[:-1]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Weather it is."
+    calls = [c for d in deltas for c in d.get("tool_calls", ())]
+    assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "weather"
+    assert calls[0]["id"] and calls[0]["type"] == "function"
+    arguments = "".join(c["function"]["arguments"] for c in calls)
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_messages_left_out_to_fit_are_in_the_header_and_the_usage():
+    door = FakeFrontdoor()
+    door.prompts.num_dropped_messages = 2
+    door.script("ok")
+    answer = call(app_of(door), "POST", PATH, {"messages": ASK})
+    assert answer.headers["x-localserve-dropped-messages"] == "2"
+    assert answer.json()["usage"]["dropped_messages"] == 2
+
+
+def test_a_stream_whose_socket_takes_nothing_for_write_timeout_s_is_cancelled():
+    async def scenario():
+        door = FakeFrontdoor(ServerConfig(write_timeout_s=0.05))
+        stream = HttpExchange(app_of(door), "POST", PATH, {"messages": ASK, "stream": True})
+        stream.start()
+        request = await door.admitted()
+        await wait_for(lambda: stream.chunks, what="the role chunk")
+        stream.stall()
+        door.token(request, "The")
+        await wait_for(lambda: door.cancelled, what="the request cancelled")
+        assert door.cancelled == [request]
+
+    asyncio.run(scenario())

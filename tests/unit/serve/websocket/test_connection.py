@@ -215,6 +215,23 @@ def test_a_chat_is_queued_then_its_tokens_in_order_then_one_done():
     assert done["tool_calls"] == [] and done["dropped_messages"] == 0
 
 
+def test_a_chat_waiting_for_its_model_is_queued_with_loading_and_its_done_counts_drops():
+    async def scenario():
+        door = FakeFrontdoor()
+        door.prompts.num_dropped_messages = 3
+        async with connected(door) as socket:
+            socket.say(chat())
+            request = await door.admitted()
+            await socket.next_of("queued", "r1")
+            request.loading = "loading model tiny"
+            door.queued(request, 2)
+            assert (await socket.next_of("queued", "r1", 2))["loading"] == "loading model tiny"
+            door.finish(request)
+            assert (await socket.next_of("done", "r1"))["dropped_messages"] == 3
+
+    run(scenario)
+
+
 def test_an_id_in_flight_is_refused_and_free_again_once_done():
     async def scenario():
         door = FakeFrontdoor()
