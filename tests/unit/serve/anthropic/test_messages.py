@@ -79,12 +79,12 @@ def tool_result(*ids: str) -> dict:
             {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
             400,
             "messages.0.content.0.type: a content block of type 'image'",
-        ),  # fmt: skip
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
             400,
             "messages.0.content.0.text: required",
-        ),  # fmt: skip
+        ),
         ({"stop_sequences": [""]}, 400, "stop_sequences: "),
         ({"thinking": {"type": "maybe"}}, 400, "thinking.type: "),
         ({"tools": [{"name": "weather"}]}, 400, "tools.0.input_schema: required"),
@@ -94,7 +94,7 @@ def tool_result(*ids: str) -> dict:
             {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "time"}},
             400,
             "tool_choice.name: 'time' is not one of the tools",
-        ),  # fmt: skip
+        ),
         ({"tool_choice": {"type": "any"}}, 400, "tool_choice: 'any' needs tools"),
         ({"tool_choice": {"type": "sometimes"}}, 400, "tool_choice.type: "),
     ],
@@ -119,11 +119,11 @@ def test_a_bad_field_is_anthropics_error_naming_it_dotted_and_nothing_is_submitt
         (
             "messages.2.content.1.tool_use_id",
             [*ASK, tool_use("toolu_a"), tool_result("toolu_a", "toolu_a")],
-        ),  # fmt: skip
+        ),
         (
             "messages.1.content.1.id",
             [*ASK, tool_use("toolu_a", "toolu_a"), tool_result("toolu_a")],
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_malformed_tool_history_names_the_block_and_field(field, messages):

@@ -67,11 +67,11 @@ def lines(exchange: HttpExchange) -> list[dict]:
                 ]
             },
             "tool_calls",
-        ),  # fmt: skip
+        ),
         (
             {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f" * 65}}]}]},
             "function.name",
-        ),  # fmt: skip
+        ),
         ({"messages": "hi"}, "messages"),
         ({"messages": ASK, "tools": [{"type": "function"}]}, "tools"),
         ({"model": 5, "messages": ASK}, "model"),

@@ -61,12 +61,12 @@ def sse(exchange: HttpExchange) -> list:
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content[0]",
             "unsupported",
-        ),  # fmt: skip
+        ),
         (
             {"messages": [{"role": "tool", "content": "4"}]},
             "messages[0].tool_call_id",
             "invalid_value",
-        ),  # fmt: skip
+        ),
         (
             {
                 "messages": [
@@ -79,14 +79,14 @@ def sse(exchange: HttpExchange) -> list:
             },
             "messages[0].tool_calls",
             "invalid_value",
-        ),  # fmt: skip
+        ),
         ({"messages": "hi"}, "messages", "invalid_value"),
         ({"temperature": "hot"}, "temperature", "invalid_value"),
         (
             {"tools": [{"type": "function", "function": {"name": "a b"}}]},
             "tools[0].function.name",
             "invalid_value",
-        ),  # fmt: skip
+        ),
         ({"chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs", "invalid_value"),
         ({"user": " padded "}, "user", "invalid_value"),
         ({"model": "gpt-4o"}, "model", "model_not_found"),
@@ -222,7 +222,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "rate_limit_exceeded",
             None,
             "1",
-        ),  # fmt: skip
+        ),
         (
             "quota_exceeded",
             "your daily quota is used up",
@@ -231,7 +231,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "insufficient_quota",
             None,
             "3600",
-        ),  # fmt: skip
+        ),
         (
             "too_long",
             "the prompt has 5000 tokens; the context holds 4096",
@@ -240,7 +240,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "context_length_exceeded",
             "messages",
             None,
-        ),  # fmt: skip
+        ),
         (
             "unavailable",
             "the model is unavailable: restarting",
@@ -249,7 +249,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "engine_unavailable",
             None,
             "5",
-        ),  # fmt: skip
+        ),
         (
             "shutting_down",
             "the server is shutting down",
@@ -258,7 +258,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "shutting_down",
             None,
             "1",
-        ),  # fmt: skip
+        ),
         (
             "bad_request",
             "temperature: must be at least 0",
@@ -267,7 +267,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "invalid_value",
             "temperature",
             None,
-        ),  # fmt: skip
+        ),
         (
             "bad_request",
             "response_format.type: 'yaml' is not one of text, json_object",
@@ -276,7 +276,7 @@ def test_a_token_server_names_the_user_by_the_key_and_refuses_a_wrong_one():
             "invalid_value",
             "response_format.type",
             None,
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_each_refusal_is_its_status_type_code_and_retry_after(
