@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
-from localserve.serve import anthropic
+from localserve.serve import anthropic, openai
 from tests.support.asgi import HttpExchange, call, wait_for
 from tests.support.fake_frontdoor import HERMES_THINKING, FakeFrontdoor, FakeModel
 
@@ -363,3 +363,15 @@ def test_person_headers_name_someone_only_from_a_trusted_frontends_key():
     other = {"x-api-key": "webui-key", "x-openwebui-user-name": "Bob", "x-openwebui-user-id": "8"}
     taken = call(app, "POST", PATH, BODY, other)  # bob is another account's name now
     assert taken.status == 403 and error_of(taken)[0] == "permission_error"
+
+
+def test_under_v1_messages_errors_are_anthropics_and_elsewhere_the_other_doors():
+    """Mounted beside the OpenAI API as serve/app.py mounts them: each path keeps its shape."""
+    door = FakeFrontdoor()
+    routes = anthropic.routes(door) + openai.routes(door)
+    handlers = anthropic.exception_handlers(openai.exception_handlers())
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    mine = call(app, "POST", f"{PATH}/batches", {})
+    assert mine.status == 404 and error_of(mine)[0] == "not_found_error"
+    theirs = call(app, "GET", "/v1/nothing")
+    assert theirs.status == 404 and theirs.json()["error"]["code"] == "not_found"
