@@ -8,15 +8,13 @@ requests. The real sockets' closes and limits stay in tests/e2e/test_websocket_c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
-from localserve.serve.websocket.connection import Connection
-from localserve.serve.websocket.connections import Connections
-from tests.support.asgi import WebsocketSession, wait_for
+from tests.support.asgi import wait_for
+from tests.support.door_connection import connected
 from tests.support.fake_frontdoor import HERMES_THINKING, FakeFrontdoor, FakeModel
 
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -24,24 +22,6 @@ ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 def chat(request_id: str = "r1", **fields) -> dict:
     return {"type": "chat", "id": request_id, "messages": ASK} | fields
-
-
-@contextlib.asynccontextmanager
-async def connected(door: FakeFrontdoor, user: str | None = "ann", token: str | None = None):
-    """A connection on `door`, its hello said (as `user`, when given) and welcomed."""
-    connections = Connections(door, None, lambda: None, lambda: None)
-    socket = WebsocketSession()
-    conn = Connection(door, connections, socket.scope, socket.receive, socket.send, 1)
-    connections.add(conn)
-    task = asyncio.create_task(conn.run())
-    try:
-        if user is not None:
-            socket.say({"type": "hello", "user": user, "token": token})
-            await socket.next_of("welcome")
-        yield socket
-    finally:
-        socket.leave()
-        await asyncio.wait_for(task, 5)
 
 
 def run(scenario) -> None:
