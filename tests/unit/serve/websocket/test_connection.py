@@ -165,6 +165,23 @@ def test_the_per_user_cap_refuses_that_users_next_chat_busy_across_connections()
     run(scenario)
 
 
+def test_past_the_users_queue_a_chat_is_busy_until_one_of_theirs_starts():
+    async def scenario():
+        door = FakeFrontdoor(ServerConfig(max_queued_per_user=1))
+        async with connected(door) as socket:
+            socket.say(chat("a"))
+            waiting = await door.admitted(1)
+            socket.say(chat("b"))
+            busy = await socket.next_of("error", "b")
+            assert busy["code"] == "busy" and "already queued" in busy["message"]
+            door.token(waiting, "The")  # the engine took it: it no longer waits
+            door.script("ok")
+            socket.say(chat("c"))
+            assert (await socket.next_of("done", "c"))["finish_reason"] == "stop"
+
+    run(scenario)
+
+
 # --- a chat's frames --------------------------------------------------------------------------
 
 
