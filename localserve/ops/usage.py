@@ -1,4 +1,4 @@
-"""Who used how much: one row per finished request in SQLite, daily quotas, the access log.
+"""Who used how much: one row per finished request in SQLite, and the access log.
 
 Every request that ends (done, cancelled, error; websocket or HTTP) becomes a row of
 `usage.sqlite3` in the state directory. One writer thread owns the writes: the event loop hands
@@ -11,10 +11,8 @@ the server) nothing is dropped quietly: `problem` says why (for /healthz and the
 log line marks each change of state, the rows wait in memory (up to MAX_UNWRITTEN_ROWS) and
 the writer tries again every RETRY_S, opening a new database where the old one was deleted.
 
-Quotas count tokens the server computed for a user since local midnight: prompt tokens not
-reused from the cache plus tokens generated. The counts live in memory, loaded from the
-database at start-up (so a quota holds across restarts) and advanced with every row (never
-set back, whatever happens to the file). Requests in flight hold what they may still use.
+Each row counts against its user's daily quota as it is handed over (ops/quotas.py: today's
+counts, loaded from the database at start-up, and the holds of requests in flight).
 
 The access log (one line per finished request, plain or JSON, rotated by size) is written by
 the same thread, so a slow disk never stalls the event loop. What `localserve usage` prints
@@ -39,7 +37,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from localserve.config import ConfigError, ServerConfig
-from localserve.protocol.frames import Quota, UserUsage
+from localserve.ops.quotas import Quotas, local_day_start
+from localserve.protocol.frames import UserUsage
 
 log = logging.getLogger("localserve.ops.usage")
 
@@ -135,22 +134,6 @@ def state_dir(config: ServerConfig) -> Path:
         return Path(os.environ["LOCALSERVE_STATE_DIR"]).expanduser()
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "localserve"
-
-
-def local_day_start(now: float) -> float:
-    """Unix time of the local midnight that began the day `now` is in (the offset of that
-    midnight, not of `now`: on a summer-time day they differ)."""
-    return local_midnight(datetime.date.fromtimestamp(now))
-
-
-def local_midnight(day: datetime.date) -> float:
-    return datetime.datetime.combine(day, datetime.time()).timestamp()  # naive = local
-
-
-def next_midnight(now: float) -> datetime.datetime:
-    """The local midnight that ends the day `now` is in (aware, with its own UTC offset)."""
-    tomorrow = datetime.date.fromtimestamp(now) + datetime.timedelta(days=1)
-    return datetime.datetime.fromtimestamp(local_midnight(tomorrow)).astimezone()
 
 
 # --- the database --------------------------------------------------------------------------
@@ -275,7 +258,8 @@ def totals_since(db: sqlite3.Connection, since: float) -> dict[str, UserUsage]:
 
 
 class Usage:
-    """The server's record keeper: rows, today's counts and quotas, the access log."""
+    """The server's record keeper: the rows, the access log, and the quotas its rows count
+    against (`quotas`)."""
 
     def __init__(self, config: ServerConfig, model: str, clock: Callable[[], float] = time.time):
         self.config = config
@@ -285,9 +269,8 @@ class Usage:
         self.path = self.dir / DATABASE
         self.db: sqlite3.Connection | None = connect(self.path)
         self._files = _identities(self.path)  # deleted or replaced under us: noticed
-        self._day_start = local_day_start(clock())
-        self._today = totals_since(self.db, self._day_start)  # on the event loop only
-        self._reserved: dict[str, int] = {}  # per user: what requests in flight may still use
+        # today's counts and the quotas (on the event loop only)
+        self.quotas = Quotas(config, clock, totals_since(self.db, local_day_start(clock())))
         self._access: logging.Logger | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.version = 0  # advances with every row: the stats frame's cache key
@@ -351,13 +334,7 @@ class Usage:
     def record(self, row: Row, then: Callable[[bool], None]) -> None:
         """Count the row now; `then(True)` runs (on the writer thread) once it is committed,
         `then(False)` if it never will be (a row SQLite refuses, or lost: see _lose)."""
-        self._roll_day()
-        today = self._today.get(row.user) or UserUsage(row.user, 0, 0, 0, 0)
-        today.requests += 1
-        today.prompt_tokens += row.prompt_tokens
-        today.cached_tokens += row.cached_tokens
-        today.completion_tokens += row.completion_tokens
-        self._today[row.user] = today
+        self.quotas.count(row.user, row.prompt_tokens, row.cached_tokens, row.completion_tokens)
         self.version += 1
         self._queue.put((row, then))
 
@@ -561,106 +538,10 @@ class Usage:
                 handler.close()
         return self.num_lost
 
-    # --- today and quotas (event loop) ---
-
-    def _roll_day(self) -> None:
-        start = local_day_start(self.clock())
-        if start != self._day_start:
-            self._day_start, self._today = start, {}
-
-    def daily_tokens(self, user: str) -> int:
-        """The user's daily quota; 0 = none."""
-        c = self.config
-        return c.daily_tokens_per_user.get(user, c.daily_tokens)
-
-    def today(self) -> list[UserUsage]:
-        """Everyone's counts today, most tokens first (with their quotas)."""
-        self._roll_day()
-        users = [
-            UserUsage(
-                u.user,
-                u.requests,
-                u.prompt_tokens,
-                u.cached_tokens,
-                u.completion_tokens,
-                self.daily_tokens(u.user) or None,
-            )
-            for u in self._today.values()
-        ]
-        return sorted(users, key=lambda u: (-u.counted_tokens, u.user))
-
-    def allowance(self, user: str) -> int | None:
-        """Tokens a new request of the user's may use: the quota left after what was used and
-        what the user's requests in flight may still use (prompt and reply); None without one."""
-        limit = self.daily_tokens(user)
-        if not limit:
-            return None
-        return max(0, limit - self._used_today(user) - self._reserved.get(user, 0))
-
-    def left(self, user: str, held: int) -> int:
-        """What is left of the user's quota for a request holding `held` of it (below 0 when
-        the user's requests have used more than it)."""
-        others = self._reserved.get(user, 0) - held
-        return self.daily_tokens(user) - self._used_today(user) - others
-
-    def _used_today(self, user: str) -> int:
-        self._roll_day()
-        return self._today[user].counted_tokens if user in self._today else 0
-
-    def reserve(self, user: str, tokens: int) -> None:
-        self._reserved[user] = self._reserved.get(user, 0) + tokens
-
-    def release(self, user: str, tokens: int) -> None:
-        left = self._reserved.get(user, 0) - tokens
-        if left > 0:
-            self._reserved[user] = left
-        else:
-            self._reserved.pop(user, None)
-
-    def quota(self, user: str) -> Quota | None:
-        limit = self.daily_tokens(user)
-        if not limit:
-            return None
-        used = self._used_today(user)
-        resets = next_midnight(self.clock())
-        return Quota(limit, used, max(0, limit - used), resets.isoformat(timespec="seconds"))
-
-    def quota_refusal(self, user: str) -> tuple[str, float] | None:
-        """(why, seconds until the reset) when the user's quota is used up, else None."""
-        quota = self.quota(user)
-        if quota is None or self.allowance(user):
-            return None
-        pending = self._reserved.get(user, 0)
-        held = f", up to {pending} more held by your requests in flight" if pending else ""
-        why = (
-            f"your daily quota of {quota.daily_tokens} tokens is used up "
-            f"({quota.used_today} today{held})"
-        )
-        return self._refusal(quota, why)
-
-    def prompt_refusal(self, user: str, num_tokens: int, held: int) -> tuple[str, float] | None:
-        """(why, seconds until the reset) when a prompt of `num_tokens` leaves nothing of the
-        user's quota to generate with (its own request holding `held` of it), else None."""
-        quota = self.quota(user)
-        if quota is None or num_tokens < (left := self.left(user, held)):
-            return None
-        others = self._reserved.get(user, 0) - held
-        more = f", {others} more held by your other requests in flight" if others > 0 else ""
-        why = (
-            f"your prompt of {num_tokens} tokens does not fit the {max(0, left)} tokens left of "
-            f"your daily quota of {quota.daily_tokens} ({quota.used_today} used today{more})"
-        )
-        return self._refusal(quota, why)
-
-    def _refusal(self, quota: Quota, why: str) -> tuple[str, float]:
-        wait = max(1.0, datetime.datetime.fromisoformat(quota.resets_at).timestamp() - self.clock())
-        hours, minutes = int(wait // 3600), int(wait % 3600 // 60)
-        return f"{why}; it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)", wait
-
     def record_refusal(self, user: str) -> str | None:
         """Why a chat of the user's is refused while the record cannot be written, else None:
         a quota a restart would forget cannot be kept (users without one are served)."""
-        if not self.problem or not self.daily_tokens(user):
+        if not self.problem or not self.quotas.daily_tokens(user):
             return None
         return (
             f"the usage record cannot be written ({self.problem}), and chats under a daily "

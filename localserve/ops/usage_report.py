@@ -18,7 +18,7 @@ import sqlite3
 import statistics
 
 from localserve.config import ConfigError, ServerConfig
-from localserve.ops.usage import local_day_start, local_midnight
+from localserve.ops.quotas import local_day_start, local_midnight
 
 
 @dataclasses.dataclass

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from localserve.engine.events import Admitted, Done, Event, Preempted, Token
 from localserve.ops.usage import Row, Usage
-from localserve.serve.admission import Admission, Request
+from localserve.serve.admission import Admission
+from localserve.serve.door import Request
 
 log = logging.getLogger("localserve.serve.routing")
 
@@ -77,7 +78,7 @@ class SinkRouter:
         elif isinstance(event, Admitted):
             self.admission.started(request)
         elif isinstance(event, Preempted):
-            sink.on_queued(request, self.admission.num_waiting + 1)
+            sink.on_queued(request, self.admission.counts.waiting + 1)
 
     def _record(self, request: Request, event: Done) -> None:
         """Hand the row to the record; the `done` goes once it is committed, or after

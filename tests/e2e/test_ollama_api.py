@@ -54,7 +54,7 @@ def test_version_tags_show_and_ps(stand_in):
     assert [m.model for m in listed.models] == [TAGGED]
     shown = client(stand_in).show(MODEL)
     assert "completion" in shown.capabilities
-    assert shown.modelinfo["general.context_length"] == stand_in.server.admission.max_model_len
+    assert shown.modelinfo["general.context_length"] == stand_in.server.door.max_model_len
     assert client(stand_in).show(TAGGED).capabilities == shown.capabilities
     running = client(stand_in).ps()
     assert [m.model for m in running.models] == [TAGGED]
@@ -182,7 +182,7 @@ def test_a_tool_round_trip_history_is_accepted(live):
 
 @pytest.mark.model
 def test_tools_are_offered_and_the_capabilities_say_so(live):
-    formats = live.server.admission.formats
+    formats = live.server.door.formats
     shown = client(live).show(MODEL).capabilities
     assert ("tools" in shown) == (formats.tool is not None)
     assert ("thinking" in shown) == (formats.reasoning is not None)

@@ -317,7 +317,7 @@ def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
     store = server.server.usage
 
     def held() -> int:  # released on the loop before the `done` goes
-        return store._reserved.get("zed", 0)
+        return store.quotas._reserved.get("zed", 0)
 
     try:
         ws = WS(server.url)
@@ -336,7 +336,7 @@ def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
         assert held() == 0
         ws.chat("huge", "word " * 2100)  # over the context
         assert ws.recv()["code"] == "too_long" and held() == 0
-        assert store.quota("zed").used_today == used
+        assert store.quotas.quota("zed").used_today == used
     finally:
         server.close()
 
@@ -508,9 +508,9 @@ def test_a_full_disk_while_serving(live, connect, small_disk, monkeypatch):
         dones.append(tara.until_done("d")[-1])
         assert dones[2]["recorded"] is True and rows_where(store, "d")
         used = sum(counted_tokens(d["usage"]) for d in dones)
-        assert store.quota("tara").used_today == used
+        assert store.quotas.quota("tara").used_today == used
     again = Usage(store.config, "gemma")  # a restart on the same directory
-    assert again.quota("tara").used_today == used
+    assert again.quotas.quota("tara").used_today == used
     again.close()
 
 
@@ -537,4 +537,4 @@ def test_parallel_long_prompts_stay_within_a_quota(live, connect, tmp_path):
         used = sum(counted_tokens(d["usage"]) for d in dones)
         assert used <= 3000 + max_tokens, f"{used} tokens against a quota of 3000"
         assert refused and {f["code"] for f in refused} == {"quota_exceeded"}
-        assert store.quota("pia").used_today == used and store._reserved == {}
+        assert store.quotas.quota("pia").used_today == used and store.quotas._reserved == {}

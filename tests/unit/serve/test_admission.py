@@ -1,13 +1,14 @@
-"""What a chat is on its way in (localserve/serve/admission.py): a refusal carries the protocol's
-error code, its message and how long to wait; a request cancelled while its model loads stops
-at once and frees what it held (on a pool of fake runners). The server's limits are
-tested through the server in e2e/test_websocket_connection.py."""
+"""What a chat is on its way in (localserve/serve/admission.py, through a model's door): a
+refusal carries the protocol's error code, its message and how long to wait; a request
+cancelled while its model loads stops at once and frees what it held (on a pool of fake
+runners). The server's limits are tested through the server in e2e/test_websocket_connection.py.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from localserve.serve.admission import Refusal, Request
+from localserve.serve.door import Refusal, Request, Submission
 
 
 def test_a_refusal_carries_its_code_message_and_retry_after():
@@ -47,7 +48,8 @@ class _Sink:
 
 
 def _admission_of_fake_models(gate, loads, **server):
-    """An Admission over a pool of two fake models, "a" and "b"; b's load waits for `gate`."""
+    """An Admission over a pool of two fake models, "a" and "b"; b's load waits for `gate`.
+    Chats go in through a model's door (model_door.py), as a front-end's do."""
     from localserve.config import Config, ModelConfig, ServerConfig
     from localserve.ops.auth import Access
     from localserve.runners.fake import FakeRunner
@@ -70,6 +72,12 @@ def _admission_of_fake_models(gate, loads, **server):
     return Admission(pool, lambda: pool._server_config(), lambda: None, Access({})), pool
 
 
+def _door(admission, model: str):
+    from localserve.serve.model_door import ModelDoor
+
+    return ModelDoor(admission, admission.pool.slot(None)).model(model)
+
+
 def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_everything():
     import asyncio
     import threading
@@ -86,9 +94,9 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
 
         for closed in (False, True):
             sink, cancelled = _Sink(), asyncio.Event()
-            submitting = asyncio.ensure_future(admission.submit(
-                sink, "ann", "r", f"1:r{closed}", SamplingFields(), never_built, model="b",
-                cancelled=cancelled))  # fmt: skip
+            submitting = asyncio.ensure_future(_door(admission, "b").submit(Submission(
+                sink, "ann", "r", f"1:r{closed}", SamplingFields(), never_built,
+                cancelled=cancelled)))  # fmt: skip
             await asyncio.sleep(0.05)
             assert sink.queued == ["loading model b"] and slot.active == 1
             assert admission.describe_models()[1]["waiting"] == 1
@@ -96,7 +104,7 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
             cancelled.set()
             request = await asyncio.wait_for(submitting, 1)  # at once, the load still going
             assert slot.state == "loading" and slot.active == 0 and not admission.requests
-            assert admission.counts.inflight_per_user == {} and admission.num_waiting == 0
+            assert admission.counts.inflight_per_user == {} and admission.counts.waiting == 0
             if closed:
                 assert request is None and sink.dones == []
             else:
@@ -123,8 +131,9 @@ def test_a_request_waiting_for_its_model_past_max_model_wait_s_is_refused_saying
             raise AssertionError("no prompt is built for a request that was refused")
 
         with pytest.raises(Refusal) as e:
-            await admission.submit(_Sink(), "ann", "r", "1:r", SamplingFields(), never_built,
-                                   model="b")  # fmt: skip
+            await _door(admission, "b").submit(
+                Submission(_Sink(), "ann", "r", "1:r", SamplingFields(), never_built)
+            )
         assert e.value.code == "unavailable" and e.value.retry_after_s > 0
         assert "model b was not ready within 0.2 s (loading model b)" in e.value.message
         assert pool.slot("b").active == 0 and not admission.requests
@@ -157,9 +166,10 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         b_ready = asyncio.ensure_future(pool.ready(b, print, held=True))
         await asyncio.sleep(0.05)
         sink, cancelled = _Sink(), asyncio.Event()
-        alice = asyncio.ensure_future(admission.submit(
-            sink, "alice", "r", "1:r", SamplingFields(), never_built, model="a",
-            cancelled=cancelled))  # fmt: skip
+        chat = Submission(
+            sink, "alice", "r", "1:r", SamplingFields(), never_built, cancelled=cancelled
+        )
+        alice = asyncio.ensure_future(_door(admission, "a").submit(chat))
         await asyncio.sleep(0.05)
         assert sink.queued == ["waiting for its turn: model b loads first"]
         pool.release(a)  # a drains, is evicted; b's load starts, held at the gate
@@ -172,9 +182,10 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         await b_ready
         # now b is busy (b_ready holds it); carol asks for a, then leaves at once
         sink, cancelled = _Sink(), asyncio.Event()
-        carol = asyncio.ensure_future(admission.submit(
-            sink, "carol", "r", "2:r", SamplingFields(), never_built, model="a",
-            cancelled=cancelled))  # fmt: skip
+        chat = Submission(
+            sink, "carol", "r", "2:r", SamplingFields(), never_built, cancelled=cancelled
+        )
+        carol = asyncio.ensure_future(_door(admission, "a").submit(chat))
         await asyncio.sleep(0.05)
         assert b.yielding_to == "a" and a.state == "loading"
         cancelled.set()
