@@ -6,7 +6,8 @@ per wrong token; past a cap (`[server] max_auth_failures_per_minute`) the thrott
 Every front-end checks its tokens here (through its door), and so do /metrics and the stats
 subscription.
 
-Tested through the server in e2e/test_auth_throttle.py and e2e/test_websocket_connection.py.
+Tested through the server in tests/e2e/test_auth_throttle.py and
+tests/e2e/test_websocket_connection.py.
 """
 
 from __future__ import annotations

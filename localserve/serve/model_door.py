@@ -5,7 +5,8 @@ everything else is the server's admission (admission.py), shared by every door; 
 submitted here goes to that model. The server hands its front-ends the default model's door,
 and `model(name)` gives another's: the same class, so there is one door to read and to fake.
 
-Tested through the server in e2e/test_several_models.py and the API tests.
+Tested in tests/unit/serve/test_admission.py (chats go in through a door there) and through
+the server in tests/e2e/test_several_models.py and the API tests.
 """
 
 from __future__ import annotations

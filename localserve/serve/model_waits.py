@@ -8,7 +8,7 @@ going on for the others. A load that fails, or a wait too long, is an `unavailab
 with when to try again.
 
 Tested in tests/unit/serve/test_admission.py (on a pool of fake runners) and through the
-server in e2e/test_several_models.py.
+server in tests/e2e/test_several_models.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ running batch. The counts are across every model and every front door: a user's 
 requests in flight (`max_inflight_per_user`) and on queued ones, and the global queue, hold
 whichever way the requests came. The event loop's, like the rest of admission.
 
-Tested through the server in e2e/test_websocket_connection.py and e2e/test_several_models.py.
+Tested through the server in tests/e2e/test_websocket_connection.py and
+tests/e2e/test_several_models.py.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
-"""What a chat is on its way in (localserve/serve/admission.py, through a model's door): a
-refusal carries the protocol's error code, its message and how long to wait; a request
-cancelled while its model loads stops at once and frees what it held (on a pool of fake
-runners). The server's limits are tested through the server in e2e/test_websocket_connection.py.
+"""What a chat is on its way in (localserve/serve/admission.py, through a model's door,
+model_door.py, and its waits for its model, model_waits.py): a request cancelled while its
+model loads stops at once and frees what it held, one waiting too long is refused saying why
+(on a pool of fake runners). The server's limits are tested through the server in
+e2e/test_websocket_connection.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from localserve.serve.door import Refusal, Request, Submission
-
-
-def test_a_refusal_carries_its_code_message_and_retry_after():
-    with pytest.raises(Refusal) as e:
-        raise Refusal("busy", "8 requests of yours are already in flight", retry_after_s=1)
-    assert (e.value.code, e.value.message, e.value.retry_after_s) == (
-        "busy",
-        "8 requests of yours are already in flight",
-        1,
-    )
-    assert str(e.value) == e.value.message
-    assert Refusal("too_long", "x").retry_after_s == 0
-
-
-def test_a_request_waits_until_admitted_and_is_compared_by_identity():
-    a = Request("1:r", "r", "ann", sink=None)
-    b = Request("1:r", "r", "ann", sink=None)
-    assert a.is_waiting and a != b and a == a
+from localserve.serve.door import Refusal, Submission
 
 
 class _Sink:
