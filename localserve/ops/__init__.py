@@ -1,3 +1,3 @@
-"""What an operator runs the server with: the usage record and quotas, users and tokens,
-Prometheus metrics.
+"""What an operator runs the server with: the usage record (usage.py, its database
+usage_database.py, access_log.py) and quotas (quotas.py), users and tokens, Prometheus metrics.
 """

@@ -1,10 +1,11 @@
-"""Who used how much: one row per finished request in SQLite, and the access log.
+"""The usage record: one row per finished request, committed by one writer thread.
 
 Every request that ends (done, cancelled, error; websocket or HTTP) becomes a row of
-`usage.sqlite3` in the state directory. One writer thread owns the writes: the event loop hands
-it the row and the `done` frame waits for the commit (a few milliseconds with WAL), so a client
-whose `done` says `recorded: true` can count on the row, whatever happens to the process next.
-A clean shutdown drains the queue; a crash loses at most rows whose `done` did not say so.
+`usage.sqlite3` in the state directory (its schema: ops/usage_database.py). One writer thread
+owns the writes: the event loop hands it the row and the `done` frame waits for the commit (a
+few milliseconds with WAL), so a client whose `done` says `recorded: true` can count on the
+row, whatever happens to the process next. A clean shutdown drains the queue; a crash loses at
+most rows whose `done` did not say so.
 
 When the record cannot be written (disk full, I/O errors, the file deleted or replaced under
 the server) nothing is dropped quietly: `problem` says why (for /healthz and the monitor), one
@@ -12,11 +13,10 @@ log line marks each change of state, the rows wait in memory (up to MAX_UNWRITTE
 the writer tries again every RETRY_S, opening a new database where the old one was deleted.
 
 Each row counts against its user's daily quota as it is handed over (ops/quotas.py: today's
-counts, loaded from the database at start-up, and the holds of requests in flight).
-
-The access log (one line per finished request, plain or JSON, rotated by size) is written by
-the same thread, so a slow disk never stalls the event loop. What `localserve usage` prints
-from the record is localserve/ops/usage_report.py's.
+counts, loaded from the database at start-up, and the holds of requests in flight). The
+access log (ops/access_log.py) gets a line per row from the same thread, so a slow disk never
+stalls the event loop. What `localserve usage` prints from the record is
+localserve/ops/usage_report.py's.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import datetime
-import json
 import logging
 import logging.handlers
 import os
@@ -33,18 +31,23 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from localserve.config import ConfigError, ServerConfig
+from localserve.config import ServerConfig
+from localserve.ops.access_log import AccessLog
 from localserve.ops.quotas import Quotas, local_day_start
-from localserve.protocol.frames import UserUsage
+from localserve.ops.usage_database import (
+    DATABASE,
+    INSERT,
+    Row,
+    UsageError,
+    connect,
+    totals_since,
+)
 
 log = logging.getLogger("localserve.ops.usage")
 
-DATABASE = "usage.sqlite3"
-ACCESS_LOG = "access.log"
-LOCK_TIMEOUT_S = 5.0  # waiting for another writer (a second server on the same state dir)
 # While the record cannot be written (disk full, I/O errors, the file deleted), rows wait in
 # memory, up to this many (a few MiB); beyond, the oldest are dropped, and the log says so.
 MAX_UNWRITTEN_ROWS = 10_000
@@ -53,76 +56,7 @@ CHECK_S = 2.0  # how often an idle writer checks that the file at the path is st
 CLOSE_TIMEOUT_S = 5.0  # how long a shutdown waits for rows that cannot be written
 JOURNALS = ("-wal", "-shm")  # the files SQLite keeps beside the database in WAL mode
 
-# Each entry brings the schema from the version before it (PRAGMA user_version) to its own.
-MIGRATIONS: list[list[str]] = [
-    [  # 1
-        """CREATE TABLE requests (
-            id INTEGER PRIMARY KEY,
-            finished REAL NOT NULL,          -- unix time the request ended
-            user TEXT NOT NULL,
-            model TEXT NOT NULL,
-            request_id TEXT NOT NULL,        -- the server's id (as in the monitor and logs)
-            client_id TEXT NOT NULL,         -- the id the client gave it
-            api TEXT NOT NULL,               -- websocket | http | ollama | anthropic
-            prompt_tokens INTEGER NOT NULL,
-            cached_tokens INTEGER NOT NULL,  -- of prompt_tokens: reused, not computed
-            completion_tokens INTEGER NOT NULL,
-            queue_ms REAL,
-            ttft_ms REAL,
-            e2e_ms REAL,
-            finish_reason TEXT NOT NULL,     -- stop | length | cancelled | error
-            day TEXT NOT NULL                -- the server's local date then: YYYY-MM-DD
-        )""",
-        # covers the reports and the start-up totals: read from the index alone, in time order
-        """CREATE INDEX requests_by_time ON requests (finished, day, user, prompt_tokens,
-            cached_tokens, completion_tokens, ttft_ms)""",
-        "CREATE INDEX requests_by_user ON requests (user, finished)",
-    ],
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class UsageError(ConfigError):
-    """The usage database cannot be used: said at start-up, before anyone connects."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    finished: float
-    user: str
-    model: str
-    request_id: str
-    client_id: str
-    api: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    queue_ms: float | None
-    ttft_ms: float | None
-    e2e_ms: float | None
-    finish_reason: str
-
-    @property
-    def counted_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens + self.completion_tokens
-
-    @property
-    def day(self) -> str:
-        return datetime.date.fromtimestamp(self.finished).isoformat()
-
-    def values(self) -> tuple:
-        """In the order of INSERT's columns."""
-        return (*dataclasses.astuple(self), self.day)
-
-
-COLUMN_NAMES = tuple(f.name for f in dataclasses.fields(Row))  # the table's, but `day`
-COLUMNS = ", ".join(COLUMN_NAMES)
-INSERT = (
-    f"INSERT INTO requests ({COLUMNS}, day) VALUES ({', '.join('?' * (len(COLUMN_NAMES) + 1))})"
-)
-
-
-# --- where things live ---------------------------------------------------------------------
+# --- where things live -----------------------------------------------------------------------
 
 
 def state_dir(config: ServerConfig) -> Path:
@@ -134,124 +68,6 @@ def state_dir(config: ServerConfig) -> Path:
         return Path(os.environ["LOCALSERVE_STATE_DIR"]).expanduser()
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "localserve"
-
-
-# --- the database --------------------------------------------------------------------------
-
-
-def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection to the usage database, checked: a corrupt, foreign, newer, read-only or
-    locked file is a UsageError naming it and saying what to do."""
-    if path.exists() and not path.is_file():
-        raise UsageError(f"{path}: not a file: move it aside or set [server] state_dir")
-    if readonly and not path.is_file():
-        raise UsageError(f"{path}: no usage database here (has the server recorded any?)")
-    if not readonly:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as e:
-            raise UsageError(f"{path.parent}: cannot create the state directory: {e}") from None
-    db = None
-    try:
-        if readonly:
-            db = _open_readonly(path)
-        else:
-            created = not path.exists()
-            db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
-            if created:
-                os.chmod(path, 0o600)  # who asked what, and how much: the operator's only
-        _check(db, path, readonly)
-    except sqlite3.OperationalError as e:
-        _close(db)
-        if "locked" in str(e) or "busy" in str(e):
-            raise UsageError(
-                f"{path}: the usage database is locked by another process (another localserve "
-                f"on the same state directory, or a tool holding it open) for over "
-                f"{LOCK_TIMEOUT_S:g} s"
-            ) from None
-        raise UsageError(f"{path}: cannot use the usage database: {e}") from None
-    except sqlite3.DatabaseError as e:
-        _close(db)
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UsageError(
-            f"{path}: not a usable SQLite database ({first}): move it aside to start a new one "
-            f"(the old one may be recoverable with sqlite3's .recover)"
-        ) from None
-    except BaseException:
-        _close(db)
-        raise
-    return db
-
-
-def _open_readonly(path: Path) -> sqlite3.Connection:
-    """Read-only; if the WAL's shared memory cannot be made (no write access to the directory
-    and no server running), as an immutable file."""
-    for flags in ("mode=ro", "mode=ro&immutable=1"):
-        db = sqlite3.connect(
-            f"file:{path}?{flags}", uri=True, timeout=LOCK_TIMEOUT_S, check_same_thread=False
-        )
-        try:
-            db.execute("PRAGMA user_version").fetchone()
-            return db
-        except sqlite3.OperationalError:
-            db.close()
-            if "immutable" in flags:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _check(db: sqlite3.Connection, path: Path, readonly: bool) -> None:
-    if not readonly:
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
-    ok = db.execute("PRAGMA quick_check").fetchone()[0]
-    if ok != "ok":
-        raise sqlite3.DatabaseError(ok)
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if version > SCHEMA_VERSION:
-        raise UsageError(
-            f"{path}: written by a newer localserve (schema {version}, this one knows "
-            f"{SCHEMA_VERSION}): upgrade, or set [server] state_dir elsewhere"
-        )
-    if version == 0 and tables:
-        raise UsageError(f"{path}: some other program's database: move it or set state_dir")
-    if readonly and version < SCHEMA_VERSION:
-        raise UsageError(f"{path}: an older schema ({version}): start the server once")
-    if not readonly:
-        _migrate(db, version)
-        # can it write? Another process may hold the lock, the file may be read-only
-        db.execute("BEGIN IMMEDIATE")
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.execute("ROLLBACK")
-    columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
-    missing = {*COLUMN_NAMES, "day"}
-    if missing - columns:
-        raise UsageError(f"{path}: its `requests` table is not localserve's: move it aside")
-
-
-def _close(db: sqlite3.Connection | None) -> None:
-    if db is not None:
-        db.close()
-
-
-def _migrate(db: sqlite3.Connection, version: int) -> None:
-    for number, statements in enumerate(MIGRATIONS[version:], start=version + 1):
-        with db:  # one transaction per step: a crash mid-migration leaves the old version
-            db.execute("BEGIN IMMEDIATE")
-            for statement in statements:
-                db.execute(statement)
-            db.execute(f"PRAGMA user_version = {number}")
-        log.info("usage database: schema %d", number)
-
-
-def totals_since(db: sqlite3.Connection, since: float) -> dict[str, UserUsage]:
-    rows = db.execute(
-        "SELECT user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens) "
-        "FROM requests WHERE finished >= ? GROUP BY user",
-        (since,),
-    )
-    return {user: UserUsage(user, *counts) for user, *counts in rows}
 
 
 # --- the server's side ---------------------------------------------------------------------
@@ -271,7 +87,7 @@ class Usage:
         self._files = _identities(self.path)  # deleted or replaced under us: noticed
         # today's counts and the quotas (on the event loop only)
         self.quotas = Quotas(config, clock, totals_since(self.db, local_day_start(clock())))
-        self._access: logging.Logger | None = None
+        self._access: AccessLog | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.version = 0  # advances with every row: the stats frame's cache key
         self.problem = ""  # why the record cannot be written now; "" while it can
@@ -287,47 +103,10 @@ class Usage:
         )
         self._writer.start()
 
-    # --- access log ---
-
     def open_access_log(self, host: str) -> Path | None:
-        """Start the access log as [server] access_log says ("auto": only off loopback)."""
-        from localserve.ops.auth import is_loopback
-
-        setting = self.config.access_log
-        if setting == "off" or (setting == "auto" and is_loopback(host)):
-            return None
-        path = self.dir / ACCESS_LOG if setting == "auto" else Path(setting).expanduser()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.RotatingFileHandler(
-                path,
-                maxBytes=self.config.access_log_max_bytes,
-                backupCount=self.config.access_log_backups,
-                encoding="utf-8",
-            )
-            os.chmod(path, 0o600)
-        except OSError as e:
-            raise UsageError(f"{path}: cannot open the access log: {e}") from None
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger = logging.getLogger(f"localserve.access.{id(self)}")
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-        logger.addHandler(handler)
-        self._access = logger
-        return path
-
-    def _access_line(self, row: Row) -> str:
-        when = datetime.datetime.fromtimestamp(row.finished).astimezone()
-        stamp = when.isoformat(timespec="milliseconds")
-        if self.config.access_log_format == "json":
-            return json.dumps({"time": stamp} | dataclasses.asdict(row), ensure_ascii=False)
-        timings = " ".join(f"{k}={_ms(getattr(row, k))}" for k in ("queue_ms", "ttft_ms", "e2e_ms"))
-        user, request = (json.dumps(x, ensure_ascii=False) for x in (row.user, row.request_id))
-        return (  # the user and the id are the client's words: quoted, a line stays a line
-            f"{stamp} {user} {request} {row.api} "
-            f"{row.model} {row.finish_reason} prompt={row.prompt_tokens} "
-            f"cached={row.cached_tokens} completion={row.completion_tokens} {timings}"
-        )
+        """Start the access log as [server] access_log says (ops/access_log.py); its path."""
+        self._access = AccessLog.open(self.config, self.dir, host)
+        return self._access.path if self._access is not None else None
 
     # --- rows (the loop hands them over; the writer thread owns everything below) ---
 
@@ -374,7 +153,8 @@ class Usage:
         return True  # the stop sentinel: everything before it is kept
 
     def _keep(self, item: tuple[Row, Callable[[bool], None]]) -> None:
-        self._access_log(item[0])  # one line per request, whatever the database does
+        if self._access is not None:  # one line per request, whatever the database does
+            self._access.write(dataclasses.asdict(item[0]))
         self._unwritten.append(item)
         if len(self._unwritten) > MAX_UNWRITTEN_ROWS:
             self._lose(*self._unwritten.popleft())
@@ -517,13 +297,6 @@ class Usage:
                 _tell_recorded(then, row, False)
         _close_quietly(self.db)
 
-    def _access_log(self, row: Row) -> None:
-        if self._access is not None:
-            try:
-                self._access.info(self._access_line(row))
-            except Exception:
-                log.exception("access log: %s", row.request_id)
-
     def close(self) -> int:
         """Write what is queued (for up to CLOSE_TIMEOUT_S if the record is broken), then close;
         a clean shutdown on a working disk loses nothing. Returns how many rows were lost."""
@@ -534,8 +307,7 @@ class Usage:
             log.error("usage database %s: the writer is stuck; %d rows are lost", self.path, stuck)
             return self.num_lost + stuck
         if self._access is not None:
-            for handler in self._access.handlers:
-                handler.close()
+            self._access.close()
         return self.num_lost
 
     def record_refusal(self, user: str) -> str | None:
@@ -581,14 +353,5 @@ def _reason(e: Exception) -> str:
 
 def _close_quietly(db: sqlite3.Connection | None) -> None:
     with contextlib.suppress(Exception):  # a database on a dead disk may fail even that
-        _close(db)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def rows_of(db: sqlite3.Connection, where: str = "1", args: Iterable = ()) -> list[Row]:
-    """Rows as Row objects (for tests and tools)."""
-    cursor = db.execute(f"SELECT {COLUMNS} FROM requests WHERE {where} ORDER BY id", tuple(args))
-    return [Row(*values) for values in cursor]
+        if db is not None:
+            db.close()

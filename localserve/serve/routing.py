@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 
 from localserve.engine.events import Admitted, Done, Event, Preempted, Token
-from localserve.ops.usage import Row, Usage
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import Row
 from localserve.serve.admission import Admission
 from localserve.serve.door import Request
 

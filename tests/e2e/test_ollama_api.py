@@ -386,7 +386,7 @@ def test_huge_deep_and_broken_bodies(stand_in):
 
 
 def test_the_usage_row_says_ollama_and_the_counts_of_the_done_object(tmp_path):
-    from localserve.ops import usage
+    from localserve.ops import usage_database
     from tests.support.fakes import FakeServer
 
     server = FakeServer(state_dir=str(tmp_path), step_s=0.001)
@@ -396,8 +396,8 @@ def test_the_usage_row_says_ollama_and_the_counts_of_the_done_object(tmp_path):
         parts = list(fake.generate("fake", "hello", stream=True, options={"num_predict": 2}))
     finally:
         server.close()  # everything written
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    rows = usage.rows_of(db)
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    rows = usage_database.rows_of(db)
     assert [(r.api, r.user) for r in rows] == [("ollama", DEFAULT_USER)] * 2
     counts = [(r.prompt_tokens, r.completion_tokens) for r in rows]
     assert counts == [

@@ -18,7 +18,7 @@ import pytest
 
 from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE, PeopleUnusable
-from localserve.ops.usage import DATABASE as USAGE_DATABASE
+from localserve.ops.usage_database import DATABASE as USAGE_DATABASE
 from tests.support.cli import kill_serve, start_serve
 from tests.support.clients import http_request
 from tests.support.fakes import FakeServer

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from localserve.cli.pull import entry_name, entry_text
-from localserve.ops.usage import DATABASE as USAGE_DATABASE
+from localserve.ops.usage_database import DATABASE as USAGE_DATABASE
 from localserve.runners.models import ensure_embedded
 from tests.support.live import WS
 from tests.support.monitor import monitor_header

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import msgspec
 import pytest
 
-from localserve.ops import usage
+from localserve.ops import usage_database
 from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE as PEOPLE
 from localserve.ops.people import PeopleStore
@@ -132,10 +132,10 @@ def frontend(live, tmp_path=None, **limits):
             kept.cleanup()
 
 
-def rows_of(store: Usage, user: str) -> list[usage.Row]:
-    db = usage.connect(store.path, readonly=True)
+def rows_of(store: Usage, user: str) -> list[usage_database.Row]:
+    db = usage_database.connect(store.path, readonly=True)
     try:
-        return usage.rows_of(db, "user = ?", [user])
+        return usage_database.rows_of(db, "user = ?", [user])
     finally:
         db.close()
 

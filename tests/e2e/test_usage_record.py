@@ -22,8 +22,9 @@ from email.message import Message
 import msgspec
 import pytest
 
-from localserve.ops import usage
-from localserve.ops.usage import Row, Usage
+from localserve.ops import usage_database
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import Row
 from localserve.serve import routing as routing_module
 from tests.support.cli import start_serve
 from tests.support.fakes import FakeServer
@@ -76,8 +77,8 @@ def test_every_request_of_a_soak_has_its_row(tmp_path):
     for t in threads:
         t.join(120)
     server.close()  # everything written
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    rows = {r.client_id: r for r in usage.rows_of(db)}
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    rows = {r.client_id: r for r in usage_database.rows_of(db)}
     assert len(rows) == len(dones) == 200
     assert any(d.get("finish_reason") == "cancelled" for d in dones.values())
     for rid, done in dones.items():
@@ -188,7 +189,7 @@ def test_monitors_see_todays_totals(tmp_path):
 
 
 def test_a_bad_database_stops_the_server_at_start_up(tmp_path):
-    (tmp_path / usage.DATABASE).write_bytes(b"\0garbage" * 512)
+    (tmp_path / usage_database.DATABASE).write_bytes(b"\0garbage" * 512)
     env = os.environ | {"LOCALSERVE_STATE_DIR": str(tmp_path)}
     command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
@@ -231,8 +232,8 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
         done_before_kill = set(got_done)
     restarted, _ = start_serve(tmp_path)  # it starts again on the same database
     try:
-        db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-        recorded_ids = {r.client_id for r in usage.rows_of(db)}
+        db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+        recorded_ids = {r.client_id for r in usage_database.rows_of(db)}
         db.close()
     finally:
         restarted.send_signal(signal.SIGTERM)
@@ -288,8 +289,8 @@ def test_a_record_that_fails_never_holds_back_a_reply(tmp_path, monkeypatch):
         assert server.server.usage.problem == ""  # a bad row is not a broken record
     finally:
         server.close()
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    assert {r.client_id for r in usage.rows_of(db)} == {"good1", "good2", "after"}
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    assert {r.client_id for r in usage_database.rows_of(db)} == {"good1", "good2", "after"}
 
 
 def test_a_request_id_cannot_forge_access_log_lines(tmp_path):
@@ -383,7 +384,7 @@ def test_http_replies_say_when_their_row_is_not_recorded(tmp_path, monkeypatch):
         )
         is_failing.clear()
         wait_until(lambda: store.problem == "", 10, "written again")
-        assert len(usage.rows_of(store.db)) == 2  # the kept rows, on disk now
+        assert len(usage_database.rows_of(store.db)) == 2  # the kept rows, on disk now
         status, _, text = post(server, {"user": "quinn", "max_tokens": 3})
         assert status == 200 and "recorded" not in json.loads(text)
     finally:

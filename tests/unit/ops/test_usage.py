@@ -13,8 +13,9 @@ import time
 import pytest
 
 from localserve.config import ConfigError, ServerConfig
-from localserve.ops import quotas, usage, usage_report
-from localserve.ops.usage import Usage, UsageError
+from localserve.ops import quotas, usage, usage_database, usage_report
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import UsageError
 from tests.support.usage import recorded, row, rows_where
 from tests.support.waiting import wait_until
 
@@ -46,16 +47,16 @@ def test_today_and_quotas_count_from_the_database(tmp_path):
 
 
 def test_a_corrupt_database_is_a_clear_error(tmp_path):
-    (tmp_path / usage.DATABASE).write_bytes(b"this is not a database" * 100)
+    (tmp_path / usage_database.DATABASE).write_bytes(b"this is not a database" * 100)
     with pytest.raises(UsageError, match="not a usable SQLite database.*move it aside"):
         Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
 
 
 def test_a_locked_database_is_a_clear_error(tmp_path, monkeypatch):
     Usage(ServerConfig(state_dir=str(tmp_path)), "fake").close()
-    holder = sqlite3.connect(tmp_path / usage.DATABASE)
+    holder = sqlite3.connect(tmp_path / usage_database.DATABASE)
     holder.execute("BEGIN EXCLUSIVE")  # another process, holding it
-    monkeypatch.setattr(usage, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(usage_database, "LOCK_TIMEOUT_S", 0.2)
     try:
         with pytest.raises(UsageError, match="locked by another process"):
             Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
@@ -65,15 +66,15 @@ def test_a_locked_database_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_a_newer_schema_is_refused_and_an_empty_file_is_migrated(tmp_path):
-    path = tmp_path / usage.DATABASE
+    path = tmp_path / usage_database.DATABASE
     sqlite3.connect(path).close()  # empty: version 0
-    db = usage.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == usage.SCHEMA_VERSION
+    db = usage_database.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == usage_database.SCHEMA_VERSION
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    db.execute(f"PRAGMA user_version = {usage.SCHEMA_VERSION + 1}")
+    db.execute(f"PRAGMA user_version = {usage_database.SCHEMA_VERSION + 1}")
     db.close()
     with pytest.raises(UsageError, match="newer localserve"):
-        usage.connect(path)
+        usage_database.connect(path)
 
 
 def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
@@ -113,20 +114,20 @@ def test_since_reads_times_with_an_offset():
 
 def test_other_files_in_its_place_are_clear_errors(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / usage.DATABASE).mkdir()
+    (tmp_path / "a" / usage_database.DATABASE).mkdir()
     with pytest.raises(UsageError, match="not a file"):
-        usage.connect(tmp_path / "a" / usage.DATABASE)
+        usage_database.connect(tmp_path / "a" / usage_database.DATABASE)
     foreign = sqlite3.connect(tmp_path / "b.sqlite3")
     foreign.execute("CREATE TABLE notes (text)")
     foreign.close()
     with pytest.raises(UsageError, match="some other program's database"):
-        usage.connect(tmp_path / "b.sqlite3")
+        usage_database.connect(tmp_path / "b.sqlite3")
     lookalike = sqlite3.connect(tmp_path / "c.sqlite3")
     lookalike.execute("CREATE TABLE requests (x)")
     lookalike.execute("PRAGMA user_version = 1")
     lookalike.close()
     with pytest.raises(UsageError, match="not localserve's"):
-        usage.connect(tmp_path / "c.sqlite3")
+        usage_database.connect(tmp_path / "c.sqlite3")
 
 
 def logged(caplog, level: int, text: str) -> list[str]:
@@ -177,9 +178,9 @@ def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
         store, "_broken", lambda why, **kw: (problems.append(why), broken(why, **kw))
     )
     recorded(store, row("ann", client_id="before", prompt=10, cached=0, completion=5))
-    for path in tmp_path.glob(f"{usage.DATABASE}*"):  # rm usage.sqlite3*
+    for path in tmp_path.glob(f"{usage_database.DATABASE}*"):  # rm usage.sqlite3*
         path.unlink()
-    wait_until(lambda: (tmp_path / usage.DATABASE).exists(), 10, "a new database")
+    wait_until(lambda: (tmp_path / usage_database.DATABASE).exists(), 10, "a new database")
     assert problems == [f"{store.path} was deleted while serving"]
     [said] = logged(caplog, logging.ERROR, "was deleted while serving")
     assert "the rows recorded until now are not in the database" in said
