@@ -1,7 +1,8 @@
 """What a chat is on its way in (localserve/serve/admission.py, through a model's door,
 model_door.py, and its waits for its model, model_waits.py): a request cancelled while its
-model loads stops at once and frees what it held, one waiting too long is refused saying why
-(on a pool of fake runners). The server's limits are tested through the server in
+model loads stops at once and frees what it held, one waiting too long is refused saying why,
+a user's cap on requests in flight holds across every model's door (request_counts.py; on a
+pool of fake runners). The server's limits are tested through the server in
 e2e/test_websocket_connection.py.
 """
 
@@ -40,7 +41,10 @@ def _admission_of_fake_models(gate, loads, **server):
     from localserve.serve.pool import LoadedModel, ModelPool
 
     class FakeEngine:
-        on_events, problem = None, ""
+        on_events, problem, num_rejected = None, "", 0
+
+        def reject(self) -> None:  # a refusal the engine's metrics count
+            self.num_rejected += 1
 
     models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript")
               for n in ("a", "b")}  # fmt: skip
@@ -176,5 +180,53 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         await asyncio.sleep(0.05)
         assert not b.yielding_to and a.state == "unloaded" and b.is_loaded  # no swap for nobody
         assert loads == ["a", "b"]
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_users_cap_on_requests_in_flight_holds_across_every_models_door():
+    """max_inflight_per_user = 1: ann's chat to a, still having its prompt built, keeps her
+    chat to b out (busy), whichever door it comes through; bob is let in. Once hers is gone
+    (cancelled), nothing of it stays counted."""
+    import asyncio
+    import threading
+
+    from localserve.protocol.frames import SamplingFields
+
+    async def main():
+        gate, loads = threading.Event(), []
+        gate.set()
+        admission, pool = _admission_of_fake_models(gate, loads, max_inflight_per_user=1)
+        await pool.ready(pool.slot("a"), print)
+        building = asyncio.Event()
+
+        async def slow_prompt(prompts, reply):
+            building.set()
+            await asyncio.Event().wait()  # never built: the request stays in flight
+
+        async def let_in(prompts, reply):
+            raise AssertionError("ann's second chat was let in past her cap")
+
+        first = Submission(_Sink(), "ann", "r1", "1:r1", SamplingFields(), slow_prompt)
+        hers = asyncio.ensure_future(_door(admission, "a").submit(first))
+        await asyncio.wait_for(building.wait(), 1)
+        for model in ("b", "a"):
+            again = Submission(_Sink(), "ann", "r2", f"2:r2{model}", SamplingFields(), let_in)
+            with pytest.raises(Refusal) as e:
+                await _door(admission, model).submit(again)
+            assert e.value.code == "busy"
+            assert e.value.message == "1 requests of yours are already in flight"
+        assert pool.slot("a").engine.num_rejected == 1  # b's is not loaded: no engine to tell
+        assert admission.counts.inflight_per_user == {"ann": 1}
+        building.clear()
+        bobs = Submission(_Sink(), "bob", "r3", "3:r3", SamplingFields(), slow_prompt)
+        his = asyncio.ensure_future(_door(admission, "a").submit(bobs))
+        await asyncio.wait_for(building.wait(), 1)  # let in: the cap is each user's
+        for task in (hers, his):
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert not admission.requests and admission.counts.inflight_per_user == {}
+        assert pool.slot("a").active == 0
 
     asyncio.run(asyncio.wait_for(main(), 10))
