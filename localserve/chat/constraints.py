@@ -17,8 +17,9 @@ The public API (for `response_format`, and for tool calling's `tool_choice`):
     c = compiler.compile_sync("lark", text)            # the same, blocking (tests, scripts)
 
 Each returns a `localserve.engine.sampling_params.Constraint` to put in a request's
-`SamplingParams.constraint` (admission does it: `Frontdoor.submit(..., constraint=c)`), or
-raises ConstraintError (a ValueError) whose message names the offending keyword or limit.
+`SamplingParams.constraint` (admission does it: a `Submission(..., constraint=c)` given to
+`Frontdoor.submit`), or raises ConstraintError (a ValueError) whose message names the
+offending keyword or limit.
 """
 
 from __future__ import annotations

@@ -28,13 +28,13 @@ def add(sub) -> None:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from localserve.ops import usage, usage_report
+    from localserve.ops import usage, usage_database, usage_report
     from localserve.ops.auth import load_daily_tokens
 
     config = load_config(args.config)
     server = team_options(config.server, args, load_daily_tokens(args.users))
     since = usage_report.parse_since(args.since, time.time())
-    db = usage.connect(usage.state_dir(server) / usage.DATABASE, readonly=True)
+    db = usage_database.connect(usage.state_dir(server) / usage_database.DATABASE, readonly=True)
     try:
         days = usage_report.by_day(db, since, args.user)
         models = usage_report.by_model(db, since, args.user)

@@ -4,7 +4,10 @@ Prometheus metrics.
 - `auth.py`: who may connect: per-user tokens, the monitor token, the bind-address rule.
 - `users_file.py`: editing a users file: people added with new tokens, removed, listed.
 - `monitor_token.py`: the monitor token: configured, or kept in the state directory.
-- `usage.py`: who used how much: a row per finished request in SQLite, daily quotas.
+- `usage.py`: who used how much: the writer of a row per finished request.
+- `usage_database.py`: the usage record's SQLite file: schema, migrations, rows read back.
+- `quotas.py`: the day's counts and the daily quotas: holds while a reply runs, then settled.
+- `access_log.py`: the access log: one line per finished request, for the operator's tools.
 - `usage_report.py`: what `localserve usage` reads from the record and prints.
 - `people.py`: the people trusted front-ends named, kept in SQLite.
 - `conversations.py`: each person's conversations from the chat page, kept in SQLite.

@@ -1,24 +1,22 @@
-"""Who used how much: one row per finished request in SQLite, daily quotas, the access log.
+"""The usage record: one row per finished request, committed by one writer thread.
 
 Every request that ends (done, cancelled, error; websocket or HTTP) becomes a row of
-`usage.sqlite3` in the state directory. One writer thread owns the writes: the event loop hands
-it the row and the `done` frame waits for the commit (a few milliseconds with WAL), so a client
-whose `done` says `recorded: true` can count on the row, whatever happens to the process next.
-A clean shutdown drains the queue; a crash loses at most rows whose `done` did not say so.
+`usage.sqlite3` in the state directory (its schema: ops/usage_database.py). One writer thread
+owns the writes: the event loop hands it the row and the `done` frame waits for the commit (a
+few milliseconds with WAL), so a client whose `done` says `recorded: true` can count on the
+row, whatever happens to the process next. A clean shutdown drains the queue; a crash loses at
+most rows whose `done` did not say so.
 
 When the record cannot be written (disk full, I/O errors, the file deleted or replaced under
 the server) nothing is dropped quietly: `problem` says why (for /healthz and the monitor), one
 log line marks each change of state, the rows wait in memory (up to MAX_UNWRITTEN_ROWS) and
 the writer tries again every RETRY_S, opening a new database where the old one was deleted.
 
-Quotas count tokens the server computed for a user since local midnight: prompt tokens not
-reused from the cache plus tokens generated. The counts live in memory, loaded from the
-database at start-up (so a quota holds across restarts) and advanced with every row (never
-set back, whatever happens to the file). Requests in flight hold what they may still use.
-
-The access log (one line per finished request, plain or JSON, rotated by size) is written by
-the same thread, so a slow disk never stalls the event loop. What `localserve usage` prints
-from the record is localserve/ops/usage_report.py's.
+Each row counts against its user's daily quota as it is handed over (ops/quotas.py: today's
+counts, loaded from the database at start-up, and the holds of requests in flight). The
+access log (ops/access_log.py) gets a line per row from the same thread, so a slow disk never
+stalls the event loop. What `localserve usage` prints from the record is
+localserve/ops/usage_report.py's.
 """
 
 from __future__ import annotations
@@ -26,8 +24,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import datetime
-import json
 import logging
 import logging.handlers
 import os
@@ -35,17 +31,23 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from localserve.config import ConfigError, ServerConfig
-from localserve.protocol.frames import Quota, UserUsage
+from localserve.config import ServerConfig
+from localserve.ops.access_log import AccessLog
+from localserve.ops.quotas import Quotas, local_day_start
+from localserve.ops.usage_database import (
+    DATABASE,
+    INSERT,
+    Row,
+    UsageError,
+    connect,
+    totals_since,
+)
 
 log = logging.getLogger("localserve.ops.usage")
 
-DATABASE = "usage.sqlite3"
-ACCESS_LOG = "access.log"
-LOCK_TIMEOUT_S = 5.0  # waiting for another writer (a second server on the same state dir)
 # While the record cannot be written (disk full, I/O errors, the file deleted), rows wait in
 # memory, up to this many (a few MiB); beyond, the oldest are dropped, and the log says so.
 MAX_UNWRITTEN_ROWS = 10_000
@@ -54,76 +56,7 @@ CHECK_S = 2.0  # how often an idle writer checks that the file at the path is st
 CLOSE_TIMEOUT_S = 5.0  # how long a shutdown waits for rows that cannot be written
 JOURNALS = ("-wal", "-shm")  # the files SQLite keeps beside the database in WAL mode
 
-# Each entry brings the schema from the version before it (PRAGMA user_version) to its own.
-MIGRATIONS: list[list[str]] = [
-    [  # 1
-        """CREATE TABLE requests (
-            id INTEGER PRIMARY KEY,
-            finished REAL NOT NULL,          -- unix time the request ended
-            user TEXT NOT NULL,
-            model TEXT NOT NULL,
-            request_id TEXT NOT NULL,        -- the server's id (as in the monitor and logs)
-            client_id TEXT NOT NULL,         -- the id the client gave it
-            api TEXT NOT NULL,               -- websocket | http | ollama | anthropic
-            prompt_tokens INTEGER NOT NULL,
-            cached_tokens INTEGER NOT NULL,  -- of prompt_tokens: reused, not computed
-            completion_tokens INTEGER NOT NULL,
-            queue_ms REAL,
-            ttft_ms REAL,
-            e2e_ms REAL,
-            finish_reason TEXT NOT NULL,     -- stop | length | cancelled | error
-            day TEXT NOT NULL                -- the server's local date then: YYYY-MM-DD
-        )""",
-        # covers the reports and the start-up totals: read from the index alone, in time order
-        """CREATE INDEX requests_by_time ON requests (finished, day, user, prompt_tokens,
-            cached_tokens, completion_tokens, ttft_ms)""",
-        "CREATE INDEX requests_by_user ON requests (user, finished)",
-    ],
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class UsageError(ConfigError):
-    """The usage database cannot be used: said at start-up, before anyone connects."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    finished: float
-    user: str
-    model: str
-    request_id: str
-    client_id: str
-    api: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    queue_ms: float | None
-    ttft_ms: float | None
-    e2e_ms: float | None
-    finish_reason: str
-
-    @property
-    def counted_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens + self.completion_tokens
-
-    @property
-    def day(self) -> str:
-        return datetime.date.fromtimestamp(self.finished).isoformat()
-
-    def values(self) -> tuple:
-        """In the order of INSERT's columns."""
-        return (*dataclasses.astuple(self), self.day)
-
-
-COLUMN_NAMES = tuple(f.name for f in dataclasses.fields(Row))  # the table's, but `day`
-COLUMNS = ", ".join(COLUMN_NAMES)
-INSERT = (
-    f"INSERT INTO requests ({COLUMNS}, day) VALUES ({', '.join('?' * (len(COLUMN_NAMES) + 1))})"
-)
-
-
-# --- where things live ---------------------------------------------------------------------
+# --- where things live -----------------------------------------------------------------------
 
 
 def state_dir(config: ServerConfig) -> Path:
@@ -137,145 +70,12 @@ def state_dir(config: ServerConfig) -> Path:
     return Path(base) / "localserve"
 
 
-def local_day_start(now: float) -> float:
-    """Unix time of the local midnight that began the day `now` is in (the offset of that
-    midnight, not of `now`: on a summer-time day they differ)."""
-    return local_midnight(datetime.date.fromtimestamp(now))
-
-
-def local_midnight(day: datetime.date) -> float:
-    return datetime.datetime.combine(day, datetime.time()).timestamp()  # naive = local
-
-
-def next_midnight(now: float) -> datetime.datetime:
-    """The local midnight that ends the day `now` is in (aware, with its own UTC offset)."""
-    tomorrow = datetime.date.fromtimestamp(now) + datetime.timedelta(days=1)
-    return datetime.datetime.fromtimestamp(local_midnight(tomorrow)).astimezone()
-
-
-# --- the database --------------------------------------------------------------------------
-
-
-def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection to the usage database, checked: a corrupt, foreign, newer, read-only or
-    locked file is a UsageError naming it and saying what to do."""
-    if path.exists() and not path.is_file():
-        raise UsageError(f"{path}: not a file: move it aside or set [server] state_dir")
-    if readonly and not path.is_file():
-        raise UsageError(f"{path}: no usage database here (has the server recorded any?)")
-    if not readonly:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as e:
-            raise UsageError(f"{path.parent}: cannot create the state directory: {e}") from None
-    db = None
-    try:
-        if readonly:
-            db = _open_readonly(path)
-        else:
-            created = not path.exists()
-            db = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, check_same_thread=False)
-            if created:
-                os.chmod(path, 0o600)  # who asked what, and how much: the operator's only
-        _check(db, path, readonly)
-    except sqlite3.OperationalError as e:
-        _close(db)
-        if "locked" in str(e) or "busy" in str(e):
-            raise UsageError(
-                f"{path}: the usage database is locked by another process (another localserve "
-                f"on the same state directory, or a tool holding it open) for over "
-                f"{LOCK_TIMEOUT_S:g} s"
-            ) from None
-        raise UsageError(f"{path}: cannot use the usage database: {e}") from None
-    except sqlite3.DatabaseError as e:
-        _close(db)
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UsageError(
-            f"{path}: not a usable SQLite database ({first}): move it aside to start a new one "
-            f"(the old one may be recoverable with sqlite3's .recover)"
-        ) from None
-    except BaseException:
-        _close(db)
-        raise
-    return db
-
-
-def _open_readonly(path: Path) -> sqlite3.Connection:
-    """Read-only; if the WAL's shared memory cannot be made (no write access to the directory
-    and no server running), as an immutable file."""
-    for flags in ("mode=ro", "mode=ro&immutable=1"):
-        db = sqlite3.connect(
-            f"file:{path}?{flags}", uri=True, timeout=LOCK_TIMEOUT_S, check_same_thread=False
-        )
-        try:
-            db.execute("PRAGMA user_version").fetchone()
-            return db
-        except sqlite3.OperationalError:
-            db.close()
-            if "immutable" in flags:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _check(db: sqlite3.Connection, path: Path, readonly: bool) -> None:
-    if not readonly:
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = FULL")  # a commit survives a crash, even power loss
-    ok = db.execute("PRAGMA quick_check").fetchone()[0]
-    if ok != "ok":
-        raise sqlite3.DatabaseError(ok)
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if version > SCHEMA_VERSION:
-        raise UsageError(
-            f"{path}: written by a newer localserve (schema {version}, this one knows "
-            f"{SCHEMA_VERSION}): upgrade, or set [server] state_dir elsewhere"
-        )
-    if version == 0 and tables:
-        raise UsageError(f"{path}: some other program's database: move it or set state_dir")
-    if readonly and version < SCHEMA_VERSION:
-        raise UsageError(f"{path}: an older schema ({version}): start the server once")
-    if not readonly:
-        _migrate(db, version)
-        # can it write? Another process may hold the lock, the file may be read-only
-        db.execute("BEGIN IMMEDIATE")
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.execute("ROLLBACK")
-    columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
-    missing = {*COLUMN_NAMES, "day"}
-    if missing - columns:
-        raise UsageError(f"{path}: its `requests` table is not localserve's: move it aside")
-
-
-def _close(db: sqlite3.Connection | None) -> None:
-    if db is not None:
-        db.close()
-
-
-def _migrate(db: sqlite3.Connection, version: int) -> None:
-    for number, statements in enumerate(MIGRATIONS[version:], start=version + 1):
-        with db:  # one transaction per step: a crash mid-migration leaves the old version
-            db.execute("BEGIN IMMEDIATE")
-            for statement in statements:
-                db.execute(statement)
-            db.execute(f"PRAGMA user_version = {number}")
-        log.info("usage database: schema %d", number)
-
-
-def totals_since(db: sqlite3.Connection, since: float) -> dict[str, UserUsage]:
-    rows = db.execute(
-        "SELECT user, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens) "
-        "FROM requests WHERE finished >= ? GROUP BY user",
-        (since,),
-    )
-    return {user: UserUsage(user, *counts) for user, *counts in rows}
-
-
 # --- the server's side ---------------------------------------------------------------------
 
 
 class Usage:
-    """The server's record keeper: rows, today's counts and quotas, the access log."""
+    """The server's record keeper: the rows, the access log, and the quotas its rows count
+    against (`quotas`)."""
 
     def __init__(self, config: ServerConfig, model: str, clock: Callable[[], float] = time.time):
         self.config = config
@@ -285,10 +85,9 @@ class Usage:
         self.path = self.dir / DATABASE
         self.db: sqlite3.Connection | None = connect(self.path)
         self._files = _identities(self.path)  # deleted or replaced under us: noticed
-        self._day_start = local_day_start(clock())
-        self._today = totals_since(self.db, self._day_start)  # on the event loop only
-        self._reserved: dict[str, int] = {}  # per user: what requests in flight may still use
-        self._access: logging.Logger | None = None
+        # today's counts and the quotas (on the event loop only)
+        self.quotas = Quotas(config, clock, totals_since(self.db, local_day_start(clock())))
+        self._access: AccessLog | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.version = 0  # advances with every row: the stats frame's cache key
         self.problem = ""  # why the record cannot be written now; "" while it can
@@ -304,60 +103,17 @@ class Usage:
         )
         self._writer.start()
 
-    # --- access log ---
-
     def open_access_log(self, host: str) -> Path | None:
-        """Start the access log as [server] access_log says ("auto": only off loopback)."""
-        from localserve.ops.auth import is_loopback
-
-        setting = self.config.access_log
-        if setting == "off" or (setting == "auto" and is_loopback(host)):
-            return None
-        path = self.dir / ACCESS_LOG if setting == "auto" else Path(setting).expanduser()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handler = logging.handlers.RotatingFileHandler(
-                path,
-                maxBytes=self.config.access_log_max_bytes,
-                backupCount=self.config.access_log_backups,
-                encoding="utf-8",
-            )
-            os.chmod(path, 0o600)
-        except OSError as e:
-            raise UsageError(f"{path}: cannot open the access log: {e}") from None
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger = logging.getLogger(f"localserve.access.{id(self)}")
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-        logger.addHandler(handler)
-        self._access = logger
-        return path
-
-    def _access_line(self, row: Row) -> str:
-        when = datetime.datetime.fromtimestamp(row.finished).astimezone()
-        stamp = when.isoformat(timespec="milliseconds")
-        if self.config.access_log_format == "json":
-            return json.dumps({"time": stamp} | dataclasses.asdict(row), ensure_ascii=False)
-        timings = " ".join(f"{k}={_ms(getattr(row, k))}" for k in ("queue_ms", "ttft_ms", "e2e_ms"))
-        user, request = (json.dumps(x, ensure_ascii=False) for x in (row.user, row.request_id))
-        return (  # the user and the id are the client's words: quoted, a line stays a line
-            f"{stamp} {user} {request} {row.api} "
-            f"{row.model} {row.finish_reason} prompt={row.prompt_tokens} "
-            f"cached={row.cached_tokens} completion={row.completion_tokens} {timings}"
-        )
+        """Start the access log as [server] access_log says (ops/access_log.py); its path."""
+        self._access = AccessLog.open(self.config, self.dir, host)
+        return self._access.path if self._access is not None else None
 
     # --- rows (the loop hands them over; the writer thread owns everything below) ---
 
     def record(self, row: Row, then: Callable[[bool], None]) -> None:
         """Count the row now; `then(True)` runs (on the writer thread) once it is committed,
         `then(False)` if it never will be (a row SQLite refuses, or lost: see _lose)."""
-        self._roll_day()
-        today = self._today.get(row.user) or UserUsage(row.user, 0, 0, 0, 0)
-        today.requests += 1
-        today.prompt_tokens += row.prompt_tokens
-        today.cached_tokens += row.cached_tokens
-        today.completion_tokens += row.completion_tokens
-        self._today[row.user] = today
+        self.quotas.count(row.user, row.prompt_tokens, row.cached_tokens, row.completion_tokens)
         self.version += 1
         self._queue.put((row, then))
 
@@ -397,7 +153,8 @@ class Usage:
         return True  # the stop sentinel: everything before it is kept
 
     def _keep(self, item: tuple[Row, Callable[[bool], None]]) -> None:
-        self._access_log(item[0])  # one line per request, whatever the database does
+        if self._access is not None:  # one line per request, whatever the database does
+            self._access.write(dataclasses.asdict(item[0]))
         self._unwritten.append(item)
         if len(self._unwritten) > MAX_UNWRITTEN_ROWS:
             self._lose(*self._unwritten.popleft())
@@ -540,13 +297,6 @@ class Usage:
                 _tell_recorded(then, row, False)
         _close_quietly(self.db)
 
-    def _access_log(self, row: Row) -> None:
-        if self._access is not None:
-            try:
-                self._access.info(self._access_line(row))
-            except Exception:
-                log.exception("access log: %s", row.request_id)
-
     def close(self) -> int:
         """Write what is queued (for up to CLOSE_TIMEOUT_S if the record is broken), then close;
         a clean shutdown on a working disk loses nothing. Returns how many rows were lost."""
@@ -557,110 +307,13 @@ class Usage:
             log.error("usage database %s: the writer is stuck; %d rows are lost", self.path, stuck)
             return self.num_lost + stuck
         if self._access is not None:
-            for handler in self._access.handlers:
-                handler.close()
+            self._access.close()
         return self.num_lost
-
-    # --- today and quotas (event loop) ---
-
-    def _roll_day(self) -> None:
-        start = local_day_start(self.clock())
-        if start != self._day_start:
-            self._day_start, self._today = start, {}
-
-    def daily_tokens(self, user: str) -> int:
-        """The user's daily quota; 0 = none."""
-        c = self.config
-        return c.daily_tokens_per_user.get(user, c.daily_tokens)
-
-    def today(self) -> list[UserUsage]:
-        """Everyone's counts today, most tokens first (with their quotas)."""
-        self._roll_day()
-        users = [
-            UserUsage(
-                u.user,
-                u.requests,
-                u.prompt_tokens,
-                u.cached_tokens,
-                u.completion_tokens,
-                self.daily_tokens(u.user) or None,
-            )
-            for u in self._today.values()
-        ]
-        return sorted(users, key=lambda u: (-u.counted_tokens, u.user))
-
-    def allowance(self, user: str) -> int | None:
-        """Tokens a new request of the user's may use: the quota left after what was used and
-        what the user's requests in flight may still use (prompt and reply); None without one."""
-        limit = self.daily_tokens(user)
-        if not limit:
-            return None
-        return max(0, limit - self._used_today(user) - self._reserved.get(user, 0))
-
-    def left(self, user: str, held: int) -> int:
-        """What is left of the user's quota for a request holding `held` of it (below 0 when
-        the user's requests have used more than it)."""
-        others = self._reserved.get(user, 0) - held
-        return self.daily_tokens(user) - self._used_today(user) - others
-
-    def _used_today(self, user: str) -> int:
-        self._roll_day()
-        return self._today[user].counted_tokens if user in self._today else 0
-
-    def reserve(self, user: str, tokens: int) -> None:
-        self._reserved[user] = self._reserved.get(user, 0) + tokens
-
-    def release(self, user: str, tokens: int) -> None:
-        left = self._reserved.get(user, 0) - tokens
-        if left > 0:
-            self._reserved[user] = left
-        else:
-            self._reserved.pop(user, None)
-
-    def quota(self, user: str) -> Quota | None:
-        limit = self.daily_tokens(user)
-        if not limit:
-            return None
-        used = self._used_today(user)
-        resets = next_midnight(self.clock())
-        return Quota(limit, used, max(0, limit - used), resets.isoformat(timespec="seconds"))
-
-    def quota_refusal(self, user: str) -> tuple[str, float] | None:
-        """(why, seconds until the reset) when the user's quota is used up, else None."""
-        quota = self.quota(user)
-        if quota is None or self.allowance(user):
-            return None
-        pending = self._reserved.get(user, 0)
-        held = f", up to {pending} more held by your requests in flight" if pending else ""
-        why = (
-            f"your daily quota of {quota.daily_tokens} tokens is used up "
-            f"({quota.used_today} today{held})"
-        )
-        return self._refusal(quota, why)
-
-    def prompt_refusal(self, user: str, num_tokens: int, held: int) -> tuple[str, float] | None:
-        """(why, seconds until the reset) when a prompt of `num_tokens` leaves nothing of the
-        user's quota to generate with (its own request holding `held` of it), else None."""
-        quota = self.quota(user)
-        if quota is None or num_tokens < (left := self.left(user, held)):
-            return None
-        others = self._reserved.get(user, 0) - held
-        more = f", {others} more held by your other requests in flight" if others > 0 else ""
-        why = (
-            f"your prompt of {num_tokens} tokens does not fit the {max(0, left)} tokens left of "
-            f"your daily quota of {quota.daily_tokens} ({quota.used_today} used today{more})"
-        )
-        return self._refusal(quota, why)
-
-    def _refusal(self, quota: Quota, why: str) -> tuple[str, float]:
-        wait = max(1.0, datetime.datetime.fromisoformat(quota.resets_at).timestamp() - self.clock())
-        hours, minutes = int(wait // 3600), int(wait % 3600 // 60)
-        return f"{why}; it resets at {quota.resets_at} (in {hours} h {minutes:02d} min)", wait
 
     def record_refusal(self, user: str) -> str | None:
         """Why a chat of the user's is refused while the record cannot be written, else None:
         a quota a restart would forget cannot be kept (users without one are served)."""
-        if not self.problem or not self.daily_tokens(user):
+        if not self.problem or not self.quotas.daily_tokens(user):
             return None
         return (
             f"the usage record cannot be written ({self.problem}), and chats under a daily "
@@ -700,14 +353,5 @@ def _reason(e: Exception) -> str:
 
 def _close_quietly(db: sqlite3.Connection | None) -> None:
     with contextlib.suppress(Exception):  # a database on a dead disk may fail even that
-        _close(db)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def rows_of(db: sqlite3.Connection, where: str = "1", args: Iterable = ()) -> list[Row]:
-    """Rows as Row objects (for tests and tools)."""
-    cursor = db.execute(f"SELECT {COLUMNS} FROM requests WHERE {where} ORDER BY id", tuple(args))
-    return [Row(*values) for values in cursor]
+        if db is not None:
+            db.close()

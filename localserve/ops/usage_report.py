@@ -3,8 +3,8 @@
 Rows summed per local day, user and model (`by_day`), with totals per model over the period
 (`by_model`), the `--since` argument (`parse_since`: today,
 7d, 24h, a date or an ISO time), and the two ways out: a table for people (`table`) and one JSON
-object per line (`day_dict`). The record itself, its file and the server's writes are
-localserve/ops/usage.py's.
+object per line (`day_dict`). The record's file is localserve/ops/usage_database.py's, the
+server's writes localserve/ops/usage.py's.
 
 Tested in tests/unit/cli/test_usage.py and tests/unit/ops/test_usage.py.
 """
@@ -18,7 +18,7 @@ import sqlite3
 import statistics
 
 from localserve.config import ConfigError, ServerConfig
-from localserve.ops.usage import local_day_start, local_midnight
+from localserve.ops.quotas import local_day_start, local_midnight
 
 
 @dataclasses.dataclass

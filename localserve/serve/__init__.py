@@ -7,7 +7,12 @@ per front-end plus the chat page.
 - `transport.py`: bounded connections: uvicorn's protocols with localserve's limits.
 - `health.py`: `GET /healthz` and `GET /metrics`.
 - `cors.py`: CORS for the HTTP APIs, for the origins `allowed_origins` lists.
+- `door.py`: the front-ends' seam: what a front-end may ask of the server (`Frontdoor`).
+- `model_door.py`: every model's front door, the default's too (`ModelDoor`).
 - `admission.py`: who and what the server lets in, whichever front-end a chat came through.
+- `authentication.py`: token checks, and the throttle on failed ones.
+- `model_waits.py`: a request waiting for its model to load; warming a model.
+- `request_counts.py`: the requests in flight and waiting, in all and per user.
 - `trusted_proxies.py`: the people behind a trusted front-end's one API key.
 - `pool.py`: the models served: one slot per model, loaded when asked for, evicted when idle.
 - `prompt.py`: the prompt builder: chats to prompt text, then to tokens.

@@ -20,8 +20,8 @@ from starlette.responses import PlainTextResponse
 
 from localserve.ops.auth import browser_refusal
 from localserve.serve import anthropic, ollama, openai, page
-from localserve.serve.admission import Frontdoor
 from localserve.serve.cors import Cors
+from localserve.serve.door import Frontdoor
 from localserve.serve.health import Health
 from localserve.serve.transport import client_address
 from localserve.serve.websocket.connection import Connection

@@ -79,7 +79,7 @@ class Health:
         info = self._info()
         body = {
             "ok": not problems,
-            "model": self.admission.model_name,
+            "model": self.admission.pool.default,
             "backend": info.backend if info is not None else "",
             "tokens": self.admission.access.requires_tokens,
             "models": self.admission.describe_models(),  # every model's state (pool.py)
@@ -121,7 +121,7 @@ class Health:
         admission = self.admission
         token = bearer_token(request)
         allowed = admission.access.allows_monitor(token)
-        refused = await admission.authenticate(
+        refused = await admission.authentication.authenticate(
             client_address(request.scope),
             "monitor",
             token,
@@ -134,7 +134,7 @@ class Health:
                 return PlainTextResponse(refused.message + "\n", 429, wait)
             challenge = {"WWW-Authenticate": 'Bearer realm="localserve"'}
             return PlainTextResponse(refused.message + "\n", 401, challenge)
-        t = admission.throttle
+        t = admission.authentication.throttle
         snaps = await self._loaded_snapshots()
         models = [
             prometheus.ModelState(m["name"], m["state"], int((m["memory_mib"] or 0) * (1 << 20)))

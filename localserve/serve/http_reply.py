@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable
 
 from localserve.engine.events import Done
-from localserve.serve.admission import Frontdoor, Request
+from localserve.serve.door import Frontdoor, Request
 
 log = logging.getLogger("localserve.serve.http_reply")
 
@@ -89,8 +89,9 @@ class HttpReply:
         self._ready.set()
 
     async def admitting(self, receive, submitting: Awaitable[Request | None]) -> Request | None:
-        """`door.submit(..., cancelled=self.cancelled)`, the client watched meanwhile: one that
-        closes its connection while its model loads or its prompt is built cancels it (None)."""
+        """`door.submit(Submission(..., cancelled=self.cancelled))`, the client watched
+        meanwhile: one that closes its connection while its model loads or its prompt is built
+        cancels it (None)."""
         watcher = asyncio.create_task(self._watch(receive))
         try:
             request = await submitting

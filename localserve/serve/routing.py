@@ -18,8 +18,10 @@ import time
 from collections.abc import Callable
 
 from localserve.engine.events import Admitted, Done, Event, Preempted, Token
-from localserve.ops.usage import Row, Usage
-from localserve.serve.admission import Admission, Request
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import Row
+from localserve.serve.admission import Admission
+from localserve.serve.door import Request
 
 log = logging.getLogger("localserve.serve.routing")
 
@@ -77,7 +79,7 @@ class SinkRouter:
         elif isinstance(event, Admitted):
             self.admission.started(request)
         elif isinstance(event, Preempted):
-            sink.on_queued(request, self.admission.num_waiting + 1)
+            sink.on_queued(request, self.admission.counts.waiting + 1)
 
     def _record(self, request: Request, event: Done) -> None:
         """Hand the row to the record; the `done` goes once it is committed, or after

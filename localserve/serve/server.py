@@ -36,6 +36,7 @@ from localserve.protocol.frames import Notice
 from localserve.serve.admission import Admission
 from localserve.serve.app import App
 from localserve.serve.health import Health
+from localserve.serve.model_door import ModelDoor
 from localserve.serve.pool import LoadedModel, Loader, ModelPool
 from localserve.serve.prompt import PromptBuilder
 from localserve.serve.routing import SinkRouter
@@ -99,14 +100,16 @@ class Server:
             people,
         )
         self.router.admission = self.admission
+        # the front-ends' door: the default model's (any other model's through its `model`)
+        self.door = ModelDoor(self.admission, self.pool.slot(None))
         self.snapshots = Snapshots(self._primary_engine)
         self.connections = Connections(
-            self.admission, self.snapshots, self._default_info, lambda: self.usage, conversations
+            self.door, self.snapshots, self._default_info, lambda: self.usage, conversations
         )
         health = Health(
             self.admission, self.snapshots, self._default_info, lambda: self.usage, self._others
         )
-        self.app = App(self.admission, self.connections, health)
+        self.app = App(self.door, self.connections, health)
         self.port = 0
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._uvicorn: uvicorn.Server | None = None

@@ -33,7 +33,7 @@ from localserve.chat.tools import (
     forced_call_grammar,
 )
 from localserve.engine.sampling_params import Constraint
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.prompt import ChatExtras
 
 MAX_TEMPLATE_KWARGS = 16

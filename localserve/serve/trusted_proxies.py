@@ -161,7 +161,7 @@ class People:
 
 
 class Doorkeeper(Protocol):
-    """What on_behalf_of reads of the server (admission's Frontdoor has it all)."""
+    """What on_behalf_of reads of the server (door.py's Frontdoor has it all)."""
 
     @property
     def config(self) -> ServerConfig: ...

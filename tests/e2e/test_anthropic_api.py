@@ -434,7 +434,7 @@ def _refused_in_anthropics_names(c: anthropic.Anthropic) -> None:
 
 
 def test_the_usage_row_says_anthropic(tmp_path):
-    from localserve.ops import usage
+    from localserve.ops import usage_database
 
     server = FakeServer(state_dir=str(tmp_path), step_s=0.001)
     try:
@@ -444,8 +444,8 @@ def test_the_usage_row_says_anthropic(tmp_path):
             final = stream.get_final_message()
     finally:
         server.close()  # everything written
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    rows = usage.rows_of(db)
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    rows = usage_database.rows_of(db)
     assert [(r.api, r.user) for r in rows] == [("anthropic", DEFAULT_USER)] * 2
     assert [r.completion_tokens for r in rows] == [
         reply.usage.output_tokens,
@@ -456,7 +456,7 @@ def test_the_usage_row_says_anthropic(tmp_path):
 def test_person_headers_name_someone_only_from_a_trusted_frontends_key(tmp_path):
     """Open WebUI's key may say on whose behalf it asks (serve/trusted_proxies.py); the same headers
     with another user's key change nothing: the request is that user's."""
-    from localserve.ops import usage
+    from localserve.ops import usage_database
 
     keys = {"openwebui": "owui-connection-key", "kate": "kates-own-token"}
     server = FakeServer(
@@ -470,8 +470,8 @@ def test_person_headers_name_someone_only_from_a_trusted_frontends_key(tmp_path)
                 c.messages.create(model="fake", max_tokens=2, messages=ask("hello"))
     finally:
         server.close()  # everything written
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    assert [(r.api, r.user) for r in usage.rows_of(db)] == [
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    assert [(r.api, r.user) for r in usage_database.rows_of(db)] == [
         ("anthropic", "kate"),
         ("anthropic", "kate"),
         ("anthropic", "openwebui/alice"),

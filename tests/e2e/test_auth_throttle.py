@@ -33,7 +33,7 @@ TURN_S = WINDOW_S / CAP
 def throttled(fake):
     access = Access(USERS, monitor_token="m-secret")
     with configured(fake, access=access, max_auth_failures_per_minute=CAP) as server:
-        server.admission.throttle.window_s = WINDOW_S
+        server.admission.authentication.throttle.window_s = WINDOW_S
         yield server
 
 
@@ -61,14 +61,14 @@ def test_twelve_wrong_api_keys_then_the_right_one_succeeds(fake):
         assert status == 200 and took < 3 * TURN_S  # slowed by one turn, not refused
         status, took = models(fake, "guess-12")  # the 13th different wrong key
         assert status == 429 and took > TURN_S / 2
-        assert server.admission.throttle.num_failures == 13
+        assert server.admission.authentication.throttle.num_failures == 13
 
 
 def test_a_locked_claim_answers_one_attempt_at_a_time(fake):
     with throttled(fake) as server:
         for i in range(CAP):
             assert models(fake, f"guess-{i}")[0] == 401
-        checked_before = server.admission.throttle.num_failures
+        checked_before = server.admission.authentication.throttle.num_failures
         answers: list[tuple[int, float]] = []
         together = threading.Barrier(3)  # the three arrive within one turn, however busy the box
 
@@ -82,7 +82,7 @@ def test_a_locked_claim_answers_one_attempt_at_a_time(fake):
         for t in threads:
             t.join()
         assert sorted(status for status, _ in answers) == [429, 429, 429]
-        checked = server.admission.throttle.num_failures - checked_before
+        checked = server.admission.authentication.throttle.num_failures - checked_before
         assert checked < 3  # one was refused unchecked: another attempt was waiting its turn
 
 
@@ -163,6 +163,6 @@ def test_the_monitor_without_its_token_backs_off_and_says_so(fake, monkeypatch):
         hint = source.NO_MONITOR_TOKEN_HINT.format(path=source.TOKEN_FILE)
         assert items == [source.Refused(source.NO_MONITOR_TOKEN, s, hint) for s in (5, 10, 20, 40)]
         assert waits == [5, 10, 20]
-        assert server.admission.throttle.num_failures == 4
+        assert server.admission.authentication.throttle.num_failures == 4
         items = asyncio.run(first("m-secret", 2))
         assert items[0] == source.Connected(fake.url) and isinstance(items[1], Stats)

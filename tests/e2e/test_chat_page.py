@@ -1000,7 +1000,7 @@ def answered_by(state: Path, user: str) -> list[str]:
     """The models of the user's requests in the server's usage record, in order."""
     import sqlite3
 
-    from localserve.ops.usage import DATABASE
+    from localserve.ops.usage_database import DATABASE
 
     db = sqlite3.connect(state / DATABASE)
     try:

@@ -28,13 +28,13 @@ from tests.support.paths import ROOT
 def users(fake, **tokens):
     """The fake server with these users (and a fresh throttle) for a while."""
     admission = fake.server.admission
-    old = admission.access, admission.throttle
+    old = admission.access, admission.authentication.throttle
     admission.access = Access(tokens)
-    admission.throttle = AuthThrottle(fake.config.max_auth_failures_per_minute)
+    admission.authentication.throttle = AuthThrottle(fake.config.max_auth_failures_per_minute)
     try:
         yield
     finally:
-        admission.access, admission.throttle = old
+        admission.access, admission.authentication.throttle = old
 
 
 def test_a_port_in_use_is_said_before_the_model_loads(tmp_path):

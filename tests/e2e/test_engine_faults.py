@@ -216,7 +216,7 @@ def invariant(served, died):
         return not (requests or c.waiting or c.waiting_per_user or c.inflight_per_user)
 
     wait_until(settled, 10, "the server's counts back to zero")
-    assert not server.usage._reserved, server.usage._reserved
+    assert not server.usage.quotas._reserved, server.usage.quotas._reserved
     snap = served.thread.call(server.snapshots.fetch())
     assert (snap.running, snap.waiting, snap.kv_live) == (0, 0, 0)
     assert not engine._flights and len(engine._asked) <= 2

@@ -72,7 +72,7 @@ def conversation(num_turns: int) -> list[dict]:
 @contextlib.contextmanager
 def prompts_sent(live):
     """The prompt tokens the server hands the engine, per request (a hook on its engine client)."""
-    engine = live.server.admission.engine
+    engine = live.server.engine
     sent: list[list[int]] = []
     add = engine.add_request
 

@@ -54,7 +54,7 @@ def test_version_tags_show_and_ps(stand_in):
     assert [m.model for m in listed.models] == [TAGGED]
     shown = client(stand_in).show(MODEL)
     assert "completion" in shown.capabilities
-    assert shown.modelinfo["general.context_length"] == stand_in.server.admission.max_model_len
+    assert shown.modelinfo["general.context_length"] == stand_in.server.door.max_model_len
     assert client(stand_in).show(TAGGED).capabilities == shown.capabilities
     running = client(stand_in).ps()
     assert [m.model for m in running.models] == [TAGGED]
@@ -182,7 +182,7 @@ def test_a_tool_round_trip_history_is_accepted(live):
 
 @pytest.mark.model
 def test_tools_are_offered_and_the_capabilities_say_so(live):
-    formats = live.server.admission.formats
+    formats = live.server.door.formats
     shown = client(live).show(MODEL).capabilities
     assert ("tools" in shown) == (formats.tool is not None)
     assert ("thinking" in shown) == (formats.reasoning is not None)
@@ -387,7 +387,7 @@ def test_huge_deep_and_broken_bodies(stand_in):
 
 def test_the_usage_row_says_ollama_and_the_counts_of_the_done_object(tmp_path):
     from localserve.bench.fake_server import FakeServer
-    from localserve.ops import usage
+    from localserve.ops import usage_database
 
     server = FakeServer(state_dir=str(tmp_path), step_s=0.001)
     try:
@@ -396,8 +396,8 @@ def test_the_usage_row_says_ollama_and_the_counts_of_the_done_object(tmp_path):
         parts = list(fake.generate("fake", "hello", stream=True, options={"num_predict": 2}))
     finally:
         server.close()  # everything written
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    rows = usage.rows_of(db)
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    rows = usage_database.rows_of(db)
     assert [(r.api, r.user) for r in rows] == [("ollama", DEFAULT_USER)] * 2
     counts = [(r.prompt_tokens, r.completion_tokens) for r in rows]
     assert counts == [

@@ -248,7 +248,7 @@ def test_a_token_server_needs_a_users_key_and_names_the_user_by_it(stand_in):
 def test_failed_keys_are_throttled_and_the_right_one_still_passes(stand_in):
     access = Access({"kate": "correct-horse"})
     with configured(stand_in, access=access, max_auth_failures_per_minute=3) as server:
-        server.admission.throttle.window_s = 3.0  # once locked, a turn a second
+        server.admission.authentication.throttle.window_s = 3.0  # once locked, a turn a second
         for i in range(3):
             with pytest.raises(openai.AuthenticationError):
                 client(stand_in, f"guess-{i}").models.list()

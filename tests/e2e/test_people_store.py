@@ -19,7 +19,7 @@ import pytest
 from localserve.bench.fake_server import FakeServer
 from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE, PeopleUnusable
-from localserve.ops.usage import DATABASE as USAGE_DATABASE
+from localserve.ops.usage_database import DATABASE as USAGE_DATABASE
 from tests.support.cli import kill_serve, start_serve
 from tests.support.clients import http_request
 from tests.support.waiting import wait_until

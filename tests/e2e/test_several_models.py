@@ -273,7 +273,7 @@ def test_a_cancel_while_its_model_loads_ends_it_at_once_and_the_connection_reads
     wait_until(lambda: small.is_loaded, 60, "the load goes on for whoever comes next")
     assert cancelled_at < small.since  # its done came before the load ended
     assert small.active == 0 and admission.counts.inflight_per_user == {}
-    assert admission.num_waiting == 0 and not admission.requests
+    assert admission.counts.waiting == 0 and not admission.requests
     ws.chat("slow", "Hi", model="small", max_tokens=4)  # the id is free again; small answers
     assert ws.until_done("slow", 60)[-1]["finish_reason"] in ("stop", "length")
     ws.close()
@@ -294,7 +294,7 @@ def test_an_http_client_gone_while_its_model_loads_frees_its_place_at_once(serve
     client.close()
     wait_until(lambda: not admission.requests, 5, "the request gone with its client")
     gone_at = time.time()
-    assert admission.num_waiting == 0 and admission.counts.inflight_per_user == {}
+    assert admission.counts.waiting == 0 and admission.counts.inflight_per_user == {}
     assert small.active == 0 and small.state == "loading"  # the pool slot no longer held
     wait_until(lambda: small.is_loaded, 60, "the load ends")
     assert gone_at < small.since and small.active == 0 and small.expires is not None  # idle

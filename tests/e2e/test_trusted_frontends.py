@@ -25,7 +25,7 @@ from urllib.parse import quote
 import msgspec
 import pytest
 
-from localserve.ops import usage
+from localserve.ops import usage_database
 from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE as PEOPLE
 from localserve.ops.people import PeopleStore
@@ -132,10 +132,10 @@ def frontend(live, tmp_path=None, **limits):
             kept.cleanup()
 
 
-def rows_of(store: Usage, user: str) -> list[usage.Row]:
-    db = usage.connect(store.path, readonly=True)
+def rows_of(store: Usage, user: str) -> list[usage_database.Row]:
+    db = usage_database.connect(store.path, readonly=True)
     try:
-        return usage.rows_of(db, "user = ?", [user])
+        return usage_database.rows_of(db, "user = ?", [user])
     finally:
         db.close()
 
@@ -169,7 +169,7 @@ def test_two_people_through_one_key_get_their_own_usage_rows(live, tmp_path):
         assert {r.api for r in rows_of(store, "openwebui/alice")} == {"http", "ollama", "anthropic"}
         assert len(rows_of(store, "openwebui/bob")) == 1
         assert rows_of(store, "openwebui") == []
-        today = {u.user for u in store.today()}
+        today = {u.user for u in store.quotas.today()}
         assert today == {"openwebui/alice", "openwebui/bob"}
 
 
@@ -187,7 +187,7 @@ def test_each_person_has_a_quota_of_their_own(live, tmp_path):
         short = openai_body("Hi.", max_tokens=6)
         status, payload = post(live, "/v1/chat/completions", short, owui_headers(BOB))
         assert status == 200, payload[:200]  # bob's is the default, untouched by alice's
-        assert store.quota("openwebui/bob").daily_tokens == 400
+        assert store.quotas.quota("openwebui/bob").daily_tokens == 400
 
 
 def test_two_people_stream_at_once_each_under_their_own_cap(live):
@@ -239,7 +239,7 @@ def test_the_header_from_another_key_or_an_open_server_changes_nothing(live, tmp
         headers = owui_headers(BOB, key=KATE) | {"X-Localserve-User": "bob"}
         assert post(live, "/api/chat", ollama_body("Hi."), headers)[0] == 200
         wait_until(lambda: len(rows_of(store, "kate")) == 2, 10, "kate's rows")
-        assert {u.user for u in store.today()} == {"kate"}
+        assert {u.user for u in store.quotas.today()} == {"kate"}
         # without a header the front-end is itself the user
         plain = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
         assert post(live, "/v1/chat/completions", body, plain)[0] == 200
@@ -259,8 +259,8 @@ def test_the_header_from_another_key_or_an_open_server_changes_nothing(live, tmp
             named = body | {"user": "openwebui"}  # claiming the front-end's name: no trust
             assert post(live, "/v1/chat/completions", named, headers)[0] == 200
             assert post(live, "/api/chat", ollama_body("Hi."), headers)[0] == 200
-            wait_until(lambda: len(server.usage.today()) == 2, 10, "two rows")
-            assert {u.user for u in server.usage.today()} == {"openwebui", "ollama"}
+            wait_until(lambda: len(server.usage.quotas.today()) == 2, 10, "two rows")
+            assert {u.user for u in server.usage.quotas.today()} == {"openwebui", "ollama"}
     finally:
         live.wait_idle()
         server.usage.close()

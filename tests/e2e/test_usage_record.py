@@ -24,8 +24,9 @@ import pytest
 
 from localserve.bench.blocking_ws import WS
 from localserve.bench.fake_server import FakeServer
-from localserve.ops import usage
-from localserve.ops.usage import Row, Usage
+from localserve.ops import usage_database
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import Row
 from localserve.serve import routing as routing_module
 from tests.support.cli import start_serve
 from tests.support.live import configured
@@ -77,8 +78,8 @@ def test_every_request_of_a_soak_has_its_row(tmp_path):
     for t in threads:
         t.join(120)
     server.close()  # everything written
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    rows = {r.client_id: r for r in usage.rows_of(db)}
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    rows = {r.client_id: r for r in usage_database.rows_of(db)}
     assert len(rows) == len(dones) == 200
     assert any(d.get("finish_reason") == "cancelled" for d in dones.values())
     for rid, done in dones.items():
@@ -189,7 +190,7 @@ def test_monitors_see_todays_totals(tmp_path):
 
 
 def test_a_bad_database_stops_the_server_at_start_up(tmp_path):
-    (tmp_path / usage.DATABASE).write_bytes(b"\0garbage" * 512)
+    (tmp_path / usage_database.DATABASE).write_bytes(b"\0garbage" * 512)
     env = os.environ | {"LOCALSERVE_STATE_DIR": str(tmp_path)}
     command = [sys.executable, "-m", "localserve", "serve", "--port", "0"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
@@ -232,8 +233,8 @@ def test_a_killed_server_loses_no_finished_request(tmp_path):
         done_before_kill = set(got_done)
     restarted, _ = start_serve(tmp_path)  # it starts again on the same database
     try:
-        db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-        recorded_ids = {r.client_id for r in usage.rows_of(db)}
+        db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+        recorded_ids = {r.client_id for r in usage_database.rows_of(db)}
         db.close()
     finally:
         restarted.send_signal(signal.SIGTERM)
@@ -289,8 +290,8 @@ def test_a_record_that_fails_never_holds_back_a_reply(tmp_path, monkeypatch):
         assert server.server.usage.problem == ""  # a bad row is not a broken record
     finally:
         server.close()
-    db = usage.connect(tmp_path / usage.DATABASE, readonly=True)
-    assert {r.client_id for r in usage.rows_of(db)} == {"good1", "good2", "after"}
+    db = usage_database.connect(tmp_path / usage_database.DATABASE, readonly=True)
+    assert {r.client_id for r in usage_database.rows_of(db)} == {"good1", "good2", "after"}
 
 
 def test_a_request_id_cannot_forge_access_log_lines(tmp_path):
@@ -318,7 +319,7 @@ def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
     store = server.server.usage
 
     def held() -> int:  # released on the loop before the `done` goes
-        return store._reserved.get("zed", 0)
+        return store.quotas._reserved.get("zed", 0)
 
     try:
         ws = WS(server.url)
@@ -337,7 +338,7 @@ def test_quota_reservations_return_to_zero_on_every_path(tmp_path):
         assert held() == 0
         ws.chat("huge", "word " * 2100)  # over the context
         assert ws.recv()["code"] == "too_long" and held() == 0
-        assert store.quota("zed").used_today == used
+        assert store.quotas.quota("zed").used_today == used
     finally:
         server.close()
 
@@ -384,7 +385,7 @@ def test_http_replies_say_when_their_row_is_not_recorded(tmp_path, monkeypatch):
         )
         is_failing.clear()
         wait_until(lambda: store.problem == "", 10, "written again")
-        assert len(usage.rows_of(store.db)) == 2  # the kept rows, on disk now
+        assert len(usage_database.rows_of(store.db)) == 2  # the kept rows, on disk now
         status, _, text = post(server, {"user": "quinn", "max_tokens": 3})
         assert status == 200 and "recorded" not in json.loads(text)
     finally:
@@ -509,9 +510,9 @@ def test_a_full_disk_while_serving(live, connect, small_disk, monkeypatch):
         dones.append(tara.until_done("d")[-1])
         assert dones[2]["recorded"] is True and rows_where(store, "d")
         used = sum(counted_tokens(d["usage"]) for d in dones)
-        assert store.quota("tara").used_today == used
+        assert store.quotas.quota("tara").used_today == used
     again = Usage(store.config, "gemma")  # a restart on the same directory
-    assert again.quota("tara").used_today == used
+    assert again.quotas.quota("tara").used_today == used
     again.close()
 
 
@@ -538,4 +539,4 @@ def test_parallel_long_prompts_stay_within_a_quota(live, connect, tmp_path):
         used = sum(counted_tokens(d["usage"]) for d in dones)
         assert used <= 3000 + max_tokens, f"{used} tokens against a quota of 3000"
         assert refused and {f["code"] for f in refused} == {"quota_exceeded"}
-        assert store.quota("pia").used_today == used and store._reserved == {}
+        assert store.quotas.quota("pia").used_today == used and store.quotas._reserved == {}

@@ -573,7 +573,7 @@ def test_a_failure_while_handling_a_frame_is_an_internal_error(fake, connect, bo
 def test_failed_authentication_is_throttled_per_address_and_user(fake, connect, bob):
     access = Access({"kate": "correct-horse", "liz": "battery-staple"}, monitor_token="m-secret")
     with configured(fake, access=access, max_auth_failures_per_minute=5) as server:
-        throttle = server.admission.throttle
+        throttle = server.admission.authentication.throttle
         throttle.window_s = 5.0  # once locked, a turn a second rather than every 5 s
         for i in range(5):  # fresh sockets each time: the per-socket limit does not help
             assert connect().hello("kate", f"guess-{i}")["code"] == "unauthorized"
@@ -612,12 +612,12 @@ def test_guessing_from_other_loopback_addresses_counts_as_one_place(fake, bob):
             client.close()
             return reply
 
-        server.admission.throttle.window_s = 3.0  # once locked, a turn a second
+        server.admission.authentication.throttle.window_s = 3.0  # once locked, a turn a second
         for i in range(3):
             assert hello(f"127.0.0.{i + 2}", f"guess-{i}")["code"] == "unauthorized"
         assert "try again in" in hello("127.0.0.9", "guess-3")["message"]
         assert hello("127.0.0.10", "correct-horse")["type"] == "welcome"
-        assert server.admission.throttle.num_failures == 4
+        assert server.admission.authentication.throttle.num_failures == 4
 
 
 def test_metrics_follow_the_stats_rule(fake, bob):

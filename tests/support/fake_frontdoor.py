@@ -5,7 +5,7 @@ llama.cpp behind it.
 `FakeFrontdoor` answers each member the front-ends use: a config, an Access, People (kept in
 memory), the models' names, formats and states, a token check, a prompt builder's stand-in
 (`FakePrompts`, which keeps what it was asked to render) and `submit`, which keeps what it was
-given (a `Submitted`), applies the per-user caps of the config as admission does, builds the
+given (a `Submission`), applies the per-user caps of the config as admission does, builds the
 prompt and returns a `Request`. The test then plays the engine through the fake: `token`,
 `finish` (a `done` with its finish reason and counts), a refusal for the next chat
 (`refuse_next`, raised as admission's `Refusal(code, message, retry_after_s)`), a scripted
@@ -31,7 +31,7 @@ from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.engine.events import Done
 from localserve.ops.auth import Access
-from localserve.serve.admission import AuthRefusal, Frontdoor, Refusal, Request
+from localserve.serve.door import AuthRefusal, Frontdoor, Refusal, Request, Submission
 from localserve.serve.prompt import NO_EXTRAS, ChatExtras, Prompt, PromptTooLong
 from localserve.serve.trusted_proxies import People
 
@@ -59,23 +59,6 @@ class FakeModel(NamedTuple):
     state: str = "loaded"  # loaded | loading | unloaded | failed
     memory_mib: float | None = 300.0
     expires_at: float | None = None
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """One chat as a front-end handed it to `submit` (the seam's request, field for field)."""
-
-    sink: Any
-    user: str
-    client_id: str
-    engine_id: str
-    fields: Any  # SamplingFields (the websocket's Chat frame is one)
-    prompt: Any  # BuildPrompt: (prompt builder, reply tokens or None) -> Prompt
-    response_format: Any = None
-    constraint: Any = None
-    keep_alive_s: float | None = None
-    cancelled: asyncio.Event | None = None
-    model: str = MODEL  # the door it came through
 
 
 class FakePrompts:
@@ -133,7 +116,7 @@ class Backstage:
     records_usage: bool = False
     is_shutting_down: bool = False
     done_on_cancel: bool = True  # a cancel ends the request with a `done`, as the engine's
-    submitted: list[Submitted] = field(default_factory=list)
+    submitted: list[Submission] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # in flight, by engine id
     cancelled: list[Request] = field(default_factory=list)
@@ -249,22 +232,8 @@ class FakeFrontdoor:
     def is_in_flight(self, engine_id: str) -> bool:
         return engine_id in self.stage.requests
 
-    async def submit(
-        self,
-        sink,
-        user: str,
-        client_id: str,
-        engine_id: str,
-        fields,
-        prompt,
-        response_format: Any = None,
-        constraint: Any = None,
-        keep_alive_s: float | None = None,
-        cancelled: asyncio.Event | None = None,
-    ) -> Request | None:
-        submitted = Submitted(sink, user, client_id, engine_id, fields, prompt, response_format,
-                              constraint, keep_alive_s, cancelled, self.model_name)  # fmt: skip
-        return await self._admit(submitted)
+    async def submit(self, submission: Submission) -> Request | None:
+        return await self._admit(submission)
 
     def cancel(self, request: Request) -> None:
         self.stage.cancelled.append(request)
@@ -283,7 +252,7 @@ class FakeFrontdoor:
         self.stage.scripts.append((list(tokens), done))
 
     @property
-    def submitted(self) -> list[Submitted]:
+    def submitted(self) -> list[Submission]:
         return self.stage.submitted
 
     @property
@@ -360,7 +329,7 @@ class FakeFrontdoor:
 
     # --- admission, as far as a front-end can tell ---------------------------------------------
 
-    async def _admit(self, submitted: Submitted) -> Request | None:
+    async def _admit(self, submitted: Submission) -> Request | None:
         self.stage.submitted.append(submitted)
         self._raise_queued_refusal()
         if refusal := self._over_a_cap(submitted.user):

@@ -46,14 +46,14 @@ def configured(live, access=None, **limits):
     from localserve.ops.auth import AuthThrottle
 
     server, admission = live.server, live.server.admission
-    old = server.config, admission.access, admission.throttle
+    old = server.config, admission.access, admission.authentication.throttle
     server.config = msgspec.structs.replace(server.config, **limits)
     admission.access = access or admission.access
-    admission.throttle = AuthThrottle(server.config.max_auth_failures_per_minute)
+    admission.authentication.throttle = AuthThrottle(server.config.max_auth_failures_per_minute)
     try:
         yield server
     finally:
-        server.config, admission.access, admission.throttle = old
+        server.config, admission.access, admission.authentication.throttle = old
 
 
 def live_config(n_ctx: int = 4096):

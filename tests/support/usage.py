@@ -8,8 +8,9 @@ import threading
 import time
 from pathlib import Path
 
-from localserve.ops import usage
-from localserve.ops.usage import Row, Usage
+from localserve.ops import usage_database
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import Row
 
 
 def row(user="ann", t=None, prompt=10, cached=4, completion=5, ttft=100.0, **kw) -> Row:
@@ -59,8 +60,8 @@ class Disk:
 
 def rows_where(store: Usage, client_id: str) -> list[Row]:
     """The committed rows of a request, read as another process would."""
-    db = usage.connect(store.path, readonly=True)
+    db = usage_database.connect(store.path, readonly=True)
     try:
-        return usage.rows_of(db, "client_id = ?", [client_id])
+        return usage_database.rows_of(db, "client_id = ?", [client_id])
     finally:
         db.close()

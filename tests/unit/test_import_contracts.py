@@ -13,7 +13,7 @@ from tests.support.import_contracts import Lint, lint_with_each
 from tests.support.paths import ROOT
 
 LAYERS = "localserve's layers"
-SEAM = "the front-ends reach the server only through the seam (admission's Frontdoor)"
+SEAM = "the front-ends reach the server only through the seam (serve/door.py's Frontdoor)"
 NO_IO = "the engine core does no I/O of its own"
 NO_TESTS = "localserve and tui import no test code"
 
@@ -48,6 +48,30 @@ FORBIDDEN = [
         "from localserve.serve.server import Server",
         SEAM,
         "localserve.serve.tool_use is not allowed to import localserve.serve.server",
+    ),
+    (
+        "serve/ollama/chat.py",
+        "from localserve.serve.admission import Admission",
+        SEAM,
+        "localserve.serve.ollama is not allowed to import localserve.serve.admission",
+    ),
+    (
+        "serve/http_reply.py",
+        "from localserve.serve.model_door import ModelDoor",
+        SEAM,
+        "localserve.serve.http_reply is not allowed to import localserve.serve.model_door",
+    ),
+    (
+        "serve/websocket/connections.py",
+        "from localserve.serve.request_counts import RequestCounts",
+        SEAM,
+        "localserve.serve.websocket is not allowed to import localserve.serve.request_counts",
+    ),
+    (
+        "serve/door.py",
+        "from localserve.serve.pool import ModelPool",
+        SEAM,
+        "localserve.serve.openai is not allowed to import localserve.serve.pool",
     ),
     (
         "ops/usage.py",

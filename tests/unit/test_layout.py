@@ -145,9 +145,6 @@ def test_every_package_lists_what_is_inside_it():
 
 
 MAX_MODULE_LINES = 500
-# over 500 lines on this branch, split on another (serve/admission.py, ops/usage.py): each must
-# shrink to 500 or be named in docs/architecture.md, and leaves this set then (the test says so)
-BEING_SPLIT = {"localserve/serve/admission.py", "localserve/ops/usage.py"}
 
 
 def _named_as_long() -> set[str]:
@@ -160,6 +157,5 @@ def _named_as_long() -> set[str]:
 def test_every_module_over_500_lines_says_why_in_the_architecture():
     long = {_name(p) for p in SOURCES if len(p.read_text("utf-8").splitlines()) > MAX_MODULE_LINES}
     named = _named_as_long()
-    assert sorted(long - named - BEING_SPLIT) == [], "over 500 lines, not in the section"
+    assert sorted(long - named) == [], "over 500 lines, not in the section"
     assert sorted(named - long) == [], "in the section, not over 500 lines (or gone)"
-    assert sorted(BEING_SPLIT - (long - named)) == [], "split or named now: drop from BEING_SPLIT"

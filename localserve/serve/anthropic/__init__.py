@@ -26,9 +26,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localserve.serve.admission import Frontdoor
 from localserve.serve.anthropic.errors import AnthropicError
 from localserve.serve.anthropic.messages import TokenCounter, create_message
+from localserve.serve.door import Frontdoor
 
 PREFIX = "/v1/messages"
 

@@ -21,7 +21,7 @@ import msgspec
 from starlette.responses import Response
 
 from localserve.engine.events import Done
-from localserve.serve.admission import MAX_ERROR_CHARS, RETRY_UNAVAILABLE_S, Refusal
+from localserve.serve.door import MAX_ERROR_CHARS, RETRY_UNAVAILABLE_S, Refusal
 
 OVERLOADED = 529  # Anthropic's status for "try again later"
 

@@ -34,7 +34,6 @@ from localserve.chat.messages import (
     ToolHistoryError,
     check_tool_history,
 )
-from localserve.serve.admission import Frontdoor, Refusal
 from localserve.serve.anthropic import errors
 from localserve.serve.anthropic.errors import (
     AnthropicError,
@@ -51,6 +50,7 @@ from localserve.serve.anthropic.validation import (
     read_body,
     sampling_fields,
 )
+from localserve.serve.door import Frontdoor, Refusal
 from localserve.serve.prompt import PromptTooLong
 from localserve.serve.tool_use import ToolUse, ToolUseError, tool_use
 

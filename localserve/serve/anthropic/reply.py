@@ -31,9 +31,9 @@ from localserve.chat.messages import PromptMessage
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.admission import Frontdoor, Refusal
 from localserve.serve.anthropic import errors
 from localserve.serve.anthropic.blocks import Blocks
+from localserve.serve.door import Frontdoor, Refusal, Submission
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.prompt import Prompt, PromptBuilder
 from localserve.serve.tool_use import ReplyReading, ToolUse
@@ -64,9 +64,17 @@ async def start_reply(
 
     try:
         submitting = door.submit(
-            reply, user, client_id, f"{num}:{client_id}", fields, build, None, use.constraint,
-            cancelled=reply.cancelled,
-        )  # fmt: skip
+            Submission(
+                reply,
+                user,
+                client_id,
+                f"{num}:{client_id}",
+                fields,
+                build,
+                constraint=use.constraint,
+                cancelled=reply.cancelled,
+            )
+        )
         admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e) from None

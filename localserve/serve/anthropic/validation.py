@@ -19,9 +19,9 @@ from starlette.requests import Request as HttpRequest
 
 from localserve.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.admission import Frontdoor
 from localserve.serve.anthropic.errors import AnthropicError, dotted, invalid, retry_after
 from localserve.serve.anthropic.types import MessagesRequest
+from localserve.serve.door import Frontdoor
 from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.transport import bearer_token, client_address
 from localserve.serve.trusted_proxies import PersonRefused, on_behalf_of

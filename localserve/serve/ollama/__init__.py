@@ -25,7 +25,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.ollama.chat import chat, generate
 from localserve.serve.ollama.errors import OllamaError
 from localserve.serve.ollama.models import OllamaModels

@@ -20,7 +20,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from localserve.chat.messages import ROLES, PromptMessage, ToolCallMade
-from localserve.serve.admission import Frontdoor, Refusal
+from localserve.serve.door import Frontdoor, Refusal
 from localserve.serve.ollama.errors import OllamaError, unsupported
 from localserve.serve.ollama.reply import created_at, start_reply
 from localserve.serve.ollama.types import ChatRequest, GenerateRequest, OllamaFields, OllamaMessage

@@ -19,7 +19,7 @@ import msgspec
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.ollama.errors import OllamaError
 from localserve.serve.ollama.types import ModelRequest
 from localserve.serve.ollama.validation import check_model, identify, public_name, read_body

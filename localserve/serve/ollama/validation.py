@@ -20,7 +20,7 @@ from starlette.requests import Request as HttpRequest
 
 from localserve.config import parse_keep_alive
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.ollama.errors import OllamaError, retry_after
 from localserve.serve.ollama.types import OllamaFields, Options

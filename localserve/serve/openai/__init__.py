@@ -26,7 +26,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 from starlette.routing import Route
 
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.openai.chat_completions import create_chat_completion
 from localserve.serve.openai.completions import create_completion
 from localserve.serve.openai.errors import ApiError

@@ -28,7 +28,7 @@ from localserve.chat.messages import (
     ToolHistoryError,
     check_tool_history,
 )
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.openai.errors import ApiError, unsupported
 from localserve.serve.openai.reply import start_reply
 from localserve.serve.openai.types import ChatCompletionRequest, ChatMessage

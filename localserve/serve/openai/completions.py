@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.openai.errors import ApiError, unsupported
 from localserve.serve.openai.reply import start_reply
 from localserve.serve.openai.types import CompletionRequest

@@ -13,7 +13,7 @@ import msgspec
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.openai.validation import check_model, identify
 
 _encoder = msgspec.json.Encoder()

@@ -21,7 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from localserve.engine.events import Done
-from localserve.serve.admission import BuildPrompt, Frontdoor, Refusal
+from localserve.serve.door import BuildPrompt, Frontdoor, Refusal, Submission
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.openai import errors
 from localserve.serve.openai.read import ReadReply
@@ -58,15 +58,17 @@ async def start_reply(
     reply.use = use if kind == "chat" else None
     try:
         submitting = door.submit(
-            reply,
-            user,
-            client_id,
-            f"{num}:{client_id}",
-            fields,
-            prompt,
-            response_format,
-            constraint=use.constraint,
-            cancelled=reply.cancelled,
+            Submission(
+                reply,
+                user,
+                client_id,
+                f"{num}:{client_id}",
+                fields,
+                prompt,
+                response_format,
+                constraint=use.constraint,
+                cancelled=reply.cancelled,
+            )
         )
         admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:

@@ -19,7 +19,7 @@ from starlette.requests import Request as HttpRequest
 
 from localserve.ops.auth import check_user_name
 from localserve.protocol.frames import SAMPLING_FIELDS, SamplingFields
-from localserve.serve.admission import Frontdoor
+from localserve.serve.door import Frontdoor
 from localserve.serve.http_body import BodyProblem, read_json
 from localserve.serve.openai.errors import CHALLENGE, ApiError, retry_after, unsupported
 from localserve.serve.openai.types import RequestFields

@@ -43,7 +43,7 @@ from localserve.protocol.frames import (
     Timings,
     WireToolCall,
 )
-from localserve.serve.admission import MAX_ERROR_CHARS, Frontdoor, Refusal, Request
+from localserve.serve.door import MAX_ERROR_CHARS, Frontdoor, Refusal, Request, Submission
 from localserve.serve.tool_use import ReplyReading, ToolUse, tool_use
 from localserve.serve.transport import CLOSE_NOT_READING, CLOSE_TIMEOUT_S, client_address
 from localserve.serve.websocket import conversations
@@ -442,7 +442,7 @@ class Connection:
         """A chat's admission, while the connection reads on: its `queued` or its `error`
         (a `cancel` meanwhile: its `done` "cancelled", admission's)."""
         try:
-            request = await door.submit(
+            submission = Submission(
                 self,
                 self.user,
                 chat.id,
@@ -453,6 +453,7 @@ class Connection:
                 constraint=use.constraint,
                 cancelled=cancelled,
             )
+            request = await door.submit(submission)
         except Refusal as e:
             return self.error(e.code, e.message, chat.id, e.retry_after_s)
         except Exception:

@@ -25,7 +25,7 @@ from localserve.ops.conversations import ConversationStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import Limits, ModelChoice, ModelList, ModelStatus, Stats, Welcome
 from localserve.protocol.snapshot import ModelInfo, Snapshot
-from localserve.serve.admission import Frontdoor, Request
+from localserve.serve.door import Frontdoor, Request
 from localserve.serve.snapshots import NoModelLoaded, Snapshots
 from localserve.serve.transport import ConnectionLimits, PlaceLog
 
@@ -134,7 +134,7 @@ class Connections:
         )
         info = self._info()
         usage = self.usage
-        quota = usage.quota(user) if usage is not None else None
+        quota = usage.quotas.quota(user) if usage is not None else None
         return Welcome(
             self._door.model_name,
             self._door.max_model_len,
@@ -165,7 +165,7 @@ class Connections:
         version = (usage.version, usage.problem) if usage is not None else (0, "")
         built_from, built_version, frame = self._stats_frame
         if built_from is not snap or built_version != (*version, models):
-            today = usage.today() if usage is not None else []
+            today = usage.quotas.today() if usage is not None else []
             frame = _encoder.encode(Stats(snap, today, usage_problem=version[1], models=models))
             self._stats_frame = (snap, (*version, models), frame)
         return frame

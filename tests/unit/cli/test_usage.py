@@ -8,7 +8,7 @@ import time
 
 from localserve.cli import main
 from localserve.config import ServerConfig
-from localserve.ops import usage
+from localserve.ops import quotas
 from localserve.ops.usage import Usage
 from tests.support.usage import recorded, row
 
@@ -16,7 +16,7 @@ from tests.support.usage import recorded, row
 def test_report_per_day_and_user(tmp_path, capsys):
     store = Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
     now = time.time()
-    yesterday = usage.local_day_start(now) - 3600
+    yesterday = quotas.local_day_start(now) - 3600
     recorded(
         store,
         row("ann", t=yesterday, ttft=50.0),

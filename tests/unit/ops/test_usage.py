@@ -13,8 +13,9 @@ import time
 import pytest
 
 from localserve.config import ConfigError, ServerConfig
-from localserve.ops import usage, usage_report
-from localserve.ops.usage import Usage, UsageError
+from localserve.ops import quotas, usage, usage_database, usage_report
+from localserve.ops.usage import Usage
+from localserve.ops.usage_database import UsageError
 from tests.support.usage import recorded, row, rows_where
 from tests.support.waiting import wait_until
 
@@ -26,35 +27,36 @@ def test_today_and_quotas_count_from_the_database(tmp_path):
     now = [time.time()]
     store = Usage(config, "fake", clock=lambda: now[0])
     recorded(store, row("ann", completion=5), row("ann", prompt=60, cached=0, completion=20))
-    assert store.quota("ann").used_today == 6 + 5 + 60 + 20 == 91
-    assert store.quota("bo") is None  # 0: no quota for bo
-    assert store.quota_refusal("ann") is None
+    assert store.quotas.quota("ann").used_today == 6 + 5 + 60 + 20 == 91
+    assert store.quotas.quota("bo") is None  # 0: no quota for bo
+    assert store.quotas.refusal("ann") is None
     recorded(store, row("ann", prompt=9, cached=0, completion=0))
-    why, wait = store.quota_refusal("ann")
+    refused = store.quotas.refusal("ann")
+    why, wait = refused.message, refused.retry_after_s
     assert "daily quota of 100 tokens is used up (100 today)" in why and "resets at" in why
     assert 0 < wait <= 25 * 3600
-    [ann] = store.today()
+    [ann] = store.quotas.today()
     assert (ann.requests, ann.counted_tokens, ann.daily_tokens) == (3, 100, 100)
     store.close()
 
     again = Usage(config, "fake", clock=lambda: now[0])  # a restart: the counts come back
-    assert again.quota("ann").remaining == 0 and again.quota_refusal("ann")
-    now[0] = usage.next_midnight(now[0]).timestamp() + 1  # a new day: a new allowance
-    assert again.quota("ann").remaining == 100 and again.today() == []
+    assert again.quotas.quota("ann").remaining == 0 and again.quotas.refusal("ann")
+    now[0] = quotas.next_midnight(now[0]).timestamp() + 1  # a new day: a new allowance
+    assert again.quotas.quota("ann").remaining == 100 and again.quotas.today() == []
     again.close()
 
 
 def test_a_corrupt_database_is_a_clear_error(tmp_path):
-    (tmp_path / usage.DATABASE).write_bytes(b"this is not a database" * 100)
+    (tmp_path / usage_database.DATABASE).write_bytes(b"this is not a database" * 100)
     with pytest.raises(UsageError, match="not a usable SQLite database.*move it aside"):
         Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
 
 
 def test_a_locked_database_is_a_clear_error(tmp_path, monkeypatch):
     Usage(ServerConfig(state_dir=str(tmp_path)), "fake").close()
-    holder = sqlite3.connect(tmp_path / usage.DATABASE)
+    holder = sqlite3.connect(tmp_path / usage_database.DATABASE)
     holder.execute("BEGIN EXCLUSIVE")  # another process, holding it
-    monkeypatch.setattr(usage, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(usage_database, "LOCK_TIMEOUT_S", 0.2)
     try:
         with pytest.raises(UsageError, match="locked by another process"):
             Usage(ServerConfig(state_dir=str(tmp_path)), "fake")
@@ -64,15 +66,15 @@ def test_a_locked_database_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_a_newer_schema_is_refused_and_an_empty_file_is_migrated(tmp_path):
-    path = tmp_path / usage.DATABASE
+    path = tmp_path / usage_database.DATABASE
     sqlite3.connect(path).close()  # empty: version 0
-    db = usage.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == usage.SCHEMA_VERSION
+    db = usage_database.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == usage_database.SCHEMA_VERSION
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    db.execute(f"PRAGMA user_version = {usage.SCHEMA_VERSION + 1}")
+    db.execute(f"PRAGMA user_version = {usage_database.SCHEMA_VERSION + 1}")
     db.close()
     with pytest.raises(UsageError, match="newer localserve"):
-        usage.connect(path)
+        usage_database.connect(path)
 
 
 def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
@@ -81,13 +83,13 @@ def test_days_begin_at_local_midnight_on_summer_time_days(monkeypatch):
     try:
         berlin = datetime.timezone(datetime.timedelta(hours=2))
         spring = datetime.datetime(2026, 3, 29, 4, 0, tzinfo=berlin).timestamp()  # after 2→3
-        start = datetime.datetime.fromtimestamp(usage.local_day_start(spring)).astimezone()
+        start = datetime.datetime.fromtimestamp(quotas.local_day_start(spring)).astimezone()
         assert start.isoformat() == "2026-03-29T00:00:00+01:00"
-        assert usage.next_midnight(spring).isoformat() == "2026-03-30T00:00:00+02:00"
+        assert quotas.next_midnight(spring).isoformat() == "2026-03-30T00:00:00+02:00"
         autumn = datetime.datetime(2026, 10, 25, 12, 0, tzinfo=berlin).timestamp()
-        start = datetime.datetime.fromtimestamp(usage.local_day_start(autumn)).astimezone()
+        start = datetime.datetime.fromtimestamp(quotas.local_day_start(autumn)).astimezone()
         assert start.isoformat() == "2026-10-25T00:00:00+02:00"
-        assert usage.next_midnight(autumn).isoformat() == "2026-10-26T00:00:00+01:00"
+        assert quotas.next_midnight(autumn).isoformat() == "2026-10-26T00:00:00+01:00"
         week = datetime.datetime.fromtimestamp(usage_report.parse_since("7d", spring)).astimezone()
         assert week.isoformat() == "2026-03-23T00:00:00+01:00"
     finally:
@@ -112,20 +114,20 @@ def test_since_reads_times_with_an_offset():
 
 def test_other_files_in_its_place_are_clear_errors(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / usage.DATABASE).mkdir()
+    (tmp_path / "a" / usage_database.DATABASE).mkdir()
     with pytest.raises(UsageError, match="not a file"):
-        usage.connect(tmp_path / "a" / usage.DATABASE)
+        usage_database.connect(tmp_path / "a" / usage_database.DATABASE)
     foreign = sqlite3.connect(tmp_path / "b.sqlite3")
     foreign.execute("CREATE TABLE notes (text)")
     foreign.close()
     with pytest.raises(UsageError, match="some other program's database"):
-        usage.connect(tmp_path / "b.sqlite3")
+        usage_database.connect(tmp_path / "b.sqlite3")
     lookalike = sqlite3.connect(tmp_path / "c.sqlite3")
     lookalike.execute("CREATE TABLE requests (x)")
     lookalike.execute("PRAGMA user_version = 1")
     lookalike.close()
     with pytest.raises(UsageError, match="not localserve's"):
-        usage.connect(tmp_path / "c.sqlite3")
+        usage_database.connect(tmp_path / "c.sqlite3")
 
 
 def logged(caplog, level: int, text: str) -> list[str]:
@@ -148,7 +150,7 @@ def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_dis
     assert "database or disk is full" in store.problem and str(store.path) in store.problem
     time.sleep(2.5 * usage.RETRY_S)  # tried again and again: still no room
     assert outcomes == [] and store.num_unwritten == 5 and not rows_where(store, "full0")
-    assert store.quota("ann").used_today == 15 + 5 * 25  # counted all the same
+    assert store.quotas.quota("ann").used_today == 15 + 5 * 25  # counted all the same
     assert store.record_refusal("ann") and "cannot be written" in store.record_refusal("ann")
     [broke] = logged(caplog, logging.ERROR, "usage record")  # one line, not one per row
     assert "kept in memory" in broke
@@ -160,7 +162,7 @@ def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_dis
     assert rows_where(store, "full4")
     assert store.close() == 0
     again = Usage(config, "fake")  # a restart: the counts come from the database, all of them
-    assert again.quota("ann").used_today == 140
+    assert again.quotas.quota("ann").used_today == 140
     again.close()
 
 
@@ -176,16 +178,16 @@ def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
         store, "_broken", lambda why, **kw: (problems.append(why), broken(why, **kw))
     )
     recorded(store, row("ann", client_id="before", prompt=10, cached=0, completion=5))
-    for path in tmp_path.glob(f"{usage.DATABASE}*"):  # rm usage.sqlite3*
+    for path in tmp_path.glob(f"{usage_database.DATABASE}*"):  # rm usage.sqlite3*
         path.unlink()
-    wait_until(lambda: (tmp_path / usage.DATABASE).exists(), 10, "a new database")
+    wait_until(lambda: (tmp_path / usage_database.DATABASE).exists(), 10, "a new database")
     assert problems == [f"{store.path} was deleted while serving"]
     [said] = logged(caplog, logging.ERROR, "was deleted while serving")
     assert "the rows recorded until now are not in the database" in said
     wait_until(lambda: store.problem == "", 10, "writable again")
-    assert store.quota("ann").used_today == 15  # the counts in memory never go back
+    assert store.quotas.quota("ann").used_today == 15  # the counts in memory never go back
     recorded(store, row("ann", client_id="after", prompt=10, cached=0, completion=7))
-    assert store.quota("ann").used_today == 32
+    assert store.quotas.quota("ann").used_today == 32
     assert rows_where(store, "after") and not rows_where(store, "before")
 
     # replaced by something that is not a database: refused and said until it is gone

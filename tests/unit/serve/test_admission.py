@@ -1,31 +1,16 @@
-"""What a chat is on its way in (localserve/serve/admission.py): a refusal carries the protocol's
-error code, its message and how long to wait; a request cancelled while its model loads stops
-at once and frees what it held (on a pool of fake runners). The server's limits are
-tested through the server in e2e/test_websocket_connection.py."""
+"""What a chat is on its way in (localserve/serve/admission.py, through a model's door,
+model_door.py, and its waits for its model, model_waits.py): a request cancelled while its
+model loads stops at once and frees what it held, one waiting too long is refused saying why,
+a user's cap on requests in flight holds across every model's door (request_counts.py; on a
+pool of fake runners). The server's limits are tested through the server in
+e2e/test_websocket_connection.py.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from localserve.serve.admission import Refusal, Request
-
-
-def test_a_refusal_carries_its_code_message_and_retry_after():
-    with pytest.raises(Refusal) as e:
-        raise Refusal("busy", "8 requests of yours are already in flight", retry_after_s=1)
-    assert (e.value.code, e.value.message, e.value.retry_after_s) == (
-        "busy",
-        "8 requests of yours are already in flight",
-        1,
-    )
-    assert str(e.value) == e.value.message
-    assert Refusal("too_long", "x").retry_after_s == 0
-
-
-def test_a_request_waits_until_admitted_and_is_compared_by_identity():
-    a = Request("1:r", "r", "ann", sink=None)
-    b = Request("1:r", "r", "ann", sink=None)
-    assert a.is_waiting and a != b and a == a
+from localserve.serve.door import Refusal, Submission
 
 
 class _Sink:
@@ -47,7 +32,8 @@ class _Sink:
 
 
 def _admission_of_fake_models(gate, loads, **server):
-    """An Admission over a pool of two fake models, "a" and "b"; b's load waits for `gate`."""
+    """An Admission over a pool of two fake models, "a" and "b"; b's load waits for `gate`.
+    Chats go in through a model's door (model_door.py), as a front-end's do."""
     from localserve.config import Config, ModelConfig, ServerConfig
     from localserve.ops.auth import Access
     from localserve.runners.fake import FakeRunner
@@ -55,7 +41,10 @@ def _admission_of_fake_models(gate, loads, **server):
     from localserve.serve.pool import LoadedModel, ModelPool
 
     class FakeEngine:
-        on_events, problem = None, ""
+        on_events, problem, num_rejected = None, "", 0
+
+        def reject(self) -> None:  # a refusal the engine's metrics count
+            self.num_rejected += 1
 
     models = {n: ModelConfig(path=f"/nowhere/{n}.gguf", chat_format="transcript")
               for n in ("a", "b")}  # fmt: skip
@@ -68,6 +57,12 @@ def _admission_of_fake_models(gate, loads, **server):
 
     pool = ModelPool(config, lambda: config.server, loader, lambda events: None)
     return Admission(pool, lambda: pool._server_config(), lambda: None, Access({})), pool
+
+
+def _door(admission, model: str):
+    from localserve.serve.model_door import ModelDoor
+
+    return ModelDoor(admission, admission.pool.slot(None)).model(model)
 
 
 def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_everything():
@@ -86,9 +81,9 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
 
         for closed in (False, True):
             sink, cancelled = _Sink(), asyncio.Event()
-            submitting = asyncio.ensure_future(admission.submit(
-                sink, "ann", "r", f"1:r{closed}", SamplingFields(), never_built, model="b",
-                cancelled=cancelled))  # fmt: skip
+            submitting = asyncio.ensure_future(_door(admission, "b").submit(Submission(
+                sink, "ann", "r", f"1:r{closed}", SamplingFields(), never_built,
+                cancelled=cancelled)))  # fmt: skip
             await asyncio.sleep(0.05)
             assert sink.queued == ["loading model b"] and slot.active == 1
             assert admission.describe_models()[1]["waiting"] == 1
@@ -96,7 +91,7 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
             cancelled.set()
             request = await asyncio.wait_for(submitting, 1)  # at once, the load still going
             assert slot.state == "loading" and slot.active == 0 and not admission.requests
-            assert admission.counts.inflight_per_user == {} and admission.num_waiting == 0
+            assert admission.counts.inflight_per_user == {} and admission.counts.waiting == 0
             if closed:
                 assert request is None and sink.dones == []
             else:
@@ -123,8 +118,9 @@ def test_a_request_waiting_for_its_model_past_max_model_wait_s_is_refused_saying
             raise AssertionError("no prompt is built for a request that was refused")
 
         with pytest.raises(Refusal) as e:
-            await admission.submit(_Sink(), "ann", "r", "1:r", SamplingFields(), never_built,
-                                   model="b")  # fmt: skip
+            await _door(admission, "b").submit(
+                Submission(_Sink(), "ann", "r", "1:r", SamplingFields(), never_built)
+            )
         assert e.value.code == "unavailable" and e.value.retry_after_s > 0
         assert "model b was not ready within 0.2 s (loading model b)" in e.value.message
         assert pool.slot("b").active == 0 and not admission.requests
@@ -157,9 +153,10 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         b_ready = asyncio.ensure_future(pool.ready(b, print, held=True))
         await asyncio.sleep(0.05)
         sink, cancelled = _Sink(), asyncio.Event()
-        alice = asyncio.ensure_future(admission.submit(
-            sink, "alice", "r", "1:r", SamplingFields(), never_built, model="a",
-            cancelled=cancelled))  # fmt: skip
+        chat = Submission(
+            sink, "alice", "r", "1:r", SamplingFields(), never_built, cancelled=cancelled
+        )
+        alice = asyncio.ensure_future(_door(admission, "a").submit(chat))
         await asyncio.sleep(0.05)
         assert sink.queued == ["waiting for its turn: model b loads first"]
         pool.release(a)  # a drains, is evicted; b's load starts, held at the gate
@@ -172,9 +169,10 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         await b_ready
         # now b is busy (b_ready holds it); carol asks for a, then leaves at once
         sink, cancelled = _Sink(), asyncio.Event()
-        carol = asyncio.ensure_future(admission.submit(
-            sink, "carol", "r", "2:r", SamplingFields(), never_built, model="a",
-            cancelled=cancelled))  # fmt: skip
+        chat = Submission(
+            sink, "carol", "r", "2:r", SamplingFields(), never_built, cancelled=cancelled
+        )
+        carol = asyncio.ensure_future(_door(admission, "a").submit(chat))
         await asyncio.sleep(0.05)
         assert b.yielding_to == "a" and a.state == "loading"
         cancelled.set()
@@ -182,5 +180,53 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         await asyncio.sleep(0.05)
         assert not b.yielding_to and a.state == "unloaded" and b.is_loaded  # no swap for nobody
         assert loads == ["a", "b"]
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_users_cap_on_requests_in_flight_holds_across_every_models_door():
+    """max_inflight_per_user = 1: ann's chat to a, still having its prompt built, keeps her
+    chat to b out (busy), whichever door it comes through; bob is let in. Once hers is gone
+    (cancelled), nothing of it stays counted."""
+    import asyncio
+    import threading
+
+    from localserve.protocol.frames import SamplingFields
+
+    async def main():
+        gate, loads = threading.Event(), []
+        gate.set()
+        admission, pool = _admission_of_fake_models(gate, loads, max_inflight_per_user=1)
+        await pool.ready(pool.slot("a"), print)
+        building = asyncio.Event()
+
+        async def slow_prompt(prompts, reply):
+            building.set()
+            await asyncio.Event().wait()  # never built: the request stays in flight
+
+        async def let_in(prompts, reply):
+            raise AssertionError("ann's second chat was let in past her cap")
+
+        first = Submission(_Sink(), "ann", "r1", "1:r1", SamplingFields(), slow_prompt)
+        hers = asyncio.ensure_future(_door(admission, "a").submit(first))
+        await asyncio.wait_for(building.wait(), 1)
+        for model in ("b", "a"):
+            again = Submission(_Sink(), "ann", "r2", f"2:r2{model}", SamplingFields(), let_in)
+            with pytest.raises(Refusal) as e:
+                await _door(admission, model).submit(again)
+            assert e.value.code == "busy"
+            assert e.value.message == "1 requests of yours are already in flight"
+        assert pool.slot("a").engine.num_rejected == 1  # b's is not loaded: no engine to tell
+        assert admission.counts.inflight_per_user == {"ann": 1}
+        building.clear()
+        bobs = Submission(_Sink(), "bob", "r3", "3:r3", SamplingFields(), slow_prompt)
+        his = asyncio.ensure_future(_door(admission, "a").submit(bobs))
+        await asyncio.wait_for(building.wait(), 1)  # let in: the cap is each user's
+        for task in (hers, his):
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert not admission.requests and admission.counts.inflight_per_user == {}
+        assert pool.slot("a").active == 0
 
     asyncio.run(asyncio.wait_for(main(), 10))
