@@ -45,6 +45,7 @@ from localserve.engine.speculative import (
     num_accepted,
     plan_drafts,
 )
+from localserve.engine.waits import Limits, Prediction, ReplyLengths, predict_waits
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -116,6 +117,25 @@ class Scheduler:
         for i in range(max(map(len, queues), default=0)):
             order += [q[i] for q in queues if i < len(q)]
         return order
+
+    def predict_waits(self, lengths: ReplyLengths) -> dict[str, Prediction]:
+        """Every waiting sequence's place in the order it would enter and its predicted wait
+        (localserve.engine.waits: these rules played forward on this state)."""
+        c, kv = self.config, self.kv
+        limits = Limits(
+            max_num_seqs=self.max_num_seqs,
+            max_running_per_user=c.max_running_per_user,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_cells=kv.num_cells,
+            num_watermark_cells=kv.num_watermark_cells,
+            itl_target_s=c.itl_target_ms / 1e3,
+            min_prefill_tokens=c.min_prefill_tokens,
+            static=c.policy == "static",
+        )
+        free = kv.num_free + kv.num_cached  # cached prefixes are evicted before anyone waits
+        return predict_waits(
+            self.running, self.requeued, self.waiting, self._users, limits, self.cost, lengths, free
+        )
 
     # --- one step ------------------------------------------------------------------------
 
