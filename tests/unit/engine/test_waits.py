@@ -6,7 +6,7 @@ down as others finish, are cancelled, are preempted, or as fairness lets a newco
 from __future__ import annotations
 
 from localserve.config import SchedulerConfig
-from localserve.engine.events import Admitted, Done, WaitPredicted
+from localserve.engine.events import Admitted, Done, Preempted, WaitPredicted
 from localserve.engine.waits import ReplyLengths
 
 
