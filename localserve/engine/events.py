@@ -3,8 +3,8 @@
 `Token` carries a request's new text, `Done` its end (reason, usage, timings), `Admitted` and
 `Preempted` its moves between waiting and running, `WaitPredicted` its place in the queue and
 predicted wait while it waits (localserve.engine.waits). The engine calls its `on_events`
-callback with each step's list on the engine thread; `EventRouter` sorts them into one queue per request for
-synchronous callers (the CLI, benchmarks, tests).
+callback with each step's list on the engine thread; `EventRouter` sorts them into one queue
+per request for synchronous callers (the CLI, benchmarks, tests).
 
 Tested in tests/unit/engine/test_engine.py.
 """

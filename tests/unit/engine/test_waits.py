@@ -113,9 +113,7 @@ def test_a_preempted_request_is_first_in_line(make_harness):
     preempted = None
     for _ in range(200):
         h.step()
-        preempted = preempted or next(
-            (e for e in h.events if type(e).__name__ == "Preempted"), None
-        )
+        preempted = preempted or next((e for e in h.events if isinstance(e, Preempted)), None)
         if preempted and announced(h, preempted.request_id):
             break
     assert preempted is not None
