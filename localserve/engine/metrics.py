@@ -130,10 +130,14 @@ class Metrics:
         self.counters = Counters()
         self.ttft, self.itl = Window(window_s), Window(window_s)
         self.queue, self.e2e, self.tpot = Window(window_s), Window(window_s), Window(window_s)
+        # the first predicted wait's error (localserve.engine.waits) of each request that waited:
+        # seconds off, and the share of its actual wait (over a longer span: waits are rarer)
+        self.queue_error, self.queue_error_share = Window(10 * window_s), Window(10 * window_s)
         self.histograms = {
             "time_to_first_token_seconds": CumulativeHistogram(TTFT_BUCKETS),
             "inter_token_latency_seconds": CumulativeHistogram(ITL_BUCKETS),
             "request_queue_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "request_queue_time_prediction_error_seconds": CumulativeHistogram(TTFT_BUCKETS),
             "e2e_request_latency_seconds": CumulativeHistogram(LATENCY_BUCKETS),
             "request_time_per_output_token_seconds": CumulativeHistogram(ITL_BUCKETS),
             "request_prefill_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
@@ -162,6 +166,12 @@ class Metrics:
         if self.prefix_caching:
             self.counters.prefix_cache_queries += seq.num_prompt_tokens
         self._observe(self.queue, "request_queue_time_seconds", seq.queue_s)
+        if seq.wait_prediction is not None and seq.first_scheduled_time is not None:
+            made_at, predicted_s = seq.wait_prediction
+            actual_s = seq.first_scheduled_time - made_at
+            error_s = abs(predicted_s - actual_s)
+            self._observe(self.queue_error, "request_queue_time_prediction_error_seconds", error_s)
+            self.queue_error_share.add(self.clock(), error_s / max(actual_s, 1e-3))
         detail = f"{seq.num_prompt_tokens} prompt tokens"
         if seq.cached_tokens:
             self.counters.cached_tokens += seq.cached_tokens
@@ -269,7 +279,8 @@ class Metrics:
     def latency(self) -> dict[str, Percentiles]:
         now = self.clock()
         named = {"ttft": self.ttft, "itl": self.itl, "queue": self.queue, "e2e": self.e2e}
-        named["tpot"] = self.tpot
+        named |= {"tpot": self.tpot, "queue_error": self.queue_error}
+        named["queue_error_share"] = self.queue_error_share
         return {name: percentiles(w.values(now)) for name, w in named.items()}
 
     def throughput(self, span_s: float = 10.0) -> tuple[float, float]:

@@ -36,6 +36,7 @@ from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
 from localserve.engine.budget import StepCostModel
 from localserve.engine.kv import KVPool
+from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.speculative import (
     Candidate,
@@ -45,7 +46,13 @@ from localserve.engine.speculative import (
     num_accepted,
     plan_drafts,
 )
-from localserve.engine.waits import Limits, Prediction, ReplyLengths, predict_waits
+from localserve.engine.waits import (
+    NEWCOMER,
+    Prediction,
+    ReplyLengths,
+    SchedulerBounds,
+    predict_waits,
+)
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -118,11 +125,16 @@ class Scheduler:
             order += [q[i] for q in queues if i < len(q)]
         return order
 
-    def predict_waits(self, lengths: ReplyLengths) -> dict[str, Prediction]:
+    def predict_waits(self, lengths: ReplyLengths, newcomer: int = 0) -> dict[str, Prediction]:
         """Every waiting sequence's place in the order it would enter and its predicted wait
-        (localserve.engine.waits: these rules played forward on this state)."""
+        (localserve.engine.waits: these rules played forward on this state); with `newcomer`,
+        also that of a new user's prompt of that many tokens arriving now (under NEWCOMER)."""
         c, kv = self.config, self.kv
-        limits = Limits(
+        waiting, users = self.waiting, list(self._users)
+        if newcomer:  # a new user's turn comes after every waiting user's next (round-robin)
+            ghost = Sequence(NEWCOMER, [0] * newcomer, SamplingParams(), user=NEWCOMER)
+            waiting, users = {**waiting, NEWCOMER: deque([ghost])}, [*users, NEWCOMER]
+        limits = SchedulerBounds(
             max_num_seqs=self.max_num_seqs,
             max_running_per_user=c.max_running_per_user,
             max_num_batched_tokens=self.max_num_batched_tokens,
@@ -134,7 +146,7 @@ class Scheduler:
         )
         free = kv.num_free + kv.num_cached  # cached prefixes are evicted before anyone waits
         return predict_waits(
-            self.running, self.requeued, self.waiting, self._users, limits, self.cost, lengths, free
+            self.running, self.requeued, waiting, users, limits, self.cost, lengths, free
         )
 
     # --- one step ------------------------------------------------------------------------

@@ -39,6 +39,8 @@ INTERVAL_S = 0.5  # predictions at most this often: each one plays the whole que
 # much (seconds, or this share of what is left of its wait): clients count down in between
 MIN_SHIFT_S = 1.0
 MIN_SHIFT_SHARE = 0.2
+NEWCOMER = "\0newcomer"  # the hypothetical new user of "a newcomer would wait about N s"
+PRIOR_PROMPT_TOKENS = 100  # before any request: a chat turn's usual prompt
 
 
 class ReplyLengths:
@@ -47,9 +49,19 @@ class ReplyLengths:
     def __init__(self) -> None:
         self._all: deque[int] = deque(maxlen=NUM_LENGTHS)
         self._per_user: dict[str, deque[int]] = {}
+        self._prompts: deque[int] = deque(maxlen=NUM_LENGTHS)
 
-    def add(self, user: str, num_tokens: int) -> None:
+    @property
+    def typical_prompt(self) -> int:
+        """The median prompt of the recent requests (a newcomer's, for its predicted wait)."""
+        if not self._prompts:
+            return PRIOR_PROMPT_TOKENS
+        return sorted(self._prompts)[len(self._prompts) // 2]
+
+    def add(self, user: str, num_tokens: int, num_prompt_tokens: int = 0) -> None:
         self._all.append(num_tokens)
+        if num_prompt_tokens:
+            self._prompts.append(num_prompt_tokens)
         own = self._per_user.setdefault(user, deque(maxlen=NUM_USER_LENGTHS))
         own.append(num_tokens)
         if len(self._per_user) > NUM_LENGTHS:  # bounded: forget the user heard from longest ago
@@ -72,7 +84,7 @@ class ReplyLengths:
 
 
 @dataclass
-class Limits:
+class SchedulerBounds:
     """The scheduler's bounds that decide when a waiting sequence may enter."""
 
     max_num_seqs: int
@@ -108,7 +120,7 @@ class Prediction:
 
 @dataclass
 class _Play:
-    limits: Limits
+    limits: SchedulerBounds
     cost: StepCostModel
     running: list[_Sim]
     free_cells: int
@@ -202,7 +214,7 @@ def predict_waits(
     requeued: Iterable[Sequence],
     waiting: dict[str, deque[Sequence]],
     users: Iterable[str],
-    limits: Limits,
+    limits: SchedulerBounds,
     cost: StepCostModel,
     lengths: ReplyLengths,
     num_free_cells: int,
@@ -281,7 +293,12 @@ class WaitForecast:
     def finished(self, seq: Sequence) -> None:
         """A reply that ended by itself teaches its length (cancelled or failed ones do not)."""
         if seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-            self.lengths.add(seq.user, seq.num_output_tokens)
+            self.lengths.add(seq.user, seq.num_output_tokens, seq.num_prompt_tokens)
+
+    def entry_in(self, request_id: str, now: float) -> float | None:
+        """The latest predicted wait of a waiting request, from now (None: none yet)."""
+        entry = self._told.get(request_id, (0, None))[1]
+        return None if entry is None else max(entry - now, 0.0)
 
 
 def _moved(last: tuple[int, float | None], new: tuple[int, float | None], now: float) -> bool:

@@ -54,6 +54,9 @@ class Percentiles(msgspec.Struct):
     count: int
 
 
+NO_VALUES = Percentiles(None, None, None, None, 0)
+
+
 class Histogram(msgspec.Struct):
     """Cumulative since start, Prometheus style: counts[i] observations <= buckets[i]."""
 
@@ -90,6 +93,8 @@ class WaitingRow(msgspec.Struct):
     prompt_tokens: int
     waited_s: float
     is_preempted: bool
+    # the latest predicted wait from now (localserve.engine.waits); None: not predicted yet
+    predicted_wait_s: float | None = None
 
 
 class StepStats(msgspec.Struct):
@@ -201,3 +206,12 @@ class Snapshot(msgspec.Struct):
     workers: list[Worker] = msgspec.field(default_factory=list)  # the model's RPC workers
     # set when the engine was busy in a step: this is the last snapshot it gave, and that step
     step: RunningStep | None = None
+    # the predicted wait's error, of requests that waited in the last ten windows: seconds off,
+    # and the share of the actual wait (engine/metrics.py); what a newcomer would wait now
+    queue_error: Percentiles = msgspec.field(
+        default_factory=lambda: Percentiles(None, None, None, None, 0)
+    )
+    queue_error_share: Percentiles = msgspec.field(
+        default_factory=lambda: Percentiles(None, None, None, None, 0)
+    )
+    newcomer_wait_s: float | None = None

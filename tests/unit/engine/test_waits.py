@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from localserve.config import SchedulerConfig
 from localserve.engine.events import Admitted, Done, Preempted, WaitPredicted
+from localserve.engine.snapshot import build_snapshot
 from localserve.engine.waits import ReplyLengths
 
 
@@ -148,3 +149,21 @@ def test_the_first_to_end_frees_the_slot(make_harness):
     h.run()
     t = h.done("next").timings
     assert abs(t["predicted_queue_ms"] - t["queue_ms"]) / t["queue_ms"] < 0.1, t
+
+
+def test_the_error_is_measured_and_a_newcomer_is_told_its_wait(make_harness):
+    h = warmed(make_harness, n_seq_max=2)
+    assert build_snapshot(h.engine).newcomer_wait_s == 0  # room to spare: in at once
+    histogram = h.engine.metrics.histograms["request_queue_time_prediction_error_seconds"]
+    before = histogram.count  # (the warm-up's waits)
+    for rid in ("a", "b", "c", "d", "e", "f"):
+        h.add(rid, 30, max_tokens=20, user=rid)
+    h.step()
+    h.step()
+    snap = build_snapshot(h.engine)
+    waits = [row.predicted_wait_s for row in snap.waiting_seqs]
+    assert len(waits) == 4 and all(w is not None and w > 0 for w in waits)
+    assert snap.newcomer_wait_s > max(waits)  # a new user's turn comes after theirs
+    h.run()
+    assert histogram.count == before + 4  # each that waited
+    assert h.engine.metrics.latency()["queue_error"].count == before + 4
