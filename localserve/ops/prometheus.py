@@ -19,7 +19,7 @@ HISTOGRAMS = {
     "time_to_first_token_seconds": "Time to first token (arrival to first token).",
     "inter_token_latency_seconds": "Gap between successive tokens of a request.",
     "request_queue_time_seconds": "Time waiting before first admission.",
-    "request_queue_time_prediction_error_seconds": "How far a waiting request's first predicted wait was from its actual wait.",
+    "request_queue_time_prediction_error_seconds": "|Predicted - actual| wait of a queued request.",
     "e2e_request_latency_seconds": "Arrival to finish.",
     "request_time_per_output_token_seconds": "Mean inter-token gap of a finished request.",
     "request_prefill_time_seconds": "First admission to first token of a finished request.",
