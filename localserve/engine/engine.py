@@ -291,6 +291,7 @@ class Engine(EngineClient):
                 batch.num_generated,
                 batch.num_draft_tokens,
                 batch.num_accepted_tokens,
+                batch.is_stretched,
             )
             if batch.num_drafts:
                 self.metrics.on_drafts(

@@ -60,6 +60,7 @@ class StepRecord(NamedTuple):
     prefill_s: float  # the cost model's share for the prefill tokens
     num_draft: int = 0  # draft rows verified (speculative decoding)
     num_accepted: int = 0  # of those, accepted
+    is_stretched: bool = False  # the TTFT target gave it more prompt tokens than the ITL one
 
 
 class Window:
@@ -250,9 +251,11 @@ class Metrics:
         num_sampled: int | None = None,
         num_draft: int = 0,
         num_accepted: int = 0,
+        is_stretched: bool = False,
     ) -> None:
         """One step: its token counts, wall time, time in llama_decode, predicted prefill time,
-        and its draft rows and how many of them were accepted."""
+        its draft rows and how many of them were accepted, and whether TTFT deadlines stretched
+        it past the ITL target's prefill budget."""
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
         self.histograms["iteration_tokens_total"].observe(num_decode + num_prefill + num_draft)
@@ -267,6 +270,7 @@ class Metrics:
             prefill_s,
             num_draft,
             num_accepted,
+            is_stretched,
         )
         self.steps.append(record)
 
@@ -313,6 +317,7 @@ class Metrics:
             draft_tokens=sum(s.num_draft for s in recent) / n,
             draft_acceptance=accepted / drafted if drafted else None,
             tokens_per_decode=1 + accepted / decodes if decodes else None,
+            stretched_share=sum(s.is_stretched for s in recent) / n,
         )
 
     def export_histograms(self) -> dict[str, Histogram]:

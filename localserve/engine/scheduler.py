@@ -86,6 +86,7 @@ class Scheduler:
         self._cancelled: list[Sequence] = []
         self._quick_step = False  # the last step's prefill was only newly admitted prompts
         self.last_prefill_budget = max_num_batched_tokens
+        self._itl_budget = max_num_batched_tokens  # the last step's, before TTFT deadlines
         on = config.speculative != "off" and config.max_draft_tokens > 0
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
@@ -334,6 +335,7 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+        batch.is_stretched = batch.num_prefill_tokens > self._itl_budget
 
     def _schedule_drafts(self, batch: Batch) -> None:
         """Drafts for this step's decode rows (localserve.engine.speculative.plan_drafts)."""
@@ -400,11 +402,13 @@ class Scheduler:
         policy) what keeps the step within the ITL target, or meets TTFT deadlines when several
         long prompts compete or requests wait for room."""
         budget = self.max_num_batched_tokens - num_decode
+        self._itl_budget = budget
         if not num_decode or self.config.policy != "continuous":
             return budget
         target = self.config.itl_target_ms / 1e3
         floor = self.config.min_prefill_tokens
         itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
+        self._itl_budget = itl_budget  # what the ITL target alone allows
         # one user's paste (or pastes) never stalls the others' streams; several users' pastes,
         # or others waiting for room, may: TTFT first
         pasting = {s.user for s in prefills if s.num_remaining > itl_budget}

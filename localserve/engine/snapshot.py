@@ -48,6 +48,7 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
         max_num_seqs=sched.max_num_seqs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         itl_target_s=engine.config.itl_target_ms / 1e3,
+        ttft_target_s=engine.config.ttft_target_ms / 1e3,
         running=len(sched.running),
         waiting=sched.num_waiting,
         kv_used=kv.num_used,

@@ -112,6 +112,8 @@ class StepStats(msgspec.Struct):
     draft_tokens: float | None = None
     draft_acceptance: float | None = None
     tokens_per_decode: float | None = None
+    # the share of those steps the TTFT target stretched past the ITL target's prefill budget
+    stretched_share: float = 0.0
 
 
 class Counters(msgspec.Struct):
@@ -215,3 +217,4 @@ class Snapshot(msgspec.Struct):
         default_factory=lambda: Percentiles(None, None, None, None, 0)
     )
     newcomer_wait_s: float | None = None
+    ttft_target_s: float = 0.0  # the scheduler's TTFT target (it may stretch steps for it)
