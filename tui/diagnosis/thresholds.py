@@ -31,6 +31,11 @@ ITL_PREFILL_SHARE = 0.3  # prefill share of step time at or above: named as an I
 DECODE_STEP_OF_TARGET = 0.75  # decode part of a step >= this x ITL target: decoders contend
 ENGINE_SHARE_HIGH = 0.3  # time outside llama_decode at or above: named as an ITL cause
 ITL_BAD_FACTOR = 2.0  # ITL p50 >= this x target: level bad
+STRETCHED_SHARE = 0.3  # recent steps the TTFT target stretched, at or above: named as the cause
+
+# who holds the server
+HOLDER_SHARE = 0.5  # one user's share of the running sequences, live cells or queue, at or above
+HOLDER_MIN_SEQS = 2  # ... with at least this many of them
 
 # the answer
 HEADLINE_MAX = 100  # characters
