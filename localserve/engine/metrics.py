@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from localserve.engine.sequence import FinishReason, Sequence
+from localserve.engine.slowdown import Slowdown
 from localserve.engine.stats import percentile
 from localserve.protocol.snapshot import Counters, EventRow, Histogram, Percentiles, StepStats
 
@@ -151,6 +152,7 @@ class Metrics:
             "iteration_tokens_total": CumulativeHistogram(ITERATION_TOKEN_BUCKETS),
         }
         self.steps: deque[StepRecord] = deque(maxlen=256)
+        self.slowdown = Slowdown()  # the steps against this machine's own best
         self.events: deque[EventRow] = deque(maxlen=100)
 
     # --- recording -------------------------------------------------------------------------
@@ -273,6 +275,7 @@ class Metrics:
             is_stretched,
         )
         self.steps.append(record)
+        self.slowdown.add(record.t, num_decode + num_draft, num_prefill, step_s)
 
     def _observe(self, window: Window, name: str, value: float) -> None:
         window.add(self.clock(), value)
@@ -318,6 +321,7 @@ class Metrics:
             draft_acceptance=accepted / drafted if drafted else None,
             tokens_per_decode=1 + accepted / decodes if decodes else None,
             stretched_share=sum(s.is_stretched for s in recent) / n,
+            slowdown=self.slowdown.ratio,
         )
 
     def export_histograms(self) -> dict[str, Histogram]:

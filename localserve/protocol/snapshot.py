@@ -114,6 +114,9 @@ class StepStats(msgspec.Struct):
     tokens_per_decode: float | None = None
     # the share of those steps the TTFT target stretched past the ITL target's prefill budget
     stretched_share: float = 0.0
+    # the median ratio of the recent steps' times to the fastest of their shape in the last ten
+    # minutes (engine/slowdown.py): well above 1, the machine is doing other work
+    slowdown: float | None = None
 
 
 class Counters(msgspec.Struct):
@@ -170,6 +173,19 @@ class RunningStep(msgspec.Struct):
     limit_s: float  # when the watchdog stops the engine process
 
 
+class HostLoad(msgspec.Struct):
+    """The machine around the engine process (engine_process/child.py), when it can be read."""
+
+    cpus: int  # the cores this process may run on
+    load_1m: float  # the system's one-minute load average: runnable threads, ours included
+    own_cores: float  # cores the engine process kept busy since the last snapshot
+
+    @property
+    def others(self) -> float:
+        """Cores' worth of runnable threads that are not this engine's."""
+        return max(0.0, self.load_1m - self.own_cores)
+
+
 class Snapshot(msgspec.Struct):
     """One look at the engine: what the monitor shows and `/metrics` exports."""
 
@@ -218,3 +234,4 @@ class Snapshot(msgspec.Struct):
     )
     newcomer_wait_s: float | None = None
     ttft_target_s: float = 0.0  # the scheduler's TTFT target (it may stretch steps for it)
+    host: HostLoad | None = None  # None: not measured (an engine in the server's own process)

@@ -26,7 +26,11 @@ from tui.diagnosis.thresholds import (
     ITL_BAD_FACTOR,
     ITL_PREFILL_SHARE,
     LONG_PROMPT_TOKENS,
+    OTHERS_CORES_SHARE,
     PREFILL_BOUND_SHARE,
+    SLOWDOWN_ALONE,
+    SLOWDOWN_BAD,
+    SLOWDOWN_HIGH,
     STRETCHED_SHARE,
     TTFT_BAD_S,
 )
@@ -37,6 +41,7 @@ TTFT = "ttft"  # why the time to first token is high
 KV = "kv"  # the KV cache as the limit
 ITL = "itl"  # why inter-token latency is high
 PREEMPTIONS = "preemptions"  # why sequences are being preempted
+MACHINE = "machine"  # the machine itself (other work on it) as the limit
 
 NONE: frozenset[str] = frozenset()
 
@@ -160,6 +165,40 @@ def rejecting(c: Signals) -> Finding | None:
         "context and refusals while shutting down"
     ]
     return Finding("bad", head, details)
+
+
+def machine_busy(c: Signals) -> Finding | None:
+    """Other work on the machine slows every step: its load average and the steps' times
+    against this machine's own best for their size, not the server's load, say so."""
+    if not c.active:
+        return None
+    host, ratio = c.host, c.slowdown
+    busy = host is not None and host.others >= OTHERS_CORES_SHARE * max(host.cpus, 1)
+    slow = ratio is not None and ratio >= SLOWDOWN_HIGH
+    if not ((busy and (slow or ratio is None)) or (ratio is not None and ratio >= SLOWDOWN_ALONE)):
+        return None
+    parts, details = [], []
+    if busy and host is not None:
+        parts.append(f"load {host.load_1m:.1f} on {host.cpus} cores")
+        details.append(
+            f"load average {host.load_1m:.1f} on {host.cpus} cores: this engine keeps "
+            f"{host.own_cores:.1f} busy, other processes {host.others:.1f}"
+        )
+    if ratio is not None:
+        parts.append(f"steps {ratio:.1f}× their best")
+        details.append(
+            f"the recent steps take {ratio:.1f}× the fastest step of their size in the last ten "
+            "minutes (median of the last 32): the same work ran faster before"
+        )
+    if not busy:
+        details.append("no other load on the cores: a throttled or shared GPU, or a slower clock")
+    details.append(
+        "not the server's load: find what else runs (top, nvidia-smi) or give the server its "
+        "own cores"
+    )
+    level = "bad" if ratio is not None and ratio >= SLOWDOWN_BAD else "warn"
+    line = "the machine is the limit: " + ", ".join(parts)
+    return Finding(level, line, details, explains=frozenset({MACHINE, ITL, TTFT}))
 
 
 def one_user_holds(c: Signals) -> Finding | None:
@@ -353,7 +392,8 @@ def ttft_other(c: Signals) -> Finding | None:
 def _ttft_finding(c: Signals, line: str, details: list[str], level: str = "") -> Finding:
     """A finding about TTFT's cause: one per diagnosis, the first that applies."""
     ttft = frozenset({TTFT})
-    return Finding(level or _ttft_level(c), line, details, explains=ttft, defers_to=ttft)
+    defers = frozenset({TTFT, MACHINE})
+    return Finding(level or _ttft_level(c), line, details, explains=ttft, defers_to=defers)
 
 
 def itl(c: Signals) -> Finding | None:
@@ -387,7 +427,8 @@ def itl(c: Signals) -> Finding | None:
     line = f"{word}: " + "; ".join(causes[:2])
     details += [f"also: {cause}" for cause in causes[2:]]
     bad = c.itl_p50 is not None and c.itl_p50 >= ITL_BAD_FACTOR * target
-    return Finding("bad" if bad else "warn", line, details, explains=explains)
+    level = "bad" if bad else "warn"
+    return Finding(level, line, details, explains=explains, defers_to=frozenset({MACHINE}))
 
 
 def _itl_causes(c: Signals, target: float, details: list[str]) -> list[str]:
@@ -507,6 +548,7 @@ RULES = (  # the table's order: among findings of one level the first takes the 
     engine_down,
     admission_blocked,
     rejecting,
+    machine_busy,
     one_user_holds,
     capacity_bound,
     slot_bound,

@@ -135,6 +135,9 @@ class Signals:
             self.step_s * (1 - (self.prefill_share or 0.0)) if self.step_s is not None else None
         )
         self.stretched_share = _unit(st.stretched_share) or 0.0
+        slowdown = _num(st.slowdown)
+        self.slowdown = slowdown if slowdown is not None and slowdown > 0 else None
+        self.host = s.host
         ttft_target = _num(s.ttft_target_s)
         self.ttft_target = ttft_target if ttft_target is not None and ttft_target > 0 else None
 

@@ -16,6 +16,7 @@ from localserve.protocol.snapshot import (
     Counters,
     Device,
     EventRow,
+    HostLoad,
     ModelInfo,
     Percentiles,
     SeqRow,
@@ -968,3 +969,34 @@ def test_the_ttft_target_is_named_when_it_stretches_the_steps():
     # the same steps without the stretch: prefill pressure, as before
     d = check(diagnose([snap(**dict(stretched, steps=dict(step_s=0.22, prefill_time_share=0.6)))]))
     assert d.headline == "ITL high: prefill chunks take 60% of each step"
+
+
+# --- the machine as the limit (issue 40) -------------------------------------------------------
+
+
+def test_other_work_on_the_cores_is_named_instead_of_the_load():
+    load = dict(
+        seqs=decoders(3) + [seq(3, phase="prefill", prompt=3000)],
+        itl=pct(0.3),
+        ttft=pct(4.0),
+        steps=dict(step_s=0.3, prefill_time_share=0.6, slowdown=2.3),
+    )
+    busy = dict(load, host=HostLoad(cpus=2, load_1m=10.5, own_cores=1.9))
+    d = check(diagnose([snap(**busy)]))
+    assert d.headline == "the machine is the limit: load 10.5 on 2 cores, steps 2.3× their best"
+    assert not any("prefill bound" in line or "ITL high" in line for line in d.details)
+    assert any("load average 10.5 on 2 cores" in line for line in d.details)
+    # the same load on a quiet machine: its usual reading
+    quiet = dict(load, host=HostLoad(cpus=2, load_1m=2.1, own_cores=1.9))
+    quiet["steps"] = dict(load["steps"], slowdown=1.05)
+    d = check(diagnose([snap(**quiet)]))
+    assert d.headline.startswith("ITL high: 3 sequences decode at once")
+
+
+def test_steps_far_slower_than_their_best_name_the_machine_without_a_load_reading():
+    slowed = dict(seqs=decoders(4), itl=pct(0.3), steps=dict(step_s=0.3, slowdown=2.6))
+    d = check(diagnose([snap(**slowed)]))
+    assert d.headline == "the machine is the limit: steps 2.6× their best"
+    assert any("throttled or shared GPU" in line for line in d.details)
+    d = check(diagnose([snap(**dict(slowed, steps=dict(step_s=0.3, slowdown=1.6)))]))
+    assert d.headline.startswith("ITL high")  # a little slower, no busy host: the load
