@@ -213,8 +213,9 @@ class Connection:
         t = done.timings
         drafts = {k: int(t[k]) for k in ("draft_n", "draft_n_accepted") if t.get(k) is not None}
         timings = Timings(
-            t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"], t.get("load_ms"), **drafts
-        )
+            t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"], t.get("load_ms"), **drafts,
+            predicted_queue_ms=t.get("predicted_queue_ms"),
+        )  # fmt: skip
         recorded = request.is_recorded
         dropped = request.num_dropped_messages
         self.send(
