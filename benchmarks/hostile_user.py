@@ -43,7 +43,7 @@ from pathlib import Path
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.clients import RawClient  # noqa: E402  (the tests' bare-socket client)
+from localserve.bench.hostile import RawClient  # noqa: E402
 
 PORT = 8799
 SEA = [{"role": "user", "content": "Tell me about the sea."}]

@@ -39,7 +39,7 @@ from pathlib import Path
 from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.clients import Squatter, healthy_from  # noqa: E402  (the tests' squatter)
+from localserve.bench.hostile import Squatter, healthy_from  # noqa: E402
 
 PORT = 8797
 HOST = "127.0.0.1"

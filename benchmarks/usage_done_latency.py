@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/usage_done_latency.py [--requests 300]
 
 One client, one request at a time, on the FakeRunner (so the engine costs next to nothing; the
-server is the tests' `FakeServer`): the time from sending `chat` to receiving `done`, with the
-usage record on (a temporary state directory) and off, alternating, two rounds of --requests
-each. Prints two lines, usage off and on: chat -> done median and p99.
+server is localserve/bench/fake_server.py's `FakeServer`): the time from sending `chat` to
+receiving `done`, with the usage record on (a temporary state directory) and off, alternating,
+two rounds of --requests each. Prints two lines, usage off and on: chat -> done median and p99.
 Figures: docs/benchmarks.md, "The usage record (issue 16)" and "The fault guarantees cost
 nothing measurable (issue 25)".
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.fakes import FakeServer  # noqa: E402
-from tests.support.live import WS  # noqa: E402
+from localserve.bench.blocking_ws import WS  # noqa: E402
+from localserve.bench.fake_server import FakeServer  # noqa: E402
 
 
 def run(requests: int, **config) -> list[float]:

@@ -23,7 +23,7 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 KvType = Literal["f16", "q8_0", "q4_0"]
-# how a model writes tool calls (localserve/chat/tool_calls.py reads each one)
+# how a model writes tool calls (localserve/chat/tool_calls/ reads each one)
 ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "deepseek"]
 MAX_DEVICES = 16  # llama.cpp's LLAMA_MAX_DEVICES
 

@@ -22,19 +22,13 @@ from localserve.protocol.frames import ModelStatus, Stats, UserUsage
 from localserve.protocol.snapshot import Snapshot
 from tui.diagnosis import diagnose
 from tui.source import Connected, Disconnected, Refused
-from tui.widgets import (
-    CountersPanel,
-    DiagnosisLine,
-    HeaderBar,
-    KVBar,
-    LatencyPanel,
-    RunningTable,
-    ThroughputPanel,
-    TodayPanel,
-    WaitingTable,
-    reset_colors,
-    user_color,
-)
+from tui.widgets.cells import KVBar
+from tui.widgets.counters import CountersPanel
+from tui.widgets.header import DiagnosisLine, HeaderBar
+from tui.widgets.requests import RunningTable, WaitingTable
+from tui.widgets.speed import LatencyPanel, ThroughputPanel
+from tui.widgets.style import reset_colors, user_color
+from tui.widgets.today import TodayPanel
 
 HISTORY_LENGTH = 240  # snapshots kept: two minutes at the default 0.5 s interval
 

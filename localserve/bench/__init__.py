@@ -1,14 +1,24 @@
 """`localserve bench`: a load generator, measured on the client, against localserve or a peer.
 
-- `workloads`: what is sent and when (request mixes, multi-turn conversations, arrival times);
-- `targets`: where it is sent (localserve's websocket protocol, or an OpenAI-compatible
+- `workloads.py`: what is sent and when (request mixes, multi-turn conversations, arrival
+  times).
+- `targets.py`: where it is sent (localserve's websocket protocol, or an OpenAI-compatible
   streaming endpoint such as llama.cpp's `llama-server`, so the two compare side by side) and
-  what is measured of each request;
-- `runs`: the load, the conversations and the origin scenario, run against a target;
-- `report`: the figures (vLLM's `bench serve` definitions) and their readable form.
+  what is measured of each request.
+- `runs.py`: the load, the conversations and the origin scenario, run against a target.
+- `scenario.py`: the origin scenario: four people sharing one server, over websockets.
+- `report.py`: the figures (vLLM's `bench serve` definitions) and their readable form.
+- `sweep.py`: `localserve sweep`: concurrency x workload x policy, with a table and a chart.
+- `engine.py`: the engine's decode throughput against a bare `llama_decode` loop.
+- `fake_server.py`: the server on the paced fake runner, for benchmarks and tests without a
+  model.
+- `blocking_ws.py`: a blocking websocket client speaking JSON dicts (`WS`).
+- `hostile.py`: hostile clients: a bare-socket websocket client, a socket squatter.
 
 The names below are the package's public ones; `target(url, openai, endpoint)` names the target
-a command line's URL and flags mean, and `runs` runs against it.
+a command line's URL and flags mean, and `runs` runs against it. The benchmarks in benchmarks/
+use this package and never the tests' code; the tests import what they share with them from
+here.
 """
 
 from __future__ import annotations

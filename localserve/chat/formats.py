@@ -21,7 +21,7 @@ from localserve.chat.tool_calls import choose_tool_format
 
 
 class ModelFormats(NamedTuple):
-    tool: str | None  # the parser of its calls (chat/tool_calls.py), None: no tools
+    tool: str | None  # the parser of its calls (chat/tool_calls/), None: no tools
     reasoning: str | None  # the parser of its reasoning (chat/reasoning.py), None: no split
     forced: str | None  # the form a forced call is written in (chat/tools.py)
 

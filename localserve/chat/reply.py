@@ -1,5 +1,5 @@
 """One reply read as it streams: its reasoning split off (chat/reasoning.py), then its answer
-read for tool calls (chat/tool_calls.py), as one list of events in the reply's order.
+read for tool calls (chat/tool_calls/), as one list of events in the reply's order.
 
 Either part may be off: without a reasoning format the whole reply is answer, without a tool
 format (a request without tools, or `tool_choice: "none"`) the answer is all content. Reading

@@ -6,7 +6,7 @@ shape, sizes) and gives them back normalized for the chat template. `tool_choice
 (the model may call: its reply is read for calls), "none" (no tools shown, none read),
 "required" (it must call one) or a named function (it must call that one); `ToolChoice` holds
 it. For "required" and a named function the call is forced: `forced_call_grammar` writes an
-llguidance Lark grammar in the model's own call format (chat/tool_calls.py's formats) whose
+llguidance Lark grammar in the model's own call format (chat/tool_calls/'s formats) whose
 arguments are the tool's JSON schema (`%json`), so the call is well formed and its arguments
 valid whatever the weights; chat/constraints.py compiles it under its bounds, with the schema
 checks that structured output has (an unsupported keyword in `parameters` is refused naming it).

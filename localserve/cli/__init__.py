@@ -4,6 +4,21 @@ the function that does it; what several commands share is in localserve.cli.shar
 
 Nothing here imports tui or Textual: demo, monitor and chat import tui inside their run
 functions only.
+
+- `serve.py`: `localserve serve`: the chat server on one port.
+- `worker.py`: `localserve worker`: this machine's CPU or GPUs lent as a llama.cpp RPC server.
+- `demo.py`: `localserve demo`: the model in-process, four people sharing it, the monitor.
+- `monitor.py`: `localserve monitor`: the live monitor of a running server.
+- `chat.py`: `localserve chat`: chat with a running server in this terminal.
+- `users.py`: `localserve users`: the people of a users file and their tokens.
+- `usage.py`: `localserve usage`: who used how much of which model, per user and day.
+- `generate.py`: `localserve generate`: one prompt through the engine, its timings after.
+- `models.py`: `localserve models`: the configured models, their files, what fits.
+- `pull.py`: `localserve pull`: a GGUF fetched from the Hugging Face Hub into models.toml.
+- `bench.py`: `localserve bench`: the load generator against a running server.
+- `sweep.py`: `localserve sweep`: concurrency x workload x policy on one loaded model.
+- `bench_engine.py`: `localserve bench-engine`: the engine against bare llama_decode.
+- `shared.py`: what several commands share: arguments, logging, the "what runs where" block.
 """
 
 from __future__ import annotations

@@ -1,3 +1,19 @@
 """The engine core: sequences, the KV-cell pool, the scheduler, the step loop, events and
 metrics. No asyncio, no sockets, no llama.cpp: a `Runner` does the tensor work.
+
+- `sequence.py`: a request's life inside the engine: tokens, KV position, status, timings.
+- `sampling_params.py`: a request's sampling parameters, checked.
+- `text_stream.py`: a sequence's text as it streams: UTF-8 decoding, stop strings.
+- `kv.py`: the KV cells as a capacity pool: sequence ids, cached prefixes.
+- `budget.py`: the adaptive prefill budget of a step that also carries decodes.
+- `speculative.py`: n-gram drafts: more than one token per sequence per step.
+- `batch.py`: one step's batch, and what the runner sampled of it.
+- `scheduler.py`: the continuous-batching scheduler: what goes into the next step.
+- `runner.py`: the one seam to the hardware: what the engine needs of a model runner.
+- `engine.py`: the scheduler and the runner on one thread: requests in, events out.
+- `events.py`: what the engine tells the world, one list of events per step.
+- `metrics.py`: metrics with vLLM's definitions, recorded on the engine thread.
+- `stats.py`: summary statistics the metrics and the load generator share.
+- `snapshot.py`: one look at the engine, built on its thread between steps.
+- `client.py`: the engine's interface (`EngineClient`) and its commands.
 """

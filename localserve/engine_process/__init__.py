@@ -6,13 +6,14 @@ runs the engine (the runner, the scheduler, the metrics: all of localserve.engin
 child process, and the server's process keeps what users see: connections, the queue's bounds,
 the usage record, the monitor. The package by side of the process boundary:
 
-- `parent`: the server's side. `EngineProcess` implements `localserve.engine.client.EngineClient`
+- `parent.py`: the server's side. `EngineProcess` implements `localserve.engine.client.EngineClient`
   (what `Server` uses of an engine); `Vocabulary` has what the server uses of the runner
   (`tokenize`, `apply_chat_template`, `info`, `where`): prompts are tokenized there, with a
-  vocabulary-only load of the model, and only token ids cross. Its watchdog lives there too.
-- `messages`: what crosses the pipe (the engine's own commands go as they are).
-- `step_clock`: the shared memory where the engine says when its running step started.
-- `child`: the engine process's main (`python -m localserve.engine_process.child`).
+  vocabulary-only load of the model, and only token ids cross. Its watchdog thread lives there.
+- `watchdog.py`: the watchdog's verdict on each look, a pure function, and exit codes in words.
+- `messages.py`: what crosses the pipe (the engine's own commands go as they are).
+- `step_clock.py`: the shared memory where the engine says when its running step started.
+- `child.py`: the engine process's main (`python -m localserve.engine_process.child`).
 
     server process                                  engine process (spawned)
     Server -> EngineProcess --- Pipe, msgpack ---> child -> Engine (its own thread) -> llama.cpp

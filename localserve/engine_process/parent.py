@@ -13,9 +13,9 @@ lock as the entry points and the reader, so it lives beside them, in this class.
 engine, busy in a step, has not given within ANSWER_S is the last one with that step added
 (`Snapshot.step`): /healthz, /metrics and the stats frames never wait for a long step.
 
-Its verdict on each look is `watchdog_verdict`, a pure function.
+Its verdict on each look is watchdog.py's `watchdog_verdict`, a pure function.
 
-Tested in tests/unit/engine_process/test_watchdog_verdict.py (the verdict),
+Tested in tests/unit/engine_process/test_watchdog.py (the verdict),
 tests/e2e/test_engine_process.py and tests/e2e/test_engine_faults.py.
 """
 
@@ -26,7 +26,6 @@ import itertools
 import logging
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +34,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import NamedTuple
 
 import msgspec
 
@@ -58,7 +56,13 @@ from localserve.engine_process.messages import (
     LoadModel,
     SnapshotAnswer,
 )
-from localserve.engine_process.step_clock import StepClock, StepReading
+from localserve.engine_process.step_clock import StepClock
+from localserve.engine_process.watchdog import (
+    WatchTimes,
+    exit_reason,
+    has_overrun,
+    watchdog_verdict,
+)
 from localserve.protocol.snapshot import ModelInfo, RunningStep, Snapshot, Worker
 
 log = logging.getLogger("localserve.engine_process.parent")
@@ -68,85 +72,8 @@ WATCH_INTERVAL_S = 0.05  # how often the watchdog looks
 # the running step; asked during a step that has run this long, at once. A step's limit: the
 # rule in step_clock.py
 ANSWER_S = 0.5
-# while nothing comes from the engine for HEARTBEAT_S, the watchdog asks it for a snapshot; an
-# engine idle (no step running) that stays silent for SILENCE_S is stopped (SIGSTOP, a dead
-# reader: nothing else would notice)
-HEARTBEAT_S = 1.0
-SILENCE_S = 5.0
-WORKER_CHECK_S = 1.0  # while serving, a worker that refuses connections is gone: reload early
 PROBE_TIMEOUT_S = 2.0  # a worker that does not answer its hello in this long is "not answering"
 RETRY_S = (1.0, 2.0, 5.0, 10.0)  # between restart attempts while workers are missing
-
-
-# --- the watchdog's verdict: one look at the serving engine, as a pure function ---------------
-
-
-class WatchTimes(NamedTuple):
-    """What the watchdog remembers between looks (seconds of `time.monotonic()`)."""
-
-    heard: float  # the engine's last message
-    quiet_since: float  # the last look that saw a step running
-    pinged: float  # the last heartbeat asked
-    checked: float  # the RPC workers' last check
-
-
-class Verdict(NamedTuple):
-    """One look's verdict. Kinds that stop the engine (`reason` says why, for the people whose
-    requests fail): "fault" (the reader failed), "exited", "overran" (a step past its limit),
-    "silent" (idle, and no answer for SILENCE_S). Kinds that let it run: "stepping" (a step
-    within its limit: the silence is not judged) and "idle", which may ask for a heartbeat
-    (`ping`) or a look at the RPC workers (`check_workers`)."""
-
-    kind: str
-    reason: str = ""
-    ping: bool = False
-    check_workers: bool = False
-
-
-def has_overrun(reading: StepReading, now: float, step_timeout_s: float) -> bool:
-    """Whether the running step has run past its limit (step_clock.py's rule)."""
-    return bool(reading.started) and now - reading.started > reading.limit_s(step_timeout_s)
-
-
-def watchdog_verdict(
-    now: float,
-    reading: StepReading,
-    step_timeout_s: float,
-    times: WatchTimes,
-    fault: str = "",
-    exit_code: int | None = None,
-) -> Verdict:
-    """What one look at the serving engine decides, from the step clock's `reading`, the
-    watchdog's `times`, a reader's `fault` and the process's exit code (None: it runs)."""
-    if fault:  # first: the process ends as the reader closes its end
-        return Verdict("fault", fault)
-    if exit_code is not None:
-        return Verdict("exited", exit_reason(exit_code))
-    if has_overrun(reading, now, step_timeout_s):
-        why = f"a step took longer than {reading.describe_limit(step_timeout_s)}"
-        return Verdict("overran", f"{why}, so the engine process was stopped")
-    if reading.started:
-        return Verdict("stepping")
-    quiet = now - max(times.heard, times.quiet_since)
-    if quiet > SILENCE_S:
-        why = f"the engine process stopped answering (silent for {quiet:.0f} s while idle)"
-        return Verdict("silent", why)
-    ping = quiet > HEARTBEAT_S and now - times.pinged > HEARTBEAT_S
-    idle_s = min(now - times.quiet_since, now - times.checked)
-    return Verdict("idle", ping=ping, check_workers=idle_s > WORKER_CHECK_S)
-
-
-def exit_reason(code: int | None) -> str:
-    """Why the engine process ended, in words, from its exit code (None: it has not)."""
-    if code is None:
-        return "the engine process stopped answering"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-code).name
-            if name == "SIGABRT":
-                return "llama.cpp aborted the engine process (SIGABRT)"
-            return f"the engine process was killed ({name})"
-    return f"the engine process exited with status {code}"
 
 
 @dataclass
@@ -179,7 +106,7 @@ class Vocabulary:
     """The runner's text side, in the server's process: prompts become tokens here."""
 
     def __init__(self, vocab, info: ModelInfo, where: str) -> None:
-        self._vocab = vocab  # runners.llama.VocabOnly
+        self._vocab = vocab  # runners.llama_text.VocabOnly
         self.info = info
         self.where_text = where  # the engine process's start-up block
 
@@ -245,7 +172,7 @@ class EngineProcess(EngineClient):
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> EngineProcess:
-        from localserve.runners.llama import VocabOnly
+        from localserve.runners.llama_text import VocabOnly
         from localserve.runners.models import resolve_model
 
         path = resolve_model(self.name, self.model)  # the download is said here, not there

@@ -1,3 +1,14 @@
 """What an operator runs the server with: the usage record and quotas, users and tokens,
 Prometheus metrics.
+
+- `auth.py`: who may connect: per-user tokens, the monitor token, the bind-address rule.
+- `users_file.py`: editing a users file: people added with new tokens, removed, listed.
+- `monitor_token.py`: the monitor token: configured, or kept in the state directory.
+- `usage.py`: who used how much: a row per finished request in SQLite, daily quotas.
+- `usage_report.py`: what `localserve usage` reads from the record and prints.
+- `people.py`: the people trusted front-ends named, kept in SQLite.
+- `conversations.py`: each person's conversations from the chat page, kept in SQLite.
+- `sqlite_files.py`: the state directory's SQLite files, opened the one way the stores keep
+  them.
+- `prometheus.py`: `/metrics`: a Snapshot in Prometheus text format, with vLLM's names.
 """

@@ -19,8 +19,7 @@ import llama_cpp
 import numpy as np
 
 from localserve.chat.formats import model_formats
-from localserve.chat.templates import ChatTemplate, ChatTemplateError, is_jinja
-from localserve.config import ConfigError, ModelConfig, is_template_file
+from localserve.config import ModelConfig
 from localserve.engine.batch import Batch, Sampled
 from localserve.engine.runner import DecodeError, KVCacheFull, RunTimings, apply_cell_ops
 from localserve.engine.sampling_params import MIN_TEMPERATURE, SamplingParams
@@ -29,11 +28,12 @@ from localserve.protocol.snapshot import ModelInfo
 from localserve.runners import rpc
 from localserve.runners.footprint import logit_rows
 from localserve.runners.grammar import Constrained, GrammarEngine
+from localserve.runners.llama_backend import router
+from localserve.runners.llama_text import TokenText, describe_template
 from localserve.runners.placement import describe, parse_log, split_devices
 from localserve.runners.sampling import Sampler, SamplingError
 
 log = logging.getLogger("localserve.engine.runner")
-llama_log = logging.getLogger("llama_cpp")
 
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _KV_TYPES = {
@@ -46,34 +46,6 @@ _SPLIT_MODES = {
     "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
     "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
 }
-# ggml's log levels (1 debug .. 4 error); its INFO is model-loading chatter, so it goes to DEBUG
-_LOG_LEVELS = {0: logging.DEBUG, 1: 5, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
-
-
-class _LogRouter:
-    """Route llama.cpp's log lines into Python logging (it writes to stderr otherwise)."""
-
-    def __init__(self) -> None:
-        self._buffer = ""
-        self._level = logging.DEBUG
-        self.captured: list[str] | None = None  # lines kept while a model loads (placement)
-        self.callback = llama_cpp.llama_log_callback(self._on_log)  # keep a reference
-
-    def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-        if level != 5:  # 5 = continuation of the previous line
-            self._level = _LOG_LEVELS.get(level, logging.INFO)
-        self._buffer += text.decode("utf-8", errors="replace")
-        while "\n" in self._buffer:
-            line, self._buffer = self._buffer.split("\n", 1)
-            if line.strip():
-                llama_log.log(self._level, line)
-                if self.captured is not None:
-                    self.captured.append(line)
-
-
-_router = _LogRouter()
-llama_cpp.llama_log_set(_router.callback, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
 
 
 def _model_params(cfg: ModelConfig):
@@ -101,156 +73,11 @@ class _SamplerChain:
         self.ptr = ptr
 
 
-class _TokenText:
-    """Text in and out of tokens with a model's vocabulary and chat template (`vocab` and the
-    template are set by the class that loads the model, with `_load_template`)."""
-
-    vocab = None
-    _template: bytes | None = None  # a llama.cpp built-in template (a name, or marked text)
-    _jinja: ChatTemplate | None = None  # the model's own Jinja template, rendered as HF does
-    _template_error: ValueError | None = None  # why the configured template cannot be used
-    _adds_bos = False  # the tokenizer puts the BOS in front by itself
-    template_source: str | None = None  # the template's text (or built-in name), as configured
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        size = len(data) + 16
-        while True:
-            buf = (llama_cpp.llama_token * size)()
-            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
-            if n >= 0:
-                return buf[:n]
-            size = -n
-
-    def _load_template(self, model, cfg: ModelConfig) -> None:
-        """The template to use: a `.jinja` file or Jinja text from models.toml, a llama.cpp
-        built-in name from models.toml, else the GGUF's own (Jinja; llama.cpp's marker-based
-        guess when jinja2 cannot parse it)."""
-        try:
-            source = _template_source(model, cfg)
-        except ValueError as e:
-            self._template_error = e
-            return
-        self.template_source = source
-        if source is None or not is_jinja(source):
-            self._template = None if source is None else source.encode()
-            return
-        bos, eos = (_token_text(self.vocab, t) for t in _special_tokens(self.vocab))
-        try:
-            self._jinja = ChatTemplate(source, bos, eos)
-        except ChatTemplateError as e:
-            if cfg.chat_template:  # the operator's own template: say so at start-up
-                self._template_error = e
-                return
-            log.warning("the GGUF's chat template: %s; using llama.cpp's built-in guess", e)
-            self._template = source.encode()
-        self._adds_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
-
-    def apply_chat_template(
-        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs
-    ) -> str:
-        """Format a chat: the model's Jinja template (with `tools` and `template_kwargs` such as
-        enable_thinking), or llama.cpp's built-in one. Raises ValueError naming the problem."""
-        if self._template_error is not None:
-            raise self._template_error
-        if self._jinja is not None:
-            text = self._jinja.render(messages, tools, template_kwargs)
-            # the tokenizer adds the BOS itself (llama-server strips it the same way)
-            bos = self._jinja.bos_token
-            if self._adds_bos and bos and text.startswith(bos):
-                text = text[len(bos) :]
-            return text
-        return self._apply_builtin(messages, tools)
-
-    def _apply_builtin(self, messages: list[dict], tools: list[dict] | None) -> str:
-        """llama.cpp's built-in template (no Jinja): roles and text only."""
-        if self._template is None:
-            raise ValueError("chat_template: the model has none; set one in models.toml")
-        name = self._template.decode(errors="replace")
-        what = repr(name) if len(name) <= 40 else "the model's Jinja template"
-        if tools:
-            raise ValueError(f"tools: llama.cpp's built-in chat template {what} cannot show tools")
-        keep = [(m["role"].encode(), _text_of(m.get("content")).encode()) for m in messages]
-        chat = (llama_cpp.llama_chat_message * len(keep))()
-        for i, (role, content) in enumerate(keep):
-            chat[i].role, chat[i].content = role, content
-        size = sum(len(c) for _, c in keep) * 2 + 256
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_chat_apply_template(
-                self._template, chat, len(keep), True, buf, size
-            )
-            if n < 0:
-                raise ValueError(f"chat_template: llama.cpp does not know {what}")
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = n
-
-
-def _text_of(content) -> str:
-    """A message's text: a string, or the text of its [{type: text, text}] parts."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-
-
-def _special_tokens(vocab) -> tuple[int, int]:
-    return llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)
-
-
-def _token_text(vocab, token: int) -> str:
-    """A special token's text (BOS, EOS), "" when the vocabulary has none."""
-    if token < 0:
-        return ""
-    return (llama_cpp.llama_vocab_get_text(vocab, token) or b"").decode("utf-8", errors="replace")
-
-
-def _template_source(model, cfg: ModelConfig) -> str | None:
-    """models.toml's chat_template (a `.jinja` file's text, Jinja text or a built-in name), else
-    the GGUF's `tokenizer.chat_template`; None when neither has one."""
-    configured = cfg.chat_template
-    if is_template_file(configured):
-        path = Path(configured).expanduser()
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"chat_template: cannot read {path}: {e}") from None
-    if configured:
-        return configured
-    raw = llama_cpp.llama_model_chat_template(model, None)  # None if the GGUF has none
-    return None if raw is None else raw.decode("utf-8", errors="replace")
-
-
-class VocabOnly(_TokenText):
-    """A model's vocabulary and template alone (llama.cpp's vocab_only load: no weights, about
-    0.4 s and 90 MB for Gemma's 262k tokens): prompts are built where no model runs."""
-
-    def __init__(self, path: Path, cfg: ModelConfig) -> None:
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-        if not self.model:
-            raise ValueError(f"llama.cpp could not read the vocabulary of {path}")
-        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self._load_template(self.model, cfg)
-
-    def close(self) -> None:
-        if self.model is not None:
-            llama_cpp.llama_model_free(self.model)
-            self.model = None
-
-
-def _describe_template(text: _TokenText) -> str:
-    if text._jinja is not None:
-        return text._jinja.source
-    return (text._template or b"").decode(errors="replace")
-
-
-class LlamaRunner(_TokenText):
+class LlamaRunner(TokenText):
     """Runs batches of decode tokens and prefill chunks on one llama.cpp context."""
 
     def __init__(self, name: str, path: Path, cfg: ModelConfig) -> None:
-        _router.captured = []  # what llama.cpp says while loading: where everything went
+        router.captured = []  # what llama.cpp says while loading: where everything went
         try:
             mparams, self._tensor_split = _model_params(cfg)
             self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
@@ -259,9 +86,9 @@ class LlamaRunner(_TokenText):
             self.vocab = llama_cpp.llama_model_get_vocab(self.model)
             self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
             self.ctx = self._new_context(name, cfg)
-            self.placement = parse_log(_router.captured, cfg.flash_attn)
+            self.placement = parse_log(router.captured, cfg.flash_attn)
         finally:
-            _router.captured = None
+            router.captured = None
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)  # padded: read back the real values
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
@@ -386,7 +213,7 @@ class LlamaRunner(_TokenText):
             n_layer=n_layer,
             n_gpu_layers=min(n_gpu, n_layer),
             n_threads=cfg.threads()[0],
-            chat_template=cfg.chat_template or _describe_template(self),
+            chat_template=cfg.chat_template or describe_template(self),
             max_num_seqs=cfg.max_num_seqs,
             max_draft_rows=self.max_draft_rows,
             # empty unless the layers are split or off the CPU

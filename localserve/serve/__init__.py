@@ -1,3 +1,24 @@
 """The server: its lifecycle, admission, prompt building, transport limits, and one subpackage
-per front-end (websocket/, openai/) plus the chat page.
+per front-end plus the chat page.
+
+- `serving.py`: `serving()`: a model served, from a config to a listening server and back.
+- `server.py`: the server: its models on one port, from listening to a graceful shutdown.
+- `app.py`: the ASGI app on the one port: websockets to a `Connection`, HTTP to Starlette.
+- `transport.py`: bounded connections: uvicorn's protocols with localserve's limits.
+- `health.py`: `GET /healthz` and `GET /metrics`.
+- `cors.py`: CORS for the HTTP APIs, for the origins `allowed_origins` lists.
+- `admission.py`: who and what the server lets in, whichever front-end a chat came through.
+- `trusted_proxies.py`: the people behind a trusted front-end's one API key.
+- `pool.py`: the models served: one slot per model, loaded when asked for, evicted when idle.
+- `prompt.py`: the prompt builder: chats to prompt text, then to tokens.
+- `routing.py`: engine events back to their request's sink, on the server's loop.
+- `snapshots.py`: the engine's snapshots, shared: however many ask, the engine makes one.
+- `tool_use.py`: a chat request's tools and thinking switch, and the reading of its reply.
+- `http_body.py`: an HTTP request's JSON body, bounded in bytes and time, then decoded.
+- `http_reply.py`: an HTTP reply's sink and ASGI response, watched for a client that leaves.
+- `page.py`: the chat page: static files in the package (web/), served at `/`.
+- `websocket/`: the websocket front-end.
+- `openai/`: the OpenAI-compatible HTTP API under `/v1`.
+- `ollama/`: the Ollama API under `/api`.
+- `anthropic/`: the Anthropic Messages API under `/v1/messages`.
 """

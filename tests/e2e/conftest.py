@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.live import WS, LiveServer, live_config
+from localserve.bench.blocking_ws import WS
+from tests.support.live import LiveServer, live_config
 
 
 @pytest.fixture(scope="module")
 def fake():
     """localserve's server on the paced FakeRunner (tests/support/fakes.py), one per test module."""
-    from tests.support.fakes import FakeServer
+    from localserve.bench.fake_server import FakeServer
 
     server = FakeServer()
     yield server
@@ -24,7 +25,7 @@ def stand_in():
     """The paced FakeRunner standing in for the live model, one per test module: served under its
     name, in its chat format, so that a test of what the server does whatever the model says
     sends the real model's tests' bodies, at the fake's speed."""
-    from tests.support.fakes import FakeServer
+    from localserve.bench.fake_server import FakeServer
 
     server = FakeServer(name=live_config().default, chat_format="transcript")
     yield server

@@ -16,11 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from localserve.bench.fake_server import FakeServer
 from localserve.ops.auth import Access
 from localserve.serve.anthropic.blocks import SIGNATURE
 from localserve.serve.anthropic.validation import DEFAULT_USER
 from tests.support.clients import http_request as request
-from tests.support.fakes import FakeServer, ScriptedRunner, prefilling
+from tests.support.fakes import ScriptedRunner, prefilling
 from tests.support.live import configured
 from tests.support.waiting import wait_until
 

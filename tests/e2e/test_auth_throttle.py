@@ -18,9 +18,10 @@ import urllib.request
 import openai
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.ops.auth import Access
 from localserve.protocol.frames import Stats
-from tests.support.live import WS, configured
+from tests.support.live import configured
 
 USERS = {"kate": "correct-horse", "liz": "battery-staple"}
 CAP = 10

@@ -21,10 +21,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from localserve.bench.fake_server import FakeServer
 from localserve.ops.auth import Access
 from localserve.serve.page import CSP
 from tests.support.cli import kill_serve, start_serve
-from tests.support.fakes import FakeServer, ScriptedRunner, two_fake_models
+from tests.support.fakes import ScriptedRunner, two_fake_models
 from tests.support.waiting import wait_until
 
 CHROMIUM = (
@@ -457,7 +458,7 @@ def test_two_people_stream_at_the_same_time(browser, live):
 def test_queue_position_then_stop_frees_the_cells(browser, live):
     """Eight of the server's places taken and one request waiting: the page says "2nd in
     line"; once it runs, Stop ends it as cancelled and its cells are freed."""
-    from tests.support.live import WS
+    from localserve.bench.blocking_ws import WS
 
     fillers = [WS(live.url), WS(live.url)]
     assert fillers[0].hello("fill-a")["type"] == "welcome"
@@ -489,7 +490,7 @@ def test_queue_position_then_stop_frees_the_cells(browser, live):
 
 
 def test_a_busy_server_says_so_and_retry_sends_again(browser, scripted):
-    from tests.support.live import WS
+    from localserve.bench.blocking_ws import WS
 
     server = scripted(["word "] * 150, max_inflight_per_user=1)
     other_tab = WS(server.url)  # henry's other client has his one request in flight

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
+from localserve.bench.fake_server import FakeServer
 from localserve.ops.auth import Access, AuthThrottle
 from tests.support.cli import localserve, slip_line
-from tests.support.fakes import FakeServer
 from tests.support.paths import ROOT
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import FakeServer
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
 from localserve.ops.conversations import DATABASE, ConversationStore, StoreUnusable
 from tests.support.cli import kill_serve, start_serve
-from tests.support.fakes import FakeServer
-from tests.support.live import WS
 
 USERS = {"ann": "ann-secret-token", "ben": "ben-secret-token"}
 

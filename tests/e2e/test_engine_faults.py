@@ -23,8 +23,9 @@ import urllib.request
 import msgspec
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from tests.support.clients import ends_with_an_error
-from tests.support.live import WS, live_config
+from tests.support.live import live_config
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import FakeServer, PacedRunner
 from localserve.ops.auth import Access
 from tests.support.clients import http_request
-from tests.support.fakes import FakeServer, PacedRunner
-from tests.support.live import WS
 from tests.support.waiting import wait_until
 
 

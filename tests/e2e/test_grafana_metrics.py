@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from localserve.bench.blocking_ws import WS
 from tests.support.grafana import HISTOGRAM_SUFFIXES, load, queried_names
-from tests.support.live import WS
 
 QUESTION = "Tell me everything you know about the tides, the moon and the sea. " * 4
 

@@ -16,9 +16,10 @@ import urllib.request
 
 import pytest
 
+from localserve.bench.hostile import RawClient, Squatter, healthy_from
 from localserve.serve.server import FRAME_SLACK_BYTES
 from localserve.serve.transport import LOG_INTERVAL_S, MIN_IDLE_S, PlaceLog
-from tests.support.clients import RawClient, Squatter, Streamer, healthy_from
+from tests.support.clients import Streamer
 from tests.support.live import configured
 from tests.support.waiting import wait_until
 

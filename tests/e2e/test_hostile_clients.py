@@ -21,11 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import connections_of
+from localserve.bench.hostile import RawClient
 from localserve.serve.server import FRAME_SLACK_BYTES
 from localserve.serve.transport import CLOSE_TIMEOUT_S, FRAME_COST_BYTES
-from tests.support.clients import RawClient, Streamer
-from tests.support.fakes import connections_of
-from tests.support.live import WS, configured
+from tests.support.clients import Streamer
+from tests.support.live import configured
 from tests.support.waiting import wait_until
 
 MAX_QUEUED_FRAMES = 1  # uvicorn's websocket protocol stops reading while a message waits
@@ -171,8 +173,8 @@ def inproc():
 
 def test_a_sampling_fault_fails_only_its_own_request(inproc):
     """NaN logits (a model fault confined to one sequence) end that request alone."""
+    from localserve.bench.blocking_ws import WS
     from localserve.runners.sampling import Sampler
-    from tests.support.live import WS
 
     bob = Streamer(inproc, BOB_TOKENS)
     real = Sampler.sample

@@ -12,10 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.chat.templates import ChatTemplate
 from localserve.config import Config, ModelConfig, ServerConfig
 from localserve.runners.models import ensure_embedded
-from tests.support.live import WS
 
 pytestmark = pytest.mark.model
 
@@ -137,7 +137,7 @@ def test_a_hostile_template_file_fails_its_request_and_nothing_else(tmp_path):
 
 
 def vocab(path: Path, **cfg):
-    from localserve.runners.llama import VocabOnly
+    from localserve.runners.llama_text import VocabOnly
 
     return VocabOnly(path, ModelConfig(path=str(path), **cfg))
 

@@ -12,11 +12,11 @@ import urllib.request
 
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.config import DEFAULT_MODEL
 from localserve.ops.usage import DATABASE as USAGE_DB
 from tests.support.fakes import FAKE_LOAD_S as LOAD_S
 from tests.support.fakes import two_fake_models
-from tests.support.live import WS
 from tests.support.waiting import wait_until
 
 

@@ -11,12 +11,12 @@ from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
 from tui.monitor import MonitorApp
 from tui.source import WebSocketSource
-from tui.widgets import RunningTable
+from tui.widgets.requests import RunningTable
 
 
 @pytest.mark.model
 def test_monitor_sees_a_running_sequence_on_a_real_server(live):
-    from tests.support.live import WS
+    from localserve.bench.blocking_ws import WS
 
     async def run():
         app = MonitorApp(WebSocketSource(live.url, interval_ms=100), live.url)

@@ -386,8 +386,8 @@ def test_huge_deep_and_broken_bodies(stand_in):
 
 
 def test_the_usage_row_says_ollama_and_the_counts_of_the_done_object(tmp_path):
+    from localserve.bench.fake_server import FakeServer
     from localserve.ops import usage
-    from tests.support.fakes import FakeServer
 
     server = FakeServer(state_dir=str(tmp_path), step_s=0.001)
     try:
@@ -421,7 +421,8 @@ def test_a_scripted_call_and_thinking_come_back_as_ollama_shows_them():
     """What a model writes (reasoning, a call) is scripted on the fake runner: the reply is read
     into `message.thinking` and `message.tool_calls` (arguments an object), whole and
     streamed; `show` says the model has tools and thinking."""
-    from tests.support.fakes import FakeServer, ScriptedRunner
+    from localserve.bench.fake_server import FakeServer
+    from tests.support.fakes import ScriptedRunner
 
     pieces = [SCRIPTED_REPLY[i : i + 3] for i in range(0, len(SCRIPTED_REPLY), 3)]
     runner = ScriptedRunner(step_s=0.001, reply=pieces, template_source=SCRIPTED_TEMPLATE)

@@ -19,10 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from localserve.bench.blocking_ws import WS
 from localserve.ops.auth import Access
 from localserve.serve.openai.validation import DEFAULT_USER
 from tests.support.fakes import prefilling
-from tests.support.live import WS, configured
+from tests.support.live import configured
 from tests.support.waiting import wait_until
 
 MODEL = "gemma-3-270m"

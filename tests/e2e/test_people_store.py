@@ -16,12 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from localserve.bench.fake_server import FakeServer
 from localserve.ops.auth import Access
 from localserve.ops.people import DATABASE, PeopleUnusable
 from localserve.ops.usage import DATABASE as USAGE_DATABASE
 from tests.support.cli import kill_serve, start_serve
 from tests.support.clients import http_request
-from tests.support.fakes import FakeServer
 from tests.support.waiting import wait_until
 
 MODEL = "gemma-3-270m"  # the embedded model, for `localserve serve`

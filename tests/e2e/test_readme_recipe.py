@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.cli.pull import entry_name, entry_text
 from localserve.ops.usage import DATABASE as USAGE_DATABASE
 from localserve.runners.models import ensure_embedded
-from tests.support.live import WS
 from tests.support.monitor import monitor_header
 from tests.support.paths import ROOT
 

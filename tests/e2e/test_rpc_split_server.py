@@ -15,8 +15,9 @@ import urllib.request
 import msgspec
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from tests.support.clients import ends_with_an_error
-from tests.support.live import WS, live_config
+from tests.support.live import live_config
 from tests.support.waiting import wait_until
 from tests.support.workers import Worker
 

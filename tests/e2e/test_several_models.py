@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.config import Config, ModelConfig, ServerConfig
-from tests.support.live import WS
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model  # the embedded model, under two names

@@ -78,7 +78,7 @@ def test_unreachable_server_is_a_clear_message():
 def test_a_chat_longer_than_the_context_gets_a_notice_line():
     """The server drops the oldest turns of a chat too long for its context; the client says so
     under the reply (the paced fake runner: only the counts matter here)."""
-    from tests.support.fakes import FakeServer
+    from localserve.bench.fake_server import FakeServer
 
     server = FakeServer(n_ctx=256)
     try:
@@ -98,7 +98,8 @@ def test_reasoning_is_printed_apart_before_the_answer():
     `<think>`): each of its lines starts "thinking: ", the answer comes on a line of its own,
     and only the answer goes into the history the model is sent again. Dimmed on a terminal,
     plain (no escape codes) when the output is not one."""
-    from tests.support.fakes import FakeServer, ScriptedRunner
+    from localserve.bench.fake_server import FakeServer
+    from tests.support.fakes import ScriptedRunner
 
     reply = "<think>\nFirst a thought.\nThen another.\n</think>\n\nThe answer is 4."
     pieces = [reply[i : i + 3] for i in range(0, len(reply), 3)]  # tags split across tokens

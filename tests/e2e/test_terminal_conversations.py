@@ -12,9 +12,9 @@ import re
 
 import pytest
 
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import FakeServer
 from localserve.ops.auth import Access
-from tests.support.fakes import FakeServer
-from tests.support.live import WS
 from tui.chat import ChatClient
 
 USERS = {"ann": "ann-secret-token", "ben": "ben-secret-token"}

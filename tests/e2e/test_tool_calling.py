@@ -15,8 +15,9 @@ import json
 import openai
 import pytest
 
-from tests.support.fakes import FakeServer, ScriptedRunner
-from tests.support.live import WS
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import FakeServer
+from tests.support.fakes import ScriptedRunner
 
 MODEL = "gemma-3-270m"
 WEATHER = {

@@ -22,12 +22,13 @@ from email.message import Message
 import msgspec
 import pytest
 
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import FakeServer
 from localserve.ops import usage
 from localserve.ops.usage import Row, Usage
 from localserve.serve import routing as routing_module
 from tests.support.cli import start_serve
-from tests.support.fakes import FakeServer
-from tests.support.live import WS, configured
+from tests.support.live import configured
 from tests.support.usage import rows_where
 from tests.support.waiting import wait_until
 

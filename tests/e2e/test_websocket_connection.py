@@ -20,14 +20,17 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from localserve.bench.blocking_ws import WS
+from localserve.bench.fake_server import FakeServer
+from localserve.bench.hostile import RawClient
 from localserve.engine.runner import DecodeError
 from localserve.ops.auth import Access
 from localserve.protocol.frames import Chat, ClientFrame, Subscribe
 from localserve.serve.transport import PlaceLog
 from localserve.serve.websocket.connection import MAX_OUTBOX_FRAMES
-from tests.support.clients import RawClient, Streamer
-from tests.support.fakes import FakeServer, WideRunner
-from tests.support.live import WS, configured
+from tests.support.clients import Streamer
+from tests.support.fakes import WideRunner
+from tests.support.live import configured
 from tests.support.waiting import wait_until
 
 QUESTION = "What is the capital of France?"

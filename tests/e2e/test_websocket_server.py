@@ -136,7 +136,7 @@ def test_serve_shuts_down_gracefully_on_sigterm(tmp_path):
     import subprocess
     import sys
 
-    from tests.support.live import WS
+    from localserve.bench.blocking_ws import WS
 
     config = tmp_path / "models.toml"
     # the template format adds no stop string: the reply runs until cancelled

@@ -1,9 +1,7 @@
-"""localserve's server on the FakeRunner, assembled by `serving()` as the real one is.
-
-`FakeServer` has the `live` fixture's interface (server, config, call, url, http, snapshot,
-wait_idle), so `support.live.configured` and `support.live.WS` work on it unchanged; its runner
-sleeps a little each step, so replies take real time (a request can be cancelled or refused
-while the previous one still runs) without a model.
+"""The fake runners and servers some tests need beyond localserve/bench/fake_server.py's
+`FakeServer` and `PacedRunner`: a runner of wide tokens (WideRunner) or of one scripted reply
+(ScriptedRunner), a row caught mid-prefill (prefilling), and a server of two fake models that
+swap (two_fake_models).
 """
 
 from __future__ import annotations
@@ -12,21 +10,9 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+from localserve.bench.fake_server import PacedRunner
 from localserve.engine.batch import Sampled
-from localserve.runners.fake import EOG, FakeRunner
-from tests.support.waiting import wait_until
-
-
-@dataclass
-class PacedRunner(FakeRunner):
-    """The fake runner, but each step takes `step_s` of real time (as a model's would)."""
-
-    step_s: float = 0.002
-
-    def run(self, batch):
-        if batch.items:
-            time.sleep(self.step_s)
-        return super().run(batch)
+from localserve.runners.fake import EOG
 
 
 @dataclass
@@ -55,73 +41,12 @@ class ScriptedRunner(PacedRunner):
         return Sampled(item.seq, 100 + n, self.reply[n].encode(), False)
 
 
-class FakeServer:
-    """localserve's Server on its own event-loop thread over the paced fake runner, assembled by
-    `serving()` as the real one is; its one model is called `name`."""
-
-    def __init__(
-        self,
-        step_s: float = 0.002,
-        n_ctx: int = 4096,
-        n_seq_max: int = 8,
-        chat_format: str = "template",
-        runner: PacedRunner | None = None,
-        access=None,
-        name: str = "fake",
-        **config,
-    ) -> None:
-        from localserve.config import Config, ModelConfig, ServerConfig
-        from localserve.serve.serving import serving
-
-        self.runner = runner or PacedRunner(n_ctx=n_ctx, n_seq_max=n_seq_max, step_s=step_s)
-        self.config = ServerConfig(
-            **({"max_frame_bytes": 64 * 1024, "shutdown_grace_s": 1} | config)
-        )
-        self.model = ModelConfig(chat_format=chat_format, keep_alive=-1)  # kept while it runs
-        whole = Config(default=name, models={name: self.model}, server=self.config)
-        self._stack = contextlib.ExitStack()
-        served = self._stack.enter_context(
-            serving(whole, runner=self.runner, thread=True, access=access)
-        )
-        self.engine, self.server, self.thread = served.engine, served.server, served.thread
-        self.call, self.url, self.http = self.thread.call, self.thread.url, self.thread.http
-
-    def snapshot(self):
-        return self.call(self.server.snapshots.fetch())
-
-    def wait_idle(self, timeout: float = 30.0):
-        """Wait until nothing runs or waits and only cached prefixes hold cells; return it."""
-
-        def idle():
-            snap = self.snapshot()
-            return snap if snap.running == snap.waiting == snap.kv_live == 0 else None
-
-        return wait_until(idle, timeout, "the server is idle", interval=0.02)
-
-    def connections_of(self, prefix: str) -> list:
-        """The server's connections whose user name starts with `prefix` (read on its loop)."""
-        return connections_of(self, prefix)
-
-    def close(self) -> None:
-        self._stack.close()
-        self.runner.close()
-
-
 def prefilling(server, user: str):
     """The user's row once its prefill has computed a chunk (it may start at a cached prefix)."""
     rows = [s for s in server.snapshot().seqs if s.user == user]
     return next(
         (s for s in rows if s.phase == "prefill" and s.computed_tokens > s.cached_tokens), None
     )
-
-
-def connections_of(server, prefix: str) -> list:
-    """A live or fake server's connections whose user starts with `prefix` (on its loop)."""
-
-    async def find():
-        return [c for c in server.server.connections if (c.user or "").startswith(prefix)]
-
-    return server.call(find())
 
 
 # --- clients -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The real server on loopback, port 0, with the real default model (the `live` fixture), and the
-blocking websocket client the tests speak to a live or fake server with (WS)."""
+"""The real server on loopback, port 0, with the real default model (the `live` fixture), and
+changing its limits for a while (configured). The blocking websocket client the tests speak to a
+live or fake server with is localserve/bench/blocking_ws.py's `WS`."""
 
 from __future__ import annotations
 
@@ -75,44 +76,3 @@ def live_config(n_ctx: int = 4096):
         scheduler=SchedulerConfig(),
         server=ServerConfig(max_frame_bytes=64 * 1024, shutdown_grace_s=2),
     )
-
-
-class WS:
-    """A blocking test client speaking JSON dicts."""
-
-    def __init__(self, url: str) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(url, max_size=None, legacy=True)
-
-    def send(self, frame) -> None:
-        import json
-
-        self.ws.send(frame if isinstance(frame, str | bytes) else json.dumps(frame))
-
-    def recv(self, timeout: float = 30.0) -> dict:
-        import json
-
-        return json.loads(self.ws.recv(timeout))
-
-    def hello(self, user: str, token: str | None = None) -> dict:
-        self.send({"type": "hello", "user": user, "token": token})
-        return self.recv()
-
-    def chat(self, rid: str, text: str, **kw) -> None:
-        frame = {"type": "chat", "id": rid, "messages": [{"role": "user", "content": text}]}
-        self.send(frame | {"temperature": 0} | kw)
-
-    def until(self, predicate, timeout: float = 60.0) -> list[dict]:
-        """Frames up to and including the first that satisfies the predicate."""
-        frames = []
-        while True:
-            frames.append(self.recv(timeout))
-            if predicate(frames[-1]):
-                return frames
-
-    def until_done(self, rid: str, timeout: float = 60.0) -> list[dict]:
-        return self.until(lambda f: f["type"] == "done" and f["id"] == rid, timeout)
-
-    def close(self) -> None:
-        self.ws.close()

@@ -8,7 +8,7 @@ from localserve.cli import build_parser
 from localserve.cli.monitor import build_monitor
 from tests.support.waiting import async_wait_until
 from tui.monitor import MonitorApp
-from tui.widgets import HeaderBar
+from tui.widgets.header import HeaderBar
 
 
 def header_text(app: MonitorApp) -> str:

@@ -15,6 +15,7 @@ from tests.support.paths import ROOT
 LAYERS = "localserve's layers"
 SEAM = "the front-ends reach the server only through the seam (admission's Frontdoor)"
 NO_IO = "the engine core does no I/O of its own"
+NO_TESTS = "localserve and tui import no test code"
 
 # (the module that gains the import, the import, the contract it breaks, what lint-imports says)
 FORBIDDEN = [
@@ -72,6 +73,12 @@ FORBIDDEN = [
         NO_IO,
         "localserve.protocol is not allowed to import shutil",
     ),
+    (
+        "bench/hostile.py",
+        "from tests.support.clients import Streamer",
+        NO_TESTS,
+        "localserve is not allowed to import tests",
+    ),
 ]
 
 
@@ -92,7 +99,7 @@ def test_the_unmodified_tree_keeps_every_contract(runs):
     lint = runs[0]
     assert lint.status == 0, lint.output
     assert set(lint.verdicts.values()) == {"KEPT"}
-    for contract in (LAYERS, SEAM, NO_IO):
+    for contract in (LAYERS, SEAM, NO_IO, NO_TESTS):
         assert any(name.startswith(contract) for name in lint.verdicts), list(lint.verdicts)
 
 

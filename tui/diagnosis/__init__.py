@@ -5,9 +5,12 @@
 and its likely mechanism, and detail lines with the numbers behind it, the other findings and a
 picture of the moment. A pure function of the snapshots that never raises.
 
-`signals.py` measures (`Signals`, computed once from the history), `rules.py` concludes (one
-pure function per finding), `thresholds.py` holds every number they judge by, `moment.py` words
-the picture of the moment. The reasoning table: docs/diagnosis.md.
+- `signals.py`: measures (`Signals`, computed once from the history).
+- `rules.py`: concludes (one pure function per finding).
+- `thresholds.py`: every number they judge by.
+- `moment.py`: words the picture of the moment, and the healthy headline.
+
+The reasoning table: docs/diagnosis.md.
 """
 
 from __future__ import annotations

@@ -5,10 +5,14 @@ Anthropic's API (the `anthropic` packages).
 Every message passes the same admission as any other request (through the `Frontdoor`): the
 same users (an API key's), limits, fairness, quotas and usage rows (api "anthropic"). Errors
 have Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, under
-/v1/messages (the rest of /v1 keeps OpenAI's). One module per noun: the bodies (types), the
-errors, the checks before admission (validation), the endpoints and the mapping of messages
-and tools (messages), the reply's content blocks (blocks), and the reply, streamed as
-server-sent events or sent whole.
+/v1/messages (the rest of /v1 keeps OpenAI's). One module per noun:
+
+- `types.py`: the request bodies, as msgspec decodes them.
+- `errors.py`: the errors, in Anthropic's shape and with its statuses.
+- `validation.py`: the checks before admission: the user, the body, the model, sampling.
+- `messages.py`: the endpoints, and the mapping of messages and tools.
+- `blocks.py`: the reply's content blocks, built as its text is read.
+- `reply.py`: the reply, streamed as server-sent events or sent whole.
 
 Tested in tests/e2e/test_anthropic_api.py.
 """

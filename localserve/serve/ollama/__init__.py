@@ -4,9 +4,14 @@ editor plugins, the `ollama` packages).
 
 Every chat passes the same admission as any other request (through the `Frontdoor`): the same
 users (a bearer token's), limits, fairness, quotas and usage rows (api "ollama"). Errors have
-Ollama's shape, `{"error": "..."}`. One module per noun: the bodies (types), the errors, the
-checks and mappings before admission (validation), the chat and generate endpoints (chat), the
-model endpoints (models), and the reply, streamed as NDJSON or sent whole.
+Ollama's shape, `{"error": "..."}`. One module per noun:
+
+- `types.py`: the request bodies, as msgspec decodes them.
+- `errors.py`: the errors, `{"error": "..."}` with Ollama's statuses.
+- `validation.py`: the checks and mappings before admission (`options`, `format`, `think`).
+- `chat.py`: the chat and generate endpoints.
+- `models.py`: the model endpoints (version, tags, show, ps; embed refused).
+- `reply.py`: the reply, streamed as NDJSON or sent whole.
 
 Tested in tests/e2e/test_ollama_api.py.
 """

@@ -2,9 +2,16 @@
 
 Every request passes the same admission as a websocket chat (through the `Frontdoor`): the
 same users, limits, prefix isolation and too-long check. Errors have OpenAI's shape, so clients
-raise the matching exception. One module per noun: the bodies (types), the errors, the checks
-before admission (validation), one per endpoint (chat_completions, completions, models), and
-the reply, streamed as server-sent events or sent whole.
+raise the matching exception. One module per noun:
+
+- `types.py`: the bodies: the requests as msgspec decodes them, the replies' objects.
+- `errors.py`: the errors, in OpenAI's shape and with its statuses.
+- `validation.py`: the checks before admission: the body, the model, the user.
+- `chat_completions.py`: `POST /v1/chat/completions`.
+- `completions.py`: `POST /v1/completions` (a text prompt, no chat template).
+- `models.py`: `GET /v1/models` and `GET /v1/models/{model}`.
+- `read.py`: a chat reply read as OpenAI shows it: content, reasoning, tool calls.
+- `reply.py`: the reply, streamed as server-sent events or sent whole.
 
 Tested in tests/e2e/test_openai_api.py.
 """

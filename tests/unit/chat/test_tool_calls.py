@@ -20,11 +20,11 @@ from localserve.chat.tool_calls import (
     ToolCallStart,
     choose_tool_format,
     detect_tool_format,
-    json_value_end,
-    new_mistral_call_id,
     new_tool_parser,
-    pythonic_calls,
 )
+from localserve.chat.tool_calls.mistral import new_mistral_call_id
+from localserve.chat.tool_calls.pythonic import pythonic_calls
+from localserve.chat.tool_calls.scanning import json_value_end
 from localserve.config import ConfigError, ModelConfig, ToolFormat, parse_config
 
 

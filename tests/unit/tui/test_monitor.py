@@ -31,17 +31,11 @@ from tui.source import (
     Refused,
     WebSocketSource,
 )
-from tui.widgets import (
-    DiagnosisLine,
-    HeaderBar,
-    KVBar,
-    RunningTable,
-    TodayPanel,
-    WaitingTable,
-    devices_text,
-    known_color,
-    today_table,
-)
+from tui.widgets.cells import KVBar
+from tui.widgets.header import DiagnosisLine, HeaderBar, devices_text
+from tui.widgets.requests import RunningTable, WaitingTable
+from tui.widgets.style import known_color
+from tui.widgets.today import TodayPanel, today_table
 
 
 def feed(app: MonitorApp, *items) -> None:
@@ -628,7 +622,7 @@ def test_at_80x24_the_running_table_shows_the_itl_column_whole(fake_snapshots):
 
 @pytest.mark.parametrize("width, usage", [(80, False), (80, True), (100, False), (120, True)])
 def test_the_counters_break_only_between_phrases(fake_snapshots, width, usage):
-    from tui.widgets import CountersPanel, counter_phrases
+    from tui.widgets.counters import CountersPanel, counter_phrases
 
     big = msgspec.structs.replace(  # wider numbers than the fake's
         fake_snapshots[-1],
@@ -748,7 +742,7 @@ def test_a_frontends_people_are_rows_of_their_own_by_name(fake_snapshots):
 
 def test_the_header_lists_several_models_with_their_states(fake_snapshots):
     from localserve.protocol.frames import ModelStatus
-    from tui.widgets import header_text as header
+    from tui.widgets.header import header_text as header
 
     models = [
         ModelStatus("gemma", "loaded", busy=True),
@@ -765,7 +759,7 @@ def test_the_step_line_says_what_the_drafts_gave():
     from localserve.config import SchedulerConfig
     from localserve.runners.fake import FakeRunner
     from tests.support.harness import Harness
-    from tui.widgets import batch_text
+    from tui.widgets.speed import batch_text
 
     def line(speculative: str) -> str:
         h = Harness(

@@ -1,13 +1,13 @@
-"""The watchdog's verdict on one look at the serving engine (localserve/engine_process/parent.py,
+"""The watchdog's verdict on one look at the serving engine (localserve/engine_process/watchdog.py,
 `watchdog_verdict`): one test per verdict, at its boundaries, on times the test chooses."""
 
 from __future__ import annotations
 
 import signal
 
-from localserve.engine_process import parent
-from localserve.engine_process.parent import WatchTimes, exit_reason, watchdog_verdict
+from localserve.engine_process import watchdog
 from localserve.engine_process.step_clock import COLD_FACTOR, STEP_FACTOR, StepReading
+from localserve.engine_process.watchdog import WatchTimes, exit_reason, watchdog_verdict
 
 TIMEOUT = 10.0  # step_timeout_s
 NOW = 1000.0
@@ -27,7 +27,7 @@ def quiet(for_s: float, pinged_ago: float = 0.0, checked_ago: float = 0.0) -> Wa
 
 def test_a_reader_fault_stops_the_engine_first():
     seen = watchdog_verdict(NOW, running(999), TIMEOUT, JUST_HEARD, "reader failed", -9)
-    assert seen == parent.Verdict("fault", "reader failed")
+    assert seen == watchdog.Verdict("fault", "reader failed")
 
 
 def test_an_exited_process_stops_the_engine_with_its_exit_in_words():
@@ -61,14 +61,14 @@ def test_a_step_not_measured_yet_has_the_cold_limit():
 
 def test_a_running_step_is_not_judged_by_the_silence():
     """However long nothing was heard, a step within its limit only runs: no ping, no check."""
-    seen = watchdog_verdict(NOW, running(1), TIMEOUT, quiet(10 * parent.SILENCE_S, 99, 99))
-    assert seen == parent.Verdict("stepping")
+    seen = watchdog_verdict(NOW, running(1), TIMEOUT, quiet(10 * watchdog.SILENCE_S, 99, 99))
+    assert seen == watchdog.Verdict("stepping")
 
 
 def test_an_idle_engine_silent_past_silence_s_is_stopped():
-    at = watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(parent.SILENCE_S))
+    at = watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(watchdog.SILENCE_S))
     assert at.kind == "idle"
-    past = watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(parent.SILENCE_S + 0.5))
+    past = watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(watchdog.SILENCE_S + 0.5))
     assert past.kind == "silent"
     assert past.reason == "the engine process stopped answering (silent for 6 s while idle)"
 
@@ -81,7 +81,7 @@ def test_the_silence_counts_from_the_later_of_heard_and_last_step():
 
 
 def test_a_quiet_idle_engine_is_pinged_past_heartbeat_s_once_a_heartbeat():
-    beat = parent.HEARTBEAT_S
+    beat = watchdog.HEARTBEAT_S
     assert not watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(beat, pinged_ago=99)).ping
     assert watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(beat + 0.01, pinged_ago=99)).ping
     # pinged a heartbeat ago at most: not again yet
@@ -90,7 +90,7 @@ def test_a_quiet_idle_engine_is_pinged_past_heartbeat_s_once_a_heartbeat():
 
 
 def test_an_idle_engine_has_its_workers_checked_once_each_worker_check_s():
-    check = parent.WORKER_CHECK_S
+    check = watchdog.WORKER_CHECK_S
     assert not watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(check, checked_ago=99)).check_workers
     assert watchdog_verdict(NOW, IDLE, TIMEOUT, quiet(check + 0.01, checked_ago=99)).check_workers
     # checked within WORKER_CHECK_S, or a step seen within it: not yet
@@ -101,4 +101,4 @@ def test_an_idle_engine_has_its_workers_checked_once_each_worker_check_s():
 
 
 def test_an_engine_just_heard_is_well():
-    assert watchdog_verdict(NOW, IDLE, TIMEOUT, JUST_HEARD) == parent.Verdict("idle")
+    assert watchdog_verdict(NOW, IDLE, TIMEOUT, JUST_HEARD) == watchdog.Verdict("idle")

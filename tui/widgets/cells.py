@@ -1,0 +1,90 @@
+"""The KV cells: a bar of each sequence's cells in its user's colour, the shared and cached
+cells and the free ones, and the numbers behind it.
+
+Tested in tests/unit/tui/test_monitor.py.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from localserve.protocol.snapshot import Snapshot
+from tui.format import plural
+from tui.widgets.style import user_color
+
+
+class KVBar(Static):
+    """Each sequence's own cells coloured by its user, then the system prompts they share, the
+    cached prefixes and the free cells."""
+
+    _snap: Snapshot | None = None
+
+    def show(self, snap: Snapshot) -> None:
+        self._snap = snap
+        self.refresh()
+
+    def render(self) -> Text:
+        """Drawn at the widget's current width (also after a resize)."""
+        snap = self._snap
+        if snap is None:
+            return Text(" KV cells: waiting for stats", style="grey50")
+        bar = _CellBar(max(snap.kv_total, 1), max(self.size.width - 2, 10))
+        for row in snap.seqs:
+            color = user_color(row.user)
+            bar.add(row.own_computed, "█", color)
+            bar.add(max(row.own_cells - row.own_computed, 0), "▒", color)
+        bar.add(shared_cells(snap), "▓", SHARED_COLOR)
+        bar.add(min(max(snap.kv_cached, 0), snap.kv_used), "░", "grey62")
+        bar.add(snap.kv_total, "·", "grey35")  # the rest
+        return Text.assemble(bar.text, "\n", kv_legend(snap, self.size.width - 1))
+
+
+SHARED_COLOR = "grey70"  # cells of a system prompt several sequences share: nobody's own
+
+
+def shared_cells(snap: Snapshot) -> int:
+    """Live cells no sequence holds alone: the cached system prompts running sequences share
+    (each row's own cells leave them out; the cache holds them once)."""
+    return max(snap.kv_live - sum(max(r.own_cells, 0) for r in snap.seqs), 0)
+
+
+class _CellBar:
+    """A row of glyphs for consecutive runs of cells; rounding at the run boundaries keeps the
+    whole bar exactly `width` wide however many runs there are."""
+
+    def __init__(self, total: int, width: int) -> None:
+        self.total, self.width = total, width
+        self.cells = 0.0
+        self.text = Text(" ")
+
+    def add(self, cells: float, glyph: str, style: str) -> None:
+        start = self._column(self.cells)
+        self.cells = min(self.cells + max(cells, 0.0), self.total)
+        self.text.append(glyph * (self._column(self.cells) - start), style=style)
+
+    def _column(self, cells: float) -> int:
+        return round(cells / self.total * self.width)
+
+
+def kv_legend(snap: Snapshot, width: int) -> Text:
+    """The numbers behind the bar, as many parts as fit in `width` columns (most useful first)."""
+    c = snap.counters
+    cached = min(max(snap.kv_cached, 0), snap.kv_used)
+    parts = [f"KV {snap.kv_live_used:,} used (█)"]
+    if cached or snap.cached_prefixes:
+        parts.append(f"{cached:,} cached (░) in {plural(snap.cached_prefixes, 'prefix', 'es')}")
+    parts.append(f"{snap.kv_live:,} committed (▒)")
+    if shared := shared_cells(snap):
+        parts.append(f"{shared:,} shared (▓)")  # system prompts, counted once
+    parts.append(f"{max(snap.kv_total - snap.kv_committed, 0):,} free")
+    if c.prefix_hits or c.cached_tokens:
+        parts.append(f"reused {c.cached_tokens:,} tokens in {plural(c.prefix_hits, 'hit')}")
+    # slots as in the header (max_num_seqs): free sequence ids also count spares for caching
+    parts.append(plural(max(snap.max_num_seqs - snap.running, 0), "free slot"))
+    line = ""
+    for part in parts:  # a part that does not fit is left out; shorter ones after it may fit
+        candidate = f"{line} · {part}" if line else f" {part}"
+        if len(candidate) <= width or not line:
+            line = candidate
+    return Text(line)

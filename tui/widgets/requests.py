@@ -1,0 +1,99 @@
+"""The requests: a table of the running sequences and one of those waiting.
+
+Tested in tests/unit/tui/test_monitor.py.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from localserve.protocol.snapshot import Snapshot
+from tui.format import (
+    NARROW_USER_WIDTH,
+    USER_WIDTH,
+    WIDE_USER_WIDTH,
+    duration,
+    pct,
+    rate,
+    user_label,
+)
+from tui.widgets.style import user_color
+
+
+class RunningTable(DataTable):
+    """One row per running sequence."""
+
+    # the timings right after the phase: at 80 columns the table shows user to tok/s, ITL
+    # included; the counts and cached (prompt tokens reused from a cached prefix: the legend
+    # above counts the reuse) come after them
+    COLUMNS = (
+        "user",
+        "request",
+        "phase",
+        "TTFT",
+        "ITL",
+        "tok/s",
+        "prompt",
+        "gen",
+        "idle",
+        "cached",
+    )
+    OTHERS_WIDTH = 60  # what the columns after the user's take, up to ITL at least
+
+    def on_mount(self) -> None:
+        self.add_columns(*self.COLUMNS)
+        self.cursor_type = "none"
+
+    def show(self, snap: Snapshot) -> None:
+        self.clear()
+        width = user_width(self)
+        for r in snap.seqs:
+            if r.phase == "prefill":
+                phase = "prefill " + pct(r.computed_tokens / max(r.prompt_tokens, 1))
+            else:
+                phase = "decode" + (f" ({r.num_preemptions}×↺)" if r.num_preemptions else "")
+            self.add_row(
+                Text(user_label(r.user, width), style=user_color(r.user)),
+                r.client_id,
+                phase,
+                duration(r.ttft_s),
+                duration(r.last_itl_s),
+                rate(r.tokens_per_s),
+                str(r.prompt_tokens),
+                str(r.output_tokens),
+                duration(r.since_last_token_s),
+                str(r.cached_tokens),
+            )
+
+
+def user_width(table: DataTable) -> int:
+    """How much of a user's name a table shows: less on a narrow one (80 columns), and on a
+    wide one what its other columns leave (OTHERS_WIDTH), up to WIDE_USER_WIDTH."""
+    width = table.size.width
+    least = USER_WIDTH if width > 60 else NARROW_USER_WIDTH
+    return max(least, min(WIDE_USER_WIDTH, width - table.OTHERS_WIDTH))
+
+
+class WaitingTable(DataTable):
+    """The queue, in admission order (the first row is admitted next)."""
+
+    # the numbers first, the request id last: on a narrow screen only the id is cut short
+    COLUMNS = ("user", "waited", "prompt", "request")
+    OTHERS_WIDTH = 18  # waited and prompt (the request id is cut first)
+
+    def on_mount(self) -> None:
+        self.add_columns(*self.COLUMNS)
+        self.cursor_type = "none"
+
+    def show(self, snap: Snapshot) -> None:
+        self.clear()
+        width = user_width(self)
+        for w in snap.waiting_seqs:
+            request = w.client_id + (" (preempted)" if w.is_preempted else "")
+            self.add_row(
+                Text(user_label(w.user, width), style=user_color(w.user)),
+                duration(w.waited_s),
+                str(w.prompt_tokens),
+                request,
+            )
