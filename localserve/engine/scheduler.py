@@ -46,13 +46,7 @@ from localserve.engine.speculative import (
     num_accepted,
     plan_drafts,
 )
-from localserve.engine.waits import (
-    NEWCOMER,
-    Prediction,
-    ReplyLengths,
-    SchedulerBounds,
-    predict_waits,
-)
+from localserve.engine.waits import NEWCOMER, Prediction, ReplyLengths, bounds, predict_waits
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -130,21 +124,12 @@ class Scheduler:
         """Every waiting sequence's place in the order it would enter and its predicted wait
         (localserve.engine.waits: these rules played forward on this state); with `newcomer`,
         also that of a new user's prompt of that many tokens arriving now (under NEWCOMER)."""
-        c, kv = self.config, self.kv
         waiting, users = self.waiting, list(self._users)
         if newcomer:  # a new user's turn comes after every waiting user's next (round-robin)
             ghost = Sequence(NEWCOMER, [0] * newcomer, SamplingParams(), user=NEWCOMER)
             waiting, users = {**waiting, NEWCOMER: deque([ghost])}, [*users, NEWCOMER]
-        limits = SchedulerBounds(
-            max_num_seqs=self.max_num_seqs,
-            max_running_per_user=c.max_running_per_user,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            num_cells=kv.num_cells,
-            num_watermark_cells=kv.num_watermark_cells,
-            itl_target_s=c.itl_target_ms / 1e3,
-            min_prefill_tokens=c.min_prefill_tokens,
-            static=c.policy == "static",
-        )
+        kv = self.kv
+        limits = bounds(self.config, kv, self.max_num_seqs, self.max_num_batched_tokens)
         free = kv.num_free + kv.num_cached  # cached prefixes are evicted before anyone waits
         return predict_waits(
             self.running, self.requeued, waiting, users, limits, self.cost, lengths, free

@@ -25,8 +25,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from localserve.config import SchedulerConfig
 from localserve.engine.budget import StepCostModel
 from localserve.engine.events import WaitPredicted
+from localserve.engine.kv import KVPool
 from localserve.engine.sequence import FinishReason, Sequence, Status
 
 NUM_LENGTHS = 256  # reply lengths remembered, all users together
@@ -95,6 +97,22 @@ class SchedulerBounds:
     itl_target_s: float
     min_prefill_tokens: int
     static: bool = False  # the static policy: admits only when nothing runs
+
+
+def bounds(
+    config: SchedulerConfig, kv: KVPool, max_num_seqs: int, max_num_batched_tokens: int
+) -> SchedulerBounds:
+    """A scheduler's bounds (scheduler.py reads the same settings)."""
+    return SchedulerBounds(
+        max_num_seqs=max_num_seqs,
+        max_running_per_user=config.max_running_per_user,
+        max_num_batched_tokens=max_num_batched_tokens,
+        num_cells=kv.num_cells,
+        num_watermark_cells=kv.num_watermark_cells,
+        itl_target_s=config.itl_target_ms / 1e3,
+        min_prefill_tokens=config.min_prefill_tokens,
+        static=config.policy == "static",
+    )
 
 
 @dataclass

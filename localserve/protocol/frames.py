@@ -167,6 +167,15 @@ class Timings(msgspec.Struct, omit_defaults=True):
     # it waited for a prediction: the queue time its first prediction said (beside queue_ms)
     predicted_queue_ms: float | None = None
 
+    @classmethod
+    def of(cls, t: dict[str, float | None]) -> Timings:
+        """The frame's timings from an engine `done`'s (engine/sequence.py's names)."""
+        drafts = {k: int(v) for k in ("draft_n", "draft_n_accepted") if (v := t.get(k)) is not None}
+        return cls(
+            t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"], t.get("load_ms"), **drafts,
+            predicted_queue_ms=t.get("predicted_queue_ms"),
+        )  # fmt: skip
+
 
 class Finished(msgspec.Struct, tag="done"):
     id: str
