@@ -12,4 +12,5 @@ It speaks only localserve's protocol, through localserve.websocket_client; the `
 - `chat.py`: `localserve chat`: a plain terminal chat client.
 - `model_picker.py`: the terminal chat's `/model` command.
 - `server_chats.py`: the terminal chat's conversations kept on the server.
+- `waiting.py`: the terminal chat's line while a reply waits: its place and predicted wait.
 """

@@ -24,9 +24,19 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
 
-from localserve.protocol.frames import Cancel, Chat, Error, Finished, Message, Notice, TokenDelta
+from localserve.protocol.frames import (
+    Cancel,
+    Chat,
+    Error,
+    Finished,
+    Message,
+    Notice,
+    Queued,
+    TokenDelta,
+)
 from localserve.websocket_client import Client, ClientError, ConnectionClosed, chat
 from tui import model_picker, server_chats
+from tui.waiting import WaitLine
 
 MAX_LINE_CHARS = 256 << 10  # a message from standard input: the server's max_frame_bytes default
 TOO_LONG = f"a line of standard input is over {MAX_LINE_CHARS:,} characters"
@@ -254,9 +264,17 @@ class ChatClient:
         return True
 
     async def _stream(self, request: Chat, reply: ReplyPrinter) -> Finished | None:
-        """Print the reply as it arrives; its done frame, or None if it was refused."""
+        """Print the reply as it arrives; its done frame, or None if it was refused. While it
+        waits for its turn, on a terminal, its place and predicted wait count down (waiting.py)."""
+        line = WaitLine(self._print) if _is_terminal(self.out, color=False) else None
         async with contextlib.aclosing(chat(self.client, request)) as frames:
             async for frame in frames:
+                if isinstance(frame, Queued):
+                    if line is not None:
+                        line.update(frame.position, frame.wait_s, frame.loading)
+                    continue
+                if line is not None:
+                    line.clear()
                 if isinstance(frame, TokenDelta):
                     reply.reasoning(frame.reasoning)
                     reply.text(frame.text)
@@ -274,9 +292,10 @@ class ChatClient:
         out.flush()
 
 
-def _is_terminal(out: TextIO) -> bool:
+def _is_terminal(out: TextIO, color: bool = True) -> bool:
+    """`out` is a terminal (and, with `color`, $NO_COLOR is not set)."""
     try:
-        return out.isatty() and not os.environ.get("NO_COLOR")
+        return out.isatty() and not (color and os.environ.get("NO_COLOR"))
     except (AttributeError, ValueError):  # closed, or not a real stream
         return False
 

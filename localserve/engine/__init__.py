@@ -9,6 +9,8 @@ metrics. No asyncio, no sockets, no llama.cpp: a `Runner` does the tensor work.
 - `speculative.py`: n-gram drafts: more than one token per sequence per step.
 - `batch.py`: one step's batch, and what the runner sampled of it.
 - `scheduler.py`: the continuous-batching scheduler: what goes into the next step.
+- `waits.py`: the waiting requests' places and predicted waits: the scheduler played forward.
+- `slowdown.py`: the steps against this machine's own best: the sign of a busy machine.
 - `runner.py`: the one seam to the hardware: what the engine needs of a model runner.
 - `engine.py`: the scheduler and the runner on one thread: requests in, events out.
 - `events.py`: what the engine tells the world, one list of events per step.

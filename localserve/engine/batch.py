@@ -44,6 +44,9 @@ class Batch:
     preempted: list[Sequence] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)  # cancelled, refused or failed
     cell_ops: list[CellOp] = field(default_factory=list)  # for the runner, before it decodes
+    # its prompt tokens go past what the ITL target allows beside its decodes: the TTFT target
+    # stretched the step (first tokens due, scheduler.py's `_deadline_rate`)
+    is_stretched: bool = False
     # what the step gave (the scheduler's postprocess): tokens kept, drafted rows verified,
     # draft tokens accepted, and accepted by position in their draft
     kept: list[tuple[Sequence, int]] = field(default_factory=list)  # per sequence that drew

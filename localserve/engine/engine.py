@@ -44,6 +44,7 @@ from localserve.engine.runner import DecodeError, KVCacheFull, Runner
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.snapshot import build_snapshot
+from localserve.engine.waits import WaitForecast
 from localserve.protocol.snapshot import Snapshot
 
 log = logging.getLogger("localserve.engine.engine")
@@ -99,6 +100,7 @@ class Engine(EngineClient):
         for seq_id in range(info.n_seq_max):  # the pool starts empty: so must the cache
             runner.free_seq(seq_id)
         self.metrics = Metrics(clock, max_model_len=info.n_ctx, prefix_caching=reuse)
+        self.forecast = WaitForecast()  # the waiting requests' places and predicted waits
         self.clock = clock
         self.on_events: EventSink = on_events or (lambda events: None)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -193,6 +195,9 @@ class Engine(EngineClient):
         self.scheduler.postprocess(batch, sampled, ran - start)
         done = self.clock()
         events = self._emit(batch, sampled, done - start)
+        if self.scheduler.num_waiting and self.forecast.is_due(done):
+            predicted = self.scheduler.predict_waits(self.forecast.lengths)
+            events += self.forecast.announce(predicted, self.scheduler.waiting_seqs(), done)
         if events:
             self.on_events(events)
         emitted = self.clock()
@@ -286,6 +291,7 @@ class Engine(EngineClient):
                 batch.num_generated,
                 batch.num_draft_tokens,
                 batch.num_accepted_tokens,
+                batch.is_stretched,
             )
             if batch.num_drafts:
                 self.metrics.on_drafts(
@@ -312,6 +318,7 @@ class Engine(EngineClient):
         with self._ids_lock:
             self._ids.discard(seq.request_id)
         self.metrics.on_finished(seq)
+        self.forecast.finished(seq)
         timings = {k: (None if math.isnan(v) else v) for k, v in seq.timings().items()}
         return Done(
             seq.request_id,

@@ -1,9 +1,10 @@
 """What the engine tells the world: one list of events per step, in the order they happened.
 
 `Token` carries a request's new text, `Done` its end (reason, usage, timings), `Admitted` and
-`Preempted` its moves between waiting and running. The engine calls its `on_events` callback with
-each step's list on the engine thread; `EventRouter` sorts them into one queue per request for
-synchronous callers (the CLI, benchmarks, tests).
+`Preempted` its moves between waiting and running, `WaitPredicted` its place in the queue and
+predicted wait while it waits (localserve.engine.waits). The engine calls its `on_events`
+callback with each step's list on the engine thread; `EventRouter` sorts them into one queue
+per request for synchronous callers (the CLI, benchmarks, tests).
 
 Tested in tests/unit/engine/test_engine.py.
 """
@@ -42,7 +43,16 @@ class Preempted(msgspec.Struct, tag=True):
     request_id: str
 
 
-Event = Token | Done | Admitted | Preempted
+class WaitPredicted(msgspec.Struct, tag=True):
+    """A waiting request's place in the order it would enter (1 = next) and about how many
+    seconds from now it enters (None: not predictable now), sent when either changed."""
+
+    request_id: str
+    position: int
+    wait_s: float | None
+
+
+Event = Token | Done | Admitted | Preempted | WaitPredicted
 EventSink = Callable[[list[Event]], None]
 
 

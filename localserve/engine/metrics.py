@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from localserve.engine.sequence import FinishReason, Sequence
+from localserve.engine.slowdown import Slowdown
 from localserve.engine.stats import percentile
 from localserve.protocol.snapshot import Counters, EventRow, Histogram, Percentiles, StepStats
 
@@ -60,6 +61,7 @@ class StepRecord(NamedTuple):
     prefill_s: float  # the cost model's share for the prefill tokens
     num_draft: int = 0  # draft rows verified (speculative decoding)
     num_accepted: int = 0  # of those, accepted
+    is_stretched: bool = False  # the TTFT target gave it more prompt tokens than the ITL one
 
 
 class Window:
@@ -130,10 +132,14 @@ class Metrics:
         self.counters = Counters()
         self.ttft, self.itl = Window(window_s), Window(window_s)
         self.queue, self.e2e, self.tpot = Window(window_s), Window(window_s), Window(window_s)
+        # the first predicted wait's error (localserve.engine.waits) of each request that waited:
+        # seconds off, and the share of its actual wait (over a longer span: waits are rarer)
+        self.queue_error, self.queue_error_share = Window(10 * window_s), Window(10 * window_s)
         self.histograms = {
             "time_to_first_token_seconds": CumulativeHistogram(TTFT_BUCKETS),
             "inter_token_latency_seconds": CumulativeHistogram(ITL_BUCKETS),
             "request_queue_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
+            "request_queue_time_prediction_error_seconds": CumulativeHistogram(TTFT_BUCKETS),
             "e2e_request_latency_seconds": CumulativeHistogram(LATENCY_BUCKETS),
             "request_time_per_output_token_seconds": CumulativeHistogram(ITL_BUCKETS),
             "request_prefill_time_seconds": CumulativeHistogram(LATENCY_BUCKETS),
@@ -146,6 +152,7 @@ class Metrics:
             "iteration_tokens_total": CumulativeHistogram(ITERATION_TOKEN_BUCKETS),
         }
         self.steps: deque[StepRecord] = deque(maxlen=256)
+        self.slowdown = Slowdown()  # the steps against this machine's own best
         self.events: deque[EventRow] = deque(maxlen=100)
 
     # --- recording -------------------------------------------------------------------------
@@ -162,6 +169,12 @@ class Metrics:
         if self.prefix_caching:
             self.counters.prefix_cache_queries += seq.num_prompt_tokens
         self._observe(self.queue, "request_queue_time_seconds", seq.queue_s)
+        if seq.wait_prediction is not None and seq.first_scheduled_time is not None:
+            made_at, predicted_s = seq.wait_prediction
+            actual_s = seq.first_scheduled_time - made_at
+            error_s = abs(predicted_s - actual_s)
+            self._observe(self.queue_error, "request_queue_time_prediction_error_seconds", error_s)
+            self.queue_error_share.add(self.clock(), error_s / max(actual_s, 1e-3))
         detail = f"{seq.num_prompt_tokens} prompt tokens"
         if seq.cached_tokens:
             self.counters.cached_tokens += seq.cached_tokens
@@ -240,9 +253,11 @@ class Metrics:
         num_sampled: int | None = None,
         num_draft: int = 0,
         num_accepted: int = 0,
+        is_stretched: bool = False,
     ) -> None:
         """One step: its token counts, wall time, time in llama_decode, predicted prefill time,
-        and its draft rows and how many of them were accepted."""
+        its draft rows and how many of them were accepted, and whether TTFT deadlines stretched
+        it past the ITL target's prefill budget."""
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
         self.histograms["iteration_tokens_total"].observe(num_decode + num_prefill + num_draft)
@@ -257,8 +272,10 @@ class Metrics:
             prefill_s,
             num_draft,
             num_accepted,
+            is_stretched,
         )
         self.steps.append(record)
+        self.slowdown.add(record.t, num_decode + num_draft, num_prefill, step_s)
 
     def _observe(self, window: Window, name: str, value: float) -> None:
         window.add(self.clock(), value)
@@ -269,7 +286,8 @@ class Metrics:
     def latency(self) -> dict[str, Percentiles]:
         now = self.clock()
         named = {"ttft": self.ttft, "itl": self.itl, "queue": self.queue, "e2e": self.e2e}
-        named["tpot"] = self.tpot
+        named |= {"tpot": self.tpot, "queue_error": self.queue_error}
+        named["queue_error_share"] = self.queue_error_share
         return {name: percentiles(w.values(now)) for name, w in named.items()}
 
     def throughput(self, span_s: float = 10.0) -> tuple[float, float]:
@@ -302,6 +320,8 @@ class Metrics:
             draft_tokens=sum(s.num_draft for s in recent) / n,
             draft_acceptance=accepted / drafted if drafted else None,
             tokens_per_decode=1 + accepted / decodes if decodes else None,
+            stretched_share=sum(s.is_stretched for s in recent) / n,
+            slowdown=self.slowdown.ratio,
         )
 
     def export_histograms(self) -> dict[str, Histogram]:

@@ -36,6 +36,7 @@ from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
 from localserve.engine.budget import StepCostModel
 from localserve.engine.kv import KVPool
+from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.speculative import (
     Candidate,
@@ -45,6 +46,7 @@ from localserve.engine.speculative import (
     num_accepted,
     plan_drafts,
 )
+from localserve.engine.waits import NEWCOMER, Prediction, ReplyLengths, bounds, predict_waits
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
@@ -78,6 +80,7 @@ class Scheduler:
         self._cancelled: list[Sequence] = []
         self._quick_step = False  # the last step's prefill was only newly admitted prompts
         self.last_prefill_budget = max_num_batched_tokens
+        self._itl_budget = max_num_batched_tokens  # the last step's, before TTFT deadlines
         on = config.speculative != "off" and config.max_draft_tokens > 0
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
@@ -116,6 +119,21 @@ class Scheduler:
         for i in range(max(map(len, queues), default=0)):
             order += [q[i] for q in queues if i < len(q)]
         return order
+
+    def predict_waits(self, lengths: ReplyLengths, newcomer: int = 0) -> dict[str, Prediction]:
+        """Every waiting sequence's place in the order it would enter and its predicted wait
+        (localserve.engine.waits: these rules played forward on this state); with `newcomer`,
+        also that of a new user's prompt of that many tokens arriving now (under NEWCOMER)."""
+        waiting, users = self.waiting, list(self._users)
+        if newcomer:  # a new user's turn comes after every waiting user's next (round-robin)
+            ghost = Sequence(NEWCOMER, [0] * newcomer, SamplingParams(), user=NEWCOMER)
+            waiting, users = {**waiting, NEWCOMER: deque([ghost])}, [*users, NEWCOMER]
+        kv = self.kv
+        limits = bounds(self.config, kv, self.max_num_seqs, self.max_num_batched_tokens)
+        free = kv.num_free + kv.num_cached  # cached prefixes are evicted before anyone waits
+        return predict_waits(
+            self.running, self.requeued, waiting, users, limits, self.cost, lengths, free
+        )
 
     # --- one step ------------------------------------------------------------------------
 
@@ -302,6 +320,7 @@ class Scheduler:
             batch.num_prefill_tokens += n
             budget -= n
             self._served[seq.user] = self._served.get(seq.user, 0.0) + n
+        batch.is_stretched = batch.num_prefill_tokens > self._itl_budget
 
     def _schedule_drafts(self, batch: Batch) -> None:
         """Drafts for this step's decode rows (localserve.engine.speculative.plan_drafts)."""
@@ -368,11 +387,13 @@ class Scheduler:
         policy) what keeps the step within the ITL target, or meets TTFT deadlines when several
         long prompts compete or requests wait for room."""
         budget = self.max_num_batched_tokens - num_decode
+        self._itl_budget = budget
         if not num_decode or self.config.policy != "continuous":
             return budget
         target = self.config.itl_target_ms / 1e3
         floor = self.config.min_prefill_tokens
         itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
+        self._itl_budget = itl_budget  # what the ITL target alone allows
         # one user's paste (or pastes) never stalls the others' streams; several users' pastes,
         # or others waiting for room, may: TTFT first
         pasting = {s.user for s in prefills if s.num_remaining > itl_budget}

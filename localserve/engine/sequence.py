@@ -68,6 +68,7 @@ class Sequence:
         "draft_stats",
         "num_draft_tokens",
         "num_accepted_tokens",
+        "wait_prediction",
     )
 
     def __init__(
@@ -113,6 +114,9 @@ class Sequence:
         self.stream = TextStream(params.all_stops, params.strip_space)
         self.unsent = ""  # text released by the stream, not yet taken by an event
         self.num_preemptions = 0
+        # the first prediction of its wait (localserve.engine.waits): when it was made, and the
+        # seconds from then it predicted; None when it never waited for one
+        self.wait_prediction: tuple[float, float] | None = None
         # timestamps (monotonic seconds); None until they happen
         self.arrival_time = arrival_time
         self.queued_time: float | None = arrival_time
@@ -223,4 +227,7 @@ class Sequence:
         if self.num_draft_tokens:  # llama-server's names for them
             timings["draft_n"] = float(self.num_draft_tokens)
             timings["draft_n_accepted"] = float(self.num_accepted_tokens)
+        if self.wait_prediction is not None:  # the queue time its first prediction said
+            made_at, wait_s = self.wait_prediction
+            timings["predicted_queue_ms"] = (made_at - self.arrival_time + wait_s) * 1e3
         return timings

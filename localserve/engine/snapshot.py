@@ -20,6 +20,7 @@ from localserve.engine.metrics import Metrics
 from localserve.engine.runner import Runner
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import Sequence
+from localserve.engine.waits import NEWCOMER, WaitForecast
 from localserve.protocol.snapshot import SeqRow, Snapshot, WaitingRow
 
 
@@ -31,6 +32,7 @@ class SnapshotSource(Protocol):
     kv: KVPool
     scheduler: Scheduler
     metrics: Metrics
+    forecast: WaitForecast
     clock: Callable[[], float]
 
 
@@ -46,6 +48,7 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
         max_num_seqs=sched.max_num_seqs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         itl_target_s=engine.config.itl_target_ms / 1e3,
+        ttft_target_s=engine.config.ttft_target_ms / 1e3,
         running=len(sched.running),
         waiting=sched.num_waiting,
         kv_used=kv.num_used,
@@ -63,7 +66,11 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
         steps=m.step_stats(sched.last_prefill_budget),
         counters=msgspec.structs.replace(m.counters, prefix_evictions=kv.num_evictions),
         seqs=[seq_row(s, now) for s in sched.running],
-        waiting_seqs=[waiting_row(i, s, now) for i, s in enumerate(sched.waiting_seqs(), 1)],
+        waiting_seqs=[
+            waiting_row(i, s, now, engine.forecast.entry_in(s.request_id, now))
+            for i, s in enumerate(sched.waiting_seqs(), 1)
+        ],
+        newcomer_wait_s=_newcomer_wait(engine),
         events=list(m.events),
         histograms=m.export_histograms(),
     )
@@ -93,7 +100,17 @@ def seq_row(seq: Sequence, now: float) -> SeqRow:
     )
 
 
-def waiting_row(position: int, seq: Sequence, now: float) -> WaitingRow:
+def _newcomer_wait(engine: SnapshotSource) -> float | None:
+    """About how long a new user's usual prompt would wait now (0 with nothing waiting and
+    room to spare; the scheduler's state played forward, localserve.engine.waits)."""
+    lengths = engine.forecast.lengths
+    predicted = engine.scheduler.predict_waits(lengths, newcomer=lengths.typical_prompt)
+    return predicted[NEWCOMER].wait_s
+
+
+def waiting_row(
+    position: int, seq: Sequence, now: float, predicted_wait_s: float | None = None
+) -> WaitingRow:
     since = seq.queued_time if seq.queued_time is not None else now
     return WaitingRow(
         position=position,
@@ -103,4 +120,5 @@ def waiting_row(position: int, seq: Sequence, now: float) -> WaitingRow:
         prompt_tokens=seq.num_prompt_tokens,
         waited_s=seq.queue_s + now - since,
         is_preempted=seq.num_preemptions > 0,
+        predicted_wait_s=predicted_wait_s,
     )

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -38,6 +39,7 @@ from localserve.engine_process.messages import (
     SnapshotAnswer,
 )
 from localserve.engine_process.step_clock import StepClock
+from localserve.protocol.snapshot import HostLoad
 
 log = logging.getLogger("localserve.engine_process.child")
 
@@ -96,6 +98,7 @@ def _sender(conn: Connection) -> Send:
 def _serve_commands(conn: Connection, engine: Engine, send: Send) -> None:
     """The engine's commands, one after another, until StopEngine or the server is gone."""
     decoder = msgspec.msgpack.Decoder(EngineCommand)
+    host = HostReader()
     while True:
         try:
             command = decoder.decode(conn.recv_bytes())
@@ -106,7 +109,7 @@ def _serve_commands(conn: Connection, engine: Engine, send: Send) -> None:
             engine.runner.close()
             os._exit(0)
         elif isinstance(command, TakeSnapshot):
-            engine.snapshot().add_done_callback(_answer(send, command.number))
+            engine.snapshot().add_done_callback(_answer(send, command.number, host))
         else:
             try:
                 engine.submit(command)
@@ -133,12 +136,36 @@ def _refused_done(add: AddRequest, error: str) -> Done:
     )
 
 
-def _answer(send: Send, number: int) -> Callable[[Future], None]:
-    """The callback that sends a snapshot's Future's outcome back as a SnapshotAnswer."""
+class HostReader:
+    """The machine's load around this process: the load average, and the cores this process
+    (llama.cpp's threads included) kept busy since the last reading."""
+
+    def __init__(self) -> None:
+        self._last = (time.monotonic(), time.process_time())
+        self._own = 0.0
+
+    def read(self) -> HostLoad | None:
+        try:
+            load = os.getloadavg()[0]
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        except OSError:  # no load average on this system
+            return None
+        now, cpu = time.monotonic(), time.process_time()
+        wall = now - self._last[0]
+        if wall >= 1.0:  # a rate over less is noise; keep the last one
+            self._own = (cpu - self._last[1]) / wall
+            self._last = (now, cpu)
+        return HostLoad(cpus=cpus or os.cpu_count() or 1, load_1m=load, own_cores=self._own)
+
+
+def _answer(send: Send, number: int, host: HostReader) -> Callable[[Future], None]:
+    """The callback that sends a snapshot's Future's outcome back as a SnapshotAnswer, with the
+    machine's load."""
 
     def answer(future: Future) -> None:
         try:
-            send(SnapshotAnswer(number, future.result()))
+            snapshot = msgspec.structs.replace(future.result(), host=host.read())
+            send(SnapshotAnswer(number, snapshot))
         except Exception as e:
             send(SnapshotAnswer(number, None, str(e)))
 

@@ -134,6 +134,10 @@ class Queued(msgspec.Struct, tag="queued", omit_defaults=True):
     # while the request's model loads: what it waits for ("loading model X", "waiting for
     # memory: X is busy"); absent once it waits for the engine only
     loading: str = ""
+    # about how many seconds from now it enters, as the server predicts from its scheduler's
+    # state (docs/metrics.md); absent until predicted. Sent again when the place or the
+    # predicted entry moves; a client counts down in between
+    wait_s: float | None = None
 
 
 class TokenDelta(msgspec.Struct, tag="token", omit_defaults=True):
@@ -160,6 +164,17 @@ class Timings(msgspec.Struct, omit_defaults=True):
     # names); absent when it drafted nothing
     draft_n: int | None = None
     draft_n_accepted: int | None = None
+    # it waited for a prediction: the queue time its first prediction said (beside queue_ms)
+    predicted_queue_ms: float | None = None
+
+    @classmethod
+    def of(cls, t: dict[str, float | None]) -> Timings:
+        """The frame's timings from an engine `done`'s (engine/sequence.py's names)."""
+        drafts = {k: int(v) for k in ("draft_n", "draft_n_accepted") if (v := t.get(k)) is not None}
+        return cls(
+            t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"], t.get("load_ms"), **drafts,
+            predicted_queue_ms=t.get("predicted_queue_ms"),
+        )  # fmt: skip
 
 
 class Finished(msgspec.Struct, tag="done"):

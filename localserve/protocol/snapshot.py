@@ -54,6 +54,9 @@ class Percentiles(msgspec.Struct):
     count: int
 
 
+NO_VALUES = Percentiles(None, None, None, None, 0)
+
+
 class Histogram(msgspec.Struct):
     """Cumulative since start, Prometheus style: counts[i] observations <= buckets[i]."""
 
@@ -90,6 +93,8 @@ class WaitingRow(msgspec.Struct):
     prompt_tokens: int
     waited_s: float
     is_preempted: bool
+    # the latest predicted wait from now (localserve.engine.waits); None: not predicted yet
+    predicted_wait_s: float | None = None
 
 
 class StepStats(msgspec.Struct):
@@ -107,6 +112,11 @@ class StepStats(msgspec.Struct):
     draft_tokens: float | None = None
     draft_acceptance: float | None = None
     tokens_per_decode: float | None = None
+    # the share of those steps the TTFT target stretched past the ITL target's prefill budget
+    stretched_share: float = 0.0
+    # the median ratio of the recent steps' times to the fastest of their shape in the last ten
+    # minutes (engine/slowdown.py): well above 1, the machine is doing other work
+    slowdown: float | None = None
 
 
 class Counters(msgspec.Struct):
@@ -163,6 +173,19 @@ class RunningStep(msgspec.Struct):
     limit_s: float  # when the watchdog stops the engine process
 
 
+class HostLoad(msgspec.Struct):
+    """The machine around the engine process (engine_process/child.py), when it can be read."""
+
+    cpus: int  # the cores this process may run on
+    load_1m: float  # the system's one-minute load average: runnable threads, ours included
+    own_cores: float  # cores the engine process kept busy since the last snapshot
+
+    @property
+    def others(self) -> float:
+        """Cores' worth of runnable threads that are not this engine's."""
+        return max(0.0, self.load_1m - self.own_cores)
+
+
 class Snapshot(msgspec.Struct):
     """One look at the engine: what the monitor shows and `/metrics` exports."""
 
@@ -201,3 +224,14 @@ class Snapshot(msgspec.Struct):
     workers: list[Worker] = msgspec.field(default_factory=list)  # the model's RPC workers
     # set when the engine was busy in a step: this is the last snapshot it gave, and that step
     step: RunningStep | None = None
+    # the predicted wait's error, of requests that waited in the last ten windows: seconds off,
+    # and the share of the actual wait (engine/metrics.py); what a newcomer would wait now
+    queue_error: Percentiles = msgspec.field(
+        default_factory=lambda: Percentiles(None, None, None, None, 0)
+    )
+    queue_error_share: Percentiles = msgspec.field(
+        default_factory=lambda: Percentiles(None, None, None, None, 0)
+    )
+    newcomer_wait_s: float | None = None
+    ttft_target_s: float = 0.0  # the scheduler's TTFT target (it may stretch steps for it)
+    host: HostLoad | None = None  # None: not measured (an engine in the server's own process)

@@ -14,17 +14,24 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from localserve.protocol.frames import ModelStatus
-from tui.diagnosis.signals import Signals
+from tui.diagnosis.signals import Holding, Signals
 from tui.diagnosis.thresholds import (
     ADMISSION_STALL_S,
     COUNTER_WINDOW_S,
     DECODE_STEP_OF_TARGET,
     ENGINE_SHARE_HIGH,
     HEADLINE_MAX,
+    HOLDER_MIN_SEQS,
+    HOLDER_SHARE,
     ITL_BAD_FACTOR,
     ITL_PREFILL_SHARE,
     LONG_PROMPT_TOKENS,
+    OTHERS_CORES_SHARE,
     PREFILL_BOUND_SHARE,
+    SLOWDOWN_ALONE,
+    SLOWDOWN_BAD,
+    SLOWDOWN_HIGH,
+    STRETCHED_SHARE,
     TTFT_BAD_S,
 )
 from tui.format import duration, number, pct, plural, span
@@ -34,6 +41,7 @@ TTFT = "ttft"  # why the time to first token is high
 KV = "kv"  # the KV cache as the limit
 ITL = "itl"  # why inter-token latency is high
 PREEMPTIONS = "preemptions"  # why sequences are being preempted
+MACHINE = "machine"  # the machine itself (other work on it) as the limit
 
 NONE: frozenset[str] = frozenset()
 
@@ -157,6 +165,84 @@ def rejecting(c: Signals) -> Finding | None:
         "context and refusals while shutting down"
     ]
     return Finding("bad", head, details)
+
+
+def machine_busy(c: Signals) -> Finding | None:
+    """Other work on the machine slows every step: its load average and the steps' times
+    against this machine's own best for their size, not the server's load, say so."""
+    if not c.active:
+        return None
+    host, ratio = c.host, c.slowdown
+    busy = host is not None and host.others >= OTHERS_CORES_SHARE * max(host.cpus, 1)
+    slow = ratio is not None and ratio >= SLOWDOWN_HIGH
+    if not ((busy and (slow or ratio is None)) or (ratio is not None and ratio >= SLOWDOWN_ALONE)):
+        return None
+    parts, details = [], []
+    if busy and host is not None:
+        parts.append(f"load {host.load_1m:.1f} on {host.cpus} cores")
+        details.append(
+            f"load average {host.load_1m:.1f} on {host.cpus} cores: this engine keeps "
+            f"{host.own_cores:.1f} busy, other processes {host.others:.1f}"
+        )
+    if ratio is not None:
+        parts.append(f"steps {ratio:.1f}× their best")
+        details.append(
+            f"the recent steps take {ratio:.1f}× the fastest step of their size in the last ten "
+            "minutes (median of the last 32): the same work ran faster before"
+        )
+    if not busy:
+        details.append("no other load on the cores: a throttled or shared GPU, or a slower clock")
+    details.append(
+        "not the server's load: find what else runs (top, nvidia-smi) or give the server its "
+        "own cores"
+    )
+    level = "bad" if ratio is not None and ratio >= SLOWDOWN_BAD else "warn"
+    line = "the machine is the limit: " + ", ".join(parts)
+    return Finding(level, line, details, explains=frozenset({MACHINE, ITL, TTFT}))
+
+
+def one_user_holds(c: Signals) -> Finding | None:
+    """One person (a forwarded one is a person too) holds most of the running sequences, the
+    live cells or the queue, while others wait: who, with the numbers."""
+    if len(c.holdings) < 2:
+        return None
+    top, parts = next(((h, p) for h in c.holdings if (p := _held_parts(c, h))), (None, []))
+    if top is None:
+        return None
+    others = [u for u in c.waiting_users if u != top.user]
+    if not (others or top.waiting >= HOLDER_MIN_SEQS):
+        return None
+    line = f"{top.user} holds " + " and ".join(parts)
+    line += f"; {plural(len(others), 'other')} wait" if others else ""
+    details = [
+        f"{top.user}: {top.running} running of {c.now.max_num_seqs} slots, "
+        f"{top.cells:,} of {c.kv_live:,} live KV cells, {top.waiting} waiting"
+    ]
+    for h in [h for h in c.holdings if h is not top][:3]:
+        waits = f", waiting up to {duration(h.longest_wait)}" if h.waiting else ""
+        details.append(f"{h.user}: {h.running} running, {h.waiting} waiting{waits}")
+    if len(c.holdings) > 4:
+        details.append(f"and {plural(len(c.holdings) - 4, 'more user')}")
+    details.append(
+        "the scheduler takes users round-robin, each up to its per-user cap: lower "
+        "max_running_per_user (or max_inflight_per_user) to give the others more"
+    )
+    level = "warn" if others else "info"
+    if others and c.ttft_problem:
+        level = _ttft_level(c)
+    return Finding(level, line, details)
+
+
+def _held_parts(c: Signals, top: Holding) -> list[str]:
+    """What `top` holds most of: the slots, the live cells, the queue (as words)."""
+    parts = []
+    if top.running >= HOLDER_MIN_SEQS and top.running >= HOLDER_SHARE * max(c.running, 1):
+        parts.append(f"{top.running} of {c.now.max_num_seqs} slots")
+    if top.running and c.kv_live and top.cells >= HOLDER_SHARE * c.kv_live:
+        parts.append(f"{pct(top.cells / c.kv_live)} of the cells")
+    if top.waiting >= HOLDER_MIN_SEQS and top.waiting >= HOLDER_SHARE * max(c.waiting, 1):
+        parts.append(f"{top.waiting} of {c.waiting} waiting requests")
+    return parts
 
 
 def capacity_bound(c: Signals) -> Finding | None:
@@ -306,7 +392,8 @@ def ttft_other(c: Signals) -> Finding | None:
 def _ttft_finding(c: Signals, line: str, details: list[str], level: str = "") -> Finding:
     """A finding about TTFT's cause: one per diagnosis, the first that applies."""
     ttft = frozenset({TTFT})
-    return Finding(level or _ttft_level(c), line, details, explains=ttft, defers_to=ttft)
+    defers = frozenset({TTFT, MACHINE})
+    return Finding(level or _ttft_level(c), line, details, explains=ttft, defers_to=defers)
 
 
 def itl(c: Signals) -> Finding | None:
@@ -340,7 +427,8 @@ def itl(c: Signals) -> Finding | None:
     line = f"{word}: " + "; ".join(causes[:2])
     details += [f"also: {cause}" for cause in causes[2:]]
     bad = c.itl_p50 is not None and c.itl_p50 >= ITL_BAD_FACTOR * target
-    return Finding("bad" if bad else "warn", line, details, explains=explains)
+    level = "bad" if bad else "warn"
+    return Finding(level, line, details, explains=explains, defers_to=frozenset({MACHINE}))
 
 
 def _itl_causes(c: Signals, target: float, details: list[str]) -> list[str]:
@@ -354,7 +442,18 @@ def _itl_causes(c: Signals, target: float, details: list[str]) -> list[str]:
     elif c.decoding <= 1 and dstep is not None and dstep >= DECODE_STEP_OF_TARGET * target:
         causes.append(f"a lone decode step takes {duration(dstep)}")
         details.append("the model is slower than the ITL target with a single decoder")
-    if c.prefill_share is not None and c.prefill_share >= ITL_PREFILL_SHARE:
+    if c.stretched_share >= STRETCHED_SHARE:  # the prompts' chunks are the TTFT target's
+        ttft = f"the {duration(c.ttft_target)} " if c.ttft_target else "the "
+        causes.append(ttft + "TTFT target stretches the steps for first tokens")
+        details.append(
+            f"{pct(c.stretched_share)} of the recent steps carried more prompt tokens than the "
+            f"{duration(target)} ITL target allows, so that prompts get their first token in time"
+        )
+        details.append(
+            "raise scheduler.ttft_target_ms to keep streams smooth, or lower it to favour first "
+            "tokens"
+        )
+    elif c.prefill_share is not None and c.prefill_share >= ITL_PREFILL_SHARE:
         st = c.now.steps
         causes.append(f"prefill chunks take {pct(c.prefill_share)} of each step")
         details.append(
@@ -449,6 +548,8 @@ RULES = (  # the table's order: among findings of one level the first takes the 
     engine_down,
     admission_blocked,
     rejecting,
+    machine_busy,
+    one_user_holds,
     capacity_bound,
     slot_bound,
     queue_other,

@@ -24,6 +24,17 @@ from tui.diagnosis.thresholds import (
 )
 
 
+class Holding:
+    """One user's share of the server now."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+        self.running = 0
+        self.cells = 0  # live cells of its own (a shared system prompt's not counted)
+        self.waiting = 0
+        self.longest_wait = 0.0
+
+
 class Signals:
     """The newest snapshot (`now`) plus what the history says about it. Built once per
     diagnosis from the history since the last restart; nothing changes it afterwards."""
@@ -39,6 +50,7 @@ class Signals:
         self._latency(self.now)
         self._counters(seg)
         self._steps(self.now)
+        self._holders(self.now)
 
     def _engine(self, s: Snapshot) -> None:
         """Whether the engine serves ("" when it does), and the RPC workers found down."""
@@ -122,6 +134,27 @@ class Signals:
         self.decode_step_s = (
             self.step_s * (1 - (self.prefill_share or 0.0)) if self.step_s is not None else None
         )
+        self.stretched_share = _unit(st.stretched_share) or 0.0
+        slowdown = _num(st.slowdown)
+        self.slowdown = slowdown if slowdown is not None and slowdown > 0 else None
+        self.host = s.host
+        ttft_target = _num(s.ttft_target_s)
+        self.ttft_target = ttft_target if ttft_target is not None and ttft_target > 0 else None
+
+    def _holders(self, s: Snapshot) -> None:
+        """What each user holds now: running sequences, their own live cells, waiting requests
+        (`Holding`, most running first), and the users with requests waiting."""
+        held: dict[str, Holding] = {}
+        for row in s.seqs:
+            h = held.setdefault(row.user, Holding(row.user))
+            h.running += 1
+            h.cells += max(0, row.own_cells)
+        for row in s.waiting_seqs:
+            h = held.setdefault(row.user, Holding(row.user))
+            h.waiting += 1
+            h.longest_wait = max(h.longest_wait, _num(row.waited_s) or 0.0)
+        self.holdings = sorted(held.values(), key=lambda h: (-h.running, -h.cells, -h.waiting))
+        self.waiting_users = [h.user for h in self.holdings if h.waiting]
 
 
 # --- history -----------------------------------------------------------------------------------

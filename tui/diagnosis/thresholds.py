@@ -31,6 +31,17 @@ ITL_PREFILL_SHARE = 0.3  # prefill share of step time at or above: named as an I
 DECODE_STEP_OF_TARGET = 0.75  # decode part of a step >= this x ITL target: decoders contend
 ENGINE_SHARE_HIGH = 0.3  # time outside llama_decode at or above: named as an ITL cause
 ITL_BAD_FACTOR = 2.0  # ITL p50 >= this x target: level bad
+STRETCHED_SHARE = 0.3  # recent steps the TTFT target stretched, at or above: named as the cause
+
+# the machine
+OTHERS_CORES_SHARE = 0.5  # others' runnable threads, as a share of the cores, at or above: busy
+SLOWDOWN_HIGH = 1.5  # recent steps this many times their shape's best: slowed with a busy host
+SLOWDOWN_ALONE = 2.0  # ... and this many times: slowed even without a host reading (a GPU)
+SLOWDOWN_BAD = 3.0  # level bad
+
+# who holds the server
+HOLDER_SHARE = 0.5  # one user's share of the running sequences, live cells or queue, at or above
+HOLDER_MIN_SEQS = 2  # ... with at least this many of them
 
 # the answer
 HEADLINE_MAX = 100  # characters

@@ -43,6 +43,7 @@
     listing: null,     // its pages so far, while they come
     deleting: new Set(), // ids deleted here that the server has not confirmed
     models: [],        // the server's `models` frame's list: each model's state and cost
+    countdownTimer: null, // while a reply waits with a predicted wait: its next second
     modelsTimer: null, // asks again while a model loads
     modelsShown: "",   // what the picker's options were built from
   };
@@ -623,6 +624,9 @@
       case "queued":
         if (p) {
           p.msg.status = "queued"; p.msg.position = frame.position;
+          // the server's predicted wait, counted down here between its updates
+          p.msg.entersAt = typeof frame.wait_s === "number" ? Date.now() + frame.wait_s * 1000 : null;
+          countDown();
           p.msg.loading = frame.loading || "";  // its model loads first (several models)
           if (p.msg.loading) askModels();  // the picker shows it loading
           p.msg.requeued = !!p.msg.content; touch(p.msg);
@@ -1110,6 +1114,26 @@
     input.onblur = () => done(true);
   }
 
+  // "about 5 s", "about 2 min", "any moment now": a prediction, so rounded as a person would
+  function aboutWait(leftMs) {
+    const s = Math.round(leftMs / 1000);
+    if (s <= 0) return "any moment now";
+    if (s < 60) return `about ${s} s`;
+    return `about ${Math.round(s / 60)} min`;
+  }
+
+  // Once a second while a reply waits with a predicted wait: its countdown is rendered again.
+  function countDown() {
+    if (state.countdownTimer) return;
+    const tick = () => {
+      const waiting = [...state.pending.values()].map((p) => p.msg)
+        .filter((m) => m.status === "queued" && m.entersAt);
+      waiting.forEach(touch);
+      state.countdownTimer = waiting.length ? setTimeout(tick, 1000) : null;
+    };
+    state.countdownTimer = setTimeout(tick, 1000);
+  }
+
   function touch(msg) {
     state.dirty.add(msg);
     if (!state.renderTimer) state.renderTimer = setTimeout(flush, state.renderEvery);
@@ -1160,6 +1184,7 @@
         if (msg.loading) { add(`${msg.loading}…`, "waiting loading"); break; }
         add(`${msg.requeued ? "paused for others, waiting again" : "waiting"} · ` +
             `${ordinal(msg.position || 1)} in line`, "waiting position");
+        if (msg.entersAt) add(aboutWait(msg.entersAt - Date.now()), "waiting countdown");
         break;
       case "stopping": add("stopping…", "stopped"); break;
       case "error": case "interrupted":

@@ -210,11 +210,7 @@ class Connection:
         if done.finish_reason == "error":
             self.error(done.error_code, done.error or "engine error", request.client_id)
         usage = ReplyUsage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
-        t = done.timings
-        drafts = {k: int(t[k]) for k in ("draft_n", "draft_n_accepted") if t.get(k) is not None}
-        timings = Timings(
-            t["queue_ms"], t["ttft_ms"], t["itl_ms"], t["e2e_ms"], t.get("load_ms"), **drafts
-        )
+        timings = Timings.of(done.timings)
         recorded = request.is_recorded
         dropped = request.num_dropped_messages
         self.send(

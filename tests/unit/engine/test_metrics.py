@@ -233,7 +233,15 @@ def test_latency_percentiles_cover_only_the_window(metrics, clock):
     assert metrics.latency()["ttft"].count == 1
     clock.now = 100.5 + 61.0
     latency = metrics.latency()
-    assert set(latency) == {"ttft", "itl", "queue", "e2e", "tpot"}
+    assert set(latency) == {
+        "ttft",
+        "itl",
+        "queue",
+        "e2e",
+        "tpot",
+        "queue_error",
+        "queue_error_share",
+    }
     assert latency["ttft"].count == 0
     assert histogram(metrics, "time_to_first_token_seconds").count == 1  # histograms keep all
 

@@ -102,6 +102,11 @@ def test_competing_long_prompts_take_more_of_the_step_to_meet_the_ttft_target(ma
     assert at_itl_pace > 4.0 and with_target <= 3.6 * 1.05
     steps_ms = [10 + 2 * s.num_decode + s.num_prefill for s in h.runner.steps if s.num_decode]
     assert max(steps_ms) > 60 * 1.15  # the streams' steps stretched past the ITL target
+    # and the steps say so (the monitor names the TTFT target as what stretches them)
+    stretched = h.engine.metrics.step_stats(0).stretched_share
+    assert stretched > 0.3
+    h, _ = streams_and_pastes(make_harness, 1, ttft_target_ms=500)
+    assert h.engine.metrics.step_stats(0).stretched_share == 0  # one paste: never stretched
 
 
 def test_a_request_waiting_on_its_own_users_cap_does_not_stretch_the_streams(make_harness):

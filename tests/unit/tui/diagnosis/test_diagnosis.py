@@ -16,6 +16,7 @@ from localserve.protocol.snapshot import (
     Counters,
     Device,
     EventRow,
+    HostLoad,
     ModelInfo,
     Percentiles,
     SeqRow,
@@ -895,3 +896,107 @@ def test_requests_waiting_for_a_model_to_load_or_for_memory_are_said_in_plain_wo
     failed = [ModelStatus("gemma", "loaded"), ModelStatus("x", "failed", reason="no such file")]
     assert check(diagnose(history, failed)).headline == "model x could not be loaded: no such file"
     assert diagnose(history, [ModelStatus("gemma", "loaded")]) == diagnose(history)
+
+
+# --- who holds the server (issue 40) -----------------------------------------------------------
+
+
+def held_by(users: list[str], cells: int = 300) -> list[SeqRow]:
+    return [seq(i, user=u, cells=cells) for i, u in enumerate(users)]
+
+
+def waiting_for(users: list[str], waited: float = 4.0) -> list[WaitingRow]:
+    return [waiter(i, user=u, waited=waited) for i, u in enumerate(users)]
+
+
+def test_one_user_holding_most_slots_and_cells_is_named():
+    running = held_by(["alice"] * 9 + ["bob", "carol"])
+    after = dict(
+        seqs=running,
+        waiting_seqs=waiting_for(["dave", "erin", "frank"]),
+        kv_committed=4000,
+        ttft=pct(3.0, mean=3.1),
+        queue=pct(2.5, mean=2.6),
+    )
+    d = check(diagnose([snap(**after)]))
+    assert d.headline == "alice holds 9 of 16 slots and 68% of the cells; 3 others wait"
+    assert d.level == "warn"
+    assert any(
+        line.startswith("alice: 9 running of 16 slots, 2,700 of 4,000") for line in d.details
+    )
+    assert any("dave: 0 running, 1 waiting, waiting up to 4.0 s" in line for line in d.details)
+
+
+def test_a_balanced_server_names_nobody():
+    running = held_by(["alice", "bob", "carol", "dave"] * 4)
+    after = dict(
+        seqs=running,
+        waiting_seqs=waiting_for(["erin", "frank"]),
+        free_seq_ids=0,
+        kv_committed=5000,
+        ttft=pct(3.0, mean=3.1),
+        queue=pct(2.5, mean=2.6),
+    )
+    d = check(diagnose([snap(**after)]))
+    assert d.headline.endswith("slot bound")
+    assert not any(" holds " in line for line in [d.headline, *d.details])
+
+
+def test_one_users_queue_is_named_when_it_is_most_of_the_queue():
+    after = dict(
+        seqs=held_by(["bob", "carol"]),
+        waiting_seqs=waiting_for(["mallory"] * 6 + ["dave"]),
+    )
+    d = check(diagnose([snap(**after)]))
+    assert any(
+        line.startswith("mallory holds 6 of 7 waiting requests; 1 other wait")
+        for line in [d.headline, *(x.removeprefix("also (warn): ") for x in d.details)]
+    )
+
+
+def test_the_ttft_target_is_named_when_it_stretches_the_steps():
+    stretched = dict(
+        seqs=decoders(3)
+        + [seq(3, phase="prefill", prompt=3000), seq(4, phase="prefill", prompt=3000)],
+        itl=pct(0.2),
+        steps=dict(step_s=0.22, prefill_time_share=0.6, stretched_share=0.8),
+        ttft_target_s=5.0,
+    )
+    d = check(diagnose([snap(**stretched)]))
+    assert d.headline == "ITL high: the 5.0 s TTFT target stretches the steps for first tokens"
+    assert not any("prefill chunks take" in line for line in d.details)
+    assert any("80% of the recent steps carried more prompt tokens" in line for line in d.details)
+    # the same steps without the stretch: prefill pressure, as before
+    d = check(diagnose([snap(**dict(stretched, steps=dict(step_s=0.22, prefill_time_share=0.6)))]))
+    assert d.headline == "ITL high: prefill chunks take 60% of each step"
+
+
+# --- the machine as the limit (issue 40) -------------------------------------------------------
+
+
+def test_other_work_on_the_cores_is_named_instead_of_the_load():
+    load = dict(
+        seqs=decoders(3) + [seq(3, phase="prefill", prompt=3000)],
+        itl=pct(0.3),
+        ttft=pct(4.0),
+        steps=dict(step_s=0.3, prefill_time_share=0.6, slowdown=2.3),
+    )
+    busy = dict(load, host=HostLoad(cpus=2, load_1m=10.5, own_cores=1.9))
+    d = check(diagnose([snap(**busy)]))
+    assert d.headline == "the machine is the limit: load 10.5 on 2 cores, steps 2.3× their best"
+    assert not any("prefill bound" in line or "ITL high" in line for line in d.details)
+    assert any("load average 10.5 on 2 cores" in line for line in d.details)
+    # the same load on a quiet machine: its usual reading
+    quiet = dict(load, host=HostLoad(cpus=2, load_1m=2.1, own_cores=1.9))
+    quiet["steps"] = dict(load["steps"], slowdown=1.05)
+    d = check(diagnose([snap(**quiet)]))
+    assert d.headline.startswith("ITL high: 3 sequences decode at once")
+
+
+def test_steps_far_slower_than_their_best_name_the_machine_without_a_load_reading():
+    slowed = dict(seqs=decoders(4), itl=pct(0.3), steps=dict(step_s=0.3, slowdown=2.6))
+    d = check(diagnose([snap(**slowed)]))
+    assert d.headline == "the machine is the limit: steps 2.6× their best"
+    assert any("throttled or shared GPU" in line for line in d.details)
+    d = check(diagnose([snap(**dict(slowed, steps=dict(step_s=0.3, slowdown=1.6)))]))
+    assert d.headline.startswith("ITL high")  # a little slower, no busy host: the load
