@@ -49,6 +49,7 @@ class HttpReply:
         self.pending: list[str] = []
         self.num_pending_bytes = 0
         self.done: Done | None = None
+        self.queue_note: tuple[int, float | None] | None = None  # waiting: place, wait (s)
         self._ready = asyncio.Event()
         # given to door.submit: the client gone before it was admitted (its model loading)
         self.cancelled = asyncio.Event()
@@ -63,8 +64,25 @@ class HttpReply:
             self._give_up(f"not reading: over {limit} bytes unsent")
         self._ready.set()
 
-    def on_queued(self, request: Request, position: int) -> None:
-        pass
+    def on_queued(self, request: Request, position: int, wait_s: float | None = None) -> None:
+        """A streamed reply tells a waiting client its place and predicted wait in a line
+        it can ignore (`_queue_line`); a whole one has nowhere to say it."""
+        if self.stream and not self.pending and self.done is None:
+            self.queue_note = (position, wait_s)
+            self._ready.set()
+
+    def _queue_line(self, position: int, wait_s: float | None) -> bytes:
+        """The stream's line for a waiting client: an SSE comment, which SSE clients ignore
+        (Ollama's NDJSON has none: its reply writes an object of its own)."""
+        wait = "" if wait_s is None else f" wait_s={wait_s:.1f}"
+        return f": queued position={position}{wait}\n\n".encode()
+
+    async def _send_queue_note(self, send) -> None:
+        """The latest waiting note, if one came since the last write."""
+        note, self.queue_note = self.queue_note, None
+        if note is not None and not self.is_closed:
+            await send({"type": "http.response.body", "body": self._queue_line(*note),
+                        "more_body": True})  # fmt: skip
 
     def on_done(self, request: Request, done: Done) -> None:
         self.done = done

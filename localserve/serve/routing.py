@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from localserve.engine.events import Admitted, Done, Event, Preempted, Token
+from localserve.engine.events import Admitted, Done, Event, Preempted, Token, WaitPredicted
 from localserve.ops.usage import Usage
 from localserve.ops.usage_database import Row
 from localserve.serve.admission import Admission
@@ -80,6 +80,8 @@ class SinkRouter:
             self.admission.started(request)
         elif isinstance(event, Preempted):
             sink.on_queued(request, self.admission.counts.waiting + 1)
+        elif isinstance(event, WaitPredicted) and not request.loading and not sink.is_closed:
+            sink.on_queued(request, event.position, event.wait_s)
 
     def _record(self, request: Request, event: Done) -> None:
         """Hand the row to the record; the `done` goes once it is committed, or after

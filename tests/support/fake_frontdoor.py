@@ -303,8 +303,9 @@ class FakeFrontdoor:
         request.is_waiting = False
         request.sink.on_token(request, text)
 
-    def queued(self, request: Request, position: int = 1) -> None:
-        request.sink.on_queued(request, position)
+    def queued(self, request: Request, position: int = 1, wait_s: float | None = None) -> None:
+        """Its place in line and the predicted wait, as routing.py tells a sink."""
+        request.sink.on_queued(request, position, wait_s)
 
     def finish(
         self,

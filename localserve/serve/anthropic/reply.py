@@ -143,6 +143,7 @@ class AnthropicReply(HttpReply):
         done = None
         while done is None and not self.is_closed:
             text, done = await self._next()
+            await self._send_queue_note(send)
             if done is not None and done.finish_reason in ("error", "cancelled"):
                 break
             for event in self._events(text, done is not None):

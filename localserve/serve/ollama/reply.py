@@ -128,6 +128,7 @@ class OllamaReply(HttpReply):
         done = None
         while done is None and not self.is_closed:
             text, done = await self._next()
+            await self._send_queue_note(send)
             content, thinking, calls = self._read(text, done is not None)
             if content or thinking or calls:
                 await self._write(send, self._object(content, thinking, calls))
@@ -190,6 +191,14 @@ class OllamaReply(HttpReply):
             "eval_duration": int(max(0.0, total - ttft) * NS_PER_MS),
         }
         return self._unrecorded(out)
+
+    def _queue_line(self, position: int, wait_s: float | None) -> bytes:
+        """NDJSON has no comments: a waiting client gets an empty chunk (not done) with a
+        `queue` object, which Ollama's clients read past (its content is empty)."""
+        queue: dict[str, Any] = {"position": position}
+        if wait_s is not None:
+            queue["wait_s"] = round(wait_s, 1)
+        return _encoder.encode(self._object("", "", []) | {"queue": queue}) + b"\n"
 
     async def _write(self, send, obj: dict) -> None:
         data = _encoder.encode(obj) + b"\n"

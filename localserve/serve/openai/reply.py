@@ -146,6 +146,7 @@ class Reply(HttpReply):
         reading = self.reading
         while done is None and not self.is_closed:
             text, done = await self._next()
+            await self._send_queue_note(send)
             if text and reading is None:
                 await self._write_bytes(send, head + _encoder.encode(text) + tail)
             elif reading is not None:

@@ -192,8 +192,9 @@ class Connection:
             elif isinstance(event, ReasoningText):
                 self.outbox.put_text(client_id, event.text, reasoning=True)
 
-    def on_queued(self, request: Request, position: int) -> None:
-        self.send(Queued(request.client_id, position, request.loading))
+    def on_queued(self, request: Request, position: int, wait_s: float | None = None) -> None:
+        wait_s = None if wait_s is None else round(wait_s, 1)
+        self.send(Queued(request.client_id, position, request.loading, wait_s))
 
     def on_done(self, request: Request, done: Done) -> None:
         if self.requests.get(request.client_id) is request:

@@ -375,3 +375,22 @@ def test_under_v1_messages_errors_are_anthropics_and_elsewhere_the_other_doors()
     assert mine.status == 404 and error_of(mine)[0] == "not_found_error"
     theirs = call(app, "GET", "/v1/nothing")
     assert theirs.status == 404 and theirs.json()["error"]["code"] == "not_found"
+
+
+def test_a_waiting_stream_hears_its_place_and_predicted_wait_in_a_comment_after_message_start():
+    async def scenario():
+        door = FakeFrontdoor()
+        stream = HttpExchange(app_of(door), "POST", PATH, BODY | {"stream": True}).start()
+        request = await door.admitted()
+        await wait_for(lambda: stream.chunks, what="message_start")
+        door.queued(request, 2, 7.0)
+        await wait_for(lambda: b": queued" in stream.body, what="the note")
+        door.token(request, "Paris")
+        door.finish(request)
+        await stream.finished()
+        return stream.body.decode()
+
+    blocks = asyncio.run(scenario()).split("\n\n")[:-1]
+    assert blocks[0].startswith("event: message_start")
+    assert blocks[1] == ": queued position=2 wait_s=7.0"
+    assert all(b.startswith("event: ") for b in blocks[2:])

@@ -373,3 +373,23 @@ def test_keep_alive_and_format_reach_admission_as_seconds_and_a_response_format(
     assert [door.keep_alive_of(1), door.keep_alive_of(2)] == [300.0, -1.0]
     assert door.response_format_of(1) == {"type": "json_object"}
     assert door.response_format_of(2)["json_schema"]["schema"] == schema
+
+
+def test_a_waiting_stream_hears_its_place_and_predicted_wait_in_an_empty_chunk():
+    async def scenario():
+        door = FakeFrontdoor()
+        body = {"model": "tiny", "messages": ASK}
+        stream = HttpExchange(app_of(door), "POST", "/api/chat", body).start()
+        request = await door.admitted()
+        door.queued(request, 2, 4.26)
+        await wait_for(lambda: b'"queue"' in stream.body, what="the note")
+        door.token(request, "Paris")
+        door.finish(request)
+        await stream.finished()
+        return stream
+
+    objects = lines(asyncio.run(scenario()))
+    note = objects[0]
+    assert note["queue"] == {"position": 2, "wait_s": 4.3}
+    assert note["message"] == {"role": "assistant", "content": ""} and note["done"] is False
+    assert "".join(o["message"]["content"] for o in objects) == "Paris" and objects[-1]["done"]

@@ -560,3 +560,25 @@ def test_a_stream_whose_socket_takes_nothing_for_write_timeout_s_is_cancelled():
         assert door.cancelled == [request]
 
     asyncio.run(scenario())
+
+
+def test_a_waiting_stream_hears_its_place_and_predicted_wait_in_comments_sse_clients_skip():
+    async def scenario():
+        door = FakeFrontdoor()
+        stream = HttpExchange(app_of(door), "POST", PATH, {"messages": ASK, "stream": True}).start()
+        request = await door.admitted()
+        door.queued(request, 3, 12.04)
+        await wait_for(lambda: b"position=3" in stream.body, what="the first note")
+        door.queued(request, 1, None)
+        await wait_for(lambda: b"position=1" in stream.body, what="the second note")
+        door.token(request, "Paris")
+        door.finish(request)
+        await stream.finished()
+        return stream.body.decode()
+
+    body = asyncio.run(scenario())
+    events = body.split("\n\n")[:-1]
+    notes = [e for e in events if e.startswith(":")]
+    assert notes == [": queued position=3 wait_s=12.0", ": queued position=1"]
+    data = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in data) == "Paris"

@@ -360,3 +360,21 @@ def test_a_client_that_goes_away_cancels_every_request_of_its_connection():
         assert {a.engine_id, b.engine_id}.isdisjoint(r.engine_id for r in door.in_flight)
 
     run(scenario)
+
+
+def test_a_waiting_chat_is_told_its_place_and_predicted_wait_again_as_they_change():
+    async def scenario():
+        door = FakeFrontdoor()
+        async with connected(door) as socket:
+            socket.say(chat())
+            await socket.next_of("queued", "r1")
+            request = await door.admitted()
+            door.queued(request, 3, 12.04)
+            second = await socket.next_of("queued", "r1", 2)
+            door.queued(request, 1, 0.4)
+            third = await socket.next_of("queued", "r1", 3)
+            return second, third
+
+    second, third = asyncio.run(scenario())
+    assert second == {"type": "queued", "id": "r1", "position": 3, "wait_s": 12.0}
+    assert third == {"type": "queued", "id": "r1", "position": 1, "wait_s": 0.4}
