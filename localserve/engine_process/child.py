@@ -142,7 +142,7 @@ class HostReader:
 
     def __init__(self) -> None:
         self._last = (time.monotonic(), time.process_time())
-        self._own = 0.0
+        self._own: float | None = None  # cores busy, over the last second or more
 
     def read(self) -> HostLoad | None:
         try:
@@ -155,6 +155,8 @@ class HostReader:
         if wall >= 1.0:  # a rate over less is noise; keep the last one
             self._own = (cpu - self._last[1]) / wall
             self._last = (now, cpu)
+        if self._own is None:  # no rate of its own yet: the others' share is not known
+            return None
         return HostLoad(cpus=cpus or os.cpu_count() or 1, load_1m=load, own_cores=self._own)
 
 

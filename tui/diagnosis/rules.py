@@ -175,8 +175,8 @@ def machine_busy(c: Signals) -> Finding | None:
     host, ratio = c.host, c.slowdown
     busy = host is not None and host.others >= OTHERS_CORES_SHARE * max(host.cpus, 1)
     slow = ratio is not None and ratio >= SLOWDOWN_HIGH
-    if not ((busy and (slow or ratio is None)) or (ratio is not None and ratio >= SLOWDOWN_ALONE)):
-        return None
+    if not ((busy and slow) or (ratio is not None and ratio >= SLOWDOWN_ALONE)):
+        return None  # a busy machine that does not slow the steps is not this server's limit
     parts, details = [], []
     if busy and host is not None:
         parts.append(f"load {host.load_1m:.1f} on {host.cpus} cores")

@@ -1,8 +1,14 @@
-"""The monitor's diagnosis on the real server, the model really running (issue 40): it names the
-user who holds most of the server and nobody on a balanced one, and it names the machine when
-another process spins on every core beside the engine while the same load without it gets its
-usual reading. The snapshots are the server's own (what the monitor reads), diagnosed as the
-monitor diagnoses them."""
+"""Waiting, on the real server with the model really running and four slots (issue 40):
+
+- a waiting client hears its place and predicted wait, places that count down to its admission
+  in order, again when someone ahead cancels, and its `done` says what was predicted;
+- the monitor's diagnosis names the user who holds most of the server and nobody on a balanced
+  one, and names the machine when processes spin on every core beside the engine while the same
+  load without them gets its usual reading (the server's own snapshots, diagnosed as the monitor
+  diagnoses them).
+
+The order rules themselves (fairness passing a newcomer, preempted first, cells) are tested on
+the fake runner in tests/unit/engine/test_waits.py."""
 
 from __future__ import annotations
 
@@ -14,8 +20,9 @@ import time
 import msgspec
 import pytest
 
+from localserve.bench.blocking_ws import WS
 from localserve.serve.serving import serving
-from tests.support.live import WS, LiveServer, live_config
+from tests.support.live import LiveServer, live_config
 from tests.support.waiting import wait_until
 from tui.diagnosis import diagnose
 
@@ -68,13 +75,67 @@ def everything(d) -> list[str]:
     return [d.headline, *d.details]
 
 
-def test_one_user_holding_the_slots_is_named_and_a_balanced_server_names_nobody(four_slots):
-    opened = chats(four_slots, ["alice"] * 4 + ["bob", "carol"])
+def queued_of(frames: list[dict]) -> list[dict]:
+    return [f for f in frames if f["type"] == "queued"]
+
+
+def test_waiting_clients_hear_their_places_count_down_to_admission_in_order(four_slots):
+    running = [WS(four_slots.url) for _ in range(SLOTS)]
+    for i, ws in enumerate(running):  # four replies that end one after another
+        ws.hello(f"r{i}")
+        ws.chat(f"c{i}", "Tell me about the sea.", max_tokens=24 + 12 * i, ignore_eos=True)
+    wait_until(lambda: four_slots.snapshot().running == SLOTS, timeout=60)
+    waiting, sent = [WS(four_slots.url) for _ in range(3)], []
+    for i, ws in enumerate(waiting):
+        ws.hello(f"w{i}")
+        sent.append(time.monotonic())
+        ws.chat(f"w{i}", "Hello!", max_tokens=4, ignore_eos=True)
+        time.sleep(0.2)  # in this order
     try:
+        heard = [ws.until_done(f"w{i}", timeout=120) for i, ws in enumerate(waiting)]
+    finally:
+        closed(running + waiting, four_slots)
+    entered = []  # when each entered, by the server's queue time after it was sent
+    for i, frames in enumerate(heard):
+        places = [f["position"] for f in queued_of(frames)]
+        assert places == sorted(places, reverse=True) and places[-1] <= i + 1, (i, places)
+        assert max(places) >= i + 1, (i, places)  # the ones ahead counted too
+        entered.append(sent[i] + frames[-1]["timings"]["queue_ms"] / 1e3)
+        assert any(f.get("wait_s") is not None for f in queued_of(frames)), frames
+        first_token = next(n for n, f in enumerate(frames) if f["type"] == "token")
+        assert all(f["type"] != "queued" for f in frames[first_token:])
+        assert frames[-1]["timings"]["predicted_queue_ms"] > 0
+    # in order (two that enter in one step may be a client's clock apart)
+    assert all(a <= b + 0.05 for a, b in zip(entered, entered[1:], strict=False)), entered
+
+
+def test_a_cancel_ahead_moves_the_others_up(four_slots):
+    running = chats(four_slots, ["a", "b", "c", "d"], max_tokens=300)
+    wait_until(lambda: four_slots.snapshot().running == SLOTS, timeout=60)
+    waiting = [WS(four_slots.url) for _ in range(3)]
+    for i, ws in enumerate(waiting):
+        ws.hello(f"x{i}")
+        ws.chat(f"x{i}", "Hello!", max_tokens=4, ignore_eos=True)
+        time.sleep(0.2)
+    try:
+        last = waiting[2]
+        last.until(lambda f: f["type"] == "queued" and f.get("wait_s") is not None, 60)
+        waiting[1].send({"type": "cancel", "id": "x1"})
+        moved = last.until(lambda f: f["type"] == "queued" and f["position"] == 2, 60)
+        assert moved[-1]["position"] == 2
+    finally:
+        closed(running + waiting, four_slots)
+
+
+def test_one_user_holding_the_slots_is_named_and_a_balanced_server_names_nobody(four_slots):
+    opened = chats(four_slots, ["alice"] * 4)  # hers fill the slots, then the others come
+    try:
+        wait_until(lambda: four_slots.snapshot().running == SLOTS, timeout=60)
+        opened += chats(four_slots, ["bob", "carol"])
         d = diagnosed_when(four_slots, lambda s: s.running == SLOTS and s.waiting == 2)
     finally:
         closed(opened, four_slots)
-    assert any(line.startswith("alice holds 4 of 4 slots") for line in everything(d)), d
+    assert any("alice holds 4 of 4 slots" in line for line in everything(d)), d
     assert any("2 others wait" in line for line in everything(d)), d
 
     opened = chats(four_slots, ["ann", "ben", "cleo", "dev", "eve", "finn"])
