@@ -79,8 +79,8 @@ class WaitingTable(DataTable):
     """The queue, in admission order (the first row is admitted next)."""
 
     # the numbers first, the request id last: on a narrow screen only the id is cut short
-    COLUMNS = ("user", "waited", "prompt", "request")
-    OTHERS_WIDTH = 18  # waited and prompt (the request id is cut first)
+    COLUMNS = ("user", "waited", "enters", "prompt", "request")
+    OTHERS_WIDTH = 26  # waited, enters (the predicted wait) and prompt (the id is cut first)
 
     def on_mount(self) -> None:
         self.add_columns(*self.COLUMNS)
@@ -94,6 +94,7 @@ class WaitingTable(DataTable):
             self.add_row(
                 Text(user_label(w.user, width), style=user_color(w.user)),
                 duration(w.waited_s),
+                "—" if w.predicted_wait_s is None else f"~{duration(w.predicted_wait_s)}",
                 str(w.prompt_tokens),
                 request,
             )

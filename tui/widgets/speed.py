@@ -27,14 +27,28 @@ class LatencyPanel(Vertical):
             with Horizontal(classes="metric-row"):
                 yield Label(name, id=f"{key}-label", classes="metric-label")
                 yield Sparkline([], id=f"{key}-spark", classes="metric-spark")
+        yield Static("", id="waits")
 
     def show(self, snap: Snapshot, history: Sequence[Snapshot]) -> None:
+        self.query_one("#waits", Static).update(waits_line(snap))
         for key, name in self.NAMES.items():
             p: Percentiles = getattr(snap, key)
             label = f"{name:<5} {duration(p.p50):>7}{duration(p.p90):>8}{duration(p.p99):>8}"
             self.query_one(f"#{key}-label", Label).update(label)
             values = [getattr(s, key).p90 or 0.0 for s in history]
             self.query_one(f"#{key}-spark", Sparkline).data = values or [0.0]
+
+
+def waits_line(snap: Snapshot) -> str:
+    """What a newcomer would wait now, and how far the predicted waits were off (the median, in
+    seconds and as a share of the actual wait): localserve/engine/waits.py's predictions."""
+    parts = []
+    if snap.newcomer_wait_s is not None:
+        parts.append(f"newcomer waits ~{duration(snap.newcomer_wait_s)}")
+    error, share = snap.queue_error, snap.queue_error_share
+    if error.count and error.p50 is not None and share.p50 is not None:
+        parts.append(f"waits off {duration(error.p50)} ({share.p50:.0%}, {error.count} waited)")
+    return " · ".join(parts)
 
 
 class ThroughputPanel(Vertical):

@@ -733,7 +733,7 @@ def test_a_frontends_people_are_rows_of_their_own_by_name(fake_snapshots):
         assert any(line.startswith("ope…/alice ") for line in today), today
         users, queued, today = await seen((120, 40))
         assert {"openwebui/alice", "openwebui/alice smith", "…/evangeline smith-jon…"} <= users
-        assert queued == {"…/evangeline s…"}  # the queue's narrower column: 16 of a name
+        assert queued == {"…/evangelin…"}  # the queue's narrower column (it says when each enters)
         assert any(line.startswith("openwebui/alice smith ") for line in today), today
         assert any(line.startswith("openwebui/alice ") for line in today), today
 
