@@ -1081,3 +1081,35 @@ def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, 
         phone.close()
     finally:
         kill_serve(proc)
+
+
+def test_a_waiting_reply_shows_its_place_and_counts_its_predicted_wait_down(browser, scripted):
+    """One slot, held by another person's reply of 60 tokens: the page's reply waits, says its
+    place and the server's predicted wait, and counts it down between the server's updates
+    (issue 40); on a phone too."""
+    from localserve.bench.blocking_ws import WS
+
+    reply = ["word "] * 60
+    server = scripted(reply, ScriptedRunner(n_ctx=4096, n_seq_max=1, step_s=0.05, reply=reply))
+    other = WS(server.url)
+    assert other.hello("ivan")["type"] == "welcome"
+    other.chat("warm", "teach the server how long a reply is", max_tokens=200)
+    other.until_done("warm")
+    other.chat("long", "and another", max_tokens=200)
+    wait_until(lambda: server.snapshot().running == 1, 30, "ivan's reply running")
+    judy = Person.open(browser, server, "judy", viewport=PHONE)
+    judy.say("my turn?")
+    countdown = judy.reply().locator(".countdown")
+    countdown.wait_for(timeout=30_000)
+    first = countdown.inner_text()
+    assert judy.reply().locator(".position").inner_text() == "waiting · 1st in line", first
+    shot(judy.page, "waiting-countdown-phone")
+    seconds = int(first.split()[1])
+    assert first == f"about {seconds} s" and seconds >= 2
+    wait_until(lambda: countdown.inner_text() != first, 5, "the countdown moving")
+    assert int(countdown.inner_text().split()[1]) < seconds  # counted down, not up
+    judy.wait_reply("done")
+    assert "queued" in judy.reply().locator(".meta").inner_text()
+    assert not judy.problems, judy.problems
+    other.close()
+    judy.close()
