@@ -320,7 +320,7 @@ class Metrics:
             draft_tokens=sum(s.num_draft for s in recent) / n,
             draft_acceptance=accepted / drafted if drafted else None,
             tokens_per_decode=1 + accepted / decodes if decodes else None,
-            stretched_share=sum(s.is_stretched for s in recent) / n,
+            stretched_share=sum(s.step_s for s in recent if s.is_stretched) / total_s,
             slowdown=self.slowdown.ratio,
         )
 

@@ -112,7 +112,8 @@ class StepStats(msgspec.Struct):
     draft_tokens: float | None = None
     draft_acceptance: float | None = None
     tokens_per_decode: float | None = None
-    # the share of those steps the TTFT target stretched past the ITL target's prefill budget
+    # the share of those steps' time in steps the TTFT target stretched past the ITL target's
+    # prefill budget
     stretched_share: float = 0.0
     # the median ratio of the recent steps' times to the fastest of their shape in the last ten
     # minutes (engine/slowdown.py): well above 1, the machine is doing other work

@@ -32,11 +32,14 @@ SLOTS = 4
 
 @pytest.fixture(scope="module")
 def four_slots():
-    """The real model with four slots: a few long replies fill it."""
+    """The real model with four slots (a few long replies fill it), and targets that two
+    pastes competing beside two streams cannot both meet: ITL 40 ms, TTFT 0.8 s."""
     config = live_config()
     name = config.default
     model = msgspec.structs.replace(config.models[name], max_num_seqs=SLOTS)
-    with serving(msgspec.structs.replace(config, models={name: model}), thread=True) as served:
+    scheduler = msgspec.structs.replace(config.scheduler, itl_target_ms=40, ttft_target_ms=800)
+    config = msgspec.structs.replace(config, models={name: model}, scheduler=scheduler)
+    with serving(config, thread=True) as served:
         yield LiveServer(served)
 
 
@@ -146,6 +149,28 @@ def test_one_user_holding_the_slots_is_named_and_a_balanced_server_names_nobody(
     assert not any(" holds " in line for line in everything(d)), d
 
 
+def stretching(s) -> bool:
+    """The steps stretched for first tokens, and the streams' gaps over the ITL target."""
+    return s.steps.stretched_share >= 0.3 and (s.itl.p90 or 0.0) > s.itl_target_s
+
+
+def test_the_ttft_target_is_named_when_competing_pastes_stretch_the_streams_steps(four_slots):
+    opened = chats(four_slots, ["ann", "ben"], max_tokens=2000)
+    try:
+        wait_until(lambda: four_slots.snapshot().running == 2, timeout=60)
+        time.sleep(1)  # the streams' own pace first
+        words = " ".join(["the sea is wide and deep and full of fish"] * 150)  # ~1,700 tokens
+        for user in ("cleo", "dev"):
+            ws = WS(four_slots.url)
+            ws.hello(user)
+            ws.chat(user, f"{words}\n\nSummarize this.", max_tokens=8)
+            opened.append(ws)
+        d = diagnosed_when(four_slots, stretching, timeout=60)
+    finally:
+        closed(opened, four_slots)
+    assert any("TTFT target stretches the steps" in line for line in everything(d)), d
+
+
 def _spin() -> None:
     while True:
         pass
@@ -167,8 +192,9 @@ def cpu_hog():
 
 
 def steady_load(server: LiveServer, seconds: float, hog: bool):
-    """Four streams for `seconds`, the diagnosis of their last snapshots."""
-    opened = chats(server, ["ann", "ben", "cleo", "dev"], max_tokens=2000)
+    """Four streams for `seconds`, the diagnosis of their last snapshots while all four ran
+    (900 tokens each: the 4,096 cells hold them all)."""
+    opened = chats(server, ["ann", "ben", "cleo", "dev"], max_tokens=900)
     history = []
     try:
         wait_until(lambda: server.snapshot().running == SLOTS, timeout=60)
@@ -179,6 +205,9 @@ def steady_load(server: LiveServer, seconds: float, hog: bool):
                 time.sleep(0.5)
     finally:
         closed(opened, server)
+    while history and history[-1].running < SLOTS:  # (one may have ended first)
+        history.pop()
+    assert len(history) > 10, "the streams ended before the load was seen"
     return diagnose(history[-20:]), history[-1]
 
 
@@ -188,5 +217,5 @@ def test_a_cpu_hog_beside_the_server_is_named_not_the_load(four_slots):
     assert "machine" not in quiet.headline, quiet
     assert snap.host is not None and snap.host.cpus >= 1
     # ...then with a process spinning on every core beside the engine
-    busy, snap = steady_load(four_slots, 25, hog=True)
+    busy, snap = steady_load(four_slots, 20, hog=True)
     assert busy.headline.startswith("the machine is the limit"), (busy, snap.steps, snap.host)

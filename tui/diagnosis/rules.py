@@ -446,8 +446,9 @@ def _itl_causes(c: Signals, target: float, details: list[str]) -> list[str]:
         ttft = f"the {duration(c.ttft_target)} " if c.ttft_target else "the "
         causes.append(ttft + "TTFT target stretches the steps for first tokens")
         details.append(
-            f"{pct(c.stretched_share)} of the recent steps carried more prompt tokens than the "
-            f"{duration(target)} ITL target allows, so that prompts get their first token in time"
+            f"{pct(c.stretched_share)} of the recent steps' time went to steps with more prompt "
+            f"tokens than the {duration(target)} ITL target allows, so that prompts get their "
+            "first token in time"
         )
         details.append(
             "raise scheduler.ttft_target_ms to keep streams smooth, or lower it to favour first "

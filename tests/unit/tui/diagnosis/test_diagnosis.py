@@ -965,7 +965,9 @@ def test_the_ttft_target_is_named_when_it_stretches_the_steps():
     d = check(diagnose([snap(**stretched)]))
     assert d.headline == "ITL high: the 5.0 s TTFT target stretches the steps for first tokens"
     assert not any("prefill chunks take" in line for line in d.details)
-    assert any("80% of the recent steps carried more prompt tokens" in line for line in d.details)
+    assert any(
+        "80% of the recent steps' time went to steps with more" in line for line in d.details
+    )
     # the same steps without the stretch: prefill pressure, as before
     d = check(diagnose([snap(**dict(stretched, steps=dict(step_s=0.22, prefill_time_share=0.6)))]))
     assert d.headline == "ITL high: prefill chunks take 60% of each step"
