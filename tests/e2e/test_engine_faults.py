@@ -459,7 +459,8 @@ def test_a_healthy_30_s_step_on_a_throttled_engine_is_not_killed(served, invaria
         warm = one_reply(served, "carol", "Name three rivers of Europe, please.", 3, timeout=120)
         assert warm["finish_reason"] in ("stop", "length"), warm
         watcher = StepWatcher(engine._step_clock)
-        done = one_reply(served, "dave", "Tell me about Rome. " * 60, 1, timeout=300)
+        # one full chunk and a few tokens more: the remainder costs seconds throttled too
+        done = one_reply(served, "dave", "Tell me about Rome. " * 52, 1, timeout=300)
         steps = watcher.close()
     finally:
         throttle.close()

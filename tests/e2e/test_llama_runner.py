@@ -88,7 +88,11 @@ def test_stop_string_ends_generation_and_is_not_streamed(runner):
 
 
 def test_decode_out_of_cells_preempts_without_losing_work():
-    # the scheduler believes in 4x more cells than llama.cpp has, so llama_decode returns 1
+    """The scheduler believes in 4x more cells than llama.cpp has, so llama_decode returns 1.
+
+    The four ~100-token prompts fit the 512 cells; their decodes run out of cells about 30
+    steps in, and at most three replies fit at once to the end: each recomputed prompt is
+    short, and the test costs a fraction of whole 200-token prompts thrashing."""
     from localserve.runners.llama import LlamaRunner
 
     cfg = ModelConfig(
@@ -99,17 +103,18 @@ def test_decode_out_of_cells_preempts_without_losing_work():
         events = []
         engine = Engine(small, SchedulerConfig(), on_events=events.extend)
         engine.kv = engine.scheduler.kv = KVPool(small.n_ctx * 4, small.n_seq_max)
-        params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
-        for i in range(4):
-            prompt = " ".join(["word"] * 190) + PROMPTS[i]
-            engine.add_request(f"r{i}", small.tokenize(prompt), params, user=f"u{i}")
+        params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+        prompts = [small.tokenize(" ".join(["word"] * 90) + PROMPTS[i]) for i in range(4)]
+        assert sum(map(len, prompts)) < small.n_ctx  # the prefills fit: the decodes run out
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, params, user=f"u{i}")
         for _ in range(3000):
             engine.step()
             if not engine.scheduler.has_work:
                 break
         assert any(isinstance(e, Preempted) for e in events)
         done = [e for e in events if isinstance(e, Done)]
-        assert len(done) == 4 and all(d.completion_tokens == 100 for d in done)
+        assert len(done) == 4 and all(d.completion_tokens == 60 for d in done)
         assert all_cells(small) == 0
     finally:
         small.close()
