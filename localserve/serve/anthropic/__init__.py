@@ -14,7 +14,7 @@ have Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, under
 - `blocks.py`: the reply's content blocks, built as its text is read.
 - `reply.py`: the reply, streamed as server-sent events or sent whole.
 
-Tested in tests/e2e/test_anthropic_api.py.
+Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

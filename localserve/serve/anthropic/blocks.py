@@ -8,7 +8,7 @@ and keeps the whole blocks (`content`) for a reply sent whole: text, thinking (w
 and tool_use (its `input` the call's arguments as an object). A new kind of text, or a new
 call, stops the block before it and starts its own, as the official API streams them.
 
-Tested in tests/e2e/test_anthropic_api.py.
+Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Anthropic does, a dotted path (`messages.1.content.0.tool_use_id: ...`): `dotted
 msgspec's `$.messages[1].content` into that, `named_as_anthropic` the tool errors that
 serve/tool_use.py words in OpenAI's fields (it checks tools as OpenAI's) into Anthropic's.
 
-Tested in tests/e2e/test_anthropic_api.py.
+Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

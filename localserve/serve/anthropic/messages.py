@@ -17,7 +17,8 @@ by a grammar); `thinking` (enabled, adaptive or disabled) is the template's enab
 and tokenizes the prompt exactly as a request would, without generating; at most
 MAX_COUNTING run at once (a 429 beyond).
 
-Tested in tests/e2e/test_anthropic_api.py and tests/e2e/test_hostile_clients.py.
+Tested in tests/e2e/test_anthropic_api.py and tests/e2e/test_hostile_clients.py; on a fake
+Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ fails after the stream began ends with an `error` event. Usage follows Anthropic
 those reused from the prefix cache (the two add up to the prompt); message_start, sent before
 the cache is known, counts the whole prompt as input and message_delta corrects it.
 
-Tested in tests/e2e/test_anthropic_api.py.
+Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ that names it. A content block is one struct with every block type's fields (`ty
 which are read): an unknown or unsupported type (image, document, ...) is then refused naming
 it, which a tagged union would only call "invalid".
 
-Tested in tests/e2e/test_anthropic_api.py.
+Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ request is DEFAULT_USER's. The body is read bounded in bytes (max_frame_bytes) a
 (serve/http_body.py); the model must be this server's (a 404 naming it otherwise). `max_tokens` is
 required (as Anthropic has it) and capped by the server's max_tokens.
 
-Tested in tests/e2e/test_anthropic_api.py.
+Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/serve/anthropic/.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Ollama's shape, `{"error": "..."}`. One module per noun:
 - `models.py`: the model endpoints (version, tags, show, ps; embed refused).
 - `reply.py`: the reply, streamed as NDJSON or sent whole.
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ or a JSON schema) constrains the reply (admission compiles it). /api/generate ta
 `template` of one's own and a `context` are refused with a 400 that names them; an empty
 prompt only says the model is loaded (`done_reason` "load"), as Ollama does.
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Admission's refusals (docs/protocol.md's codes) map to 400, 429 and 503 as in the OpenAI API;
 a reply the engine failed is a 500 (503 when the engine process or the server went away).
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

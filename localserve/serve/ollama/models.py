@@ -7,7 +7,7 @@
 reasoning). /api/pull, /api/create and the other model-management calls are unknown paths
 (404). On a server with tokens these need a user's token too.
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

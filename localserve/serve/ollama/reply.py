@@ -8,7 +8,7 @@ either way: a client that goes away, or stops reading, cancels its request at th
 its cells are freed. A chat's reply is read (serve/tool_use.py) for its reasoning, shown as
 `message.thinking`, and its calls, shown as `message.tool_calls` with their arguments an object.
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

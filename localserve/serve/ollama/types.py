@@ -5,7 +5,7 @@ field of the wrong type is a 400 that names it. `Options` holds the sampling opt
 `options` object carries (the model-loading ones, num_ctx, num_gpu ..., are ignored: the server
 has one model loaded with its own settings).
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

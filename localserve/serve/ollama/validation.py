@@ -9,7 +9,7 @@ Ollama's ":latest" tag). `Authorization: Bearer` names the user on a server with
 trusted_proxies.py); on an open server every Ollama request is
 DEFAULT_USER's (Ollama's API names no user).
 
-Tested in tests/e2e/test_ollama_api.py.
+Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
 
 from __future__ import annotations

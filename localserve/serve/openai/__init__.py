@@ -13,7 +13,7 @@ raise the matching exception. One module per noun:
 - `read.py`: a chat reply read as OpenAI shows it: content, reasoning, tool calls.
 - `reply.py`: the reply, streamed as server-sent events or sent whole.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

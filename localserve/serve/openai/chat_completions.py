@@ -13,7 +13,8 @@ tool's schema); `chat_template_kwargs` reach a Jinja template
 (localserve.chat.constraints). Log probabilities, audio, predicted output and the legacy
 `functions` are refused with a 400 that names the field.
 
-Tested in tests/e2e/test_openai_api.py and tests/e2e/test_tool_calling.py.
+Tested in tests/e2e/test_openai_api.py and tests/e2e/test_tool_calling.py; on a fake Frontdoor
+in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

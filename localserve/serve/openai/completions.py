@@ -3,7 +3,7 @@
 The prompt is a string, or a list holding one; log probabilities, echo, suffix (insertion) and
 best_of above 1 are refused with a 400 that names the field.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

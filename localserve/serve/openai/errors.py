@@ -4,7 +4,7 @@ clients raise the matching exception.
 Admission's refusals (docs/protocol.md's codes) map to 400, 429 and 503; a reply the engine
 failed or a shutdown cut short is a 500 or a 503. Every 429 and 503 carries Retry-After.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ length (`max_model_len`, as vLLM names it: prompt and reply together, in tokens)
 Both need the same API key as the other endpoints on a server with tokens; an unknown model is
 a 404 that names the one there is.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ whole message's parts or into stream deltas (`{"content": ...}`, `{"reasoning_co
 and `{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}` as OpenAI
 streams them, by index).
 
-Tested in tests/e2e/test_tool_calling.py.
+Tested in tests/e2e/test_tool_calling.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

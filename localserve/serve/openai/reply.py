@@ -7,7 +7,7 @@ is the ASGI response too. Either way it goes, the client's connection is watched
 goes away, or stops reading its stream, cancels its request at the next step (also
 mid-prefill), and its cells are freed.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Request fields are None when not given (some clients send explicit nulls); unkno
 ignored (OpenAI clients send many). `ReplyBodies` builds one reply's objects, a chat or a text
 completion, whole or as stream chunks, in OpenAI's shape.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ token check; a trusted front-end's key may name a person behind it: trusted_prox
 server the `user` field does (DEFAULT_USER when absent). Fields that would change the output
 and are not supported are refused with a 400 that names them.
 
-Tested in tests/e2e/test_openai_api.py.
+Tested in tests/e2e/test_openai_api.py; on a fake Frontdoor in tests/unit/serve/openai/.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ in the outbox, which is bounded in frames and bytes. What connections share (the
 stats frame) is `Connections`. The connection runs on uvicorn's websocket protocol (see
 transport.py) through plain ASGI.
 
-Tested in tests/e2e/test_websocket_connection.py.
+Tested in tests/e2e/test_websocket_connection.py; on a fake Frontdoor in
+tests/unit/serve/websocket/.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ the stats frame, encoded once for every monitor from the latest shared snapshot 
 when the engine has not answered within STATS_WAIT_S: the stream never stalls), and the
 conversation store (a server with users keeps people's conversations: ops/conversations.py).
 
-Tested in tests/e2e/test_websocket_connection.py.
+Tested in tests/e2e/test_websocket_connection.py; on a fake Frontdoor in
+tests/unit/serve/websocket/.
 """
 
 from __future__ import annotations

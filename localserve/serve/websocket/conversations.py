@@ -8,7 +8,7 @@ is answered to the connection that asked (`here: true`) and told to that person'
 connections (`here: false`), so a second browser or a phone follows. A store that cannot save
 answers `not_saved` with its words; the connection goes on.
 
-Tested in tests/e2e/test_conversation_store.py.
+Tested in tests/e2e/test_conversation_store.py; on a fake Frontdoor in tests/unit/serve/websocket/.
 """
 
 from __future__ import annotations
