@@ -52,7 +52,7 @@ METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], fl
     ("num_requests_waiting", "gauge", "Requests waiting for admission.",
      lambda s, c, a: s.waiting),
     ("newcomer_wait_seconds", "gauge",
-     "Predicted wait of a new user's usual prompt arriving now (-1: not predictable).",
+     "Predicted wait of a newcomer's median prompt arriving now (-1: not predictable).",
      lambda s, c, a: -1.0 if s.newcomer_wait_s is None else s.newcomer_wait_s),
     ("queue_time_prediction_error_ratio", "gauge",
      "Median of |predicted - actual| / actual queue time, of recent requests that waited.",
