@@ -10,7 +10,7 @@ serve/ollama/reply.py, serve/anthropic/reply.py); each writes its own body shape
   write_timeout_s, is cut off (the connection aborted) and its request cancelled;
 - the client closing its connection cancels the request at the engine's next step (its cells
   freed), whether it streams or waits for the whole reply; while it is being admitted (its
-  model loading, its prompt being built) too: `admitting` watches the client then, and the
+  model loading, its prompt being built) too: `submit` watches the client then, and the
   request stops waiting at once and frees its place;
 - a reply that was not delivered (gone, or failed) cancels its request too: every admitted
   request ends.
@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable
 
 from localserve.engine.events import Done
-from localserve.serve.door import Frontdoor, Request
+from localserve.protocol.frames import SamplingFields
+from localserve.serve.door import BuildPrompt, Frontdoor, Request, Submission
 
 log = logging.getLogger("localserve.serve.http_reply")
 
@@ -106,13 +106,19 @@ class HttpReply:
             transport.abort()
         self._ready.set()
 
-    async def admitting(self, receive, submitting: Awaitable[Request | None]) -> Request | None:
-        """`door.submit(Submission(..., cancelled=self.cancelled))`, the client watched
-        meanwhile: one that closes its connection while its model loads or its prompt is built
-        cancels it (None)."""
+    async def submit(
+        self, receive, number: int, fields: SamplingFields, prompt: BuildPrompt, **options
+    ) -> Request | None:
+        """The chat handed to the door as this reply's (a `Submission` with this reply as its
+        sink, `number` the HTTP request's; `options`: the Submission's response_format,
+        constraint, keep_alive_s), the client watched meanwhile: one that closes its connection
+        while its model loads or its prompt is built cancels it (None). Refusal as the door's."""
+        engine_id = f"{number}:{self.client_id}"
+        submission = Submission(self, self.user, self.client_id, engine_id, fields, prompt,
+                                cancelled=self.cancelled, **options)  # fmt: skip
         watcher = asyncio.create_task(self._watch(receive))
         try:
-            request = await submitting
+            request = await self.door.submit(submission)
         finally:
             watcher.cancel()
         if request is not None and self.is_closed:  # gone just as it reached the engine

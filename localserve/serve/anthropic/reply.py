@@ -33,7 +33,7 @@ from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.anthropic import errors
 from localserve.serve.anthropic.blocks import Blocks
-from localserve.serve.door import Frontdoor, Refusal, Submission
+from localserve.serve.door import Frontdoor, Refusal
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.prompt import Prompt, PromptBuilder
 from localserve.serve.tool_use import ReplyReading, ToolUse
@@ -63,19 +63,9 @@ async def start_reply(
         return built
 
     try:
-        submitting = door.submit(
-            Submission(
-                reply,
-                user,
-                client_id,
-                f"{num}:{client_id}",
-                fields,
-                build,
-                constraint=use.constraint,
-                cancelled=reply.cancelled,
-            )
+        admitted = await reply.submit(
+            request.receive, num, fields, build, constraint=use.constraint
         )
-        admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e) from None
     if admitted is None:  # the client left while its prompt was built

@@ -28,7 +28,7 @@ from localserve.chat.reply import ReasoningText
 from localserve.chat.tool_calls import ContentDelta
 from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
-from localserve.serve.door import BuildPrompt, Frontdoor, Refusal, Submission
+from localserve.serve.door import BuildPrompt, Frontdoor, Refusal
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.ollama import errors
 from localserve.serve.ollama.validation import public_name
@@ -58,21 +58,15 @@ async def start_reply(
     reply = OllamaReply(door, request.scope, kind, stream, client_id, user, use)
     reply.model = model or public_name(door)
     try:
-        submitting = door.submit(
-            Submission(
-                reply,
-                user,
-                client_id,
-                f"{num}:{client_id}",
-                fields,
-                prompt,
-                response_format,
-                constraint=use.constraint,
-                keep_alive_s=keep_alive_s,
-                cancelled=reply.cancelled,
-            )
+        admitted = await reply.submit(
+            request.receive,
+            num,
+            fields,
+            prompt,
+            response_format=response_format,
+            constraint=use.constraint,
+            keep_alive_s=keep_alive_s,
         )
-        admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e) from None
     if admitted is None:  # the client left while its prompt was built

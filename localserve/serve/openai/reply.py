@@ -21,7 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from localserve.engine.events import Done
-from localserve.serve.door import BuildPrompt, Frontdoor, Refusal, Submission
+from localserve.serve.door import BuildPrompt, Frontdoor, Refusal
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.openai import errors
 from localserve.serve.openai.read import ReadReply
@@ -57,20 +57,14 @@ async def start_reply(
     reply = Reply(door, request.scope, body, kind, client_id, user)
     reply.use = use if kind == "chat" else None
     try:
-        submitting = door.submit(
-            Submission(
-                reply,
-                user,
-                client_id,
-                f"{num}:{client_id}",
-                fields,
-                prompt,
-                response_format,
-                constraint=use.constraint,
-                cancelled=reply.cancelled,
-            )
+        admitted = await reply.submit(
+            request.receive,
+            num,
+            fields,
+            prompt,
+            response_format=response_format,
+            constraint=use.constraint,
         )
-        admitted = await reply.admitting(request.receive, submitting)
     except Refusal as e:
         raise errors.refused(e, kind) from None
     if admitted is None:  # the client left while its prompt was built
