@@ -195,8 +195,17 @@ class _Play:
         """Up to the next event: a prompt's last chunk, or the end of the shortest reply."""
         decoders = [s for s in self.running if not s.prefill]
         prefilling = [s for s in self.running if s.prefill]
-        if prefilling:  # step by step: each step's chunk is the prefill budget
-            budget = self.prefill_budget(len(decoders))
+        first = min(prefilling, key=lambda s: s.prefill, default=None)
+        budget = max(self.prefill_budget(len(decoders)), 1) if first is not None else 0
+        if first is not None and first.prefill > budget:
+            # the shortest prompt takes each step's whole budget (the scheduler gives prefill
+            # to the shortest first): those steps are alike, so they are played at once
+            steps = first.prefill // budget
+            if decoders:
+                steps = min(steps, min(s.decode for s in decoders))
+            first.prefill -= steps * budget
+            step_s = self.cost.predict(len(decoders), budget)
+        elif first is not None:  # a step that ends a prompt: the budget shared in that order
             step_s = self.cost.predict(
                 len(decoders), min(budget, sum(s.prefill for s in prefilling))
             )
