@@ -48,7 +48,6 @@ MIN_PREFILL_FOR_FIT = 8  # smaller chunks say more about noise than about the pr
 BUCKET_TOKENS = 8  # batch sizes priced alike
 FACTOR_ALPHA = 0.3  # weight of the newest sample of a bucket's factor
 EMBED_PRIOR_RATIO = 2.0  # an embedding token's price over a prompt token's, before one is measured
-EMBED_ALPHA = 0.3  # weight of the newest embedding-price sample
 NEAR_BEST_RATE = 0.95  # the largest chunk within this share of the fastest one is taken
 
 
@@ -61,7 +60,9 @@ class StepCostModel:
         self._c = prior[2]
         self._factors: dict[int, float] = {}  # batch-size bucket -> factor on the price c
         self._has_prefill_sample = False
-        self._e = prior[2] * EMBED_PRIOR_RATIO  # seconds per embedding token
+        # an embedding decode: seconds fixed, per token (RLS, as the decode part)
+        self._embed = [0.0, prior[2] * EMBED_PRIOR_RATIO]
+        self._p_embed = [[1.0 / confidence, 0.0], [0.0, 1.0 / confidence]]
         self._has_embed_sample = False
         self._num_embed_steps = 0
         self._num_decode_fits = 0
@@ -80,12 +81,21 @@ class StepCostModel:
     def predict(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> float:
         a, b, _ = self.theta
         step = a + b * num_decode + self.prefill_s(num_decode, num_prefill)
-        return max(0.0, step + self.embed_token_s * num_embed)
+        return max(0.0, step + self.embed_s(num_embed))
+
+    def embed_s(self, num_embed: int) -> float:
+        """The predicted time of an embedding decode of `num_embed` tokens (0 for none)."""
+        return self.embed_fixed_s + self.embed_token_s * num_embed if num_embed else 0.0
 
     @property
     def embed_token_s(self) -> float:
         """Seconds per embedding token (kept positive)."""
-        return max(self._e, 1e-6)
+        return max(self._embed[1], 1e-6)
+
+    @property
+    def embed_fixed_s(self) -> float:
+        """Seconds an embedding decode costs whatever its size (kept >= 0)."""
+        return max(self._embed[0], 0.0)
 
     def is_measured(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> bool:
         """Whether the prediction for such a step rests on a measured step of its kind (one with
@@ -139,15 +149,12 @@ class StepCostModel:
         self.num_updates += 1
 
     def _fit_embed(self, num_embed: int, embed_s: float) -> None:
-        """An embedding decode's time per token (the first one: no sample)."""
+        """An embedding decode's time against its tokens (the first one: no sample)."""
         self._num_embed_steps += 1
         if self._num_embed_steps == 1:
             return
-        sample = max(embed_s / num_embed, 1e-6)
-        if not self._has_embed_sample:
-            self._e, self._has_embed_sample = sample, True
-        else:
-            self._e += EMBED_ALPHA * (sample - self._e)
+        self._embed, self._p_embed = rls_step(self._embed, self._p_embed, num_embed, embed_s)
+        self._has_embed_sample = True
 
     def _fit_prefill(self, sample: float, num_tokens: int) -> None:
         """Fold in one price per prompt token, seen in a batch of `num_tokens`."""
@@ -219,3 +226,21 @@ class StepCostModel:
         for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):
             price = self.prefill_token_s * self.factor(lo)
             yield lo - num_decode, hi - 1 - num_decode, price
+
+
+def rls_step(theta: list[float], p: list[list[float]], n: float, y: float):
+    """One recursive-least-squares step with forgetting of y = theta0 + theta1 * n; returns the
+    new (theta, P), P kept symmetric, positive and bounded as the decode fit's."""
+    x = (1.0, float(n))
+    px = [p[i][0] * x[0] + p[i][1] * x[1] for i in range(2)]
+    denom = max(FORGETTING + x[0] * px[0] + x[1] * px[1], 1e-12)
+    gain = [v / denom for v in px]
+    err = y - (theta[0] + theta[1] * x[1])
+    theta = [theta[i] + gain[i] * err for i in range(2)]
+    q = [[(p[i][j] - gain[i] * px[j]) / FORGETTING for j in range(2)] for i in range(2)]
+    off = (q[0][1] + q[1][0]) / 2
+    p = [[max(q[0][0], MIN_VARIANCE), off], [off, max(q[1][1], MIN_VARIANCE)]]
+    trace = p[0][0] + p[1][1]
+    if trace > MAX_TRACE:
+        p = [[v * MAX_TRACE / trace for v in row] for row in p]
+    return theta, p

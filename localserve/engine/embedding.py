@@ -193,15 +193,20 @@ class EmbeddingQueue:
 
     # --- one step --------------------------------------------------------------------------
 
-    def plan(self, budget: float, now: float = 0.0) -> list[EmbedItem]:
+    def plan(
+        self, budget: float, now: float = 0.0, gain: float | None = None, overhead: float = 0.0
+    ) -> list[EmbedItem]:
         """Whole inputs for this step within `budget` tokens (and the step limits), round robin
         over users from the one after last step's first; a user whose next input has waited
-        long enough (its credit covers it) goes first, even past the budget."""
+        long enough goes first, even past the budget: its credit (`gain` tokens' worth of step
+        time for every step it waited; default `budget`) covers the input and the decode's fixed
+        part (`overhead`, in tokens)."""
+        gain = budget if gain is None else gain
         items: list[EmbedItem] = []
         num_tokens = 0
         heads = {u: head for u in self._users if (head := self._head(u)) is not None}
         order = list(heads)
-        due = [u for u in order if len(heads[u][1]) <= self._credit.get(u, 0) + budget]
+        due = [u for u in order if self._is_due(u, len(heads[u][1]), gain, overhead)]
         if due and len(heads[due[0]][1]) > budget:  # a long input's turn: it goes first
             order.remove(due[0])
             order.insert(0, due[0])
@@ -213,7 +218,7 @@ class EmbeddingQueue:
                     continue
                 request, tokens = heads[user]
                 n = len(tokens)
-                first_past_budget = not items and n <= self._credit.get(user, 0) + budget
+                first_past_budget = not items and self._is_due(user, n, gain, overhead)
                 if num_tokens + n > self.max_tokens or (
                     num_tokens + n > budget and not first_past_budget
                 ):
@@ -235,10 +240,13 @@ class EmbeddingQueue:
                 break
         for user in blocked:  # waited for the budget: credit for the next steps
             if user in heads and user not in {i.request.user for i in items}:
-                self._credit[user] = self._credit.get(user, 0) + budget
+                self._credit[user] = self._credit.get(user, 0) + gain
         if self._users:
             self._users.rotate(-1)  # the next step starts with the next user
         return items
+
+    def _is_due(self, user: str, num_tokens: int, gain: float, overhead: float) -> bool:
+        return num_tokens + overhead <= self._credit.get(user, 0) + gain
 
     def _head(self, user: str) -> tuple[EmbeddingRequest, list[int]] | None:
         """A user's next input to schedule (of its first request with one pending), or None
@@ -282,15 +290,17 @@ def schedule_embeddings(queue: EmbeddingQueue, batch, cost, config, has_prefills
     nobody decoding there is no ITL to keep: up to UNBOUND_SHARE of the TTFT target (a chat
     that arrives meanwhile waits for that step), charged nothing."""
     if not batch.num_decode_tokens or config.policy != "continuous":
-        budget_s = UNBOUND_SHARE * config.ttft_target_ms / 1e3
-        budget, bound = budget_s / cost.embed_token_s, False
+        budget_s, bound = UNBOUND_SHARE * config.ttft_target_ms / 1e3, False
     else:
         target = config.itl_target_ms / 1e3
         spare = target - cost.predict(batch.num_decode_tokens, 0)
         spare_s = max(spare / 2 if has_prefills else spare, EMBED_FLOOR_SHARE * target)
-        budget, bound = spare_s / cost.embed_token_s, True
-    batch.embeds = queue.plan(budget, now)
+        budget_s, bound = spare_s, True
+    # in tokens: what the decode's fixed part leaves, and that part in tokens (credit pays it)
+    e, fixed = cost.embed_token_s, cost.embed_fixed_s
+    budget, overhead = max(0.0, (budget_s - fixed) / e), fixed / e
+    batch.embeds = queue.plan(budget, now, gain=budget_s / e, overhead=overhead)
     batch.num_embed_tokens = sum(item.num_tokens for item in batch.embeds)
     if not bound:
         return 0
-    return math.ceil(batch.num_embed_tokens * cost.embed_token_s / cost.prefill_token_s)
+    return math.ceil(cost.embed_s(batch.num_embed_tokens) / cost.prefill_token_s)
