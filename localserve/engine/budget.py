@@ -15,6 +15,13 @@ measured step times, in two parts that stay identifiable:
 A draft row (speculative decoding: a drafted token riding on a decode row, with logits of its
 own) is priced as a decode token: the engine counts draft rows as decode tokens here, and the
 varied row counts of drafted steps are what keeps `b` identifiable from `a`.
+An embedding token (localserve.engine.embedding: decoded on the runner's embedding context in the
+same step, a decode of its own that the runner times) is priced apart, `e` per token, a moving
+average of that decode's time per embedding token: it costs what a prompt token costs plus the
+LM head's row, which every token of an embedding batch computes, plus its share of the decode's
+fixed cost. The first such decode is no sample (it makes the embedding context and warms it
+up). The rest of the step (its time less the embedding decode's) teaches the decode fit and the
+prompt price as any step does, so they are not corrupted by embedding work.
 The engine process's watchdog judges a running step by the model's prediction for it
 (`predict`), and asks `is_measured` whether that prediction rests on a measured step of its
 kind or only on the prior.
@@ -40,6 +47,7 @@ PREFILL_ALPHA = 0.3  # weight of the newest prefill-price sample
 MIN_PREFILL_FOR_FIT = 8  # smaller chunks say more about noise than about the price
 BUCKET_TOKENS = 8  # batch sizes priced alike
 FACTOR_ALPHA = 0.3  # weight of the newest sample of a bucket's factor
+EMBED_PRIOR_RATIO = 2.0  # an embedding token's price over a prompt token's, before one is measured
 NEAR_BEST_RATE = 0.95  # the largest chunk within this share of the fastest one is taken
 
 
@@ -52,6 +60,11 @@ class StepCostModel:
         self._c = prior[2]
         self._factors: dict[int, float] = {}  # batch-size bucket -> factor on the price c
         self._has_prefill_sample = False
+        # an embedding decode: seconds fixed, per token (RLS, as the decode part)
+        self._embed = [0.0, prior[2] * EMBED_PRIOR_RATIO]
+        self._p_embed = [[1.0 / confidence, 0.0], [0.0, 1.0 / confidence]]
+        self._has_embed_sample = False
+        self._num_embed_steps = 0
         self._num_decode_fits = 0
         self.num_updates = 0
 
@@ -65,13 +78,30 @@ class StepCostModel:
         """Seconds per decode row (a draft row's price too), kept positive."""
         return max(self._ab[1], 1e-6)
 
-    def predict(self, num_decode: int, num_prefill: int) -> float:
+    def predict(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> float:
         a, b, _ = self.theta
-        return max(0.0, a + b * num_decode + self.prefill_s(num_decode, num_prefill))
+        step = a + b * num_decode + self.prefill_s(num_decode, num_prefill)
+        return max(0.0, step + self.embed_s(num_embed))
 
-    def is_measured(self, num_decode: int, num_prefill: int) -> bool:
+    def embed_s(self, num_embed: int) -> float:
+        """The predicted time of an embedding decode of `num_embed` tokens (0 for none)."""
+        return self.embed_fixed_s + self.embed_token_s * num_embed if num_embed else 0.0
+
+    @property
+    def embed_token_s(self) -> float:
+        """Seconds per embedding token (kept positive)."""
+        return max(self._embed[1], 1e-6)
+
+    @property
+    def embed_fixed_s(self) -> float:
+        """Seconds an embedding decode costs whatever its size (kept >= 0)."""
+        return max(self._embed[0], 0.0)
+
+    def is_measured(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> bool:
         """Whether the prediction for such a step rests on a measured step of its kind (one with
-        prompt tokens, or one of decodes only), not on the prior alone."""
+        embedding tokens, one with prompt tokens, or one of decodes only), not on the prior."""
+        if num_embed and not self._has_embed_sample:
+            return False
         if num_prefill >= MIN_PREFILL_FOR_FIT:
             return self._has_prefill_sample
         return self._num_decode_fits > 0
@@ -95,8 +125,21 @@ class StepCostModel:
         below = [b for b in self._factors if b < bucket]
         return self._factors[max(below)] if below else 1.0
 
-    def update(self, num_decode: int, num_prefill: int, step_s: float) -> None:
-        """Fold in one measured step."""
+    def update(
+        self,
+        num_decode: int,
+        num_prefill: int,
+        step_s: float,
+        num_embed: int = 0,
+        embed_s: float = 0.0,
+    ) -> None:
+        """Fold in one measured step (`embed_s`: the part of it its embedding decode took)."""
+        if num_embed:
+            self._fit_embed(num_embed, embed_s)
+            step_s = max(0.0, step_s - embed_s)
+            if not num_decode and not num_prefill:
+                self.num_updates += 1
+                return
         if num_prefill == 0:
             self._fit_decode(float(num_decode), step_s)
             self._num_decode_fits += 1
@@ -104,6 +147,14 @@ class StepCostModel:
             residual = step_s - max(0.0, self.predict(num_decode, 0))
             self._fit_prefill(max(residual / num_prefill, 1e-6), num_decode + num_prefill)
         self.num_updates += 1
+
+    def _fit_embed(self, num_embed: int, embed_s: float) -> None:
+        """An embedding decode's time against its tokens (the first one: no sample)."""
+        self._num_embed_steps += 1
+        if self._num_embed_steps == 1:
+            return
+        self._embed, self._p_embed = rls_step(self._embed, self._p_embed, num_embed, embed_s)
+        self._has_embed_sample = True
 
     def _fit_prefill(self, sample: float, num_tokens: int) -> None:
         """Fold in one price per prompt token, seen in a batch of `num_tokens`."""
@@ -175,3 +226,21 @@ class StepCostModel:
         for lo, hi in zip(starts, [*starts[1:], last + 1], strict=True):
             price = self.prefill_token_s * self.factor(lo)
             yield lo - num_decode, hi - 1 - num_decode, price
+
+
+def rls_step(theta: list[float], p: list[list[float]], n: float, y: float):
+    """One recursive-least-squares step with forgetting of y = theta0 + theta1 * n; returns the
+    new (theta, P), P kept symmetric, positive and bounded as the decode fit's."""
+    x = (1.0, float(n))
+    px = [p[i][0] * x[0] + p[i][1] * x[1] for i in range(2)]
+    denom = max(FORGETTING + x[0] * px[0] + x[1] * px[1], 1e-12)
+    gain = [v / denom for v in px]
+    err = y - (theta[0] + theta[1] * x[1])
+    theta = [theta[i] + gain[i] * err for i in range(2)]
+    q = [[(p[i][j] - gain[i] * px[j]) / FORGETTING for j in range(2)] for i in range(2)]
+    off = (q[0][1] + q[1][0]) / 2
+    p = [[max(q[0][0], MIN_VARIANCE), off], [off, max(q[1][1], MIN_VARIANCE)]]
+    trace = p[0][0] + p[1][1]
+    if trace > MAX_TRACE:
+        p = [[v * MAX_TRACE / trace for v in row] for row in p]
+    return theta, p
