@@ -52,7 +52,15 @@ class WaitPredicted(msgspec.Struct, tag=True):
     wait_s: float | None
 
 
-Event = Token | Done | Admitted | Preempted | WaitPredicted
+class Embedded(msgspec.Struct, tag=True):
+    """An embedding request's vectors: one per input, in input order, L2-normalised (its
+    `Done` follows)."""
+
+    request_id: str
+    vectors: list[list[float]]
+
+
+Event = Token | Done | Admitted | Preempted | WaitPredicted | Embedded
 EventSink = Callable[[list[Event]], None]
 
 

@@ -42,6 +42,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
     max_num_seqs: int = 0  # sequences decoded together (0 in frames from older servers)
     max_draft_rows: int = 0  # logit rows a step may add for drafts (0: no speculative decoding)
     devices: tuple[Device, ...] = ()  # where the layers are (empty: all on the CPU)
+    n_embd: int = 0
+    pooling: str = "mean"
+    is_embedding_only: bool = False
+    max_embed_tokens: int = 512  # the largest embedding input, tokens
+    max_embed_inputs: int = 2048  # the largest embedding request, inputs
 
 
 class Percentiles(msgspec.Struct):

@@ -1,0 +1,68 @@
+"""What the HTTP APIs' embedding endpoints share: the sink of one embedding request (its vectors,
+then its `done`) and the ASGI response that sends them whole, the client watched meanwhile.
+
+`EmbedReply` is an `HttpReply` (serve/http_reply.py: a client that closes its connection while
+its request is admitted or embedded cancels it at the engine's next step, and a reply not
+delivered cancels it too); the OpenAI and Ollama endpoints (serve/openai/embeddings.py,
+serve/ollama/embed.py) give it `body`, the JSON of their own shape, and `failed`, their error.
+Its usage rows say api "embeddings".
+
+Tested on a fake Frontdoor in tests/unit/serve/openai/test_embeddings.py and
+tests/unit/serve/ollama/test_embed.py; through the server in tests/e2e/test_embeddings.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+from starlette.responses import Response
+
+from localserve.engine.events import Done
+from localserve.serve.door import Embedding, Frontdoor, Request
+from localserve.serve.http_reply import HttpReply, no_receive
+
+_encoder = msgspec.json.Encoder()
+
+# an endpoint's reply body from the vectors and the done
+Body = Callable[[list[list[float]], Done], dict | bytes]
+# an endpoint's error response for a done that ended without vectors (cancelled, failed)
+Failed = Callable[[Done], Response]
+
+
+class EmbedReply(HttpReply):
+    """One embedding request's reply: the sink (`on_embedded`, `on_done`) and its response."""
+
+    api = "embeddings"  # in the usage record
+
+    def __init__(
+        self, door: Frontdoor, scope, client_id: str, user: str, body: Body, failed: Failed
+    ) -> None:
+        super().__init__(door, scope, False, client_id, user)
+        self.vectors: list[list[float]] | None = None
+        self._body, self._failed = body, failed
+
+    def on_embedded(self, request: Request, vectors: list[list[float]]) -> None:
+        self.vectors = vectors
+
+    async def embed(
+        self, receive, number: int, inputs: list, truncate: bool, **options
+    ) -> Request | None:
+        """The inputs handed to the door as this reply's (an `Embedding` with this reply as its
+        sink, `number` the HTTP request's; `options`: its dimensions, keep_alive_s), the client
+        watched meanwhile (one that leaves cancels it: None). Refusal as the door's."""
+        engine_id = f"{number}:{self.client_id}"
+        embedding = Embedding(self, self.user, self.client_id, engine_id, inputs, truncate,
+                              cancelled=self.cancelled, **options)  # fmt: skip
+        return await self._admitted(receive, self.door.embed(embedding))
+
+    async def _send_whole(self, send) -> None:
+        _, done = await self._whole()
+        if done is None:
+            return
+        if done.finish_reason in ("error", "cancelled") or self.vectors is None:
+            return await self._failed(done)(self.scope, no_receive, send)
+        body = self._body(self.vectors, done)
+        if isinstance(body, dict):
+            body = _encoder.encode(self._unrecorded(body))
+        await Response(body, media_type="application/json")(self.scope, no_receive, send)
