@@ -54,6 +54,11 @@ class Batch:
     num_drafts: int = 0
     num_accepted_tokens: int = 0
     accepted_by_position: list[int] = field(default_factory=list)
+    # embedding inputs (localserve.engine.embedding.EmbedItem), decoded after the items on the
+    # runner's embedding context; their tokens are not in `num_tokens` (another decode)
+    embeds: list = field(default_factory=list)
+    num_embed_tokens: int = 0
+    embeds_finished: list = field(default_factory=list)  # embedding requests ended this step
 
     @property
     def num_tokens(self) -> int:

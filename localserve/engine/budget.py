@@ -15,6 +15,12 @@ measured step times, in two parts that stay identifiable:
 A draft row (speculative decoding: a drafted token riding on a decode row, with logits of its
 own) is priced as a decode token: the engine counts draft rows as decode tokens here, and the
 varied row counts of drafted steps are what keeps `b` identifiable from `a`.
+An embedding token (localserve.engine.embedding: decoded on the runner's embedding context in the
+same step) is priced apart, `e` per token, a moving average of the residual per embedding token
+of steps that carry at least MIN_PREFILL_FOR_FIT of them (after the decodes' and the prompt
+tokens' predicted share): it costs what a prompt token costs plus the LM head's row, which every
+token of an embedding batch computes. Steps with embedding tokens teach neither the decode fit
+nor the prompt price, so neither is corrupted by them.
 The engine process's watchdog judges a running step by the model's prediction for it
 (`predict`), and asks `is_measured` whether that prediction rests on a measured step of its
 kind or only on the prior.
@@ -40,6 +46,8 @@ PREFILL_ALPHA = 0.3  # weight of the newest prefill-price sample
 MIN_PREFILL_FOR_FIT = 8  # smaller chunks say more about noise than about the price
 BUCKET_TOKENS = 8  # batch sizes priced alike
 FACTOR_ALPHA = 0.3  # weight of the newest sample of a bucket's factor
+EMBED_PRIOR_RATIO = 2.0  # an embedding token's price over a prompt token's, before one is measured
+EMBED_ALPHA = 0.3  # weight of the newest embedding-price sample
 NEAR_BEST_RATE = 0.95  # the largest chunk within this share of the fastest one is taken
 
 
@@ -52,6 +60,8 @@ class StepCostModel:
         self._c = prior[2]
         self._factors: dict[int, float] = {}  # batch-size bucket -> factor on the price c
         self._has_prefill_sample = False
+        self._e = prior[2] * EMBED_PRIOR_RATIO  # seconds per embedding token
+        self._has_embed_sample = False
         self._num_decode_fits = 0
         self.num_updates = 0
 
@@ -65,13 +75,26 @@ class StepCostModel:
         """Seconds per decode row (a draft row's price too), kept positive."""
         return max(self._ab[1], 1e-6)
 
-    def predict(self, num_decode: int, num_prefill: int) -> float:
+    def predict(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> float:
         a, b, _ = self.theta
-        return max(0.0, a + b * num_decode + self.prefill_s(num_decode, num_prefill))
+        step = a + b * num_decode + self.prefill_s(num_decode, num_prefill)
+        return max(0.0, step + self.embed_token_s * num_embed)
 
-    def is_measured(self, num_decode: int, num_prefill: int) -> bool:
+    @property
+    def embed_token_s(self) -> float:
+        """Seconds per embedding token (kept positive)."""
+        return max(self._e, 1e-6)
+
+    @property
+    def embed_price_ratio(self) -> float:
+        """An embedding token's price over a prompt token's (at the base price)."""
+        return self.embed_token_s / self.prefill_token_s
+
+    def is_measured(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> bool:
         """Whether the prediction for such a step rests on a measured step of its kind (one with
-        prompt tokens, or one of decodes only), not on the prior alone."""
+        embedding tokens, one with prompt tokens, or one of decodes only), not on the prior."""
+        if num_embed >= MIN_PREFILL_FOR_FIT and not self._has_embed_sample:
+            return False
         if num_prefill >= MIN_PREFILL_FOR_FIT:
             return self._has_prefill_sample
         return self._num_decode_fits > 0
@@ -95,15 +118,28 @@ class StepCostModel:
         below = [b for b in self._factors if b < bucket]
         return self._factors[max(below)] if below else 1.0
 
-    def update(self, num_decode: int, num_prefill: int, step_s: float) -> None:
+    def update(self, num_decode: int, num_prefill: int, step_s: float, num_embed: int = 0) -> None:
         """Fold in one measured step."""
-        if num_prefill == 0:
+        if num_embed:
+            self._fit_embed(num_decode, num_prefill, num_embed, step_s)
+        elif num_prefill == 0:
             self._fit_decode(float(num_decode), step_s)
             self._num_decode_fits += 1
         elif num_prefill >= MIN_PREFILL_FOR_FIT:
             residual = step_s - max(0.0, self.predict(num_decode, 0))
             self._fit_prefill(max(residual / num_prefill, 1e-6), num_decode + num_prefill)
         self.num_updates += 1
+
+    def _fit_embed(self, num_decode: int, num_prefill: int, num_embed: int, step_s: float) -> None:
+        """A step with embedding tokens teaches their price only (too few: nothing)."""
+        if num_embed < MIN_PREFILL_FOR_FIT:
+            return
+        residual = step_s - max(0.0, self.predict(num_decode, num_prefill))
+        sample = max(residual / num_embed, 1e-6)
+        if not self._has_embed_sample:
+            self._e, self._has_embed_sample = sample, True
+        else:
+            self._e += EMBED_ALPHA * (sample - self._e)
 
     def _fit_prefill(self, sample: float, num_tokens: int) -> None:
         """Fold in one price per prompt token, seen in a batch of `num_tokens`."""

@@ -4,7 +4,7 @@
 thread of this process (`localserve.engine.engine.Engine`) and the engine in a supervised process
 of its own (`localserve.engine_process.parent.EngineProcess`). Both inherit the request entry
 points written here (`add_request`, `cancel`, `reject`), which become commands handed to
-`submit`.
+`submit`. `add_embedding` queues an embedding request (localserve.engine.embedding).
 
 The commands are one typed set of msgspec structs: `Engine` handles them on its thread and the
 engine process sends the same structs over its pipe (msgpack), where its child hands them on
@@ -48,6 +48,16 @@ class AddRequest(msgspec.Struct, tag=True, array_like=True):
     client_id: str | None = None
 
 
+class AddEmbedding(msgspec.Struct, tag=True, array_like=True):
+    """Queue an embedding request: one vector per input (token ids), in order. `client_id`:
+    as AddRequest's."""
+
+    request_id: str
+    inputs: list[list[int]]
+    user: str = ""
+    client_id: str | None = None
+
+
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):
     """Cancel a request at the next step (also mid-prefill); unknown or finished ids are
     ignored."""
@@ -70,8 +80,10 @@ class StopEngine(msgspec.Struct, tag=True, array_like=True):
     """Stop the engine thread (in-flight requests are left as they are)."""
 
 
-RequestCommand = AddRequest | CancelRequest | CountRejection
-EngineCommand = AddRequest | CancelRequest | CountRejection | TakeSnapshot | StopEngine
+RequestCommand = AddRequest | AddEmbedding | CancelRequest | CountRejection
+EngineCommand = (
+    AddRequest | AddEmbedding | CancelRequest | CountRejection | TakeSnapshot | StopEngine
+)
 
 
 # --- the interface -------------------------------------------------------------------------------
@@ -91,7 +103,9 @@ class EngineClient(Protocol):
     @abstractmethod
     def submit(self, command: RequestCommand) -> None:
         """Hand a command to the engine. An AddRequest raises ValueError (an empty, too long or
-        duplicate request) or EngineUnavailable (the engine process is down)."""
+        duplicate request; a chat to an embedding-only model) or EngineUnavailable (the engine
+        process is down); an AddEmbedding raises them too (localserve.engine.embedding's
+        check_embedding says which inputs are refused)."""
 
     def add_request(
         self,
@@ -109,6 +123,17 @@ class EngineClient(Protocol):
                 request_id, prompt_tokens, params, user, system_tokens, system_is_global, client_id
             )
         )
+
+    def add_embedding(
+        self,
+        request_id: str,
+        inputs: list[list[int]],
+        user: str = "",
+        client_id: str | None = None,
+    ) -> None:
+        """Queue an embedding request (AddEmbedding says what each argument means); its events
+        are Embedded, then Done."""
+        self.submit(AddEmbedding(request_id, inputs, user, client_id))
 
     def cancel(self, request_id: str) -> None:
         """Cancel at the next step (also mid-prefill); unknown or finished ids are ignored."""

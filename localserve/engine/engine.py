@@ -11,7 +11,9 @@ engine without its thread:
 
 The scheduler builds the batch (with the KV cell operations its pool decided), the runner
 applies those and decodes, the scheduler accounts the sampled tokens and finished sequences,
-and emit turns the outcome into events and metrics.
+and emit turns the outcome into events and metrics. A step's embedding inputs
+(localserve.engine.embedding) are decoded by the runner's `embed` right after its chat batch,
+within the step's time; a failed embedding decode fails those embedding requests alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import NamedTuple
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, Sampled
 from localserve.engine.client import (
+    AddEmbedding,
     AddRequest,
     CancelRequest,
     CountRejection,
@@ -37,7 +40,21 @@ from localserve.engine.client import (
     StopEngine,
     TakeSnapshot,
 )
-from localserve.engine.events import Admitted, Done, Event, EventSink, Preempted, Token
+from localserve.engine.embedding import (
+    EmbeddingQueue,
+    EmbeddingRequest,
+    check_chat,
+    check_embedding,
+)
+from localserve.engine.events import (
+    Admitted,
+    Done,
+    Embedded,
+    Event,
+    EventSink,
+    Preempted,
+    Token,
+)
 from localserve.engine.kv import KVPool
 from localserve.engine.metrics import Metrics
 from localserve.engine.runner import DecodeError, KVCacheFull, Runner
@@ -69,7 +86,8 @@ class QueuedCommand(NamedTuple):
     """A command on its way to the engine thread, with what the caller's side made of it."""
 
     command: EngineCommand
-    seq: Sequence | None = None  # an AddRequest's sequence, built (and checked) by the caller
+    # an AddRequest's sequence or an AddEmbedding's request, built (and checked) by the caller
+    seq: Sequence | EmbeddingRequest | None = None
     reply: Future[Snapshot] | None = None  # where a TakeSnapshot's snapshot goes
 
 
@@ -96,7 +114,10 @@ class Engine(EngineClient):
         max_num_seqs = info.max_num_seqs or info.n_seq_max
         # drafts need the cache cut back to a prefix (rejected draft cells are trimmed)
         draft_rows = info.max_draft_rows if runner.supports_prefix_reuse else 0
-        self.scheduler = Scheduler(c, self.kv, max_num_seqs, budget, clock, draft_rows)
+        embeddings = EmbeddingQueue(info.max_embed_tokens, info.max_embed_step_inputs)
+        self.scheduler = Scheduler(
+            c, self.kv, max_num_seqs, budget, clock, draft_rows, embeddings=embeddings
+        )
         for seq_id in range(info.n_seq_max):  # the pool starts empty: so must the cache
             runner.free_seq(seq_id)
         self.metrics = Metrics(clock, max_model_len=info.n_ctx, prefix_caching=reuse)
@@ -105,6 +126,7 @@ class Engine(EngineClient):
         self.on_events: EventSink = on_events or (lambda events: None)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._seqs: dict[str, Sequence] = {}  # owned by the engine thread
+        self._embeds: dict[str, EmbeddingRequest] = {}  # owned by the engine thread
         self._ids: set[str] = set()  # request ids in flight, for duplicate checks
         self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -122,23 +144,38 @@ class Engine(EngineClient):
 
     def submit(self, command: RequestCommand) -> None:
         """Queue a command for the engine thread; an AddRequest raises ValueError for an empty,
-        too long or duplicate request."""
+        too long or duplicate request, an AddEmbedding for inputs check_embedding refuses."""
         if not isinstance(command, RequestCommand):  # snapshot() and stop() queue their own
             raise TypeError(f"not a request command: {type(command).__name__}")
-        seq = self._new_sequence(command) if isinstance(command, AddRequest) else None
+        seq = None
+        if isinstance(command, AddRequest):
+            seq = self._new_sequence(command)
+        elif isinstance(command, AddEmbedding):
+            seq = self._new_embedding(command)
         self._commands.put(QueuedCommand(command, seq=seq))
+
+    def _new_embedding(self, add: AddEmbedding) -> EmbeddingRequest:
+        check_embedding(add.request_id, add.inputs, self.runner.info)
+        client_id = add.request_id if add.client_id is None else add.client_id
+        request = EmbeddingRequest(add.request_id, client_id, add.user, add.inputs, self.clock())
+        self._claim_id(add.request_id)
+        return request
+
+    def _claim_id(self, request_id: str) -> None:
+        with self._ids_lock:
+            if request_id in self._ids:
+                raise ValueError(f"duplicate request id {request_id!r}")
+            self._ids.add(request_id)
 
     def _new_sequence(self, add: AddRequest) -> Sequence:
         n_ctx = self.runner.info.n_ctx
+        check_chat(self.runner.info)
         check_prompt(len(add.prompt_tokens), n_ctx)
         seq = Sequence(add.request_id, add.prompt_tokens, add.params, add.user, self.clock(), n_ctx)
         seq.system_tokens = min(add.system_tokens, len(add.prompt_tokens))
         seq.system_is_global = add.system_is_global
         seq.client_id = add.request_id if add.client_id is None else add.client_id
-        with self._ids_lock:
-            if add.request_id in self._ids:
-                raise ValueError(f"duplicate request id {add.request_id!r}")
-            self._ids.add(add.request_id)
+        self._claim_id(add.request_id)
         return seq
 
     def snapshot(self) -> Future[Snapshot]:
@@ -188,13 +225,15 @@ class Engine(EngineClient):
         start = self.clock()
         batch = self.scheduler.schedule()
         scheduled = self.clock()
-        if self.expect is not None and batch.num_tokens:
+        if self.expect is not None and (batch.num_tokens or batch.num_embed_tokens):
             self._tell_expected(batch)
         sampled = self._run(batch)
+        vectors = self._embed(batch)
         ran = self.clock()
         self.scheduler.postprocess(batch, sampled, ran - start)
         done = self.clock()
         events = self._emit(batch, sampled, done - start)
+        events += self._emit_embeddings(batch, vectors, done)
         if self.scheduler.num_waiting and self.forecast.is_due(done):
             predicted = self.scheduler.predict_waits(self.forecast.lengths)
             events += self.forecast.announce(predicted, self.scheduler.waiting_seqs(), done)
@@ -204,13 +243,17 @@ class Engine(EngineClient):
         self.timings = StepTimings(scheduled - start, ran - scheduled, done - ran, emitted - done)
 
     def _tell_expected(self, batch: Batch) -> None:
-        cost, num_decode, num_prefill = (
+        """The step's tokens and predicted time for the watchdog: its embedding tokens count as
+        prompt tokens there, and their price is in the prediction."""
+        cost, num_decode, num_prefill, num_embed = (
             self.scheduler.cost,
             batch.num_decode_tokens + batch.num_draft_tokens,  # draft rows priced as decodes
             batch.num_prefill_tokens,
+            batch.num_embed_tokens,
         )
-        predicted = cost.predict(num_decode, num_prefill)
-        self.expect(num_decode, num_prefill, predicted, cost.is_measured(num_decode, num_prefill))
+        predicted = cost.predict(num_decode, num_prefill, num_embed)
+        measured = cost.is_measured(num_decode, num_prefill, num_embed)
+        self.expect(num_decode, num_prefill + num_embed, predicted, measured)
 
     def _drain(self) -> None:
         while True:
@@ -224,8 +267,13 @@ class Engine(EngineClient):
         command = queued.command
         if isinstance(command, AddRequest):
             self._admit(queued.seq)
+        elif isinstance(command, AddEmbedding):
+            self._embeds[command.request_id] = queued.seq
+            self.scheduler.embeddings.add(queued.seq)
         elif isinstance(command, CancelRequest) and command.request_id in self._seqs:
             self.scheduler.cancel(self._seqs[command.request_id])
+        elif isinstance(command, CancelRequest) and command.request_id in self._embeds:
+            self.scheduler.embeddings.cancel(self._embeds[command.request_id])
         elif isinstance(command, TakeSnapshot):
             self._answer(queued.reply)
         elif isinstance(command, CountRejection):
@@ -269,6 +317,48 @@ class Engine(EngineClient):
             self.scheduler.on_failed(batch, str(e))
         return []
 
+    def _embed(self, batch: Batch):
+        """The step's embedding decode; when it fails, those embedding requests end with the
+        error (into `batch.embeds_finished`) and the chats go on."""
+        if not batch.embeds:
+            return None
+        try:
+            return self.runner.embed([item.request.inputs[item.index] for item in batch.embeds])
+        except (DecodeError, ValueError) as e:
+            log.error("embedding decode failed for %d inputs: %s", len(batch.embeds), e)
+            failed = list({id(i.request): i.request for i in batch.embeds}.values())
+            self.scheduler.embeddings.fail(failed, f"embedding failed: {e}", self.clock())
+            batch.embeds_finished += failed
+            batch.embeds = []
+            return None
+
+    def _emit_embeddings(self, batch: Batch, vectors, now: float) -> list[Event]:
+        """Embedded then Done for each embedding request whose vectors are all in; Done for
+        those cancelled or failed."""
+        events: list[Event] = [self._finish_embedding(r) for r in batch.embeds_finished]
+        if batch.embeds:
+            self.metrics.on_embedded(len(batch.embeds), batch.num_embed_tokens)
+            for request in self.scheduler.embeddings.done(batch.embeds, vectors, now):
+                vectors_out = [v.tolist() for v in request.vectors]
+                events.append(Embedded(request.request_id, vectors_out))
+                events.append(self._finish_embedding(request))
+        return events
+
+    def _finish_embedding(self, request: EmbeddingRequest) -> Done:
+        self._embeds.pop(request.request_id, None)
+        with self._ids_lock:
+            self._ids.discard(request.request_id)
+        self.metrics.on_embedding_finished(request)
+        return Done(
+            request.request_id,
+            request.finish_reason,
+            prompt_tokens=request.num_tokens,
+            completion_tokens=0,
+            cached_tokens=0,
+            timings=request.timings(),
+            error=request.error,
+        )
+
     def _emit(self, batch: Batch, sampled: list[Sampled], step_s: float) -> list[Event]:
         """The step's outcome as events, in order, with the metrics that count them."""
         for seq in batch.first_admitted:
@@ -278,20 +368,25 @@ class Engine(EngineClient):
             self.metrics.on_preempted(seq)
             events.append(Preempted(seq.request_id))
         events += [self._finish(seq) for seq in batch.finished]
-        if batch.items:
-            cost = self.scheduler.cost
+        if batch.items or batch.embeds:
+            cost, timings = self.scheduler.cost, self.runner.timings
             rows = batch.num_decode_tokens + batch.num_draft_tokens
             prefill_s = cost.prefill_s(rows, batch.num_prefill_tokens)
+            in_llama = (timings.decode_s if batch.items else 0.0) + (
+                timings.embed_s if batch.embeds else 0.0
+            )
             self.metrics.on_step(
                 batch.num_decode_tokens,
                 batch.num_prefill_tokens,
                 step_s,
-                self.runner.timings.decode_s,
+                in_llama,
                 prefill_s,
                 batch.num_generated,
                 batch.num_draft_tokens,
                 batch.num_accepted_tokens,
                 batch.is_stretched,
+                num_embed=batch.num_embed_tokens,
+                num_embed_inputs=len(batch.embeds),
             )
             if batch.num_drafts:
                 self.metrics.on_drafts(
@@ -341,5 +436,13 @@ class Engine(EngineClient):
             if seq.status is not Status.FINISHED:
                 self.scheduler.cancel(seq)
         events: list[Event] = [self._finish(s) for s in seqs if s.status is Status.FINISHED]
+        embeddings, now = self.scheduler.embeddings, self.clock()
+        for request in list(self._embeds.values()):  # whatever the broken step held is lost
+            if request.is_running or request.is_finished:  # (finished: its Embedded never went)
+                embeddings.fail([request], message, now)
+                request.finish_reason, request.error = "error", message
+                events.append(self._finish_embedding(request))
+            else:
+                embeddings.cancel(request)
         if events:
             self.on_events(events)

@@ -1,10 +1,11 @@
 """What the engine tells the world: one list of events per step, in the order they happened.
 
-`Token` carries a request's new text, `Done` its end (reason, usage, timings), `Admitted` and
-`Preempted` its moves between waiting and running, `WaitPredicted` its place in the queue and
-predicted wait while it waits (localserve.engine.waits). The engine calls its `on_events`
-callback with each step's list on the engine thread; `EventRouter` sorts them into one queue
-per request for synchronous callers (the CLI, benchmarks, tests).
+`Token` carries a request's new text, `Embedded` an embedding request's vectors, `Done` its end
+(reason, usage, timings), `Admitted` and `Preempted` its moves between waiting and running,
+`WaitPredicted` its place in the queue and predicted wait while it waits
+(localserve.engine.waits). The engine calls its `on_events` callback with each step's list on
+the engine thread; `EventRouter` sorts them into one queue per request for synchronous callers
+(the CLI, benchmarks, tests).
 
 Tested in tests/unit/engine/test_engine.py.
 """
@@ -35,6 +36,14 @@ class Done(msgspec.Struct, tag=True):
     stop: str = ""  # the stop string that ended the reply ("" for none: EOS, a grammar, ...)
 
 
+class Embedded(msgspec.Struct, tag=True):
+    """An embedding request's vectors: one per input, in input order, L2-normalised, each
+    ModelInfo.n_embd long. Its Done follows in the same list."""
+
+    request_id: str
+    vectors: list[list[float]]
+
+
 class Admitted(msgspec.Struct, tag=True):
     request_id: str
 
@@ -52,15 +61,7 @@ class WaitPredicted(msgspec.Struct, tag=True):
     wait_s: float | None
 
 
-class Embedded(msgspec.Struct, tag=True):
-    """An embedding request's vectors: one per input, in input order, L2-normalised (its
-    `Done` follows)."""
-
-    request_id: str
-    vectors: list[list[float]]
-
-
-Event = Token | Done | Admitted | Preempted | WaitPredicted | Embedded
+Event = Token | Done | Embedded | Admitted | Preempted | WaitPredicted
 EventSink = Callable[[list[Event]], None]
 
 

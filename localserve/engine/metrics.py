@@ -12,6 +12,9 @@
   with vLLM's buckets feed `/metrics`; counters and per-step records (decode vs prefill tokens,
   step time, time outside llama_decode) complete the picture. The engine packs it all into one
   `Snapshot` Struct.
+- Embedding requests are their own kind: counted apart (requests, inputs, tokens, errors and
+  cancellations), their steps' embedding tokens and inputs give the embedding throughput; they
+  enter no chat latency window.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class StepRecord(NamedTuple):
     num_draft: int = 0  # draft rows verified (speculative decoding)
     num_accepted: int = 0  # of those, accepted
     is_stretched: bool = False  # the TTFT target gave it more prompt tokens than the ITL one
+    num_embed: int = 0  # embedding tokens (the runner's embedding decode in the same step)
+    num_embed_inputs: int = 0
 
 
 class Window:
@@ -240,6 +245,24 @@ class Metrics:
         for j, n in enumerate(by_position):
             per_pos[j] += n
 
+    def on_embedded(self, num_inputs: int, num_tokens: int) -> None:
+        """A step's embedded inputs and their tokens."""
+        self.counters.embed_inputs += num_inputs
+        self.counters.embed_tokens += num_tokens
+
+    def on_embedding_finished(self, request) -> None:
+        """An embedding request's end (localserve.engine.embedding.EmbeddingRequest)."""
+        c = self.counters
+        if request.finish_reason == "stop":
+            c.embed_requests += 1
+        elif request.finish_reason == "cancelled":
+            c.embed_cancellations += 1
+        else:
+            c.embed_errors += 1
+        detail = f"embedding {request.finish_reason}, {request.num_done}/{len(request.inputs)}"
+        detail += f" inputs{': ' + request.error if request.error else ''}"
+        self.event("finished", request, detail, at=request.finished_time)
+
     def on_rejected(self) -> None:
         self.counters.rejections += 1
 
@@ -254,13 +277,16 @@ class Metrics:
         num_draft: int = 0,
         num_accepted: int = 0,
         is_stretched: bool = False,
+        num_embed: int = 0,
+        num_embed_inputs: int = 0,
     ) -> None:
         """One step: its token counts, wall time, time in llama_decode, predicted prefill time,
-        its draft rows and how many of them were accepted, and whether TTFT deadlines stretched
-        it past the ITL target's prefill budget."""
+        its draft rows and how many of them were accepted, whether TTFT deadlines stretched
+        it past the ITL target's prefill budget, and its embedding tokens and inputs."""
         self.counters.steps += 1
         self.counters.prefill_tokens += num_prefill
-        self.histograms["iteration_tokens_total"].observe(num_decode + num_prefill + num_draft)
+        num_tokens = num_decode + num_prefill + num_draft + num_embed
+        self.histograms["iteration_tokens_total"].observe(num_tokens)
         sampled = num_decode if num_sampled is None else num_sampled
         record = StepRecord(
             self.clock(),
@@ -273,9 +299,12 @@ class Metrics:
             num_draft,
             num_accepted,
             is_stretched,
+            num_embed,
+            num_embed_inputs,
         )
         self.steps.append(record)
-        self.slowdown.add(record.t, num_decode + num_draft, num_prefill, step_s)
+        if not num_embed:  # (a shape of its own; the slowdown compares chat steps)
+            self.slowdown.add(record.t, num_decode + num_draft, num_prefill, step_s)
 
     def _observe(self, window: Window, name: str, value: float) -> None:
         window.add(self.clock(), value)
@@ -299,6 +328,16 @@ class Metrics:
         elapsed = max(now - recent[0].t + recent[0].step_s, 1e-9)
         prompt = sum(s.num_prefill for s in recent)
         return prompt / elapsed, sum(s.num_sampled for s in recent) / elapsed
+
+    def embed_throughput(self, span_s: float = 10.0) -> tuple[float, float]:
+        """(embedded inputs/s, embedded tokens/s) over the last `span_s` seconds of steps."""
+        now = self.clock()
+        recent = [s for s in self.steps if s.t >= now - span_s]
+        if not any(s.num_embed for s in recent):
+            return 0.0, 0.0
+        elapsed = max(now - recent[0].t + recent[0].step_s, 1e-9)
+        inputs = sum(s.num_embed_inputs for s in recent)
+        return inputs / elapsed, sum(s.num_embed for s in recent) / elapsed
 
     def step_stats(self, prefill_budget: int, last_n: int = 32) -> StepStats:
         recent = list(self.steps)[-last_n:]

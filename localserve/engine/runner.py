@@ -5,7 +5,10 @@ has a deterministic fake for logic tests. Every llama_cpp call lives behind this
 
 A step is one call: `run(batch)` applies the KV cell operations the pool decided (free, trim,
 copy, in order), decodes the batch and returns one `Sampled` per sequence that wanted logits,
-with the token's text piece and whether it ends generation.
+with the token's text piece and whether it ends generation. A step with embedding inputs then
+calls `embed(inputs)`: one more decode, on the runner's embedding context (its own cells, never
+the chat cache), giving one pooled, L2-normalised vector per input; the engine times both calls
+as the step.
 
 Tested in tests/unit/engine/test_engine.py and tests/e2e/test_llama_runner.py.
 """
@@ -34,6 +37,7 @@ class RunTimings(NamedTuple):
     fill_s: float = 0.0  # copying the batch into llama.cpp's buffers
     decode_s: float = 0.0  # inside llama_decode
     sample_s: float = 0.0  # drawing the tokens
+    embed_s: float = 0.0  # the embedding decode of the step (0: none), pooling included
 
 
 class Runner(Protocol):
@@ -63,6 +67,14 @@ class Runner(Protocol):
         Raises KVCacheFull (nothing computed; the cell operations stay applied), DecodeError or
         ValueError (the batch is lost) and RuntimeError (a cell operation was refused).
         """
+        ...
+
+    def embed(self, inputs: list[list[int]]) -> Any:
+        """One vector per input (token ids; at most ModelInfo.max_embed_tokens tokens and
+        max_embed_step_inputs inputs together), pooled and L2-normalised: a float32 array of
+        shape (len(inputs), n_embd). Each input's cells are gone again when it returns; sets
+        `timings.embed_s`. Raises DecodeError or ValueError (those inputs are lost, nothing
+        else)."""
         ...
 
     def free_seq(self, seq_id: int) -> None: ...

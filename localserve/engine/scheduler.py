@@ -22,7 +22,9 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    this step's batch, in what the step has left within the ITL target, the batch and the
    free cells, dealt round-robin across users, only where a drafted row is expected to return
    more tokens than its price buys without drafts.
-The `static` policy admits only when the running set is empty, for comparison.
+Embedding requests (localserve.engine.embedding) take whole inputs from the step's prompt budget
+(half of it while prompts are being prefilled), round robin over users, before the prefill
+chunks take the rest. The `static` policy admits only when the running set is empty.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
 from localserve.engine.budget import StepCostModel
+from localserve.engine.embedding import EmbeddingQueue, schedule_embeddings
 from localserve.engine.kv import KVPool
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import FinishReason, Sequence, Status
@@ -62,15 +65,17 @@ class Scheduler:
         max_num_batched_tokens: int,
         clock: Callable[[], float] = time.monotonic,
         max_draft_rows: int = 0,
+        embeddings: EmbeddingQueue | None = None,
     ) -> None:
         """`max_draft_rows`: logit rows a step may add for drafts (the runner's room for
-        them; 0 = no speculative decoding)."""
+        them; 0 = no speculative decoding); `embeddings`: the embedding requests' queue."""
         self.config = config
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.clock = clock
         self.cost = StepCostModel()
+        self.embeddings = embeddings or EmbeddingQueue(max_num_batched_tokens, max_num_seqs)
         self.running: list[Sequence] = []  # admission order: newest last
         self.requeued: deque[Sequence] = deque()  # preempted; admitted before anyone else
         self.waiting: dict[str, deque[Sequence]] = {}  # per user, arrival order
@@ -108,9 +113,8 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         """Anything to run, cancel or apply (cell operations wait for the next batch)."""
-        return bool(
-            self.running or self.requeued or self.waiting or self._cancelled or self.kv.has_ops
-        )
+        chats = self.running or self.requeued or self.waiting or self._cancelled
+        return bool(chats or self.kv.has_ops or self.embeddings.has_work)
 
     def waiting_seqs(self) -> list[Sequence]:
         """Waiting sequences in the order admission would take them (ignoring caps)."""
@@ -141,6 +145,7 @@ class Scheduler:
         """Build the next step's batch."""
         now = self.clock()
         batch = Batch(finished=self._reap_cancelled(now))
+        batch.embeds_finished = self.embeddings.reap(now)
         self._schedule_decode(batch, now)
         if not batch.preempted:  # cells are short: let running work drain first
             self._admit(batch, now)
@@ -152,9 +157,9 @@ class Scheduler:
 
     def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> None:
         """Account the step: computed cells, sampled tokens, finished and failed sequences."""
-        if batch.num_tokens:  # a draft row is priced as a decode row
+        if batch.num_tokens or batch.num_embed_tokens:  # a draft row is priced as a decode row
             rows = batch.num_decode_tokens + batch.num_draft_tokens
-            self.cost.update(rows, batch.num_prefill_tokens, step_s)
+            self.cost.update(rows, batch.num_prefill_tokens, step_s, batch.num_embed_tokens)
         drafted = {}
         for item in batch.items:
             if item.draft:
@@ -300,6 +305,11 @@ class Scheduler:
         prefills = [s for s in self.running if id(s) not in in_batch]
         budget = self._prefill_budget(batch.num_decode_tokens, prefills, now)
         self.last_prefill_budget = budget
+        if self.embeddings.has_work:  # whole inputs, from the same budget (half, beside prompts)
+            bound = batch.num_decode_tokens > 0 and self.config.policy == "continuous"
+            share = budget // 2 if prefills else budget
+            ratio = self.cost.embed_price_ratio
+            budget -= schedule_embeddings(self.embeddings, batch, share, ratio, bound, now)
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
         # prompts admitted now that fit whole go first, alone: a new prompt's first token waits

@@ -15,13 +15,14 @@ from typing import Protocol
 import msgspec
 
 from localserve.config import SchedulerConfig
+from localserve.engine.embedding import EmbeddingRequest
 from localserve.engine.kv import KVPool
 from localserve.engine.metrics import Metrics
 from localserve.engine.runner import Runner
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import Sequence
 from localserve.engine.waits import NEWCOMER, WaitForecast
-from localserve.protocol.snapshot import SeqRow, Snapshot, WaitingRow
+from localserve.protocol.snapshot import EmbeddingRow, SeqRow, Snapshot, WaitingRow
 
 
 class SnapshotSource(Protocol):
@@ -41,6 +42,7 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
     m, sched, kv, now = engine.metrics, engine.scheduler, engine.kv, engine.clock()
     cached = kv.num_cached
     prompt_tps, gen_tps = m.throughput()
+    embed_inputs_ps, embed_tokens_ps = m.embed_throughput()
     return Snapshot(
         uptime_s=now - m.start_time,
         model=engine.runner.info,
@@ -73,6 +75,23 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
         newcomer_wait_s=_newcomer_wait(engine),
         events=list(m.events),
         histograms=m.export_histograms(),
+        embeddings=[embedding_row(r, now) for r in sched.embeddings.requests],
+        embed_inputs_per_s=embed_inputs_ps,
+        embed_tokens_per_s=embed_tokens_ps,
+    )
+
+
+def embedding_row(request: EmbeddingRequest, now: float) -> EmbeddingRow:
+    return EmbeddingRow(
+        request_id=request.request_id,
+        client_id=request.client_id,
+        user=request.user,
+        phase="running" if request.is_running else "waiting",
+        inputs=len(request.inputs),
+        inputs_done=request.num_done,
+        tokens=request.num_tokens,
+        tokens_done=request.num_tokens_done,
+        waited_s=now - request.arrival_time,
     )
 
 

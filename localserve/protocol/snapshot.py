@@ -42,11 +42,15 @@ class ModelInfo(msgspec.Struct, frozen=True):
     max_num_seqs: int = 0  # sequences decoded together (0 in frames from older servers)
     max_draft_rows: int = 0  # logit rows a step may add for drafts (0: no speculative decoding)
     devices: tuple[Device, ...] = ()  # where the layers are (empty: all on the CPU)
+    # embeddings (localserve.engine.embedding): the vectors' length, how they are pooled
+    # (mean | cls | last), whether the model serves embeddings only (no chats), the largest
+    # input (tokens) and request (inputs) taken, and the inputs one step embeds at most
     n_embd: int = 0
     pooling: str = "mean"
     is_embedding_only: bool = False
-    max_embed_tokens: int = 512  # the largest embedding input, tokens
-    max_embed_inputs: int = 2048  # the largest embedding request, inputs
+    max_embed_tokens: int = 512
+    max_embed_inputs: int = 2048
+    max_embed_step_inputs: int = 64
 
 
 class Percentiles(msgspec.Struct):
@@ -102,6 +106,21 @@ class WaitingRow(msgspec.Struct):
     predicted_wait_s: float | None = None
 
 
+class EmbeddingRow(msgspec.Struct):
+    """An embedding request in the engine: waiting (none of its inputs embedded yet) or
+    running."""
+
+    request_id: str
+    client_id: str
+    user: str
+    phase: str  # "waiting" or "running"
+    inputs: int
+    inputs_done: int
+    tokens: int
+    tokens_done: int
+    waited_s: float  # since it arrived
+
+
 class StepStats(msgspec.Struct):
     """Averages over the recent steps."""
 
@@ -150,6 +169,13 @@ class Counters(msgspec.Struct):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = msgspec.field(default_factory=list)
+    # embedding requests, their own kind (not in the counts above): finished with all their
+    # vectors, inputs and tokens embedded, cancelled, failed
+    embed_requests: int = 0
+    embed_inputs: int = 0
+    embed_tokens: int = 0
+    embed_cancellations: int = 0
+    embed_errors: int = 0
 
 
 class EventRow(msgspec.Struct):
@@ -241,3 +267,8 @@ class Snapshot(msgspec.Struct):
     newcomer_wait_s: float | None = None
     ttft_target_s: float = 0.0  # the scheduler's TTFT target (it may stretch steps for it)
     host: HostLoad | None = None  # None: not measured (an engine in the server's own process)
+    # embedding work, its own kind: requests waiting and running, and what the recent steps
+    # embedded per second (inputs, tokens)
+    embeddings: list[EmbeddingRow] = msgspec.field(default_factory=list)
+    embed_inputs_per_s: float = 0.0
+    embed_tokens_per_s: float = 0.0

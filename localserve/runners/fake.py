@@ -5,7 +5,10 @@ exactly pos_max + 1, the cache has `n_ctx` cells (KVCacheFull when a batch does 
 unchanged), a cell copied to another sequence is shared, not duplicated (it is freed when its
 last sequence lets go), and more than n_batch tokens or max_num_seqs logit rows would abort the
 real process (here an AssertionError). Each step advances a fake clock by a linear cost model,
-so timing logic is testable without sleeping.
+so timing logic is testable without sleeping. `embed` gives each input a unit vector of
+`n_embd` dims drawn from a seed that is its tokens' checksum (the same input, the same vector,
+whatever else is in the batch), asserts the embedding context's limits (n_batch tokens and
+n_seq_max inputs, as the real one's aborts) and costs `embed_cost` on the clock.
 
 Its "model" picks each next token from the previous token and the position; with `repeats` it
 instead repeats its prompt, each token followed by what followed it there (but for every
@@ -19,13 +22,14 @@ Tested in tests/unit/engine/test_scheduler.py and tests/unit/engine/test_engine.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from localserve.engine.batch import Batch, Sampled
-from localserve.engine.runner import KVCacheFull, RunTimings, apply_cell_ops
+from localserve.engine.runner import DecodeError, KVCacheFull, RunTimings, apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.speculative import verify_draft
 from localserve.protocol.snapshot import ModelInfo
@@ -74,6 +78,16 @@ class FakeRunner:
     max_draft_rows: int = 0  # logit rows a step may add for drafts (0: no speculative decoding)
     repeats: int = 0  # > 0: the model repeats its prompt, but for every repeats-th position
     sampled: bool = False  # rows are distributions over 4 tokens, drawn by the request's sampler
+    # embeddings: vector length, the embedding step's limits (tokens, inputs), its cost (base,
+    # per token), an embedding-only model, and a token whose input makes the embed decode fail
+    n_embd: int = 64
+    max_embed_tokens: int = 512
+    max_embed_step_inputs: int = 64
+    max_embed_inputs: int = 2048
+    embed_cost: tuple[float, float] = (0.002, 0.002)
+    is_embedding_only: bool = False
+    failing_embed_token: int | None = None
+    embed_calls: list[list[int]] = field(default_factory=list)  # tokens per input, per call
 
     def __post_init__(self) -> None:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max
@@ -95,6 +109,11 @@ class FakeRunner:
             chat_template="fake",
             max_num_seqs=self.max_num_seqs,
             max_draft_rows=self.max_draft_rows,
+            n_embd=self.n_embd,
+            is_embedding_only=self.is_embedding_only,
+            max_embed_tokens=self.max_embed_tokens,
+            max_embed_inputs=self.max_embed_inputs,
+            max_embed_step_inputs=self.max_embed_step_inputs,
         )
 
     # --- text ------------------------------------------------------------------------------
@@ -190,6 +209,19 @@ class FakeRunner:
                 sampled.append(self._sample(item))
         return sampled
 
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        num_tokens = sum(map(len, inputs))
+        assert num_tokens <= self.max_embed_tokens, "llama.cpp would abort: n_tokens > n_batch"
+        assert len(inputs) <= self.max_embed_step_inputs, "more inputs than the context's seqs"
+        self.embed_calls.append([len(tokens) for tokens in inputs])
+        base, per_token = self.embed_cost
+        embed_s = base + per_token * num_tokens
+        self.clock.now += embed_s
+        self.timings = self.timings._replace(embed_s=embed_s)
+        if any(self.failing_embed_token in tokens for tokens in inputs):
+            raise DecodeError("fake: the embedding decode failed")
+        return np.stack([fake_vector(tokens, self.n_embd) for tokens in inputs])
+
     def _place(self, seq_id: int, start: int, k: int) -> None:
         """New cells for positions [start, start + k), which must continue the sequence."""
         held = self.cells.setdefault(seq_id, {})
@@ -276,6 +308,13 @@ class FakeRunner:
             self._grammar.close()
         self.cells.clear()
         self.refs.clear()
+
+
+def fake_vector(tokens: list[int], n_embd: int) -> np.ndarray:
+    """The fake's vector for an input: a unit vector seeded by its tokens' checksum."""
+    seed = zlib.crc32(np.asarray(tokens, dtype=np.int64).tobytes())
+    v = np.random.default_rng(seed).standard_normal(n_embd).astype(np.float32)
+    return v / np.linalg.norm(v)
 
 
 def _following(prompt: list[int], last: int) -> int:

@@ -1,0 +1,294 @@
+"""Embedding requests in the engine: what one is, the checks on it, and each step's packing.
+
+An embedding request is a user's list of inputs (token lists) to be turned into one pooled,
+normalised vector each. It queues per user as a chat does; each step `EmbeddingQueue.plan`
+packs whole inputs of the waiting and running requests into the step's embedding batch (the
+runner decodes it on its embedding context, after the chat batch, in the same step):
+- round robin over users, one input at a time, starting one user later every step: a user with
+  thousands of inputs takes no more of a step than another with one;
+- within the step's token budget, which the scheduler takes from the same adaptive prompt
+  budget as prefill chunks (localserve.engine.budget: it keeps running streams within the ITL
+  target), converted at the cost model's price of an embedding token against a prompt token;
+- never more than the embedding context's n_batch tokens (`max_tokens`) or n_seq_max inputs
+  (`max_inputs`) in a step: llama.cpp aborts the process past n_batch;
+- an input is never split (a pooled vector needs all its tokens in one decode): one larger
+  than the budget waits while its user gains credit, the budget of every step it waited, and
+  goes (first, alone if need be) once the credit covers it. So a long input costs the streams
+  one longer step per so many steps, never a stall, and nobody's input waits forever.
+A request's inputs may spread over several steps; its Embedded and Done go out once all its
+vectors are in.
+
+Tested in tests/unit/engine/test_embedding.py and tests/unit/engine/test_embedding_engine.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from localserve.protocol.snapshot import ModelInfo
+
+
+def check_embedding(request_id: str, inputs: list[list[int]], info: ModelInfo) -> None:
+    """Raise ValueError for inputs the engine does not take: none, an empty one, too many, one
+    too long, a token id outside the vocabulary."""
+    if not inputs:
+        raise ValueError("embedding request without inputs")
+    if len(inputs) > info.max_embed_inputs:
+        raise ValueError(
+            f"too_many_inputs: {len(inputs)} inputs; the model takes {info.max_embed_inputs}"
+        )
+    for i, tokens in enumerate(inputs):
+        if not tokens:
+            raise ValueError(f"input {i} is empty")
+        if len(tokens) > info.max_embed_tokens:
+            raise ValueError(
+                f"too_long: input {i} has {len(tokens)} tokens; "
+                f"the model embeds at most {info.max_embed_tokens}"
+            )
+        if min(tokens) < 0 or max(tokens) >= info.n_vocab:
+            raise ValueError(f"input {i} has a token id outside [0, {info.n_vocab})")
+
+
+def check_chat(info: ModelInfo) -> None:
+    """Raise ValueError (embedding_only) for a chat to a model that serves embeddings only."""
+    if info.is_embedding_only:
+        raise ValueError(
+            f"embedding_only: model {info.model} is an embedding model; it answers embeddings, "
+            "not chats or completions"
+        )
+
+
+@dataclass(eq=False)
+class EmbeddingRequest:
+    """One embedding request in the engine. Owned by the engine thread once added."""
+
+    request_id: str
+    client_id: str
+    user: str
+    inputs: list[list[int]]
+    arrival_time: float
+    num_scheduled: int = 0  # inputs handed to a step (in order)
+    num_done: int = 0  # inputs whose vector is in
+    num_tokens_done: int = 0
+    vectors: list = field(default_factory=list)  # one per input once done (numpy rows)
+    first_scheduled_time: float | None = None
+    first_vector_time: float | None = None
+    finished_time: float | None = None
+    finish_reason: str = ""  # "" while in flight; stop | cancelled | error
+    error: str = ""
+    is_cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        self.vectors = [None] * len(self.inputs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.inputs))
+
+    @property
+    def is_running(self) -> bool:
+        """Some of its inputs were computed or handed to a step."""
+        return self.num_scheduled > 0
+
+    @property
+    def is_finished(self) -> bool:
+        return bool(self.finish_reason)
+
+    @property
+    def has_pending(self) -> bool:
+        return self.num_scheduled < len(self.inputs)
+
+    def finish(self, reason: str, now: float, error: str = "") -> None:
+        if not self.is_finished:
+            self.finish_reason, self.finished_time, self.error = reason, now, error
+
+    def timings(self) -> dict[str, float | None]:
+        """queue_ms (arrival to its first input's step), ttft_ms (arrival to its first vector:
+        the part of the answer that exists first), itl_ms (None: no tokens stream), e2e_ms."""
+
+        def ms(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else (end - start) * 1e3
+
+        t0 = self.arrival_time
+        return {
+            "queue_ms": ms(t0, self.first_scheduled_time),
+            "ttft_ms": ms(t0, self.first_vector_time),
+            "itl_ms": None,
+            "e2e_ms": ms(t0, self.finished_time),
+        }
+
+
+class EmbedItem(NamedTuple):
+    """One input in a step's embedding batch."""
+
+    request: EmbeddingRequest
+    index: int  # the input's place in its request
+    num_tokens: int
+
+
+class EmbeddingQueue:
+    """The embedding requests of the engine, per user, and each step's packing of their inputs."""
+
+    def __init__(self, max_tokens: int, max_inputs: int) -> None:
+        """`max_tokens`, `max_inputs`: the most one step's embedding batch may carry."""
+        self.max_tokens = max_tokens
+        self.max_inputs = max_inputs
+        self.queues: dict[str, deque[EmbeddingRequest]] = {}  # per user, arrival order
+        self._users: deque[str] = deque()  # round-robin order of users with pending inputs
+        self._credit: dict[str, float] = {}  # tokens a user's too-long head input has waited for
+        self._cancelled: list[EmbeddingRequest] = []
+
+    # --- requests in and out ---------------------------------------------------------------
+
+    def add(self, request: EmbeddingRequest) -> None:
+        if request.user not in self.queues:
+            self.queues[request.user] = deque()
+            self._users.append(request.user)
+        self.queues[request.user].append(request)
+
+    def cancel(self, request: EmbeddingRequest) -> None:
+        """Mark for removal; takes effect at the next `reap`."""
+        if not request.is_finished and not request.is_cancelled:
+            request.is_cancelled = True
+            self._cancelled.append(request)
+
+    def reap(self, now: float) -> list[EmbeddingRequest]:
+        """The cancelled requests, out of the queue and finished."""
+        reaped, self._cancelled = self._cancelled, []
+        for request in reaped:
+            self._remove(request)
+            request.finish("cancelled", now)
+        return reaped
+
+    def fail(self, requests: list[EmbeddingRequest], message: str, now: float) -> None:
+        """End requests with an error (their decode failed)."""
+        for request in requests:
+            self._remove(request)
+            request.finish("error", now, message)
+
+    def _remove(self, request: EmbeddingRequest) -> None:
+        queue = self.queues.get(request.user)
+        if queue and request in queue:
+            queue.remove(request)
+            if not queue:
+                self._drop_user(request.user)
+
+    def _drop_user(self, user: str) -> None:
+        del self.queues[user]
+        self._users.remove(user)
+        self._credit.pop(user, None)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.queues or self._cancelled)
+
+    @property
+    def requests(self) -> list[EmbeddingRequest]:
+        """Every queued request, users in round-robin order."""
+        return [r for user in self._users for r in self.queues[user]]
+
+    # --- one step --------------------------------------------------------------------------
+
+    def plan(self, budget: int, now: float = 0.0) -> list[EmbedItem]:
+        """Whole inputs for this step within `budget` tokens (and the step limits), round robin
+        over users from the one after last step's first; a user whose next input has waited
+        long enough (its credit covers it) goes first, even past the budget."""
+        items: list[EmbedItem] = []
+        num_tokens = 0
+        heads = {u: head for u in self._users if (head := self._head(u)) is not None}
+        order = list(heads)
+        due = [u for u in order if len(heads[u][1]) <= self._credit.get(u, 0) + budget]
+        if due and len(heads[due[0]][1]) > budget:  # a long input's turn: it goes first
+            order.remove(due[0])
+            order.insert(0, due[0])
+        blocked = set()
+        while len(items) < self.max_inputs:
+            took = False
+            for user in order:
+                if user in blocked or len(items) >= self.max_inputs:
+                    continue
+                request, tokens = heads[user]
+                n = len(tokens)
+                first_past_budget = not items and n <= self._credit.get(user, 0) + budget
+                if num_tokens + n > self.max_tokens or (
+                    num_tokens + n > budget and not first_past_budget
+                ):
+                    blocked.add(user)
+                    continue
+                items.append(EmbedItem(request, request.num_scheduled, n))
+                if request.first_scheduled_time is None:
+                    request.first_scheduled_time = now
+                request.num_scheduled += 1
+                num_tokens += n
+                took = True
+                self._credit.pop(user, None)
+                nxt = self._head(user)
+                if nxt is None:
+                    blocked.add(user)
+                else:
+                    heads[user] = nxt
+            if not took:
+                break
+        for user in blocked:  # waited for the budget: credit for the next steps
+            if user in heads and user not in {i.request.user for i in items}:
+                self._credit[user] = self._credit.get(user, 0) + max(budget, 1)
+        if self._users:
+            self._users.rotate(-1)  # the next step starts with the next user
+        return items
+
+    def _head(self, user: str) -> tuple[EmbeddingRequest, list[int]] | None:
+        """A user's next input to schedule (of its first request with one pending), or None
+        (its requests wait only for their vectors)."""
+        for request in self.queues[user]:
+            if request.has_pending:
+                return request, request.inputs[request.num_scheduled]
+        return None
+
+    def done(self, items: list[EmbedItem], vectors, now: float) -> list[EmbeddingRequest]:
+        """A step's vectors in: returns the requests now complete (out of the queue)."""
+        complete = []
+        for item, vector in zip(items, vectors, strict=True):
+            request = item.request
+            if request.is_finished:  # cancelled meanwhile (cannot happen within a step)
+                continue
+            if request.first_vector_time is None:
+                request.first_vector_time = now
+            request.vectors[item.index] = vector
+            request.num_done += 1
+            request.num_tokens_done += item.num_tokens
+            if request.num_done == len(request.inputs):
+                self._remove(request)
+                request.finish("stop", now)
+                complete.append(request)
+        return complete
+
+
+def embed_token_budget(prompt_budget: int, price_ratio: float, max_tokens: int) -> int:
+    """Embedding tokens worth `prompt_budget` prompt tokens, at `price_ratio` (an embedding
+    token's cost over a prompt token's), within `max_tokens`."""
+    if not math.isfinite(price_ratio) or price_ratio <= 0:
+        return min(prompt_budget, max_tokens)
+    return max(0, min(max_tokens, int(prompt_budget / price_ratio)))
+
+
+def schedule_embeddings(
+    queue: EmbeddingQueue,
+    batch,
+    prompt_budget: int,
+    price_ratio: float,
+    is_bound: bool,
+    now: float,
+) -> int:
+    """The step's embedding inputs into `batch`; returns the prompt tokens' worth they took of
+    `prompt_budget`. Unbound (nobody decodes: no stream's ITL to keep) they take a whole
+    embedding batch and charge nothing."""
+    if is_bound:
+        budget = embed_token_budget(prompt_budget, price_ratio, queue.max_tokens)
+    else:
+        budget = queue.max_tokens
+    batch.embeds = queue.plan(budget, now)
+    batch.num_embed_tokens = sum(item.num_tokens for item in batch.embeds)
+    return math.ceil(batch.num_embed_tokens * price_ratio) if is_bound else 0
