@@ -27,7 +27,7 @@ from localserve.serve.door import MAX_EMBED_INPUTS, Frontdoor, Refusal
 from localserve.serve.http_embed import EmbedReply
 from localserve.serve.openai import errors
 from localserve.serve.openai.errors import ApiError
-from localserve.serve.openai.types import EmbeddingRequest
+from localserve.serve.openai.types import EmbeddingsBody
 from localserve.serve.openai.validation import identify, read_body
 
 ENCODINGS = ("float", "base64")
@@ -35,7 +35,7 @@ KINDS = "a string, a list of strings, a list of token ids or a list of token id 
 
 
 async def create_embedding(door: Frontdoor, request: HttpRequest) -> Response:
-    body = await read_body(door, request, EmbeddingRequest)
+    body = await read_body(door, request, EmbeddingsBody)
     door = door.model(body.model)  # checked by read_body: one of the server's
     encoding = body.encoding_format or "float"
     if encoding not in ENCODINGS:

@@ -72,7 +72,7 @@ class RequestFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
 
 
-class EmbeddingRequest(msgspec.Struct, kw_only=True):
+class EmbeddingsBody(msgspec.Struct, kw_only=True):
     """/v1/embeddings' body. `input` is a string, a list of strings, a list of token ids or a
     list of token id lists (one type each: checked by the endpoint, as msgspec cannot)."""
 

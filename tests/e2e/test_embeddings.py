@@ -1,0 +1,270 @@
+"""Embeddings through the real server: `POST /v1/embeddings`, Ollama's `/api/embed` and legacy
+`/api/embeddings`, driven by the clients people use (the `openai` package, the `ollama` package,
+LangChain's OpenAIEmbeddings and OllamaEmbeddings).
+
+The embedded model, gemma-3-270m, is a chat model standing in for an embedding model here: its
+GGUF declares no pooling, so its vectors are its last hidden states pooled MEAN and
+L2-normalised (as llama-server --pooling mean gives them); what is tested is the serving, not the
+vectors' quality. Tests marked `model` run on it (the `live` fixture); the usage rows, the quota
+and a hostile user's bodies are tested on the paced FakeRunner (its deterministic vectors) with
+a usage record, where no model's speed is needed. The endpoints' validation on a fake door is
+tests/unit/serve/openai/test_embeddings.py and tests/unit/serve/ollama/test_embed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from localserve.bench.fake_server import FakeServer, PacedRunner
+from tests.support.clients import Streamer
+
+MODEL = "gemma-3-270m"
+N_EMBD = 640  # the embedded gemma's hidden size
+
+
+def _norm(vector) -> float:
+    return math.sqrt(math.fsum(x * x for x in vector))
+
+
+def _post(server, path: str, body, timeout: float = 120.0) -> tuple[int, dict, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(server.http + path, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), json.load(response)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.load(e)
+
+
+def _openai(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
+
+
+# --- the real model -------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_openai_embeds_one_and_64_inputs_as_base64_and_as_floats(live):
+    client = _openai(live)
+    one = client.embeddings.create(model=MODEL, input="The sky is blue.")  # base64 by default
+    (vector,) = [d.embedding for d in one.data]
+    assert len(vector) == N_EMBD and _norm(vector) == pytest.approx(1.0, abs=1e-4)
+    assert one.usage.prompt_tokens == one.usage.total_tokens > 1
+    texts = [f"Sentence number {i} is about {'cats' if i % 2 else 'ships'}." for i in range(64)]
+    many = client.embeddings.create(model=MODEL, input=texts)
+    assert [d.index for d in many.data] == list(range(64))
+    floats = client.embeddings.create(model=MODEL, input=texts[:3], encoding_format="float")
+    for coded, plain in zip(many.data[:3], floats.data, strict=True):
+        assert coded.embedding == pytest.approx(plain.embedding, abs=1e-6)
+    # an input pooled alone is the same vector as in a batch of 64 (packed whole in the step)
+    alone = client.embeddings.create(model=MODEL, input=texts[5]).data[0].embedding
+    assert alone == pytest.approx(many.data[5].embedding, abs=2e-3)
+    assert many.data[0].embedding != pytest.approx(many.data[1].embedding, abs=1e-3)
+
+
+@pytest.mark.model
+def test_openai_token_arrays_and_dimensions(live):
+    client = _openai(live)
+    tokens = live.runner.tokenize("The sky is blue.")
+    by_ids = client.embeddings.create(model=MODEL, input=[tokens], encoding_format="float")
+    by_text = client.embeddings.create(
+        model=MODEL, input="The sky is blue.", encoding_format="float"
+    )
+    assert by_ids.data[0].embedding == pytest.approx(by_text.data[0].embedding, abs=1e-4)
+    cut = client.embeddings.create(model=MODEL, input="The sky is blue.", dimensions=64)
+    head = by_text.data[0].embedding[:64]
+    assert cut.data[0].embedding == pytest.approx([x / _norm(head) for x in head], abs=1e-4)
+
+
+@pytest.mark.model
+def test_openai_refuses_too_long_inputs_ids_out_of_range_and_dimensions_past_n_embd(live):
+    import openai
+
+    client = _openai(live)
+    for kwargs, says in [
+        ({"input": ["short", "word " * 600]}, "input[1]: "),
+        ({"input": [[2, 262_144]]}, "input[0][1]: token id 262144 is not in"),
+        ({"input": "x", "dimensions": N_EMBD + 1}, f"between 1 and this model's {N_EMBD}"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model=MODEL, **kwargs)
+        assert says in refused.value.body["message"]
+
+
+@pytest.mark.model
+def test_ollama_embed_for_one_and_several_inputs_and_the_legacy_embeddings(live):
+    import ollama
+
+    client = ollama.Client(host=live.http)
+    one = client.embed(model=MODEL, input="The sky is blue.")
+    assert len(one.embeddings) == 1 and len(one.embeddings[0]) == N_EMBD
+    assert one.prompt_eval_count > 1 and one.total_duration > 0
+    several = client.embed(model=MODEL, input=["The sky is blue.", "Grass is green.", "Hi"])
+    assert len(several.embeddings) == 3
+    assert several.embeddings[0] == pytest.approx(one.embeddings[0], abs=2e-3)
+    legacy = client.embeddings(model=MODEL, prompt="The sky is blue.")
+    assert legacy.embedding == pytest.approx(one.embeddings[0], abs=2e-3)
+    cut = client.embed(model=MODEL, input="word " * 600)  # truncate: true, Ollama's default
+    assert cut.prompt_eval_count == live.runner.info.max_embed_tokens
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model=MODEL, input="word " * 600, truncate=False)
+    assert refused.value.status_code == 400 and "input[0]: " in refused.value.error
+
+
+@pytest.mark.model
+def test_langchains_openai_and_ollama_embeddings_answer(live):
+    from langchain_ollama import OllamaEmbeddings
+    from langchain_openai import OpenAIEmbeddings
+
+    # tiktoken would download its encoding to count tokens: the server counts them instead
+    by_openai = OpenAIEmbeddings(model=MODEL, base_url=live.http + "/v1", api_key="unused",
+                                 check_embedding_ctx_length=False)  # fmt: skip
+    vectors = by_openai.embed_documents(["The sky is blue.", "Grass is green."])
+    assert [len(v) for v in vectors] == [N_EMBD, N_EMBD]
+    assert by_openai.embed_query("The sky is blue.") == pytest.approx(vectors[0], abs=2e-3)
+    by_ollama = OllamaEmbeddings(model=MODEL, base_url=live.http)
+    assert by_ollama.embed_query("The sky is blue.") == pytest.approx(vectors[0], abs=2e-3)
+    assert len(by_ollama.embed_documents(["a", "b", "c"])) == 3
+
+
+@pytest.mark.model
+def test_a_hostile_embedder_slows_nobodys_stream_beyond_noise(live):
+    """bob streams while a hostile user sends a 10,000-item list, a 1 MiB string, ids out of
+    range and a 512-token-per-input flood past the count bound: each a clear error at once; bob's
+    inter-token latency stays what it was."""
+    bob = Streamer(live, 24)
+    time.sleep(2.0)
+    calm = list(bob.replies)
+    hostile = [
+        ({"model": MODEL, "input": ["a"] * 10_000}, 400, "10000 inputs; at most 2048"),
+        ({"model": MODEL, "input": "a " * (1 << 19)}, 413, "request body over"),
+        ({"model": MODEL, "input": [[1, 10**9]]}, 400, "is not in this model's vocabulary"),
+        ({"model": MODEL, "input": [list(range(5)) * 1000]}, 400, "at most 512 tokens"),
+    ]
+    took = []
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        for body, status, says in hostile:
+            started = time.monotonic()
+            got, _, answer = _post(live, "/v1/embeddings", body)
+            took.append(time.monotonic() - started)
+            assert got == status and says in answer["error"]["message"]
+    replies = bob.finish()
+    during = replies[len(calm) :]
+    itl = lambda ds: statistics.median(d["timings"]["itl_ms"] for d in ds)  # noqa: E731
+    assert calm and during
+    assert itl(during) <= itl(calm) * 1.5 + 5, (itl(calm), itl(during))
+    assert max(took) < 2.0  # every refusal at once, not after the model
+
+
+# --- usage rows, quotas, hostile bodies: on the fake runner -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    server = FakeServer(state_dir=str(tmp_path_factory.mktemp("state")),
+                        daily_tokens_per_user={"tight": 12})  # fmt: skip
+    yield server
+    server.close()
+
+
+def test_every_embedding_request_has_a_usage_row_with_api_embeddings_and_its_tokens(recorded):
+    status, _, body = _post(
+        recorded, "/v1/embeddings", {"input": ["one two", "three"], "user": "u1"}
+    )
+    assert status == 200 and body["usage"]["prompt_tokens"] == 5  # a BOS and a token a word
+    status, _, ollama_body = _post(recorded, "/api/embed", {"input": ["four five six"]})
+    assert status == 200 and ollama_body["prompt_eval_count"] == 4
+    rows = _rows_until(recorded, lambda r: r.user in ("u1", "ollama"), 2)
+    assert sorted((r.user, r.api, r.prompt_tokens, r.completion_tokens, r.finish_reason)
+                  for r in rows) == [("ollama", "embeddings", 4, 0, "stop"),
+                                     ("u1", "embeddings", 5, 0, "stop")]  # fmt: skip
+
+
+def test_a_quota_refuses_an_embedding_past_it_and_counts_what_was_embedded(recorded):
+    body = {"user": "tight", "input": ["one two three four"]}  # 5 tokens
+    assert _post(recorded, "/v1/embeddings", body)[0] == 200
+    assert _post(recorded, "/v1/embeddings", body)[0] == 200  # 10 of 12
+    status, headers, refused = _post(recorded, "/v1/embeddings", body)
+    assert status == 429 and refused["error"]["code"] == "insufficient_quota"
+    assert "input tokens do not fit the 2 tokens left" in refused["error"]["message"]
+    assert int(headers["retry-after"]) >= 1
+
+
+def test_hostile_bodies_are_clear_errors_and_the_server_stays_free(recorded):
+    for path, body, status in [
+        ("/v1/embeddings", {"input": ["a"] * 10_000}, 400),
+        ("/v1/embeddings", {"input": "a " * (1 << 19)}, 413),
+        ("/v1/embeddings", {"input": [[1, -5]]}, 400),
+        ("/v1/embeddings", {"input": "a", "dimensions": 10_000}, 400),
+        ("/v1/embeddings", {"input": [{"a": 1}]}, 400),
+        ("/api/embed", {"input": ["a"] * 10_000}, 400),
+        ("/api/embed", {"input": [3]}, 400),
+        ("/api/embeddings", {"prompt": 3}, 400),
+    ]:
+        got, _, answer = _post(recorded, path, body)
+        assert got == status, (path, answer)
+        assert answer["error"]
+    assert recorded.server.admission.counts.requests == {}
+    assert _post(recorded, "/v1/embeddings", {"input": "still here"})[0] == 200
+
+
+class SlowEmbedder(PacedRunner):
+    """The paced fake runner, each embedding step taking 50 ms (as a model's would)."""
+
+    def embed(self, inputs):
+        time.sleep(0.05)
+        return super().embed(inputs)
+
+
+def test_a_client_that_leaves_cancels_its_embedding_in_the_engine():
+    import socket
+
+    server = FakeServer(runner=SlowEmbedder(n_ctx=4096, n_seq_max=8), max_frame_bytes=1 << 20)
+    try:
+        # 64 inputs of 401 tokens: a step embeds one (512 tokens a step), 64 steps of 50 ms
+        body = json.dumps({"input": [f"text {i} " * 200 for i in range(64)]}).encode()
+        host, port = server.http.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        admission = server.server.admission
+        deadline = time.monotonic() + 10
+        while not any(r.is_in_engine for r in admission.counts.requests.values()):
+            assert time.monotonic() < deadline, "never reached the engine"
+            time.sleep(0.01)
+        sock.close()
+        deadline = time.monotonic() + 2  # well before its 64 steps are done
+        while admission.counts.requests:
+            assert time.monotonic() < deadline, "the request was not cancelled"
+            time.sleep(0.01)
+        counters = server.snapshot().counters
+        assert counters.embed_cancellations == 1
+        assert len(server.runner.embed_calls) < 64
+    finally:
+        server.close()
+
+
+def _rows_until(server, wanted, count: int, timeout: float = 10.0) -> list:
+    """The usage record's committed rows that are `wanted`, once there are `count` of them."""
+    from localserve.ops import usage_database
+
+    deadline = time.monotonic() + timeout
+    while True:
+        db = usage_database.connect(server.server.usage.path, readonly=True)
+        try:
+            rows = [r for r in usage_database.rows_of(db, "1 = 1", []) if wanted(r)]
+        finally:
+            db.close()
+        if len(rows) >= count or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
