@@ -137,6 +137,8 @@ class Admission:
         """
         s = submission
         self._admit(s.user, s.fields.max_tokens, slot)
+        if problem := _chat_to_embedding_model(slot):  # known before its load: models.toml's kind
+            raise problem
         constraint = s.constraint
         try:
             if s.response_format is not None and constraint is None:
