@@ -13,9 +13,9 @@ token check that fails is an `AuthRefusal`.
 Embeddings cross the same seam, narrower: an `Embedding` (the inputs as texts or token ids,
 whether one too long is cut or refused, the dimensions asked for) goes in through
 `Frontdoor.embed` and, once admitted, is a `Request` like a chat's whose `EmbedSink` gets the
-vectors (`on_embedded`: one per input, in order, L2-normalised, cut to the dimensions asked
-for) and then its `done` (prompt_tokens: the inputs' tokens), through the same limits, quota
-and usage record as chats.
+vectors (`on_embedded`: one per input, in order, L2-normalised, n_embd long: the sink cuts them
+to the request's `dimensions`, off the loop) and then its `done` (prompt_tokens: the inputs'
+tokens), through the same limits, quota and usage record as chats.
 
 Nothing here reaches the pool, the engines or the server (the import contracts keep it so):
 a front-end sees of them only what this module names.
@@ -81,6 +81,7 @@ class Embedding:
     model's own bound. `truncate`: an input over the model's max_embed_tokens is cut to them
     (Ollama's default), else refused (OpenAI's). `dimensions`: the vectors cut to this many
     and renormalised (1 to the model's n_embd, else refused); None: the model's n_embd.
+    The request's `dimensions` is the sink's to apply (embedding_inputs.py's `shorten`).
     `keep_alive_s` and `cancelled` as a Submission's.
     """
 

@@ -15,9 +15,10 @@ tests/unit/serve/openai/test_embeddings.py and tests/e2e/test_embeddings.py.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
+
+import numpy
 
 PROBE_CHARS_PER_TOKEN = 8  # a text this many chars a token long is probed before tokenizing
 
@@ -124,9 +125,6 @@ def shorten(vectors: list[list[float]], dimensions: int | None) -> list[list[flo
     `dimensions` gives them); None, or their own length: as they are."""
     if dimensions is None or not vectors or dimensions >= len(vectors[0]):
         return vectors
-    out = []
-    for vector in vectors:
-        head = vector[:dimensions]
-        norm = math.sqrt(math.fsum(x * x for x in head))
-        out.append([x / norm for x in head] if norm > 0 else head)
-    return out
+    heads = numpy.asarray(vectors, dtype=numpy.float64)[:, :dimensions]
+    norms = numpy.linalg.norm(heads, axis=1, keepdims=True)
+    return (heads / numpy.where(norms > 0, norms, 1.0)).tolist()

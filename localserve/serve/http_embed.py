@@ -5,6 +5,7 @@ then its `done`) and the ASGI response that sends them whole, the client watched
 its request is admitted or embedded cancels it at the engine's next step, and a reply not
 delivered cancels it too); the OpenAI and Ollama endpoints (serve/openai/embeddings.py,
 serve/ollama/embed.py) give it `body`, the JSON of their own shape, and `failed`, their error.
+The vectors are cut to the request's `dimensions` and encoded in a thread, off the loop.
 Its usage rows say api "embeddings".
 
 Tested on a fake Frontdoor in tests/unit/serve/openai/test_embeddings.py and
@@ -21,6 +22,7 @@ from starlette.responses import Response
 
 from localserve.engine.events import Done
 from localserve.serve.door import Embedding, Frontdoor, Request
+from localserve.serve.embedding_inputs import shorten
 from localserve.serve.http_reply import HttpReply, no_receive
 
 _encoder = msgspec.json.Encoder()
@@ -66,8 +68,10 @@ class EmbedReply(HttpReply):
         # 2,048 vectors of 640 floats are tens of milliseconds of encoding: in a thread, so the
         # loop goes on serving the others' streams meanwhile (it takes the GIL back every 5 ms)
         vectors, unrecorded = self.vectors, self._unrecorded({})
-        encoded = await asyncio.to_thread(self._encoded, vectors, done, unrecorded)
+        dimensions = self.request.dimensions if self.request is not None else None
+        encoded = await asyncio.to_thread(self._encoded, vectors, dimensions, done, unrecorded)
         await Response(encoded, media_type="application/json")(self.scope, no_receive, send)
 
-    def _encoded(self, vectors: list[list[float]], done: Done, unrecorded: dict) -> bytes:
-        return _encoder.encode(self._body(vectors, done) | unrecorded)
+    def _encoded(self, vectors, dimensions: int | None, done: Done, unrecorded: dict) -> bytes:
+        """The reply's JSON: the vectors cut to `dimensions` (renormalised), in its shape."""
+        return _encoder.encode(self._body(shorten(vectors, dimensions), done) | unrecorded)

@@ -13,12 +13,12 @@ tests/unit/serve/openai/test_embeddings.py and tests/unit/serve/ollama/test_embe
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import math
 import statistics
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -34,13 +34,22 @@ def _norm(vector) -> float:
 
 
 def _post(server, path: str, body, timeout: float = 120.0) -> tuple[int, dict, dict]:
+    """POST JSON; the status, headers and JSON answered. A body the server refuses by its
+    declared length is answered before it is all sent: the answer is read all the same."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(server.http + path, data, {"Content-Type": "application/json"})
+    host, port = server.http.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, dict(response.headers), json.load(response)
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.load(e)
+        connection.putrequest("POST", path)
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(len(data)))
+        connection.endheaders()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            connection.send(data)
+        response = connection.getresponse()
+        return response.status, dict(response.headers.items()), json.loads(response.read())
+    finally:
+        connection.close()
 
 
 def _openai(server):

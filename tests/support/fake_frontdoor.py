@@ -15,7 +15,8 @@ with a `done` "cancelled" as the engine's next step would.
 `embed` checks and tokenizes an `Embedding`'s inputs with admission's own bounds
 (serve/embedding_inputs.py, the model's `FakeModel` limits; a token a word after a BOS) and,
 unless `hold_embeddings`, embeds them at once: a vector of n_embd dimensions per input, from its
-tokens, L2-normalised and cut to the dimensions asked for, then a `done` counting the tokens;
+tokens, L2-normalised (the sink cuts it to the dimensions asked for), then a `done` counting
+the tokens;
 `embedded` plays that by hand.
 
 Everything that depends on the seam's shape lives here (the Protocol's members, `submit`'s
@@ -52,7 +53,6 @@ from localserve.serve.embedding_inputs import (
     check_count,
     check_dimensions,
     fit_token_lists,
-    shorten,
     tokenize_texts,
 )
 from localserve.serve.prompt import NO_EXTRAS, ChatExtras, Prompt, PromptTooLong
@@ -427,13 +427,13 @@ class FakeFrontdoor:
         return request
 
     def embedded(self, request: Request, vectors: list[list[float]]) -> None:
-        """An embedding request's vectors (cut to its dimensions, as routing does), then its
-        `done` counting its inputs' tokens."""
+        """An embedding request's vectors (whole, as routing gives them), then its `done`
+        counting its inputs' tokens."""
         if request.engine_id not in self.stage.requests:  # cancelled meanwhile
             return
         n = self.stage.admitted.index(request)
         request.is_waiting = False
-        request.sink.on_embedded(request, shorten(vectors, request.dimensions))
+        request.sink.on_embedded(request, vectors)
         num_tokens = sum(map(len, self.stage.embedded_tokens[n]))
         self.finish(request, prompt_tokens=num_tokens, completion_tokens=0)
 
