@@ -86,6 +86,16 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # returned): seconds or a duration ("5m", "1h"); -1 = never. A request's own keep_alive
     # (Ollama's field) replaces it after that request, unless it is -1 here.
     keep_alive: float | int | str = 300
+    # "embedding": the model serves embeddings only (chats to it are refused); a GGUF that
+    # declares a pooling type (nomic, bge, ...) is one whatever this says
+    kind: Literal["chat", "embedding"] = "chat"
+    # embeddings: the tokens of one step's embedding batch, which is also the longest input
+    # (at most n_ctx); the inputs one step embeds; the inputs one request may bring; how the
+    # token vectors are pooled ("auto": as the GGUF says, mean when it says nothing)
+    max_embed_tokens: Annotated[int, msgspec.Meta(ge=16, le=8192)] = 512
+    max_embed_step_inputs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 64
+    max_embed_inputs: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2048
+    pooling: Literal["auto", "mean", "cls", "last"] = "auto"
 
     def threads(self) -> tuple[int, int]:
         """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""
@@ -368,6 +378,11 @@ def check_model(name: str, model: ModelConfig, source: str) -> None:
             f"{source}: {key}.max_num_batched_tokens: {model.max_num_batched_tokens} is below "
             f"max_num_seqs ({model.max_num_seqs}); every running sequence needs one decode "
             "token per step"
+        )
+    if model.max_embed_tokens > model.n_ctx:
+        raise ConfigError(
+            f"{source}: {key}.max_embed_tokens: {model.max_embed_tokens} is above n_ctx "
+            f"({model.n_ctx})"
         )
     if model.cache_type_v != "f16" and model.flash_attn == "off":
         raise ConfigError(

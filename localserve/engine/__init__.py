@@ -7,6 +7,7 @@ metrics. No asyncio, no sockets, no llama.cpp: a `Runner` does the tensor work.
 - `kv.py`: the KV cells as a capacity pool: sequence ids, cached prefixes.
 - `budget.py`: the adaptive prefill budget of a step that also carries decodes.
 - `speculative.py`: n-gram drafts: more than one token per sequence per step.
+- `embedding.py`: embedding requests: their checks, their queue and each step's packing of inputs.
 - `batch.py`: one step's batch, and what the runner sampled of it.
 - `scheduler.py`: the continuous-batching scheduler: what goes into the next step.
 - `waits.py`: the waiting requests' places and predicted waits: the scheduler played forward.

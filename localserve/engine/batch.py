@@ -58,6 +58,7 @@ class Batch:
     # runner's embedding context; their tokens are not in `num_tokens` (another decode)
     embeds: list = field(default_factory=list)
     num_embed_tokens: int = 0
+    embed_s: float = 0.0  # what the runner's embedding decode took (set after the step)
     embeds_finished: list = field(default_factory=list)  # embedding requests ended this step
 
     @property

@@ -16,11 +16,12 @@ A draft row (speculative decoding: a drafted token riding on a decode row, with 
 own) is priced as a decode token: the engine counts draft rows as decode tokens here, and the
 varied row counts of drafted steps are what keeps `b` identifiable from `a`.
 An embedding token (localserve.engine.embedding: decoded on the runner's embedding context in the
-same step) is priced apart, `e` per token, a moving average of the residual per embedding token
-of steps that carry at least MIN_PREFILL_FOR_FIT of them (after the decodes' and the prompt
-tokens' predicted share): it costs what a prompt token costs plus the LM head's row, which every
-token of an embedding batch computes. Steps with embedding tokens teach neither the decode fit
-nor the prompt price, so neither is corrupted by them.
+same step, a decode of its own that the runner times) is priced apart, `e` per token, a moving
+average of that decode's time per embedding token: it costs what a prompt token costs plus the
+LM head's row, which every token of an embedding batch computes, plus its share of the decode's
+fixed cost. The first such decode is no sample (it makes the embedding context and warms it
+up). The rest of the step (its time less the embedding decode's) teaches the decode fit and the
+prompt price as any step does, so they are not corrupted by embedding work.
 The engine process's watchdog judges a running step by the model's prediction for it
 (`predict`), and asks `is_measured` whether that prediction rests on a measured step of its
 kind or only on the prior.
@@ -62,6 +63,7 @@ class StepCostModel:
         self._has_prefill_sample = False
         self._e = prior[2] * EMBED_PRIOR_RATIO  # seconds per embedding token
         self._has_embed_sample = False
+        self._num_embed_steps = 0
         self._num_decode_fits = 0
         self.num_updates = 0
 
@@ -85,15 +87,10 @@ class StepCostModel:
         """Seconds per embedding token (kept positive)."""
         return max(self._e, 1e-6)
 
-    @property
-    def embed_price_ratio(self) -> float:
-        """An embedding token's price over a prompt token's (at the base price)."""
-        return self.embed_token_s / self.prefill_token_s
-
     def is_measured(self, num_decode: int, num_prefill: int, num_embed: int = 0) -> bool:
         """Whether the prediction for such a step rests on a measured step of its kind (one with
         embedding tokens, one with prompt tokens, or one of decodes only), not on the prior."""
-        if num_embed >= MIN_PREFILL_FOR_FIT and not self._has_embed_sample:
+        if num_embed and not self._has_embed_sample:
             return False
         if num_prefill >= MIN_PREFILL_FOR_FIT:
             return self._has_prefill_sample
@@ -118,11 +115,22 @@ class StepCostModel:
         below = [b for b in self._factors if b < bucket]
         return self._factors[max(below)] if below else 1.0
 
-    def update(self, num_decode: int, num_prefill: int, step_s: float, num_embed: int = 0) -> None:
-        """Fold in one measured step."""
+    def update(
+        self,
+        num_decode: int,
+        num_prefill: int,
+        step_s: float,
+        num_embed: int = 0,
+        embed_s: float = 0.0,
+    ) -> None:
+        """Fold in one measured step (`embed_s`: the part of it its embedding decode took)."""
         if num_embed:
-            self._fit_embed(num_decode, num_prefill, num_embed, step_s)
-        elif num_prefill == 0:
+            self._fit_embed(num_embed, embed_s)
+            step_s = max(0.0, step_s - embed_s)
+            if not num_decode and not num_prefill:
+                self.num_updates += 1
+                return
+        if num_prefill == 0:
             self._fit_decode(float(num_decode), step_s)
             self._num_decode_fits += 1
         elif num_prefill >= MIN_PREFILL_FOR_FIT:
@@ -130,12 +138,12 @@ class StepCostModel:
             self._fit_prefill(max(residual / num_prefill, 1e-6), num_decode + num_prefill)
         self.num_updates += 1
 
-    def _fit_embed(self, num_decode: int, num_prefill: int, num_embed: int, step_s: float) -> None:
-        """A step with embedding tokens teaches their price only (too few: nothing)."""
-        if num_embed < MIN_PREFILL_FOR_FIT:
+    def _fit_embed(self, num_embed: int, embed_s: float) -> None:
+        """An embedding decode's time per token (the first one: no sample)."""
+        self._num_embed_steps += 1
+        if self._num_embed_steps == 1:
             return
-        residual = step_s - max(0.0, self.predict(num_decode, num_prefill))
-        sample = max(residual / num_embed, 1e-6)
+        sample = max(embed_s / num_embed, 1e-6)
         if not self._has_embed_sample:
             self._e, self._has_embed_sample = sample, True
         else:

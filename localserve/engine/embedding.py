@@ -6,9 +6,10 @@ packs whole inputs of the waiting and running requests into the step's embedding
 runner decodes it on its embedding context, after the chat batch, in the same step):
 - round robin over users, one input at a time, starting one user later every step: a user with
   thousands of inputs takes no more of a step than another with one;
-- within the step's token budget, which the scheduler takes from the same adaptive prompt
-  budget as prefill chunks (localserve.engine.budget: it keeps running streams within the ITL
-  target), converted at the cost model's price of an embedding token against a prompt token;
+- within the step's budget, `schedule_embeddings`: the same step time the prompt budget of
+  prefill chunks comes from (what the ITL target leaves beside the running streams' decodes,
+  localserve.engine.budget), shared with prefill chunks, at the cost model's own price of an
+  embedding token;
 - never more than the embedding context's n_batch tokens (`max_tokens`) or n_seq_max inputs
   (`max_inputs`) in a step: llama.cpp aborts the process past n_batch;
 - an input is never split (a pooled vector needs all its tokens in one decode): one larger
@@ -192,7 +193,7 @@ class EmbeddingQueue:
 
     # --- one step --------------------------------------------------------------------------
 
-    def plan(self, budget: int, now: float = 0.0) -> list[EmbedItem]:
+    def plan(self, budget: float, now: float = 0.0) -> list[EmbedItem]:
         """Whole inputs for this step within `budget` tokens (and the step limits), round robin
         over users from the one after last step's first; a user whose next input has waited
         long enough (its credit covers it) goes first, even past the budget."""
@@ -234,7 +235,7 @@ class EmbeddingQueue:
                 break
         for user in blocked:  # waited for the budget: credit for the next steps
             if user in heads and user not in {i.request.user for i in items}:
-                self._credit[user] = self._credit.get(user, 0) + max(budget, 1)
+                self._credit[user] = self._credit.get(user, 0) + budget
         if self._users:
             self._users.rotate(-1)  # the next step starts with the next user
         return items
@@ -266,29 +267,30 @@ class EmbeddingQueue:
         return complete
 
 
-def embed_token_budget(prompt_budget: int, price_ratio: float, max_tokens: int) -> int:
-    """Embedding tokens worth `prompt_budget` prompt tokens, at `price_ratio` (an embedding
-    token's cost over a prompt token's), within `max_tokens`."""
-    if not math.isfinite(price_ratio) or price_ratio <= 0:
-        return min(prompt_budget, max_tokens)
-    return max(0, min(max_tokens, int(prompt_budget / price_ratio)))
+EMBED_FLOOR_SHARE = 0.5  # of the ITL target: the least step time embeddings get beside streams
+UNBOUND_SHARE = 0.2  # of the TTFT target: the most step time they get when nobody streams
 
 
-def schedule_embeddings(
-    queue: EmbeddingQueue,
-    batch,
-    prompt_budget: int,
-    price_ratio: float,
-    is_bound: bool,
-    now: float,
-) -> int:
-    """The step's embedding inputs into `batch`; returns the prompt tokens' worth they took of
-    `prompt_budget`. Unbound (nobody decodes: no stream's ITL to keep) they take a whole
-    embedding batch and charge nothing."""
-    if is_bound:
-        budget = embed_token_budget(prompt_budget, price_ratio, queue.max_tokens)
+def schedule_embeddings(queue: EmbeddingQueue, batch, cost, config, has_prefills: bool, now):
+    """The step's embedding inputs into `batch`; returns the prompt tokens' worth of the
+    step's budget they took (the prefill chunks get the rest).
+
+    While streams decode (continuous policy) the inputs get the step time the ITL target leaves
+    beside the decodes (half of it while prompts are being prefilled: they share it), at least
+    EMBED_FLOOR_SHARE of the target, at the cost model's own price of an embedding token (it
+    is several prompt tokens' on a large vocabulary: the LM head runs for every token). With
+    nobody decoding there is no ITL to keep: up to UNBOUND_SHARE of the TTFT target (a chat
+    that arrives meanwhile waits for that step), charged nothing."""
+    if not batch.num_decode_tokens or config.policy != "continuous":
+        budget_s = UNBOUND_SHARE * config.ttft_target_ms / 1e3
+        budget, bound = budget_s / cost.embed_token_s, False
     else:
-        budget = queue.max_tokens
+        target = config.itl_target_ms / 1e3
+        spare = target - cost.predict(batch.num_decode_tokens, 0)
+        spare_s = max(spare / 2 if has_prefills else spare, EMBED_FLOOR_SHARE * target)
+        budget, bound = spare_s / cost.embed_token_s, True
     batch.embeds = queue.plan(budget, now)
     batch.num_embed_tokens = sum(item.num_tokens for item in batch.embeds)
-    return math.ceil(batch.num_embed_tokens * price_ratio) if is_bound else 0
+    if not bound:
+        return 0
+    return math.ceil(batch.num_embed_tokens * cost.embed_token_s / cost.prefill_token_s)

@@ -323,7 +323,9 @@ class Engine(EngineClient):
         if not batch.embeds:
             return None
         try:
-            return self.runner.embed([item.request.inputs[item.index] for item in batch.embeds])
+            vectors = self.runner.embed([item.request.inputs[item.index] for item in batch.embeds])
+            batch.embed_s = self.runner.timings.embed_s
+            return vectors
         except (DecodeError, ValueError) as e:
             log.error("embedding decode failed for %d inputs: %s", len(batch.embeds), e)
             failed = list({id(i.request): i.request for i in batch.embeds}.values())

@@ -159,7 +159,8 @@ class Scheduler:
         """Account the step: computed cells, sampled tokens, finished and failed sequences."""
         if batch.num_tokens or batch.num_embed_tokens:  # a draft row is priced as a decode row
             rows = batch.num_decode_tokens + batch.num_draft_tokens
-            self.cost.update(rows, batch.num_prefill_tokens, step_s, batch.num_embed_tokens)
+            e, e_s = batch.num_embed_tokens, batch.embed_s
+            self.cost.update(rows, batch.num_prefill_tokens, step_s, e, e_s)
         drafted = {}
         for item in batch.items:
             if item.draft:
@@ -305,11 +306,9 @@ class Scheduler:
         prefills = [s for s in self.running if id(s) not in in_batch]
         budget = self._prefill_budget(batch.num_decode_tokens, prefills, now)
         self.last_prefill_budget = budget
-        if self.embeddings.has_work:  # whole inputs, from the same budget (half, beside prompts)
-            bound = batch.num_decode_tokens > 0 and self.config.policy == "continuous"
-            share = budget // 2 if prefills else budget
-            ratio = self.cost.embed_price_ratio
-            budget -= schedule_embeddings(self.embeddings, batch, share, ratio, bound, now)
+        if self.embeddings.has_work:  # whole inputs, in the same step time (half, beside prompts)
+            e, c = self.embeddings, self.config
+            budget -= schedule_embeddings(e, batch, self.cost, c, bool(prefills), now)
         prefills.sort(key=lambda s: (self._served.get(s.user, 0.0), s.num_remaining))
         self._served = {u: v * SERVED_DECAY for u, v in self._served.items() if v > 1}
         # prompts admitted now that fit whole go first, alone: a new prompt's first token waits

@@ -27,7 +27,13 @@ from multiprocessing.connection import Connection
 
 import msgspec
 
-from localserve.engine.client import AddRequest, EngineCommand, StopEngine, TakeSnapshot
+from localserve.engine.client import (
+    AddEmbedding,
+    AddRequest,
+    EngineCommand,
+    StopEngine,
+    TakeSnapshot,
+)
 from localserve.engine.engine import Engine
 from localserve.engine.events import Done
 from localserve.engine_process.messages import (
@@ -117,7 +123,7 @@ def _serve_commands(conn: Connection, engine: Engine, send: Send) -> None:
                 send(EngineEvents([_refused_done(command, str(e))]))
 
 
-def _refused_done(add: AddRequest, error: str) -> Done:
+def _refused_done(add: AddRequest | AddEmbedding, error: str) -> Done:
     """The `done` of a request the engine refused (an internal error: the server checks first)."""
     timings: dict[str, float | None] = {
         "queue_ms": None,
@@ -128,7 +134,9 @@ def _refused_done(add: AddRequest, error: str) -> Done:
     return Done(
         add.request_id,
         "error",
-        prompt_tokens=len(add.prompt_tokens),
+        prompt_tokens=(
+            sum(map(len, add.inputs)) if isinstance(add, AddEmbedding) else len(add.prompt_tokens)
+        ),
         completion_tokens=0,
         cached_tokens=0,
         timings=timings,

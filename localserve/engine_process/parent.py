@@ -39,6 +39,7 @@ import msgspec
 
 from localserve.config import Config, ConfigError
 from localserve.engine.client import (
+    AddEmbedding,
     AddRequest,
     EngineClient,
     EngineUnavailable,
@@ -46,6 +47,7 @@ from localserve.engine.client import (
     StopEngine,
     TakeSnapshot,
 )
+from localserve.engine.embedding import check_chat, check_embedding
 from localserve.engine.engine import check_prompt
 from localserve.engine.events import Admitted, Done, Event, EventSink, Token
 from localserve.engine_process.messages import (
@@ -290,22 +292,30 @@ class EngineProcess(EngineClient):
     def submit(self, command: RequestCommand) -> None:
         """As Engine.submit; an AddRequest raises EngineUnavailable while the engine is down
         (a cancel or a rejection is dropped then: the engine has nothing to cancel or count)."""
-        if isinstance(command, AddRequest):
+        if isinstance(command, AddRequest | AddEmbedding):
             self._add(command)
             return
         with self._lock:
             conn = None if self.problem else self._conn
         self._send(conn, msgspec.msgpack.encode(command))
 
-    def _add(self, add: AddRequest) -> None:
-        check_prompt(len(add.prompt_tokens), self.runner.info.n_ctx)
+    def _add(self, add: AddRequest | AddEmbedding) -> None:
+        """Check as the engine does (a refusal never reaches it), keep its flight, send it."""
+        info = self.runner.info
+        if isinstance(add, AddEmbedding):
+            check_embedding(add.request_id, add.inputs, info)
+            num_tokens = sum(map(len, add.inputs))
+        else:
+            check_chat(info)
+            check_prompt(len(add.prompt_tokens), info.n_ctx)
+            num_tokens = len(add.prompt_tokens)
         data = msgspec.msgpack.encode(add)
         with self._lock:
             if self.problem:
                 raise EngineUnavailable(self.problem)
             if add.request_id in self._flights:
                 raise ValueError(f"duplicate request id {add.request_id!r}")
-            flight = RequestInFlight(len(add.prompt_tokens), time.monotonic())
+            flight = RequestInFlight(num_tokens, time.monotonic())
             self._flights[add.request_id] = flight
             conn = self._conn
         self._send(conn, data)  # if it died a moment ago, the watchdog fails the flight

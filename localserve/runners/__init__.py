@@ -2,6 +2,7 @@
 RPC workers and model resolution) and the fake used to test the engine without a model.
 
 - `llama.py`: the llama.cpp runner: one context, raw batches, sampling, cell operations.
+- `llama_embed.py`: the llama.cpp runner's embedding context: pooled, normalised vectors.
 - `llama_text.py`: a llama.cpp model's text side: tokens, its chat template; `VocabOnly`.
 - `llama_backend.py`: llama.cpp's set-up, once a process: its logs routed, its backend up.
 - `sampling.py`: token sampling over one row of logits, in numpy.

@@ -3,7 +3,8 @@
 Only the low-level API of llama-cpp-python 0.3.36 (the high-level helper classes assume
 one sequence). Two conditions abort the process inside llama.cpp (more than n_batch tokens in one
 decode, more logit rows than n_outputs_max); `run` checks both before every decode and raises
-ValueError instead.
+ValueError instead. Embeddings run on a second context of the same weights, made at the first
+`embed` (localserve.runners.llama_embed).
 
 Tested in tests/e2e/test_llama_runner.py.
 """
@@ -29,6 +30,7 @@ from localserve.runners import rpc
 from localserve.runners.footprint import logit_rows
 from localserve.runners.grammar import Constrained, GrammarEngine
 from localserve.runners.llama_backend import router
+from localserve.runners.llama_embed import POOLING_NAMES, EmbeddingContext, choose_pooling
 from localserve.runners.llama_text import TokenText, describe_template
 from localserve.runners.placement import describe, parse_log, split_devices
 from localserve.runners.sampling import Sampler, SamplingError
@@ -103,6 +105,12 @@ class LlamaRunner(TokenText):
         # logit rows the engine ever asks for: one per running sequence, and the draft rows
         self.n_outputs_max = cfg.max_num_seqs + self.max_draft_rows
         self._load_template(self.model, cfg)
+        declared = llama_cpp.llama_pooling_type(self.ctx)  # the GGUF's, NONE for a chat model
+        max_embed = min(cfg.max_embed_tokens, self.n_ctx)
+        self.embedder = EmbeddingContext(
+            self.model, cfg, choose_pooling(cfg, declared), max_embed, self.n_vocab
+        )
+        self.is_embedding_only = cfg.kind == "embedding" or declared in POOLING_NAMES
         self.info = self._describe(name, cfg)
         self._eog_ids = np.array(
             [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)],
@@ -216,6 +224,12 @@ class LlamaRunner(TokenText):
             chat_template=cfg.chat_template or describe_template(self),
             max_num_seqs=cfg.max_num_seqs,
             max_draft_rows=self.max_draft_rows,
+            n_embd=self.embedder.n_embd,
+            pooling=POOLING_NAMES[self.embedder.pooling],
+            is_embedding_only=self.is_embedding_only,
+            max_embed_tokens=self.embedder.max_tokens,
+            max_embed_inputs=cfg.max_embed_inputs,
+            max_embed_step_inputs=self.embedder.max_inputs,
             # empty unless the layers are split or off the CPU
             devices=split_devices(self.placement, {d.name: d.description for d in rpc.devices()}),
         )
@@ -394,6 +408,14 @@ class LlamaRunner(TokenText):
         self._batch.n_tokens = n
         return rows
 
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """One pooled, L2-normalised vector per input, on the embedding context."""
+        start = time.perf_counter()
+        try:
+            return self.embedder.embed(inputs)
+        finally:
+            self.timings = self.timings._replace(embed_s=time.perf_counter() - start)
+
     # --- memory ----------------------------------------------------------------------------
 
     def free_seq(self, seq_id: int) -> None:
@@ -416,6 +438,7 @@ class LlamaRunner(TokenText):
         if self.ctx is None:
             return
         self._grammar.close()
+        self.embedder.close()
         self._point_seq_ids(self._seq_addrs)
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self.ctx)

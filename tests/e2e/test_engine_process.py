@@ -87,3 +87,44 @@ def test_stop_after_a_restart_ends_the_engine_process_with_stop():
     process = engine._process
     engine.stop()
     assert process.returncode == 0  # not -SIGKILL
+
+
+def test_embeddings_cross_the_engine_process_pipe():
+    """AddEmbedding goes to the engine process and Embedded then Done come back (msgpack); the
+    server's side refuses what the engine would; the step clock sees the embedding step."""
+    import numpy as np
+
+    from localserve.engine.events import Done, Embedded, EventRouter
+    from localserve.engine.sampling_params import SamplingParams
+    from localserve.engine_process.parent import EngineProcess
+
+    config = live_config()
+    router = EventRouter()
+    engine = EngineProcess(config, config.default)
+    engine.on_events = router
+    engine.start()
+    try:
+        info = engine.runner.info
+        assert (info.n_embd, info.pooling, info.max_embed_tokens) == (640, "mean", 512)
+        with pytest.raises(ValueError, match="too_long"):
+            engine.add_embedding("long", [[2] * 513])
+        with pytest.raises(ValueError, match="outside"):
+            engine.add_embedding("bad", [[2, info.n_vocab]])
+        inputs = [engine.runner.tokenize(t) for t in ("a red apple", "a green pear", "tax law")]
+        chat, emb = router.open("chat"), router.open("emb")
+        params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+        engine.add_request("chat", engine.runner.tokenize("Once upon a time"), params)
+        engine.add_embedding("emb", inputs, user="bob", client_id="my-emb")
+        first, second = emb.get(timeout=120), emb.get(timeout=120)
+        assert isinstance(first, Embedded) and isinstance(second, Done)
+        vectors = np.array(first.vectors)
+        assert vectors.shape == (3, 640)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+        assert second.finish_reason == "stop" and second.prompt_tokens == sum(map(len, inputs))
+        while not isinstance(event := chat.get(timeout=120), Done):
+            pass
+        assert event.completion_tokens == 30
+        snap = engine.snapshot().result(timeout=30)
+        assert snap.counters.embed_requests == 1 and snap.counters.embed_inputs == 3
+    finally:
+        engine.stop()

@@ -1,4 +1,6 @@
-"""The requests: a table of the running sequences and one of those waiting.
+"""The requests: a table of the running sequences and one of those waiting; embedding requests
+are rows of their own kind in both (phase `embed 12/64`: inputs embedded of all, and `(embed)`
+after a waiting one's id), after the chats.
 
 Tested in tests/unit/tui/test_monitor.py.
 """
@@ -65,6 +67,21 @@ class RunningTable(DataTable):
                 duration(r.since_last_token_s),
                 str(r.cached_tokens),
             )
+        for e in snap.embeddings:
+            if e.phase != "running":
+                continue
+            self.add_row(
+                Text(user_label(e.user, width), style=user_color(e.user)),
+                e.client_id,
+                f"embed {e.inputs_done}/{e.inputs}",
+                "—",
+                "—",
+                "—",
+                str(e.tokens),
+                "—",
+                "—",
+                "—",
+            )
 
 
 def user_width(table: DataTable) -> int:
@@ -98,3 +115,12 @@ class WaitingTable(DataTable):
                 str(w.prompt_tokens),
                 request,
             )
+        for e in snap.embeddings:
+            if e.phase == "waiting":
+                self.add_row(
+                    Text(user_label(e.user, width), style=user_color(e.user)),
+                    duration(e.waited_s),
+                    "—",
+                    str(e.tokens),
+                    f"{e.client_id} (embed, {e.inputs} inputs)",
+                )

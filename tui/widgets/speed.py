@@ -1,5 +1,5 @@
 """How fast: TTFT, ITL and queue time percentiles, tokens per second, and what each step
-carries.
+carries (and, while there is embedding work, the tokens and inputs embedded per second).
 
 Tested in tests/unit/tui/test_monitor.py.
 """
@@ -90,6 +90,12 @@ def batch_text(snap: Snapshot) -> Text:
     text.append("█" * p, style="yellow")
     text.append("·" * (width - d - p), style="grey35")
     text.append(f" {decode:.0f}+{prefill:.0f} tok, {duration(st.step_s)}")
+    if snap.embed_tokens_per_s or snap.embeddings:  # embedding work, its own kind
+        text.append(
+            f"\nembed {rate(snap.embed_tokens_per_s)} tok/s, "
+            f"{snap.embed_inputs_per_s:.1f} inputs/s",
+            style="cyan",
+        )
     if st.draft_acceptance is not None:  # speculative decoding drafted in the recent steps
         per_decode = st.tokens_per_decode or 1.0
         text.append(

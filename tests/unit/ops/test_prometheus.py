@@ -137,3 +137,30 @@ def test_speculative_decoding_is_vllms_spec_decode_series_with_acceptance_by_pos
         ("3", 2),
     ]
     assert all(s.labels["model_name"] == "fake" for s in per_pos.samples)
+
+
+def test_embedding_work_has_series_of_its_own(fake_snapshots):
+    from localserve.protocol.snapshot import EmbeddingRow
+
+    snap = fake_snapshots[-1]
+    counters = msgspec.structs.replace(
+        snap.counters, embed_requests=3, embed_inputs=70, embed_tokens=900, embed_errors=1
+    )
+    rows = [
+        EmbeddingRow("e1", "e1", "ann", "running", 64, 12, 700, 130, 3.0),
+        EmbeddingRow("e2", "e2", "bob", "waiting", 2, 0, 20, 0, 1.5),
+        EmbeddingRow("e3", "e3", "bob", "waiting", 2, 0, 20, 0, 1.5),
+    ]
+    text = render([msgspec.structs.replace(snap, counters=counters, embeddings=rows)])
+    label = f'{{model_name="{snap.model.model}"}}'
+    for name, value in [
+        ("embedding_requests_total", "3"),
+        ("embedding_inputs_total", "70"),
+        ("embedding_tokens_total", "900"),
+        ("embedding_errors_total", "1"),
+        ("embedding_cancelled_total", "0"),
+        ("num_embedding_requests_running", "1"),
+        ("num_embedding_requests_waiting", "2"),
+    ]:
+        assert f"localserve:{name}{label} {value}" in text
+    assert "ann" not in text and "bob" not in text  # never a user

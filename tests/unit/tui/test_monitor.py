@@ -773,3 +773,31 @@ def test_the_step_line_says_what_the_drafts_gave():
     on = line("ngram")
     assert "\ndraft " in on and "% kept: " in on and " tok per decode" in on
     assert "draft" not in line("off")
+
+
+def test_embedding_requests_are_rows_of_their_own_kind(fake_snapshots):
+    from localserve.protocol.snapshot import EmbeddingRow
+
+    rows = [
+        EmbeddingRow("e1", "emb-1", "ivy", "running", 64, 12, 700, 130, 3.0),
+        EmbeddingRow("e2", "emb-2", "joe", "waiting", 2, 0, 20, 0, 1.5),
+    ]
+    last = msgspec.structs.replace(
+        fake_snapshots[-1], embeddings=rows, embed_tokens_per_s=55.0, embed_inputs_per_s=4.5
+    )
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            feed(app, Connected("ws://test"), *fake_snapshots[:-1], last)
+            await settle(pilot)
+            running, waiting = app.query_one(RunningTable), app.query_one(WaitingTable)
+            assert running.row_count == len(last.seqs) + 1
+            assert waiting.row_count == len(last.waiting_seqs) + 1
+            row = [str(c) for c in running.get_row_at(running.row_count - 1)]
+            assert row[:3] == ["ivy", "emb-1", "embed 12/64"] and row[6] == "700"
+            queued = [str(c) for c in waiting.get_row_at(waiting.row_count - 1)]
+            assert queued[0] == "joe" and queued[-1] == "emb-2 (embed, 2 inputs)"
+            assert "embed 55 tok/s, 4.5 inputs/s" in str(app.query_one("#batch").render())
+
+    asyncio.run(run())
