@@ -33,6 +33,16 @@ def _norm(vector) -> float:
     return math.sqrt(math.fsum(x * x for x in vector))
 
 
+def _cos(a, b) -> float:
+    return math.fsum(x * y for x, y in zip(a, b, strict=True)) / (_norm(a) * _norm(b))
+
+
+# The same input embedded in steps packed differently is the same vector but for llama.cpp's
+# batch-size-dependent kernels: cosine 0.9995 measured (64 inputs packed two ways, on CPU),
+# where this model's vectors of two different sentences are at most 0.991 alike.
+SAME = 0.999
+
+
 def _post(server, path: str, body, timeout: float = 120.0) -> tuple[int, dict, dict]:
     """POST JSON; the status, headers and JSON answered. A body the server refuses by its
     declared length is answered before it is all sent: the answer is read all the same."""
@@ -71,13 +81,16 @@ def test_openai_embeds_one_and_64_inputs_as_base64_and_as_floats(live):
     texts = [f"Sentence number {i} is about {'cats' if i % 2 else 'ships'}." for i in range(64)]
     many = client.embeddings.create(model=MODEL, input=texts)
     assert [d.index for d in many.data] == list(range(64))
+    assert all(_norm(d.embedding) == pytest.approx(1.0, abs=1e-4) for d in many.data)
     floats = client.embeddings.create(model=MODEL, input=texts[:3], encoding_format="float")
-    for coded, plain in zip(many.data[:3], floats.data, strict=True):
-        assert coded.embedding == pytest.approx(plain.embedding, abs=1e-6)
-    # an input pooled alone is the same vector as in a batch of 64 (packed whole in the step)
+    coded = client.embeddings.create(model=MODEL, input=texts[:3])  # base64, decoded by openai
+    for a, b in zip(coded.data, floats.data, strict=True):
+        assert a.embedding == pytest.approx(b.embedding, abs=1e-6)  # float32 either way
+    # an input pooled alone is the same vector as in a batch of 64 (whole in its step)
     alone = client.embeddings.create(model=MODEL, input=texts[5]).data[0].embedding
-    assert alone == pytest.approx(many.data[5].embedding, abs=2e-3)
-    assert many.data[0].embedding != pytest.approx(many.data[1].embedding, abs=1e-3)
+    assert _cos(alone, many.data[5].embedding) > SAME
+    assert _cos(floats.data[0].embedding, many.data[0].embedding) > SAME
+    assert _cos(many.data[0].embedding, many.data[1].embedding) < SAME
 
 
 @pytest.mark.model
@@ -88,10 +101,11 @@ def test_openai_token_arrays_and_dimensions(live):
     by_text = client.embeddings.create(
         model=MODEL, input="The sky is blue.", encoding_format="float"
     )
-    assert by_ids.data[0].embedding == pytest.approx(by_text.data[0].embedding, abs=1e-4)
+    assert _cos(by_ids.data[0].embedding, by_text.data[0].embedding) > SAME
     cut = client.embeddings.create(model=MODEL, input="The sky is blue.", dimensions=64)
-    head = by_text.data[0].embedding[:64]
-    assert cut.data[0].embedding == pytest.approx([x / _norm(head) for x in head], abs=1e-4)
+    assert len(cut.data[0].embedding) == 64
+    assert _norm(cut.data[0].embedding) == pytest.approx(1.0, abs=1e-4)
+    assert _cos(cut.data[0].embedding, by_text.data[0].embedding[:64]) > SAME
 
 
 @pytest.mark.model
@@ -119,9 +133,9 @@ def test_ollama_embed_for_one_and_several_inputs_and_the_legacy_embeddings(live)
     assert one.prompt_eval_count > 1 and one.total_duration > 0
     several = client.embed(model=MODEL, input=["The sky is blue.", "Grass is green.", "Hi"])
     assert len(several.embeddings) == 3
-    assert several.embeddings[0] == pytest.approx(one.embeddings[0], abs=2e-3)
+    assert _cos(several.embeddings[0], one.embeddings[0]) > SAME
     legacy = client.embeddings(model=MODEL, prompt="The sky is blue.")
-    assert legacy.embedding == pytest.approx(one.embeddings[0], abs=2e-3)
+    assert _cos(legacy.embedding, one.embeddings[0]) > SAME
     cut = client.embed(model=MODEL, input="word " * 600)  # truncate: true, Ollama's default
     assert cut.prompt_eval_count == live.runner.info.max_embed_tokens
     with pytest.raises(ollama.ResponseError) as refused:
@@ -139,9 +153,9 @@ def test_langchains_openai_and_ollama_embeddings_answer(live):
                                  check_embedding_ctx_length=False)  # fmt: skip
     vectors = by_openai.embed_documents(["The sky is blue.", "Grass is green."])
     assert [len(v) for v in vectors] == [N_EMBD, N_EMBD]
-    assert by_openai.embed_query("The sky is blue.") == pytest.approx(vectors[0], abs=2e-3)
+    assert _cos(by_openai.embed_query("The sky is blue."), vectors[0]) > SAME
     by_ollama = OllamaEmbeddings(model=MODEL, base_url=live.http)
-    assert by_ollama.embed_query("The sky is blue.") == pytest.approx(vectors[0], abs=2e-3)
+    assert _cos(by_ollama.embed_query("The sky is blue."), vectors[0]) > SAME
     assert len(by_ollama.embed_documents(["a", "b", "c"])) == 3
 
 
