@@ -9,7 +9,8 @@ Requests in flight hold what they may still use (a `Hold` each), so requests of 
 once stay within the quota together: a chat holds its reply's max_tokens (cut to what is left)
 when it is admitted, its prompt's length and the reply's budget once the prompt is built, and
 gives all of it back when it is settled (done, or never queued); its row then counts what it
-used. Everything here runs on the event loop.
+used. An embedding request holds its input tokens once they are counted. Everything here
+runs on the event loop.
 
 Tested in tests/unit/ops/test_quotas.py, and through the server in e2e/test_usage_record.py.
 """
@@ -185,6 +186,18 @@ class Quotas:
         reply_tokens = min(max_tokens, left - num_tokens)
         self._add(hold, num_tokens + reply_tokens - max_tokens)
         return reply_tokens
+
+    def hold_inputs(self, hold: Hold, num_tokens: int) -> None:
+        """An embedding request's input tokens count against the quota from now on (nothing is
+        generated after them); QuotaExceeded when they do not fit what is left of it."""
+        quota, left = self.quota(hold.user), self._left(hold)
+        if quota is not None and num_tokens > left:
+            raise self._exceeded(
+                quota,
+                f"your {num_tokens} input tokens do not fit the {max(0, left)} tokens left of "
+                f"your daily quota of {quota.daily_tokens} ({quota.used_today} used today)",
+            )
+        self._add(hold, num_tokens - hold.tokens)
 
     def settle(self, hold: Hold) -> None:
         """The request is over (done, or never queued): what it held is given back (what it

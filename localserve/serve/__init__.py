@@ -16,11 +16,13 @@ per front-end plus the chat page.
 - `trusted_proxies.py`: the people behind a trusted front-end's one API key.
 - `pool.py`: the models served: one slot per model, loaded when asked for, evicted when idle.
 - `prompt.py`: the prompt builder: chats to prompt text, then to tokens.
+- `embedding_inputs.py`: an embedding request's inputs bounded, its vectors cut to size.
 - `routing.py`: engine events back to their request's sink, on the server's loop.
 - `snapshots.py`: the engine's snapshots, shared: however many ask, the engine makes one.
 - `tool_use.py`: a chat request's tools and thinking switch, and the reading of its reply.
 - `http_body.py`: an HTTP request's JSON body, bounded in bytes and time, then decoded.
 - `http_reply.py`: an HTTP reply's sink and ASGI response, watched for a client that leaves.
+- `http_embed.py`: an embedding request's sink and whole reply, on http_reply's.
 - `page.py`: the chat page: static files in the package (web/), served at `/`.
 - `websocket/`: the websocket front-end.
 - `openai/`: the OpenAI-compatible HTTP API under `/v1`.

@@ -5,7 +5,9 @@ model's door, model_door.py): the server's state and the engine's, the usage rec
 daily quota (held while the reply runs: ops/quotas.py), the per-user and global bounds
 (request_counts.py), the sampling values, its model loaded (model_waits.py), the prompt
 builder's too-long check, then the engine. A chat the server will not take is a `Refusal`
-(door.py) carrying the protocol's error code.
+(door.py) carrying the protocol's error code. An embedding request (`Admission.embed`) passes
+the same checks, holds its inputs' tokens of the quota, and has its inputs tokenized and
+bounded (embedding_inputs.py); a chat to an embedding-only model is a bad_request.
 
 Admission also holds what every door shares: the config and the usage record (read at every
 use: the server's current ones), the token checks (authentication.py), the people trusted
@@ -31,7 +33,22 @@ from localserve.ops.quotas import QuotaExceeded
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.authentication import Authentication
-from localserve.serve.door import RETRY_UNAVAILABLE_S, BuildPrompt, Refusal, Request, Submission
+from localserve.serve.door import (
+    MAX_EMBED_INPUTS,
+    RETRY_UNAVAILABLE_S,
+    BuildPrompt,
+    Embedding,
+    Refusal,
+    Request,
+    Submission,
+)
+from localserve.serve.embedding_inputs import (
+    EmbedLimits,
+    InputRefused,
+    check_count,
+    check_dimensions,
+    fit_token_lists,
+)
 from localserve.serve.model_waits import ModelWaits
 from localserve.serve.pool import LoadFailure, ModelPool, ModelSlot
 from localserve.serve.prompt import PromptTooLong
@@ -120,6 +137,8 @@ class Admission:
         """
         s = submission
         self._admit(s.user, s.fields.max_tokens, slot)
+        if problem := _chat_to_embedding_model(slot):  # known before its load: models.toml's kind
+            raise problem
         constraint = s.constraint
         try:
             if s.response_format is not None and constraint is None:
@@ -157,6 +176,9 @@ class Admission:
             await self.waits.wait_for(request, slot)
         if request.cancelled.is_set():  # while its model loaded: no prompt to build
             return self._end_cancelled(request)
+        if problem := _chat_to_embedding_model(slot):
+            self.release(request)
+            raise problem
         truncate = self.config.context_overflow == "truncate"
         built = await prompt(slot.prompts, params.max_tokens if truncate else None)
         request.num_dropped_messages = built.num_dropped_messages
@@ -188,6 +210,66 @@ class Admission:
         request.is_in_engine = True
         return True
 
+    # --- every embedding request, whichever API ------------------------------------------------
+
+    async def embed(self, embedding: Embedding, slot: ModelSlot) -> Request | None:
+        """Check the limits and the inputs, tokenize them, hand them to the engine of the model
+        of `slot` (Frontdoor.embed). As `submit`: its model loaded here when it is not, a
+        cancel meanwhile ends it with a `done` "cancelled" (None when its sink closed)."""
+        e = embedding
+        self._admit(e.user, 0, slot)
+        try:
+            check_count(len(e.inputs), MAX_EMBED_INPUTS)
+        except InputRefused as refused:
+            raise Refusal(refused.code, refused.message) from None
+        request = Request(e.engine_id, e.client_id, e.user, e.sink, model=slot.name)
+        request.keep_alive_s, request.cancelled = e.keep_alive_s, e.cancelled or request.cancelled
+        request.dimensions = e.dimensions
+        self._open(request)
+        if self.usage is not None:  # the inputs' tokens are held once they are counted
+            request.hold = self.usage.quotas.hold(e.user, 0)
+        try:
+            return request if await self._enqueue_embedding(request, e) else None
+        except InputRefused as refused:
+            self.release(request)
+            raise Refusal(refused.code, refused.message) from None
+        except (EngineUnavailable, LoadFailure, ValueError) as error:
+            self.release(request)
+            raise _refusal(error, slot) from None
+        except BaseException:  # a Refusal (released already), unexpected, or cancelled
+            self.release(request)
+            raise
+
+    async def _enqueue_embedding(self, request: Request, e: Embedding) -> bool:
+        slot = self.pool.slot(request.model)
+        if (not slot.is_loaded or slot.yielding_to) and not request.cancelled.is_set():
+            await self.waits.wait_for(request, slot)
+        if request.cancelled.is_set():  # while its model loaded: nothing to tokenize
+            return self._end_cancelled(request)
+        limits = EmbedLimits.of(slot.loaded.runner.info)
+        check_count(len(e.inputs), limits.max_inputs)
+        check_dimensions(e.dimensions, limits.n_embd)
+        if e.inputs and isinstance(e.inputs[0], str):
+            inputs = await slot.prompts.embedding_inputs(e.inputs, limits.max_tokens, e.truncate)
+        else:  # token ids: within the body's bound, checked here at once
+            inputs = fit_token_lists(e.inputs, limits, e.truncate)
+        if request.sink.is_closed or self.is_shutting_down:  # both may come while tokenizing
+            self.release(request)
+            if self.is_shutting_down:
+                raise Refusal("shutting_down", "the server is shutting down")
+            return False
+        if request.cancelled.is_set():
+            return self._end_cancelled(request)
+        if request.hold is not None:  # the inputs' tokens held: no reply after them
+            self._hold_inputs(request, sum(map(len, inputs)))
+        if slot.engine is None:
+            raise EngineUnavailable(f"model {slot.name} is not loaded")
+        slot.engine.add_embedding(
+            request.engine_id, inputs, user=request.user, client_id=request.client_id
+        )
+        request.is_in_engine = True
+        return True
+
     def _hold_prompt(
         self, request: Request, params: SamplingParams, num_tokens: int
     ) -> SamplingParams:
@@ -199,6 +281,15 @@ class Admission:
             self.release(request)
             raise Refusal("quota_exceeded", e.message, e.retry_after_s) from None
         return msgspec.structs.replace(params, max_tokens=max_tokens)
+
+    def _hold_inputs(self, request: Request, num_tokens: int) -> None:
+        """An embedding request's inputs held of the quota (it generates nothing after them);
+        inputs the quota has no room for are refused."""
+        try:
+            self.usage.quotas.hold_inputs(request.hold, num_tokens)
+        except QuotaExceeded as e:
+            self.release(request)
+            raise Refusal("quota_exceeded", e.message, e.retry_after_s) from None
 
     def _end_cancelled(self, request: Request) -> bool:
         """A request cancelled before it reached the engine: it ends with a `done`
@@ -284,6 +375,21 @@ def _refusal(e: Exception, slot: ModelSlot) -> Refusal:
             slot.engine.reject()
         return Refusal("too_long", str(e))
     return Refusal("bad_request", str(e))
+
+
+def _chat_to_embedding_model(slot: ModelSlot) -> Refusal | None:
+    """The refusal of a chat to a model that only embeds (its GGUF's pooling type, or
+    models.toml's kind), else None."""
+    info = slot.loaded.runner.info if slot.loaded is not None else None
+    if getattr(slot.model, "kind", "chat") == "embedding" or getattr(
+        info, "is_embedding_only", False
+    ):
+        return Refusal(
+            "bad_request",
+            f"model: {slot.name} is an embedding model; it answers embeddings only "
+            "(POST /v1/embeddings, /api/embed), not chats",
+        )
+    return None
 
 
 def _unavailable(problem: str) -> Refusal:

@@ -10,6 +10,13 @@ server will not take is a `Refusal` carrying the protocol's error code (docs/pro
 which the websocket protocol sends as an `error` frame and the HTTP APIs map to a status; a
 token check that fails is an `AuthRefusal`.
 
+Embeddings cross the same seam, narrower: an `Embedding` (the inputs as texts or token ids,
+whether one too long is cut or refused, the dimensions asked for) goes in through
+`Frontdoor.embed` and, once admitted, is a `Request` like a chat's whose `EmbedSink` gets the
+vectors (`on_embedded`: one per input, in order, L2-normalised, n_embd long: the sink cuts them
+to the request's `dimensions`, off the loop) and then its `done` (prompt_tokens: the inputs'
+tokens), through the same limits, quota and usage record as chats.
+
 Nothing here reaches the pool, the engines or the server (the import contracts keep it so):
 a front-end sees of them only what this module names.
 """
@@ -34,6 +41,9 @@ from localserve.serve.trusted_proxies import People
 
 # a client refused (or cut short) because the engine process is down may retry this soon after
 RETRY_UNAVAILABLE_S = 5
+# inputs in one embedding request, whatever the model allows (ModelInfo.max_embed_inputs): a
+# longer list is refused before the model loads or anything is tokenized
+MAX_EMBED_INPUTS = 2048
 MAX_ERROR_CHARS = 200  # an error message quotes at most this much of what the client sent
 
 # how a front-end asks for its prompt: built by the server's prompt builder, when admitted; the
@@ -54,6 +64,36 @@ class Sink(Protocol):
         ...
 
     def on_done(self, request: Request, done: Done) -> None: ...
+
+
+class EmbedSink(Sink, Protocol):
+    """Who gets an embedding request's events: its vectors, then its `done`."""
+
+    def on_embedded(self, request: Request, vectors: list[list[float]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One embedding request as a front-end hands it in: who asks, under which ids, what.
+
+    `inputs`: texts (tokenized with the model's tokenizer, its special tokens added) or token
+    id lists (each id checked against the model's vocabulary), at most MAX_EMBED_INPUTS and the
+    model's own bound. `truncate`: an input over the model's max_embed_tokens is cut to them
+    (Ollama's default), else refused (OpenAI's). `dimensions`: the vectors cut to this many
+    and renormalised (1 to the model's n_embd, else refused); None: the model's n_embd.
+    The request's `dimensions` is the sink's to apply (embedding_inputs.py's `shorten`).
+    `keep_alive_s` and `cancelled` as a Submission's.
+    """
+
+    sink: EmbedSink
+    user: str
+    client_id: str
+    engine_id: str
+    inputs: list[str] | list[list[int]]
+    truncate: bool = False
+    dimensions: int | None = None
+    keep_alive_s: float | None = None
+    cancelled: asyncio.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +136,7 @@ class Request:
     loading: str = ""  # while its model loads: what it waits for ("loading model X", ...)
     load_ms: float = 0.0  # how long it waited for its model to load (in its TTFT)
     keep_alive_s: float | None = None  # its own keep_alive for the model (Ollama's field)
+    dimensions: int | None = None  # an embedding request's: its vectors cut to this many
     # set by a cancel (the client's, or its sink's going away): one still waiting for its
     # model or having its prompt built stops at once, one in the engine at its next step
     cancelled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -214,6 +255,14 @@ class Frontdoor(Protocol):
         """Admit the chat to this model: limits, quota, sampling values, its model loaded, its
         prompt built, the engine. Raises Refusal (busy, shutting_down, too_long, bad_request,
         quota_exceeded, unavailable); None when its sink closed meanwhile (nothing queued)."""
+        ...
+
+    async def embed(self, embedding: Embedding) -> Request | None:
+        """Admit an embedding request to this model: the same limits, quota (the hold: its
+        inputs' tokens), model load and engine as a chat's, its inputs tokenized and bounded.
+        Raises Refusal (busy, shutting_down, bad_request naming the input or field, too_long
+        naming the input, its tokens and the bound, quota_exceeded, unavailable); None when its
+        sink closed meanwhile."""
         ...
 
     def cancel(self, request: Request) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable
 
 from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
@@ -116,9 +117,14 @@ class HttpReply:
         engine_id = f"{number}:{self.client_id}"
         submission = Submission(self, self.user, self.client_id, engine_id, fields, prompt,
                                 cancelled=self.cancelled, **options)  # fmt: skip
+        return await self._admitted(receive, self.door.submit(submission))
+
+    async def _admitted(self, receive, admission: Awaitable[Request | None]) -> Request | None:
+        """The request the door admits (`admission`: its submit, or its embed), the client
+        watched meanwhile; one gone just as it reached the engine is cancelled."""
         watcher = asyncio.create_task(self._watch(receive))
         try:
-            request = await self.door.submit(submission)
+            request = await admission
         finally:
             watcher.cancel()
         if request is not None and self.is_closed:  # gone just as it reached the engine

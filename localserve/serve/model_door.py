@@ -16,7 +16,7 @@ from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
 from localserve.serve.admission import Admission
-from localserve.serve.door import AuthRefusal, Frontdoor, Request, Submission
+from localserve.serve.door import AuthRefusal, Embedding, Frontdoor, Request, Submission
 from localserve.serve.pool import ModelSlot
 from localserve.serve.prompt import PromptBuilder
 from localserve.serve.trusted_proxies import People
@@ -109,3 +109,6 @@ class ModelDoor:
 
     async def submit(self, submission: Submission) -> Request | None:
         return await self._admission.submit(submission, self._slot)
+
+    async def embed(self, embedding: Embedding) -> Request | None:
+        return await self._admission.embed(embedding, self._slot)

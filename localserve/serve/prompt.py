@@ -14,7 +14,8 @@
 `PromptBuilder` renders and tokenizes off the event loop (in a thread at normal priority while
 a small allowance lasts, else in a small pool of low-priority threads), says once
 (`PromptTooLong`) when a prompt does not fit the context, and finds the system prompt's tokens
-that requests may share. Given the reply's length (`[server] context_overflow = "truncate"`), a
+that requests may share; embedding inputs are tokenized in the same threads
+(`embedding_inputs`). Given the reply's length (`[server] context_overflow = "truncate"`), a
 chat longer than the context drops its oldest turns first (chat/fitting.py).
 """
 
@@ -35,6 +36,7 @@ from localserve.chat.fitting import fit_chat
 from localserve.chat.messages import ROLES, PromptMessage, as_prompt_message
 from localserve.config import ConfigError
 from localserve.engine.kv import common_prefix
+from localserve.serve.embedding_inputs import tokenize_texts
 
 TOOL_FORMAT_OF_TRANSCRIPTS = "hermes"  # how the transcript shows tools and reads calls
 PREAMBLE = (
@@ -268,6 +270,18 @@ class PromptBuilder:
     async def text(self, text: str) -> Prompt:
         """A raw prompt (OpenAI's completions): the text as it is, nothing shared."""
         return await self._run(self._text, text, len(text))
+
+    async def embedding_inputs(
+        self, texts: Sequence[str], max_tokens: int, truncate: bool
+    ) -> list[list[int]]:
+        """Embedding inputs to tokens in the same threads and allowance as prompts (2,048 texts
+        never tokenized on the event loop), each fitted to `max_tokens` (embedding_inputs.py:
+        cut with `truncate`, else InputRefused naming the input)."""
+        size = sum(map(len, texts))
+        fit = functools.partial(
+            tokenize_texts, tokenize=self.tokenize, max_tokens=max_tokens, truncate=truncate
+        )
+        return await self._run(fit, texts, size)
 
     def shutdown(self) -> None:
         for pool in (self._now, self._pool):

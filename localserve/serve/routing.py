@@ -2,7 +2,8 @@
 
 The engine calls `on_engine_events` on its own thread; the events are handed to the loop with
 `call_soon_threadsafe` and each goes to the sink of the request it names (a websocket
-connection or an HTTP reply). A `done` releases the request from admission and goes out once
+connection or an HTTP reply; an embedding request's vectors to its sink's `on_embedded`). A
+`done` releases the request from admission and goes out once
 its usage row is committed, or after RECORD_WAIT_S (at once while the record is known to be
 broken) saying it was not: a reply never hangs on a dead disk.
 
@@ -17,7 +18,15 @@ import logging
 import time
 from collections.abc import Callable
 
-from localserve.engine.events import Admitted, Done, Event, Preempted, Token, WaitPredicted
+from localserve.engine.events import (
+    Admitted,
+    Done,
+    Embedded,
+    Event,
+    Preempted,
+    Token,
+    WaitPredicted,
+)
 from localserve.ops.usage import Usage
 from localserve.ops.usage_database import Row
 from localserve.serve.admission import Admission
@@ -76,6 +85,8 @@ class SinkRouter:
             if event.finish_reason == "error":
                 log.error("request %s failed in the engine: %s", request.engine_id, event.error)
             self._record(request, event)
+        elif isinstance(event, Embedded):  # its `done` follows
+            sink.on_embedded(request, event.vectors)
         elif isinstance(event, Admitted):
             self.admission.started(request)
         elif isinstance(event, Preempted):

@@ -63,10 +63,8 @@ def test_version_tags_show_and_ps(stand_in):
     assert e.value.status_code == 404 and "not found" in e.value.error
 
 
-def test_embeddings_are_a_clear_not_supported(stand_in):
-    for path in ("/api/embed", "/api/embeddings"):
-        status, _, payload = request(stand_in, "POST", path, {"model": MODEL, "input": "hi"})
-        assert status == 501 and "not supported" in error_of(payload)
+def test_unknown_paths_and_wrong_methods_are_clear_errors(stand_in):
+    # the embedding endpoints answer: tests/e2e/test_embeddings.py
     status, _, payload = request(stand_in, "POST", "/api/pull", {"model": MODEL})
     assert status == 404 and error_of(payload)
     status, _, payload = request(stand_in, "GET", "/api/chat")

@@ -12,6 +12,13 @@ prompt and returns a `Request`. The test then plays the engine through the fake:
 reply (`script`); `cancelled` lists what the front-end cancelled, and a cancel ends its request
 with a `done` "cancelled" as the engine's next step would.
 
+`embed` checks and tokenizes an `Embedding`'s inputs with admission's own bounds
+(serve/embedding_inputs.py, the model's `FakeModel` limits; a token a word after a BOS) and,
+unless `hold_embeddings`, embeds them at once: a vector of n_embd dimensions per input, from its
+tokens, L2-normalised (the sink cuts it to the dimensions asked for), then a `done` counting
+the tokens;
+`embedded` plays that by hand.
+
 Everything that depends on the seam's shape lives here (the Protocol's members, `submit`'s
 parameters, where `Refusal` and `Request` come from): tests import the seam's types from this
 module and drive requests through its helpers, never through `submit` itself, so a change of
@@ -31,12 +38,29 @@ from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.engine.events import Done
 from localserve.ops.auth import Access
-from localserve.serve.door import AuthRefusal, Frontdoor, Refusal, Request, Submission
+from localserve.serve.door import (
+    MAX_EMBED_INPUTS,
+    AuthRefusal,
+    Embedding,
+    Frontdoor,
+    Refusal,
+    Request,
+    Submission,
+)
+from localserve.serve.embedding_inputs import (
+    EmbedLimits,
+    InputRefused,
+    check_count,
+    check_dimensions,
+    fit_token_lists,
+    tokenize_texts,
+)
 from localserve.serve.prompt import NO_EXTRAS, ChatExtras, Prompt, PromptTooLong
 from localserve.serve.trusted_proxies import People
 
 __all__ = [
     "AuthRefusal",
+    "Embedding",
     "FakeFrontdoor",
     "FakeModel",
     "FakePrompts",
@@ -59,6 +83,10 @@ class FakeModel(NamedTuple):
     state: str = "loaded"  # loaded | loading | unloaded | failed
     memory_mib: float | None = 300.0
     expires_at: float | None = None
+    n_vocab: int = 1000
+    n_embd: int = 8
+    max_embed_inputs: int = 2048
+    max_embed_tokens: int = 512
 
 
 class FakePrompts:
@@ -128,6 +156,9 @@ class Backstage:
     numbers: Any = field(default_factory=lambda: itertools.count(1))
     prompts: FakePrompts = field(default_factory=FakePrompts)
     tasks: set = field(default_factory=set)
+    embeddings: list[Embedding] = field(default_factory=list)  # as they were handed in
+    embedded_tokens: list[list[list[int]]] = field(default_factory=list)  # their inputs' tokens
+    hold_embeddings: bool = False  # True: the test plays each one's vectors (`embedded`)
 
 
 class FakeFrontdoor:
@@ -234,6 +265,9 @@ class FakeFrontdoor:
 
     async def submit(self, submission: Submission) -> Request | None:
         return await self._admit(submission)
+
+    async def embed(self, embedding: Embedding) -> Request | None:
+        return await self._admit_embedding(embedding)
 
     def cancel(self, request: Request) -> None:
         self.stage.cancelled.append(request)
@@ -360,6 +394,49 @@ class FakeFrontdoor:
             task.add_done_callback(self.stage.tasks.discard)
         return request
 
+    async def _admit_embedding(self, e: Embedding) -> Request | None:
+        self.stage.embeddings.append(e)
+        self._raise_queued_refusal()
+        if refusal := self._over_a_cap(e.user):
+            raise refusal
+        m = self.models[self.model_name]
+        limits = EmbedLimits(m.n_vocab, m.n_embd, m.max_embed_inputs, m.max_embed_tokens)
+        await asyncio.sleep(0)  # its model is ready, or loads
+        try:
+            check_count(len(e.inputs), min(MAX_EMBED_INPUTS, limits.max_inputs))
+            check_dimensions(e.dimensions, limits.n_embd)
+            if e.inputs and isinstance(e.inputs[0], str):
+                inputs = tokenize_texts(e.inputs, _words, limits.max_tokens, e.truncate)
+            else:
+                inputs = fit_token_lists(e.inputs, limits, e.truncate)
+        except InputRefused as refused:
+            raise Refusal(refused.code, refused.message) from None
+        request = Request(e.engine_id, e.client_id, e.user, e.sink, model=self.model_name)
+        request.keep_alive_s, request.dimensions = e.keep_alive_s, e.dimensions
+        request.cancelled = e.cancelled or request.cancelled
+        if e.sink.is_closed:
+            return None
+        self.stage.requests[request.engine_id] = request
+        self.stage.admitted.append(request)
+        self.stage.embedded_tokens.append(inputs)
+        if request.cancelled.is_set():
+            self._end_cancelled(request)
+        elif not self.stage.hold_embeddings:
+            vectors = [fake_vector(tokens, m.n_embd) for tokens in inputs]
+            asyncio.get_running_loop().call_soon(self.embedded, request, vectors)
+        return request
+
+    def embedded(self, request: Request, vectors: list[list[float]]) -> None:
+        """An embedding request's vectors (whole, as routing gives them), then its `done`
+        counting its inputs' tokens."""
+        if request.engine_id not in self.stage.requests:  # cancelled meanwhile
+            return
+        n = self.stage.admitted.index(request)
+        request.is_waiting = False
+        request.sink.on_embedded(request, vectors)
+        num_tokens = sum(map(len, self.stage.embedded_tokens[n]))
+        self.finish(request, prompt_tokens=num_tokens, completion_tokens=0)
+
     def _raise_queued_refusal(self) -> None:
         if self.stage.refusals:
             raise self.stage.refusals.pop(0)
@@ -394,6 +471,18 @@ class FakeFrontdoor:
     def _end_cancelled(self, request: Request) -> None:
         if request.engine_id in self.stage.requests:
             self.finish(request, "cancelled", completion_tokens=0)
+
+
+def _words(text: str) -> list[int]:
+    """The fake's tokenizer: a BOS (0), then a token a word (1 + its letters' sum, mod 999)."""
+    return [0] + [1 + sum(w.encode()) % 999 for w in text.split()]
+
+
+def fake_vector(tokens: list[int], n_embd: int) -> list[float]:
+    """A deterministic L2-normalised vector of `tokens` (as the fake runner's)."""
+    raw = [float((sum(tokens) * (k + 1) + k * k) % 17 + 1) for k in range(n_embd)]
+    norm = sum(x * x for x in raw) ** 0.5
+    return [x / norm for x in raw]
 
 
 def _described(name: str, m: FakeModel) -> dict:

@@ -1,16 +1,18 @@
-"""The Ollama API on the server's port, under `/api`: version, tags, show, ps, chat, generate
-(and embed refused), for the apps that speak only Ollama's API (Home Assistant, phone apps,
-editor plugins, the `ollama` packages).
+"""The Ollama API on the server's port, under `/api`: version, tags, show, ps, chat, generate,
+embed (and the legacy embeddings), for the apps that speak only Ollama's API (Home Assistant,
+phone apps, editor plugins, the `ollama` packages).
 
 Every chat passes the same admission as any other request (through the `Frontdoor`): the same
-users (a bearer token's), limits, fairness, quotas and usage rows (api "ollama"). Errors have
+users (a bearer token's), limits, fairness, quotas and usage rows (api "ollama"; "embeddings"
+for embeddings). Errors have
 Ollama's shape, `{"error": "..."}`. One module per noun:
 
 - `types.py`: the request bodies, as msgspec decodes them.
 - `errors.py`: the errors, `{"error": "..."}` with Ollama's statuses.
 - `validation.py`: the checks and mappings before admission (`options`, `format`, `think`).
 - `chat.py`: the chat and generate endpoints.
-- `models.py`: the model endpoints (version, tags, show, ps; embed refused).
+- `embed.py`: the embedding endpoints (/api/embed, the legacy /api/embeddings).
+- `models.py`: the model endpoints (version, tags, show, ps).
 - `reply.py`: the reply, streamed as NDJSON or sent whole.
 
 Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
@@ -27,6 +29,7 @@ from starlette.routing import Route
 
 from localserve.serve.door import Frontdoor
 from localserve.serve.ollama.chat import chat, generate
+from localserve.serve.ollama.embed import embed, embeddings
 from localserve.serve.ollama.errors import OllamaError
 from localserve.serve.ollama.models import OllamaModels
 
@@ -44,8 +47,8 @@ def routes(door: Frontdoor) -> list[Route]:
         Route(f"{PREFIX}/tags", models.tags, methods=["GET", "HEAD"]),
         Route(f"{PREFIX}/ps", models.ps, methods=["GET"]),
         Route(f"{PREFIX}/show", models.show, methods=["POST"]),
-        Route(f"{PREFIX}/embed", models.embed, methods=["POST"]),
-        Route(f"{PREFIX}/embeddings", models.embed, methods=["POST"]),
+        Route(f"{PREFIX}/embed", _bound(embed, door), methods=["POST"]),
+        Route(f"{PREFIX}/embeddings", _bound(embeddings, door), methods=["POST"]),
         Route(f"{PREFIX}/chat", _bound(chat, door), methods=["POST"]),
         Route(f"{PREFIX}/generate", _bound(generate, door), methods=["POST"]),
     ]

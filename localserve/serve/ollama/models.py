@@ -1,11 +1,10 @@
-"""The Ollama API's model endpoints: `/api/version`, `/api/tags`, `/api/show`, `/api/ps`, and
-`/api/embed` / `/api/embeddings` refused (this server has no embeddings).
+"""The Ollama API's model endpoints: `/api/version`, `/api/tags`, `/api/show`, `/api/ps`.
 
 /api/tags lists every configured model (serve/pool.py), /api/ps the loaded ones with the
 `expires_at` their keep_alive gives (far ahead for -1), /api/show describes one with its
-`capabilities` (completion, and tools and thinking when localserve reads the model's calls and
-reasoning). /api/pull, /api/create and the other model-management calls are unknown paths
-(404). On a server with tokens these need a user's token too.
+`capabilities` (completion and embedding, and tools and thinking when localserve reads the
+model's calls and reasoning). /api/pull, /api/create and the other model-management calls are
+unknown paths (404). On a server with tokens these need a user's token too.
 
 Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """
@@ -71,7 +70,7 @@ class OllamaModels:
             raise OllamaError(400, "model: the model to show is required")
         door = check_model(self.door, name)
         formats = door.formats
-        capabilities = ["completion"]
+        capabilities = ["completion", "embedding"]  # every model embeds (pooled)
         if formats.tool is not None:
             capabilities.append("tools")
         if formats.reasoning is not None:
@@ -87,9 +86,6 @@ class OllamaModels:
                 "modified_at": self.modified_at,
             }
         )
-
-    async def embed(self, request: HttpRequest) -> Response:
-        raise OllamaError(501, "embeddings are not supported by localserve (no embedding model)")
 
     def _card(self, model: dict) -> dict:
         name = public_name(model["name"])

@@ -76,6 +76,15 @@ class GenerateRequest(OllamaFields, kw_only=True):
     context: list[int] | None = None
 
 
+class EmbedRequest(OllamaFields, kw_only=True):
+    """/api/embed's body (and the legacy /api/embeddings', whose input is `prompt`)."""
+
+    input: str | list[str] | None = None
+    prompt: str | None = None  # /api/embeddings
+    truncate: bool | None = None  # None: true, Ollama's default
+    dimensions: int | None = None
+
+
 class ModelRequest(msgspec.Struct, kw_only=True):
     """/api/show's body: the model (`name` in older clients)."""
 

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`.
+"""The OpenAI-compatible HTTP API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
+`/v1/embeddings`.
 
 Every request passes the same admission as a websocket chat (through the `Frontdoor`): the
 same users, limits, prefix isolation and too-long check. Errors have OpenAI's shape, so clients
@@ -9,6 +10,7 @@ raise the matching exception. One module per noun:
 - `validation.py`: the checks before admission: the body, the model, the user.
 - `chat_completions.py`: `POST /v1/chat/completions`.
 - `completions.py`: `POST /v1/completions` (a text prompt, no chat template).
+- `embeddings.py`: `POST /v1/embeddings` (texts or token arrays; float or base64).
 - `models.py`: `GET /v1/models` and `GET /v1/models/{model}`.
 - `read.py`: a chat reply read as OpenAI shows it: content, reasoning, tool calls.
 - `reply.py`: the reply, streamed as server-sent events or sent whole.
@@ -29,6 +31,7 @@ from starlette.routing import Route
 from localserve.serve.door import Frontdoor
 from localserve.serve.openai.chat_completions import create_chat_completion
 from localserve.serve.openai.completions import create_completion
+from localserve.serve.openai.embeddings import create_embedding
 from localserve.serve.openai.errors import ApiError
 from localserve.serve.openai.models import Models
 
@@ -45,6 +48,7 @@ def routes(door: Frontdoor) -> list[Route]:
         Route(f"{PREFIX}/models/{{model:path}}", models.get_model, methods=["GET"]),
         Route(f"{PREFIX}/chat/completions", _bound(create_chat_completion, door), methods=["POST"]),
         Route(f"{PREFIX}/completions", _bound(create_completion, door), methods=["POST"]),
+        Route(f"{PREFIX}/embeddings", _bound(create_embedding, door), methods=["POST"]),
     ]
 
 

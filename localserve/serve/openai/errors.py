@@ -74,10 +74,13 @@ def retry_after(seconds: float) -> dict[str, str]:
 
 
 def refused(refusal: Refusal, kind: str) -> ApiError:
-    """Admission's refusal of a chat ("chat") or text completion ("text") as an HTTP error."""
+    """Admission's refusal of a chat ("chat"), text completion ("text") or embedding request
+    ("embeddings") as an HTTP error."""
     status, error_type, code = _REFUSALS.get(refusal.code, (500, "server_error", refusal.code))
     headers = retry_after(refusal.retry_after_s) if status in (429, 503) else None
-    param = ("messages" if kind == "chat" else "prompt") if refusal.code == "too_long" else None
+    param = None
+    if refusal.code == "too_long":  # an embedding's names its input (`input[3]: ...`)
+        param = {"chat": "messages", "text": "prompt"}.get(kind) or _param_of(refusal.message)
     if refusal.code == "bad_request":
         param = _param_of(refusal.message)
     return ApiError(status, refusal.message, code, param, error_type, headers)

@@ -72,6 +72,17 @@ class RequestFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
 
 
+class EmbeddingsBody(msgspec.Struct, kw_only=True):
+    """/v1/embeddings' body. `input` is a string, a list of strings, a list of token ids or a
+    list of token id lists (one type each: checked by the endpoint, as msgspec cannot)."""
+
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: str | None = None  # "float" (None) or "base64"
+    dimensions: int | None = None
+    user: str | None = None
+
+
 class ChatCompletionRequest(RequestFields, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None

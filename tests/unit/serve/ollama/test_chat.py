@@ -116,14 +116,13 @@ def test_hostile_sizes_and_broken_json_are_413_and_400_in_ollamas_shape():
         assert answer.status == 400 and error_of(answer), broken
 
 
-def test_unknown_paths_wrong_methods_and_embeddings_keep_ollamas_shape():
+def test_unknown_paths_and_wrong_methods_keep_ollamas_shape():
     app = app_of(FakeFrontdoor())
     assert call(app, "POST", "/api/pull", {}).status == 404
     wrong = call(app, "GET", "/api/chat")
     assert wrong.status == 405 and error_of(wrong)
-    for path in ("/api/embed", "/api/embeddings"):
-        embed = call(app, "POST", path, {"input": "hi"})
-        assert embed.status == 501 and "not supported" in error_of(embed)
+    wrong = call(app, "GET", "/api/embed")
+    assert wrong.status == 405 and error_of(wrong)
 
 
 # --- what reaches admission ------------------------------------------------------------------
@@ -342,9 +341,10 @@ def test_tags_show_and_ps_describe_the_models_tagged():
     running = call(app, "GET", "/api/ps").json()["models"]
     assert [(m["name"], m["context_length"]) for m in running] == [(TAGGED, 2048)]
     shown = call(app, "POST", "/api/show", {"model": TAGGED}).json()
-    assert shown["capabilities"] == ["completion", "tools", "thinking"]
+    assert shown["capabilities"] == ["completion", "embedding", "tools", "thinking"]
     assert shown["model_info"]["general.context_length"] == 2048
-    assert call(app, "POST", "/api/show", {"name": "big"}).json()["capabilities"] == ["completion"]
+    shown = call(app, "POST", "/api/show", {"name": "big"}).json()
+    assert shown["capabilities"] == ["completion", "embedding"]
     assert call(app, "POST", "/api/show", {"model": "llama3"}).status == 404
     assert call(app, "POST", "/api/show", {}).status == 400
 
