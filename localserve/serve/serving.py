@@ -24,6 +24,7 @@ from localserve.engine_process.parent import EngineProcess
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.people import PeopleStore
+from localserve.ops.responses_store import ResponseStore
 from localserve.ops.usage import Usage
 from localserve.serve.pool import LoadedModel
 from localserve.serve.server import Server, ServerThread
@@ -71,6 +72,10 @@ def serving(
         if config.server.trusted_frontends and access.requires_tokens:  # else: nobody named
             people = PeopleStore.open(config.server)
             stack.callback(people.close)  # after the server's last binding
+        responses = None
+        if config.server.responses_store:  # the Responses API's `store`
+            responses = ResponseStore.open(config.server)
+            stack.callback(responses.close)  # after the server's last reply
         if runner is None:  # in an engine process of its own (watched), or in this one
             loaded = load_model(config, name)
         else:  # the caller's runner: only the engine is ours to stop
@@ -89,6 +94,7 @@ def serving(
             conversations,
             models=config,
             people=people,
+            responses=responses,
             loader=lambda other: load_model(config, other),
             name=name,
             close=close,
