@@ -21,6 +21,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from localserve.chat.messages import PromptMessage
 from localserve.ops.auth import Access
 from localserve.ops.responses_store import StoredResponse
 from localserve.serve.responses.create import MAX_CHAIN_DEPTH
@@ -258,9 +259,12 @@ def test_unsupported_fields_are_refused_naming_them(server):
 
 
 def plant_chain(server, user: str, depth: int) -> str:
-    """A chain of `depth` stored responses of `user`, written into the server's store."""
+    """A chain of `depth` stored responses of `user`, written into the server's store, each a
+    question and an answer of about 300 characters (a prompt of them all is far past the
+    context: unbounded, each request would render and tokenize it before it is refused)."""
     store = server.server.responses
-    turns = encode_turns([])
+    question = PromptMessage("user", "Tell me more about the sea and its tides, please. " * 3)
+    turns = encode_turns([question, PromptMessage("assistant", "The sea is deep and wide. " * 6)])
     previous = None
 
     async def plant():
