@@ -89,11 +89,11 @@ class Chain(NamedTuple):
     depth: int  # how many responses it is (the last one's depth)
 
 
-class StoreError(Exception):
+class ResponseStoreError(Exception):
     """A read or write the store could not do: its message says why."""
 
 
-class ChainTooDeep(StoreError):
+class ChainTooDeep(ResponseStoreError):
     """A chain past the bound: `depth` is how deep the named response already is."""
 
     def __init__(self, depth: int, max_depth: int) -> None:
@@ -101,11 +101,11 @@ class ChainTooDeep(StoreError):
         self.depth, self.max_depth = depth, max_depth
 
 
-class ChainBroken(StoreError):
+class ChainBroken(ResponseStoreError):
     """A response of the chain is no longer stored (dropped by the bounds, or deleted)."""
 
 
-class StoreUnusable(ConfigError):
+class ResponseStoreUnusable(ConfigError):
     """The database cannot be used: said at start-up, before anyone connects."""
 
 
@@ -116,7 +116,9 @@ class ResponseStore:
         self.path = path
         self.max_count = max_count
         self.max_bytes = max_bytes
-        self._db = open_store(path, SCHEMA, SCHEMA_VERSION, "the response store", StoreUnusable)
+        self._db = open_store(
+            path, SCHEMA, SCHEMA_VERSION, "the response store", ResponseStoreUnusable
+        )
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "localserve-responses")
         self._closed = False
 
@@ -132,13 +134,13 @@ class ResponseStore:
 
     async def _run(self, fn, *args):
         if self._closed:
-            raise StoreError("the server is shutting down")
+            raise ResponseStoreError("the server is shutting down")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
         except sqlite3.Error as e:
             log.error("responses: %s: %s", self.path, e)
-            raise StoreError(f"the server could not use its response store ({e})") from None
+            raise ResponseStoreError(f"the server could not use its response store ({e})") from None
 
     # --- what the front-end asks ---
 

@@ -72,10 +72,7 @@ def serving(
         if config.server.trusted_frontends and access.requires_tokens:  # else: nobody named
             people = PeopleStore.open(config.server)
             stack.callback(people.close)  # after the server's last binding
-        responses = None
-        if config.server.responses_store:  # the Responses API's `store`
-            responses = ResponseStore.open(config.server)
-            stack.callback(responses.close)  # after the server's last reply
+        responses = _responses_store(config, stack)
         if runner is None:  # in an engine process of its own (watched), or in this one
             loaded = load_model(config, name)
         else:  # the caller's runner: only the engine is ours to stop
@@ -104,6 +101,16 @@ def serving(
             served.thread = ServerThread(server)
             stack.callback(served.thread.close)
         yield served
+
+
+def _responses_store(config: Config, stack: contextlib.ExitStack) -> ResponseStore | None:
+    """The Responses API's stored responses (its `store`), closed after the server's last
+    reply; None when `[server] responses_store = false`."""
+    if not config.server.responses_store:
+        return None
+    store = ResponseStore.open(config.server)
+    stack.callback(store.close)
+    return store
 
 
 def load_model(config: Config, name: str) -> LoadedModel:

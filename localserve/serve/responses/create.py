@@ -25,8 +25,8 @@ from localserve.ops.responses_store import (
     ChainBroken,
     ChainTooDeep,
     ResponseStore,
+    ResponseStoreError,
     StoredResponse,
-    StoreError,
 )
 from localserve.serve.door import Frontdoor, Refusal
 from localserve.serve.openai import errors
@@ -52,7 +52,7 @@ def not_found(id: str, param: str | None = None) -> ApiError:
                     param)  # fmt: skip
 
 
-def store_failed(e: StoreError) -> ApiError:
+def store_failed(e: ResponseStoreError) -> ApiError:
     return ApiError(503, str(e), "unavailable", None, "server_error", errors.retry_after(5))
 
 
@@ -119,7 +119,7 @@ async def _chain(
         raise ApiError(400, message, "chain_too_deep", param) from None
     except ChainBroken as e:
         raise ApiError(400, f"{param}: {e}", "invalid_value", param) from None
-    except StoreError as e:
+    except ResponseStoreError as e:
         raise store_failed(e) from None
     chain = [m for turns in found.turns for m in items.decode_turns(turns)]
     return chain, found.depth
@@ -149,7 +149,7 @@ def _keeper(
         )
         try:
             return await store.put(user, stored)
-        except StoreError as e:
+        except ResponseStoreError as e:
             log.error("%s (%s): not stored: %s", shape["id"], user, e)
             return False
 

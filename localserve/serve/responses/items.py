@@ -18,7 +18,7 @@ renders, token for token, as the previous prompt followed by its reply and the n
 engine's prefix cache finds the previous conversation's cells. The whole history of calls is then
 checked as chat completions check theirs (check_tool_history), named as `input[3].call_id`.
 
-Tested in tests/unit/serve/responses/test_items.py.
+Tested in tests/unit/serve/responses/test_create.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ events, response.created to response.completed, included). A reply with nothing 
 empty message, so `output_text` is "" rather than missing. A whole reply is built by the same
 class, its events unused.
 
-Tested in tests/unit/serve/responses/test_output.py.
+Tested in tests/unit/serve/responses/test_create.py (the stream's events in order).
 """
 
 from __future__ import annotations

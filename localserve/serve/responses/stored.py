@@ -15,7 +15,7 @@ import msgspec
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from localserve.ops.responses_store import ResponseStore, StoreError
+from localserve.ops.responses_store import ResponseStore, ResponseStoreError
 from localserve.serve.door import Frontdoor
 from localserve.serve.openai.errors import ApiError
 from localserve.serve.openai.validation import identify
@@ -45,7 +45,7 @@ async def get_response(door: Frontdoor, store: ResponseStore | None, request: Ht
     user, id = await _owner_and_id(door, store, request)
     try:
         found = await store.get(user, id)  # type: ignore[union-attr]
-    except StoreError as e:
+    except ResponseStoreError as e:
         raise store_failed(e) from None
     if found is None:
         raise not_found(id)
@@ -56,7 +56,7 @@ async def get_input_items(door: Frontdoor, store: ResponseStore | None, request:
     user, id = await _owner_and_id(door, store, request)
     try:
         found = await store.get(user, id)  # type: ignore[union-attr]
-    except StoreError as e:
+    except ResponseStoreError as e:
         raise store_failed(e) from None
     if found is None:
         raise not_found(id)
@@ -73,7 +73,7 @@ async def delete_response(door: Frontdoor, store: ResponseStore | None, request:
     user, id = await _owner_and_id(door, store, request)
     try:
         gone = await store.delete(user, id)  # type: ignore[union-attr]
-    except StoreError as e:
+    except ResponseStoreError as e:
         raise store_failed(e) from None
     if not gone:
         raise not_found(id)
