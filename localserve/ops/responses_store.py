@@ -10,8 +10,9 @@ messages) and its input items (`input`), with its id, model, the response it con
 Rows are keyed by (user, id): every read, walk and delete names the person, so another person's
 id is not found, exactly as an id that never existed. A chain is read in one query that follows
 `previous` from the named row within that person's rows only, at most `max_depth` rows: the
-named row's depth says first whether the chain is within the bound (no walk for a chain too
-deep), and a chain with a row gone (dropped or deleted) is said to be broken.
+named row's depth and its chain's bytes (kept per row: its turns' and its previous one's) say
+first whether the chain is within the bounds (no walk for a chain too deep or too large), and a
+chain with a row gone (dropped or deleted) is said to be broken.
 
 Each person's share is bounded: at most `max_count` responses and `max_bytes` bytes of them;
 a response stored past either bound drops that person's oldest first (OpenAI keeps 30 days;
@@ -52,6 +53,7 @@ SCHEMA = """CREATE TABLE IF NOT EXISTS responses (
     model TEXT NOT NULL,
     previous TEXT,                 -- the response it continues (NULL: none)
     depth INTEGER NOT NULL,        -- 1 + the previous one's depth (1: it continues none)
+    chain_bytes INTEGER NOT NULL,  -- its turns' bytes + the previous one's chain_bytes
     bytes INTEGER NOT NULL,        -- of body, turns and input: what the bound counts
     body BLOB NOT NULL,            -- the response object as sent (JSON)
     turns BLOB NOT NULL,           -- the chat turns it adds to its chain (the front-end's JSON)
@@ -74,6 +76,7 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     model: str
     previous: str | None
     depth: int
+    chain_bytes: int  # of its turns and its chain's: what a follow-up's prompt is made of
     body: bytes
     turns: bytes
     input: bytes
@@ -87,6 +90,7 @@ class StoredResponse(msgspec.Struct, kw_only=True):
 class Chain(NamedTuple):
     turns: list[bytes]  # each response's turns, oldest first
     depth: int  # how many responses it is (the last one's depth)
+    bytes: int  # of all the turns
 
 
 class ResponseStoreError(Exception):
@@ -99,6 +103,14 @@ class ChainTooDeep(ResponseStoreError):
     def __init__(self, depth: int, max_depth: int) -> None:
         super().__init__(f"a chain of {depth} responses; at most {max_depth} are followed")
         self.depth, self.max_depth = depth, max_depth
+
+
+class ChainTooLarge(ResponseStoreError):
+    """A chain whose turns are past the bound in bytes."""
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        super().__init__(f"a chain of {size} bytes; at most {max_bytes} are followed")
+        self.size, self.max_bytes = size, max_bytes
 
 
 class ChainBroken(ResponseStoreError):
@@ -156,11 +168,12 @@ class ResponseStore:
         """The person's response `id`; None when they have none of that id (another's too)."""
         return await self._run(self._get, user, id)
 
-    async def chain(self, user: str, id: str, max_depth: int) -> Chain:
-        """The chain that ends with the person's response `id`: its turns, oldest first, and
-        its depth. KeyError: they have no response `id`; ChainTooDeep: one continuing it would
-        be past `max_depth`; ChainBroken: one of its responses is gone."""
-        return await self._run(self._chain, user, id, max_depth)
+    async def chain(self, user: str, id: str, max_depth: int, max_bytes: int) -> Chain:
+        """The chain that ends with the person's response `id`: its turns, oldest first, its
+        depth and size. KeyError: they have no response `id`; ChainTooDeep: one continuing it
+        would be past `max_depth`; ChainTooLarge: its turns are over `max_bytes`; ChainBroken:
+        one of its responses is gone. The bounds are decided from the row alone."""
+        return await self._run(self._chain, user, id, max_depth, max_bytes)
 
     async def delete(self, user: str, id: str) -> bool:
         return await self._run(self._delete, user, id)
@@ -178,9 +191,9 @@ class ResponseStore:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
                 "INSERT OR REPLACE INTO responses (user, id, created, model, previous, depth, "
-                "bytes, body, turns, input) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (user, r.id, created, r.model, r.previous, r.depth, r.size, r.body, r.turns,
-                 r.input),
+                "chain_bytes, bytes, body, turns, input) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (user, r.id, created, r.model, r.previous, r.depth, r.chain_bytes, r.size, r.body,
+                 r.turns, r.input),
             )  # fmt: skip
             self._drop_oldest(user)
 
@@ -204,31 +217,35 @@ class ResponseStore:
 
     def _get(self, user: str, id: str) -> StoredResponse | None:
         row = self._db.execute(
-            "SELECT id, model, previous, depth, body, turns, input, created FROM responses "
-            "WHERE user = ? AND id = ?",
+            "SELECT id, model, previous, depth, chain_bytes, body, turns, input, created "
+            "FROM responses WHERE user = ? AND id = ?",
             (user, id),
         ).fetchone()
         if row is None:
             return None
-        id, model, previous, depth, body, turns, input, created = row
+        id, model, previous, depth, chain_bytes, body, turns, input, created = row
         return StoredResponse(id=id, model=model, previous=previous, depth=depth, body=body,
-                              turns=turns, input=input, created=created)  # fmt: skip
+                              chain_bytes=chain_bytes, turns=turns, input=input,
+                              created=created)  # fmt: skip
 
-    def _chain(self, user: str, id: str, max_depth: int) -> Chain:
+    def _chain(self, user: str, id: str, max_depth: int, max_bytes: int) -> Chain:
         found = self._db.execute(
-            "SELECT depth FROM responses WHERE user = ? AND id = ?", (user, id)
+            "SELECT depth, chain_bytes FROM responses WHERE user = ? AND id = ?", (user, id)
         ).fetchone()
         if found is None:
             raise KeyError(id)
-        if found[0] >= max_depth:  # the one continuing it would be past the bound: no walk
-            raise ChainTooDeep(found[0], max_depth)
+        depth, size = found
+        if depth >= max_depth:  # the one continuing it would be past the bound: no walk
+            raise ChainTooDeep(depth, max_depth)
+        if size > max_bytes:
+            raise ChainTooLarge(size, max_bytes)
         rows = self._db.execute(CHAIN, (user, id, max_depth)).fetchall()
         last_previous = rows[-1][1]
         if last_previous is not None:  # its oldest continues one that is gone
             raise ChainBroken(
                 f"{last_previous[:64]!r}, a response this one continues, is no longer stored"
             )
-        return Chain([turns for _, _, turns in reversed(rows)], found[0])
+        return Chain([turns for _, _, turns in reversed(rows)], depth, size)
 
     def _delete(self, user: str, id: str) -> bool:
         with self._db:

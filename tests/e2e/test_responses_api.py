@@ -273,7 +273,8 @@ def plant_chain(server, user: str, depth: int) -> str:
         for d in range(1, depth + 1):
             id = f"resp_planted{d}"
             stored = StoredResponse(id=id, model=MODEL, previous=previous, depth=d, body=b"{}",
-                                    turns=turns, input=b"[]")  # fmt: skip
+                                    chain_bytes=d * len(turns), turns=turns,
+                                    input=b"[]")  # fmt: skip
             await store.put(user, stored)
             previous = id
         return previous

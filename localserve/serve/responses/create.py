@@ -6,8 +6,9 @@ chain of `previous_response_id` made the chat's messages (items.py), and handed 
 as a chat completion is (`HttpReply.submit`: the same limits, fairness, quotas, prefix
 isolation and too-long check); the reply is reply.py's. `previous_response_id` is looked up
 among the same person's stored responses only: another person's id is a 404 as an unknown one
-is. A chain past MAX_CHAIN_DEPTH responses is a 400 that names the bound, decided from the
-named response's stored depth without walking the chain.
+is. A chain past MAX_CHAIN_DEPTH responses, or whose turns are more bytes than one request's
+body may be (max_frame_bytes), is a 400 that names the bound, decided from the named response's
+row without walking the chain.
 
 Tested in tests/unit/serve/responses/test_create.py and tests/e2e/test_responses_api.py.
 """
@@ -15,6 +16,7 @@ Tested in tests/unit/serve/responses/test_create.py and tests/e2e/test_responses
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import msgspec
 from starlette.requests import Request as HttpRequest
@@ -24,6 +26,7 @@ from localserve.chat.messages import PromptMessage
 from localserve.ops.responses_store import (
     ChainBroken,
     ChainTooDeep,
+    ChainTooLarge,
     ResponseStore,
     ResponseStoreError,
     StoredResponse,
@@ -62,8 +65,8 @@ async def create_response(door: Frontdoor, store: ResponseStore | None, request:
     checks.refuse_unsupported(body)
     user = await identify(door, request, body.user)
     turns = items.input_turns(items.input_items(body.input))
-    chain, depth = await _chain(store, user, body.previous_response_id)
-    messages = items.chat_messages(body.instructions, chain, turns)
+    chain = await _chain(store, user, body.previous_response_id, door.config.max_frame_bytes)
+    messages = items.chat_messages(body.instructions, chain.messages, turns)
     fmt = checks.text_format(body)
     use = await checks.tools_of(door, body, fmt is not None)
     constraint = use.constraint or await checks.format_constraint(door, fmt)
@@ -73,7 +76,7 @@ async def create_response(door: Frontdoor, store: ResponseStore | None, request:
     id = new_id("resp")
     shape = envelope(id, door.model_name, body, fields, body.tools, body.previous_response_id,
                      keeps)  # fmt: skip
-    keep = _keeper(store, user, shape, body, turns.messages, depth) if keeps else None
+    keep = _keeper(store, user, shape, body, turns.messages, chain) if keeps else None
     reply = ResponseReply(door, request.scope, bool(body.stream), shape, user, use, keep)
     extras = use.extras
     try:
@@ -95,12 +98,21 @@ async def create_response(door: Frontdoor, store: ResponseStore | None, request:
     return reply
 
 
+class Continued(NamedTuple):
+    """The chain a request continues: its messages, how many responses and bytes it is."""
+
+    messages: list[PromptMessage]
+    depth: int = 0
+    bytes: int = 0
+
+
 async def _chain(
-    store: ResponseStore | None, user: str, previous: str | None
-) -> tuple[list[PromptMessage], int]:
-    """The turns of the person's chain that `previous` ends, and its depth (0: none)."""
+    store: ResponseStore | None, user: str, previous: str | None, max_bytes: int
+) -> Continued:
+    """The person's chain that `previous` ends (none: empty), within the bounds: at most
+    MAX_CHAIN_DEPTH responses and `max_bytes` of turns, the size one request's body may be."""
     if previous is None:
-        return [], 0
+        return Continued([])
     param = "previous_response_id"
     if store is None:
         message = (f"{param}: this server keeps no responses ([server] responses_store = "
@@ -109,7 +121,7 @@ async def _chain(
     if len(previous) > MAX_RESPONSE_ID_CHARS:
         raise not_found(previous, param)
     try:
-        found = await store.chain(user, previous, MAX_CHAIN_DEPTH)
+        found = await store.chain(user, previous, MAX_CHAIN_DEPTH, max_bytes)
     except KeyError:
         raise not_found(previous, param) from None
     except ChainTooDeep as e:
@@ -117,12 +129,17 @@ async def _chain(
                    f"a chain is at most {e.max_depth} long: send the conversation as input "
                    "instead")  # fmt: skip
         raise ApiError(400, message, "chain_too_deep", param) from None
+    except ChainTooLarge as e:
+        message = (f"{param}: {previous[:64]!r} ends a conversation of {e.size} bytes, over "
+                   f"the {e.max_bytes} one request may carry ([server] max_frame_bytes): send a "
+                   "shorter conversation as input instead")  # fmt: skip
+        raise ApiError(400, message, "chain_too_large", param) from None
     except ChainBroken as e:
         raise ApiError(400, f"{param}: {e}", "invalid_value", param) from None
     except ResponseStoreError as e:
         raise store_failed(e) from None
-    chain = [m for turns in found.turns for m in items.decode_turns(turns)]
-    return chain, found.depth
+    messages = [m for turns in found.turns for m in items.decode_turns(turns)]
+    return Continued(messages, found.depth, found.bytes)
 
 
 def _keeper(
@@ -131,19 +148,21 @@ def _keeper(
     shape: dict,
     body: ResponsesRequest,
     turns: list[PromptMessage],
-    depth: int,
+    chain: Continued,
 ) -> Keep:
     """How the reply stores its response once done: its turns are the input's and the reply's."""
     given = _encode(body.input if isinstance(body.input, list) else items.input_items(body.input))
 
     async def keep(response: dict, output: list[PromptMessage]) -> bool:
+        own = items.encode_turns(turns + output)
         stored = StoredResponse(
             id=shape["id"],
             model=shape["model"],
             previous=body.previous_response_id,
-            depth=depth + 1,
+            depth=chain.depth + 1,
+            chain_bytes=chain.bytes + len(own),
             body=_encode(response),
-            turns=items.encode_turns(turns + output),
+            turns=own,
             input=given,
             created=shape["created_at"],
         )

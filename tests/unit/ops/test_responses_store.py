@@ -16,6 +16,7 @@ from localserve.ops.responses_store import (
     DATABASE,
     ChainBroken,
     ChainTooDeep,
+    ChainTooLarge,
     ResponseStore,
     StoredResponse,
 )
@@ -23,7 +24,8 @@ from localserve.ops.responses_store import (
 
 def stored(id: str, previous: str | None = None, depth: int = 1, size: int = 10):
     return StoredResponse(id=id, model="m", previous=previous, depth=depth, body=b"{}",
-                          turns=id.encode(), input=b"x" * size)  # fmt: skip
+                          chain_bytes=depth * 100, turns=id.encode(),
+                          input=b"x" * size)  # fmt: skip
 
 
 def run(coro):
@@ -62,33 +64,41 @@ def test_a_response_is_kept_for_its_owner_only(tmp_path):
 
 def test_a_chain_is_read_oldest_first_among_the_persons_rows_only(store):
     leaf = put_chain(store, "ann", 3)
-    chain = run(store.chain("ann", leaf, 100))
-    assert chain.turns == [b"r1", b"r2", b"r3"] and chain.depth == 3
+    chain = run(store.chain("ann", leaf, 100, 1 << 20))
+    assert chain.turns == [b"r1", b"r2", b"r3"] and (chain.depth, chain.bytes) == (3, 300)
     with pytest.raises(KeyError):
-        run(store.chain("ben", leaf, 100))
+        run(store.chain("ben", leaf, 100, 1 << 20))
     # ben's own r2 continuing ann's r1 does not reach ann's row
     run(store.put("ben", stored("r2", "r1", 2)))
     with pytest.raises(ChainBroken):
-        run(store.chain("ben", "r2", 100))
+        run(store.chain("ben", "r2", 100, 1 << 20))
 
 
 def test_a_chain_at_the_bound_is_refused_from_its_depth_without_a_walk(store, tmp_path):
     leaf = put_chain(store, "ann", 4)
-    assert run(store.chain("ann", "r3", 4)).depth == 3  # one more fits
+    assert run(store.chain("ann", "r3", 4, 1 << 20)).depth == 3  # one more fits
     with pytest.raises(ChainTooDeep) as refused:
-        run(store.chain("ann", leaf, 4))
+        run(store.chain("ann", leaf, 4, 1 << 20))
     assert (refused.value.depth, refused.value.max_depth) == (4, 4)
     # a claimed depth of a million is refused at once, whatever its rows
     run(store.put("ann", stored("deep", "r4", 1_000_000)))
     with pytest.raises(ChainTooDeep):
-        run(store.chain("ann", "deep", 100))
+        run(store.chain("ann", "deep", 100, 1 << 20))
+
+
+def test_a_chain_past_its_bytes_is_refused_from_its_row(store):
+    leaf = put_chain(store, "ann", 3)  # 100 bytes of turns each, by the rows' word
+    assert run(store.chain("ann", leaf, 100, 300)).bytes == 300
+    with pytest.raises(ChainTooLarge) as refused:
+        run(store.chain("ann", leaf, 100, 299))
+    assert (refused.value.size, refused.value.max_bytes) == (300, 299)
 
 
 def test_a_chain_whose_oldest_was_deleted_is_broken(store):
     leaf = put_chain(store, "ann", 3)
     run(store.delete("ann", "r1"))
     with pytest.raises(ChainBroken) as broken:
-        run(store.chain("ann", leaf, 100))
+        run(store.chain("ann", leaf, 100, 1 << 20))
     assert "'r1'" in str(broken.value)
 
 

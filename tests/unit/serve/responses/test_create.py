@@ -428,7 +428,8 @@ def test_a_chain_past_the_bound_is_refused_naming_it_and_nothing_is_submitted(st
         previous = None
         for d in range(1, MAX_CHAIN_DEPTH + 1):
             await store.put("api", StoredResponse(id=f"r{d}", model="tiny", previous=previous,
-                                                  depth=d, body=b"{}", turns=encode_turns([]),
+                                                  depth=d, chain_bytes=2 * d, body=b"{}",
+                                                  turns=encode_turns([]),
                                                   input=b"[]"))  # fmt: skip
             previous = f"r{d}"
 
@@ -445,3 +446,19 @@ def test_a_chain_past_the_bound_is_refused_naming_it_and_nothing_is_submitted(st
     assert error["param"] == "previous_response_id"
     assert f"at most {MAX_CHAIN_DEPTH}" in error["message"]
     assert len(door.submitted) == 1
+
+
+def test_a_chain_past_a_bodys_bytes_is_refused_naming_the_bound(store):
+    door = FakeFrontdoor(ServerConfig(max_frame_bytes=4096))
+    door.script("ok")
+    first = call(app_of(door, store), "POST", PATH, {"input": "x" * 3000}).json()
+    door.script("ok")
+    second = call(app_of(door, store), "POST", PATH,
+                  {"input": "y" * 3000, "previous_response_id": first["id"]})  # fmt: skip
+    assert second.status == 200
+    answer = call(app_of(door, store), "POST", PATH,
+                  {"input": "z", "previous_response_id": second.json()["id"]})  # fmt: skip
+    error = error_of(answer)
+    assert answer.status == 400 and error["code"] == "chain_too_large", error
+    assert "4096" in error["message"] and error["param"] == "previous_response_id"
+    assert len(door.submitted) == 2
