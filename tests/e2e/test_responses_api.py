@@ -342,3 +342,46 @@ def test_a_chain_a_thousand_deep_is_refused_at_once_and_slows_nobody(server):
         deep += gaps_while_refused(server, ben, leaf, openai.BadRequestError)
     unknown_gap, deep_gap = statistics.median(unknown), statistics.median(deep)
     assert deep_gap <= unknown_gap * 1.25 + 0.005, (quiet, unknown_gap, deep_gap)
+
+
+# --- a thinking model's reasoning, scripted ------------------------------------------------------
+
+
+QWEN3_LIKE = "{% if tools %}<tool_call>{% endif %}<think></think>"  # marks the formats read
+REPLY = (
+    "<think>The user wants the weather; I should call the tool.</think>"
+    "Let me check.<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+    "</tool_call>"
+)
+
+
+def test_a_thinking_models_reasoning_is_an_item_the_sdk_streams_and_keeps():
+    from localserve.bench.fake_server import FakeServer
+    from tests.support.fakes import ScriptedRunner
+
+    pieces = [REPLY[i : i + 3] for i in range(0, len(REPLY), 3)]  # tags split across tokens
+    runner = ScriptedRunner(step_s=0.001, reply=pieces, template_source=QWEN3_LIKE)
+    fake = FakeServer(runner=runner)
+    try:
+        c = openai.OpenAI(base_url=fake.http + "/v1", api_key="x", max_retries=0, timeout=30)
+        whole = c.responses.create(model="fake", input="Weather in Paris?", tools=[WEATHER])
+        assert [i.type for i in whole.output] == ["reasoning", "message", "function_call"]
+        assert whole.output[0].content[0].text.startswith("The user wants the weather")
+        assert whole.output_text == "Let me check."
+        with c.responses.stream(model="fake", input="Weather?", tools=[WEATHER]) as stream:
+            kinds = [e.type for e in stream]
+            final = stream.get_final_response()
+        assert "response.reasoning_text.delta" in kinds and kinds[-1] == "response.completed"
+        assert [i.type for i in final.output] == ["reasoning", "message", "function_call"]
+        assert json.loads(final.output[2].arguments) == {"city": "Paris", "unit": "celsius"}
+        # sent back as input (reasoning items included), as agents do
+        follow = c.responses.create(
+            model="fake",
+            tools=[WEATHER],
+            input=[*final.output, {"type": "function_call_output",
+                                   "call_id": final.output[2].call_id, "output": "18 C"}],
+        )  # fmt: skip
+        assert follow.status == "completed"
+    finally:
+        fake.close()

@@ -462,3 +462,22 @@ def test_a_chain_past_a_bodys_bytes_is_refused_naming_the_bound(store):
     assert answer.status == 400 and error["code"] == "chain_too_large", error
     assert "4096" in error["message"] and error["param"] == "previous_response_id"
     assert len(door.submitted) == 2
+
+
+def test_behind_a_trusted_front_end_the_person_owns_the_response(store):
+    config = ServerConfig(trusted_frontends=["webui"])
+    door = FakeFrontdoor(config, Access({"webui": "webui-key"}))
+    app = app_of(door, store)
+
+    def person(name: str) -> dict:
+        return {"authorization": "Bearer webui-key", "x-localserve-user": name}
+
+    door.script("ok")
+    made = call(app, "POST", PATH, {"input": "hi"}, person("Bob")).json()
+    assert door.user_of(1) == "webui/bob"
+    path = f"{PATH}/{made['id']}"
+    assert call(app, "GET", path, headers=person("Bob")).status == 200
+    assert call(app, "GET", path, headers=person("Eve")).status == 404  # the same key
+    follow = call(app, "POST", PATH, {"input": "?", "previous_response_id": made["id"]},
+                  person("Eve"))  # fmt: skip
+    assert follow.status == 404
