@@ -187,6 +187,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     conversations: bool = True
     max_conversations_per_user: Positive = 1000
     max_conversation_bytes_per_user: Annotated[int, msgspec.Meta(ge=64 << 10)] = 64 << 20
+    # The Responses API's stored responses (ops/responses_store.py, `store`: true): kept in the
+    # state_dir per person, so `previous_response_id` can continue them; at most this many and
+    # bytes of them each, the oldest dropped to make room. false: nothing is stored (a request
+    # with store or previous_response_id is then refused).
+    responses_store: bool = True
+    max_responses_per_user: Positive = 1000
+    max_response_bytes_per_user: Annotated[int, msgspec.Meta(ge=64 << 10)] = 64 << 20
     # daily token quotas (prompt tokens computed + tokens generated, from local midnight): a
     # default for everyone (0 = none) and per user (a users file's [daily_tokens] adds to these)
     daily_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -11,6 +11,7 @@ Prometheus metrics.
 - `usage_report.py`: what `localserve usage` reads from the record and prints.
 - `people.py`: the people trusted front-ends named, kept in SQLite.
 - `conversations.py`: each person's conversations from the chat page, kept in SQLite.
+- `responses_store.py`: each person's stored responses of the Responses API, kept in SQLite.
 - `sqlite_files.py`: the state directory's SQLite files, opened the one way the stores keep
   them.
 - `prometheus.py`: `/metrics`: a Snapshot in Prometheus text format, with vLLM's names.

@@ -28,4 +28,5 @@ per front-end plus the chat page.
 - `openai/`: the OpenAI-compatible HTTP API under `/v1`.
 - `ollama/`: the Ollama API under `/api`.
 - `anthropic/`: the Anthropic Messages API under `/v1/messages`.
+- `responses/`: OpenAI's Responses API under `/v1/responses`, its responses kept per person.
 """

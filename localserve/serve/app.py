@@ -1,7 +1,8 @@
 """The ASGI app on the server's one port: websockets to a `Connection` each, HTTP to Starlette.
 
 HTTP is /healthz and /metrics (health.py), the chat page (page.py), the OpenAI API under /v1
-(openai/), the Anthropic Messages API under /v1/messages (anthropic/) and the Ollama API under
+(openai/), OpenAI's Responses API under /v1/responses (responses/), the Anthropic Messages API
+under /v1/messages (anthropic/) and the Ollama API under
 /api (ollama/), all with CORS for the web pages listed in `[server] allowed_origins` (cors.py).
 A request from a web browser that is neither
 this server's own page nor allowed (ops.auth.browser_refusal) is refused with a 403 before
@@ -19,7 +20,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 
 from localserve.ops.auth import browser_refusal
-from localserve.serve import anthropic, ollama, openai, page
+from localserve.ops.responses_store import ResponseStore
+from localserve.serve import anthropic, ollama, openai, page, responses
 from localserve.serve.cors import Cors
 from localserve.serve.door import Frontdoor
 from localserve.serve.health import Health
@@ -35,11 +37,18 @@ RETRY_FULL_S = 5  # Retry-After of the 503 for a websocket beyond max_connection
 class App:
     """The ASGI app: websockets here, HTTP to Starlette."""
 
-    def __init__(self, door: Frontdoor, connections: Connections, health: Health) -> None:
+    def __init__(
+        self,
+        door: Frontdoor,
+        connections: Connections,
+        health: Health,
+        responses_store: ResponseStore | None = None,
+    ) -> None:
         self.door = door
         self.connections = connections
         routes = [*health.routes(), *page.routes(), *openai.routes(door), *ollama.routes(door)]
         routes += anthropic.routes(door)
+        routes += responses.routes(door, responses_store)
         handlers = ollama.exception_handlers(openai.exception_handlers())
         handlers = anthropic.exception_handlers(handlers)
         http = Starlette(routes=routes, exception_handlers=handlers)

@@ -31,6 +31,7 @@ from localserve.engine.runner import Runner
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.people import PeopleStore
+from localserve.ops.responses_store import ResponseStore
 from localserve.ops.usage import Usage
 from localserve.protocol.frames import Notice
 from localserve.serve.admission import Admission
@@ -74,6 +75,7 @@ class Server:
         conversations: ConversationStore | None = None,
         *,
         people: PeopleStore | None = None,
+        responses: ResponseStore | None = None,
         models: Config | None = None,
         loader: Loader | None = None,
         name: str | None = None,
@@ -109,7 +111,8 @@ class Server:
         health = Health(
             self.admission, self.snapshots, self._default_info, lambda: self.usage, self._others
         )
-        self.app = App(self.door, self.connections, health)
+        self.responses = responses  # the Responses API's stored responses (None: none)
+        self.app = App(self.door, self.connections, health, responses)
         self.port = 0
         self.limits: ConnectionLimits | None = None  # and the sockets open, once started
         self._uvicorn: uvicorn.Server | None = None
@@ -173,6 +176,8 @@ class Server:
                 log.info("access log: %s", access_log)
         if (store := self.connections.conversations) is not None:
             log.info("conversations kept in: %s", store.path)
+        if self.responses is not None:
+            log.info("responses kept in: %s", self.responses.path)
         if (people := self.admission.people.store) is not None:
             log.info("people of trusted front-ends kept in: %s", people.path)
 

@@ -24,6 +24,7 @@ from localserve.engine_process.parent import EngineProcess
 from localserve.ops.auth import Access
 from localserve.ops.conversations import ConversationStore
 from localserve.ops.people import PeopleStore
+from localserve.ops.responses_store import ResponseStore
 from localserve.ops.usage import Usage
 from localserve.serve.pool import LoadedModel
 from localserve.serve.server import Server, ServerThread
@@ -71,6 +72,7 @@ def serving(
         if config.server.trusted_frontends and access.requires_tokens:  # else: nobody named
             people = PeopleStore.open(config.server)
             stack.callback(people.close)  # after the server's last binding
+        responses = _responses_store(config, stack)
         if runner is None:  # in an engine process of its own (watched), or in this one
             loaded = load_model(config, name)
         else:  # the caller's runner: only the engine is ours to stop
@@ -89,6 +91,7 @@ def serving(
             conversations,
             models=config,
             people=people,
+            responses=responses,
             loader=lambda other: load_model(config, other),
             name=name,
             close=close,
@@ -98,6 +101,16 @@ def serving(
             served.thread = ServerThread(server)
             stack.callback(served.thread.close)
         yield served
+
+
+def _responses_store(config: Config, stack: contextlib.ExitStack) -> ResponseStore | None:
+    """The Responses API's stored responses (its `store`), closed after the server's last
+    reply; None when `[server] responses_store = false`."""
+    if not config.server.responses_store:
+        return None
+    store = ResponseStore.open(config.server)
+    stack.callback(store.close)
+    return store
 
 
 def load_model(config: Config, name: str) -> LoadedModel:
