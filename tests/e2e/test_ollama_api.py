@@ -427,7 +427,9 @@ def test_a_scripted_call_and_thinking_come_back_as_ollama_shows_them():
     server = FakeServer(runner=runner)
     try:
         fake = ollama.Client(host=server.http, timeout=30)
-        assert {"completion", "tools", "thinking"} == set(fake.show("fake").capabilities)
+        assert {"completion", "embedding", "tools", "thinking"} == set(
+            fake.show("fake").capabilities
+        )
         question = ask("What is the weather in Paris?")
         reply = fake.chat(model="fake", messages=question, tools=[WEATHER], think=True)
         message = reply.message
