@@ -40,12 +40,17 @@ def routes(door: Frontdoor, store: ResponseStore | None) -> list[Route]:
     """The API's routes, answering through `door`, keeping responses in `store` (None: none)."""
     return [
         Route(PREFIX, _bound(create_response, door, store), methods=["POST"]),
-        Route(f"{PREFIX}/{{id}}", _bound(get_response, door, store), methods=["GET"]),
-        Route(f"{PREFIX}/{{id}}", _bound(delete_response, door, store), methods=["DELETE"]),
+        # one route for both methods: CORS answers a preflight with its route's methods
+        Route(f"{PREFIX}/{{id}}", _bound(_stored, door, store), methods=["GET", "DELETE"]),
         Route(
             f"{PREFIX}/{{id}}/input_items", _bound(get_input_items, door, store), methods=["GET"]
         ),  # fmt: skip
     ]
+
+
+async def _stored(door: Frontdoor, store: ResponseStore | None, request: HttpRequest):
+    endpoint = delete_response if request.method == "DELETE" else get_response
+    return await endpoint(door, store, request)
 
 
 def _bound(endpoint: Endpoint, door: Frontdoor, store: ResponseStore | None):

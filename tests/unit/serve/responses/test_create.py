@@ -481,3 +481,15 @@ def test_behind_a_trusted_front_end_the_person_owns_the_response(store):
     follow = call(app, "POST", PATH, {"input": "?", "previous_response_id": made["id"]},
                   person("Eve"))  # fmt: skip
     assert follow.status == 404
+
+
+def test_a_web_pages_preflight_for_delete_is_answered_with_the_routes_methods(store):
+    from localserve.serve.cors import Cors
+
+    origin = "https://app.example"
+    app = Cors(app_of(FakeFrontdoor(), store), lambda: [origin], ("/v1",))
+    asked = {"origin": origin, "access-control-request-method": "DELETE"}
+    answer = call(app, "OPTIONS", f"{PATH}/resp_1", headers=asked)
+    assert answer.status == 200, answer.body
+    allowed = answer.headers["access-control-allow-methods"]
+    assert "DELETE" in allowed and "GET" in allowed
