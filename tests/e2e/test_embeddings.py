@@ -169,7 +169,7 @@ host, port = url.removeprefix("http://").split(":")
 bodies = [json.dumps({"model": model, "input": i}).encode() for i in
           (["a"] * 10_000, "a " * (1 << 19), [[1, 10**9]], [list(range(5)) * 1000])]
 end = time.monotonic() + seconds
-while time.monotonic() < end:
+while (round_started := time.monotonic()) < end:
     for body in bodies:
         started = time.monotonic()
         c = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -188,6 +188,7 @@ while time.monotonic() < end:
             status, message = 0, "reset"
         print(json.dumps([status, message[:24], time.monotonic() - started]), flush=True)
         c.close()
+    time.sleep(max(0.0, round_started + 0.5 - time.monotonic()))  # 8 a second: not a CPU flood
 """
 EXPECTED = {
     (400, "input: 10000 inputs; at "),
@@ -238,8 +239,10 @@ class Gaps:
 @pytest.mark.model
 def test_a_hostile_embedder_slows_nobodys_stream_beyond_noise(live):
     """bob streams while a hostile user sends a 10,000-item list, a 1 MiB string, ids out of
-    range and an input of 5,000 tokens: each a clear error at once; the gaps between bob's
-    tokens, as he receives them, stay what they were (their median within noise)."""
+    range and an input of 5,000 tokens, each 2 times a second (a flood of any request takes
+    CPU from the engine on 2 cores; that is a rate limit's job): each a clear error at once;
+    the gaps between bob's tokens, as he receives them, stay what they were (their median within
+    noise, no more stalls than noise makes)."""
     bob = Gaps(live)
     try:
         deadline = time.monotonic() + 60
@@ -264,6 +267,11 @@ def test_a_hostile_embedder_slows_nobodys_stream_beyond_noise(live):
     assert len(calm) >= 8 and len(during) >= 8, (len(calm), len(during))
     median = statistics.median
     assert median(during) <= median(calm) * 1.5 + 0.010, (median(calm), median(during))
+    # a loop blocked by a request holds his tokens back, then delivers them at once: the median
+    # hardly moves, but the gap as long as the block stands out (a 100 ms block 2 times a
+    # second measured: 14 gaps of 103-157 ms in 6 s; none over 56 ms without it)
+    stall = max(4 * median(calm), 0.060)
+    assert sum(gap > stall for gap in during) <= 2, (stall, sorted(during)[-5:])
     answered = [json.loads(line) for line in hostile.stdout.splitlines()]
     assert len(answered) >= 8
     for status, message, took in answered:
