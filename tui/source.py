@@ -50,15 +50,16 @@ SourceItem = Connected | Disconnected | Stats | Snapshot
 
 NO_MONITOR_TOKEN = "no monitor token was sent, and this server needs one"
 WRONG_MONITOR_TOKEN = "the monitor token sent is wrong"
+TOKEN_FILE = "monitor_token in the server's state directory"
 NO_MONITOR_TOKEN_HINT = (
-    "on the server's machine `localserve monitor` reads it from {path} by itself; "
-    "from another, pass --monitor-token with that file's content"
+    f"on the server's machine `localserve monitor` reads {TOKEN_FILE} by itself; from "
+    "another, pass --monitor-token with that file's content"
 )
+LOOKED_IN = " (this monitor looked in {path}: none there)"  # its own state directory's file
 WRONG_MONITOR_TOKEN_HINT = (
-    "the right one is in {path} on the server's machine (or its users file's [monitor] "
+    f"the right one is {TOKEN_FILE} on the server's machine (or its users file's [monitor] "
     "token): pass it with --monitor-token"
 )
-TOKEN_FILE = "monitor_token in the server's state directory"  # when the source is not told
 USER_TOKEN = "the user name or token is wrong (--name, --token)"
 REFUSED_RETRY_S = (5.0, 60.0)  # the first and the longest wait after a refused token
 
@@ -92,7 +93,7 @@ class WebSocketSource:
         token: str | None = None,
         interval_ms: int = 500,
         max_retry_s: float = 5.0,
-        monitor_token_file: str = TOKEN_FILE,
+        monitor_token_file: str | None = None,
     ) -> None:
         self.url = url
         self.monitor_token = monitor_token
@@ -149,12 +150,15 @@ class WebSocketSource:
                 raise ClientError(frame.code, frame.message)
 
     def _monitor_refusal(self) -> tuple[str, str]:
-        """What was wrong with the monitor token (none sent, or a wrong one), and the hint."""
+        """What was wrong with the monitor token (none sent, or a wrong one), and the hint: the
+        server's state directory, which this monitor cannot know (it may be on another
+        machine), and where this monitor looked, which it does."""
         if self.monitor_token:
-            return WRONG_MONITOR_TOKEN, WRONG_MONITOR_TOKEN_HINT.format(
-                path=self.monitor_token_file
-            )
-        return NO_MONITOR_TOKEN, NO_MONITOR_TOKEN_HINT.format(path=self.monitor_token_file)
+            return WRONG_MONITOR_TOKEN, WRONG_MONITOR_TOKEN_HINT
+        looked = self.monitor_token_file
+        return NO_MONITOR_TOKEN, NO_MONITOR_TOKEN_HINT + (
+            LOOKED_IN.format(path=looked) if looked else ""
+        )
 
 
 class QueueSource:

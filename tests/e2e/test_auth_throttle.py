@@ -160,7 +160,7 @@ def test_the_monitor_without_its_token_backs_off_and_says_so(fake, monkeypatch):
         with monkeypatch.context() as patched:
             patched.setattr(source, "asyncio", type("Asyncio", (), {"sleep": sleep}))
             items = asyncio.run(first(None, 4))
-        hint = source.NO_MONITOR_TOKEN_HINT.format(path=source.TOKEN_FILE)
+        hint = source.NO_MONITOR_TOKEN_HINT
         assert items == [source.Refused(source.NO_MONITOR_TOKEN, s, hint) for s in (5, 10, 20, 40)]
         assert waits == [5, 10, 20]
         assert server.admission.authentication.throttle.num_failures == 4

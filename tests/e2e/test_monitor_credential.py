@@ -56,9 +56,10 @@ def test_a_monitor_without_the_credential_is_told_how_to_get_it(served, tmp_path
     what, how = header.splitlines()
     assert what == f"● {NO_MONITOR_TOKEN}; trying again in 5 s"
     assert how.strip() == (
-        f"on the server's machine `localserve monitor` reads it from {elsewhere}/monitor_token "
-        "by itself; from another, pass --monitor-token with that file's content"
-    )
+        "on the server's machine `localserve monitor` reads monitor_token in the server's "
+        "state directory by itself; from another, pass --monitor-token with that file's content "
+        f"(this monitor looked in {elsewhere}/monitor_token: none there)"
+    )  # the server's directory in words: this monitor cannot know it, nor where it runs
     header, _ = monitor_header(url, "--monitor-token", path.read_text().strip())
     assert header.startswith("● live")  # the file's content, passed by hand
     header, _ = monitor_header(url, "--monitor-token", "not-the-token")

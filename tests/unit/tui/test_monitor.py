@@ -23,7 +23,6 @@ from tui.monitor import HelpScreen, MonitorApp
 from tui.source import (
     NO_MONITOR_TOKEN,
     NO_MONITOR_TOKEN_HINT,
-    TOKEN_FILE,
     USER_TOKEN,
     Connected,
     Disconnected,
@@ -44,7 +43,7 @@ def feed(app: MonitorApp, *items) -> None:
 
 
 # today's totals as a server's stats frames carry them: most tokens first
-HINT = NO_MONITOR_TOKEN_HINT.format(path=TOKEN_FILE)
+HINT = NO_MONITOR_TOKEN_HINT
 
 USAGE = [
     UserUsage("eve", 8, 41230, 1200, 9800, 50000),  # 49,830 of 50,000: nearly spent
