@@ -79,6 +79,7 @@ def test_a_chat_keeps_streaming_while_64_inputs_embed(runner):
     assert all(any(isinstance(e, Token) and e.request_id == "chat" for e in s) for s in steps)
     assert len(steps) > 3  # the 64 inputs were spread over steps, beside the stream
     vectors = np.array(embedded.vectors)
-    assert np.allclose(vectors[0], runner.embed([inputs[0]])[0], atol=2e-3)
+    # the same vector as alone, within the batch-size-dependent kernels' difference (cosine)
+    assert float(vectors[0] @ runner.embed([inputs[0]])[0]) > 0.999
     engine.cancel("chat")
     engine.step()
