@@ -4,7 +4,8 @@ RPC workers and model resolution) and the fake used to test the engine without a
 - `llama.py`: the llama.cpp runner: one context, raw batches, sampling, cell operations.
 - `llama_embed.py`: the llama.cpp runner's embedding context: pooled, normalised vectors.
 - `llama_text.py`: a llama.cpp model's text side: tokens, its chat template; `VocabOnly`.
-- `llama_backend.py`: llama.cpp's set-up, once a process: its logs routed, its backend up.
+- `llama_backend.py`: llama.cpp's set-up, once a process: its logs routed, its backend up;
+  the llama_batch both contexts fill through numpy (`LlamaBatch`).
 - `sampling.py`: token sampling over one row of logits, in numpy.
 - `grammar.py`: constrained sampling with llguidance, one matcher per constrained request.
 - `placement.py`: what runs where: the backend, its devices, the layers, the KV cache.

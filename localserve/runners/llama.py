@@ -29,7 +29,7 @@ from localserve.protocol.snapshot import ModelInfo
 from localserve.runners import rpc
 from localserve.runners.footprint import logit_rows
 from localserve.runners.grammar import Constrained, GrammarEngine
-from localserve.runners.llama_backend import router
+from localserve.runners.llama_backend import LlamaBatch, router
 from localserve.runners.llama_embed import POOLING_NAMES, EmbeddingContext, choose_pooling
 from localserve.runners.llama_text import TokenText, describe_template
 from localserve.runners.placement import describe, parse_log, split_devices
@@ -235,23 +235,9 @@ class LlamaRunner(TokenText):
         )
 
     def _init_batch(self) -> None:
-        n = self.n_batch
-        self._batch = llama_cpp.llama_batch_init(n, 0, 1)
-        b = self._batch
-        self._tok = np.ctypeslib.as_array(b.token, shape=(n,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
-        self._logits = np.ctypeslib.as_array(b.logits, shape=(n,))
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
-        # point every token's seq_id list at one contiguous array, so numpy can fill it
-        self._seq = np.zeros(n, dtype=np.int32)
-        # the original addresses (as ints: indexing gives views) are restored before freeing
-        self._seq_addrs = [ctypes.cast(b.seq_id[i], ctypes.c_void_p).value for i in range(n)]
-        self._point_seq_ids([self._seq.ctypes.data + 4 * i for i in range(n)])
-
-    def _point_seq_ids(self, addrs: list[int]) -> None:
-        ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
-        for i, addr in enumerate(addrs):
-            self._batch.seq_id[i] = ctypes.cast(addr, ptr)
+        self._b = LlamaBatch(self.n_batch)
+        self._batch, self._tok, self._pos = self._b.batch, self._b.tok, self._b.pos
+        self._logits, self._seq = self._b.logits, self._b.seq
 
     def piece(self, token: int) -> bytes:
         cached = self._pieces.get(token)
@@ -439,8 +425,7 @@ class LlamaRunner(TokenText):
             return
         self._grammar.close()
         self.embedder.close()
-        self._point_seq_ids(self._seq_addrs)
-        llama_cpp.llama_batch_free(self._batch)
+        self._b.free()
         llama_cpp.llama_free(self.ctx)
         llama_cpp.llama_model_free(self.model)
         self.ctx = None

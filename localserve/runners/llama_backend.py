@@ -1,6 +1,6 @@
 """llama.cpp's process-wide set-up, done once when a runner module is first imported: its log
 lines routed into Python logging (and kept while a model loads: they say where each layer
-went), and its backend initialised.
+went), and its backend initialised; and the llama_batch both runners fill through numpy.
 
 Tested in tests/e2e/test_llama_runner.py.
 """
@@ -11,6 +11,7 @@ import ctypes
 import logging
 
 import llama_cpp
+import numpy as np
 
 llama_log = logging.getLogger("llama_cpp")
 
@@ -37,6 +38,32 @@ class LogRouter:
                 llama_log.log(self._level, line)
                 if self.captured is not None:
                     self.captured.append(line)
+
+
+class LlamaBatch:
+    """A llama_batch of `n` tokens (one sequence each) whose arrays numpy fills in place:
+    `tok`, `pos`, `logits`, and `seq` (every token's seq_id list is pointed at one contiguous
+    array, so numpy can fill it; the original addresses are restored before freeing)."""
+
+    def __init__(self, n: int) -> None:
+        self.batch = b = llama_cpp.llama_batch_init(n, 0, 1)
+        self.tok = np.ctypeslib.as_array(b.token, shape=(n,))
+        self.pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self.logits = np.ctypeslib.as_array(b.logits, shape=(n,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        self.seq = np.zeros(n, dtype=np.int32)
+        # as ints: indexing gives views
+        self._seq_addrs = [ctypes.cast(b.seq_id[i], ctypes.c_void_p).value for i in range(n)]
+        self._point_seq_ids([self.seq.ctypes.data + 4 * i for i in range(n)])
+
+    def _point_seq_ids(self, addrs: list[int]) -> None:
+        ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
+        for i, addr in enumerate(addrs):
+            self.batch.seq_id[i] = ctypes.cast(addr, ptr)
+
+    def free(self) -> None:
+        self._point_seq_ids(self._seq_addrs)
+        llama_cpp.llama_batch_free(self.batch)
 
 
 router = LogRouter()

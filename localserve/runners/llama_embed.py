@@ -17,7 +17,6 @@ Tested in tests/e2e/test_llama_embed.py.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from localserve.config import ModelConfig
 from localserve.engine.runner import DecodeError
+from localserve.runners.llama_backend import LlamaBatch
 
 log = logging.getLogger("localserve.engine.runner")
 
@@ -103,21 +103,10 @@ class EmbeddingContext:
 
     def _init_batch(self) -> None:
         n = self.max_tokens
-        self._batch = llama_cpp.llama_batch_init(n, 0, 1)
-        b = self._batch
-        self._tok = np.ctypeslib.as_array(b.token, shape=(n,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
-        self._logits = np.ctypeslib.as_array(b.logits, shape=(n,))
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
-        self._seq = np.zeros(n, dtype=np.int32)  # every token's seq_id list points here
-        self._seq_addrs = [ctypes.cast(b.seq_id[i], ctypes.c_void_p).value for i in range(n)]
-        self._point_seq_ids([self._seq.ctypes.data + 4 * i for i in range(n)])
+        self._b = LlamaBatch(n)
+        self._batch, self._tok, self._pos = self._b.batch, self._b.tok, self._b.pos
+        self._logits, self._seq = self._b.logits, self._b.seq
         self._positions = np.arange(n, dtype=np.int32)
-
-    def _point_seq_ids(self, addrs: list[int]) -> None:
-        ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
-        for i, addr in enumerate(addrs):
-            self._batch.seq_id[i] = ctypes.cast(addr, ptr)
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
         """One L2-normalised vector per input, in order (float32, n_embd each). Raises
@@ -172,7 +161,6 @@ class EmbeddingContext:
 
     def close(self) -> None:
         if self.ctx is not None:
-            self._point_seq_ids(self._seq_addrs)
-            llama_cpp.llama_batch_free(self._batch)
+            self._b.free()
             llama_cpp.llama_free(self.ctx)
             self.ctx = None

@@ -32,6 +32,8 @@ from localserve.serve.door import BuildPrompt, Frontdoor, Request, Submission
 
 log = logging.getLogger("localserve.serve.http_reply")
 
+SSE = "text/event-stream; charset=utf-8"
+
 
 class HttpReply:
     """One request's reply over HTTP: the sink the server calls with its events (on_token,
@@ -148,6 +150,14 @@ class HttpReply:
 
     async def _send_stream(self, send) -> None:
         raise NotImplementedError
+
+    async def _start_stream(self, send, headers: dict[str, str] | None = None,
+                            content_type: str = SSE) -> None:  # fmt: skip
+        """The streamed reply's start: 200, its content type, and nothing buffered between."""
+        fields = [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"),
+                  (b"x-accel-buffering", b"no"),
+                  *((k.encode(), v.encode()) for k, v in (headers or {}).items())]  # fmt: skip
+        await send({"type": "http.response.start", "status": 200, "headers": fields})
 
     async def _send_whole(self, send) -> None:
         raise NotImplementedError

@@ -123,9 +123,7 @@ class AnthropicReply(HttpReply):
         await response(self.scope, no_receive, send)
 
     async def _send_stream(self, send) -> None:
-        headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                   (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]  # fmt: skip
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._start_stream(send)
         shell = self._shell([]) | {"stop_reason": None, "stop_sequence": None}
         shell["usage"] = {"input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
                           "cache_read_input_tokens": 0, "output_tokens": 0}  # fmt: skip

@@ -116,9 +116,7 @@ class OllamaReply(HttpReply):
         await response(self.scope, no_receive, send)
 
     async def _send_stream(self, send) -> None:
-        headers = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"),
-                   (b"x-accel-buffering", b"no")]  # fmt: skip
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._start_stream(send, content_type="application/x-ndjson")
         done = None
         while done is None and not self.is_closed:
             text, done = await self._next()

@@ -121,13 +121,7 @@ class Reply(HttpReply):
         await response(self.scope, no_receive, send)
 
     async def _send_stream(self, send) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-            *((k.encode(), v.encode()) for k, v in self._headers().items()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._start_stream(send, self._headers())
         bodies = self.bodies
         if self.kind == "chat":
             await self._write(send, bodies.chunk({"role": "assistant", "content": ""}))

@@ -119,12 +119,7 @@ class ResponseReply(HttpReply):
     # --- streamed ---
 
     async def _send_stream(self, send) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no"),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._start_stream(send)
         out = self.output
         created = self.response("in_progress")
         await self._write(send, [out.event("response.created", response=created),

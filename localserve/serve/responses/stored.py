@@ -41,7 +41,8 @@ async def _owner_and_id(door: Frontdoor, store: ResponseStore | None, request: H
     return user, id
 
 
-async def get_response(door: Frontdoor, store: ResponseStore | None, request: HttpRequest):
+async def _found(door: Frontdoor, store: ResponseStore | None, request: HttpRequest):
+    """The stored response the path names, the asker's own (404 for anyone else's); its id."""
     user, id = await _owner_and_id(door, store, request)
     try:
         found = await store.get(user, id)  # type: ignore[union-attr]
@@ -49,17 +50,16 @@ async def get_response(door: Frontdoor, store: ResponseStore | None, request: Ht
         raise store_failed(e) from None
     if found is None:
         raise not_found(id)
+    return found, id
+
+
+async def get_response(door: Frontdoor, store: ResponseStore | None, request: HttpRequest):
+    found, _ = await _found(door, store, request)
     return _json(found.body)
 
 
 async def get_input_items(door: Frontdoor, store: ResponseStore | None, request: HttpRequest):
-    user, id = await _owner_and_id(door, store, request)
-    try:
-        found = await store.get(user, id)  # type: ignore[union-attr]
-    except ResponseStoreError as e:
-        raise store_failed(e) from None
-    if found is None:
-        raise not_found(id)
+    found, id = await _found(door, store, request)
     data = [
         {"id": f"item_{id}_{i}", **item} if isinstance(item, dict) else item
         for i, item in enumerate(_decode(found.input))
