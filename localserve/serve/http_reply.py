@@ -29,6 +29,7 @@ from collections.abc import Awaitable
 from localserve.engine.events import Done
 from localserve.protocol.frames import SamplingFields
 from localserve.serve.door import BuildPrompt, Frontdoor, Request, Submission
+from localserve.serve.tool_use import ReplyReading, ToolUse
 
 log = logging.getLogger("localserve.serve.http_reply")
 
@@ -40,6 +41,7 @@ class HttpReply:
     on_queued, on_done) and the ASGI response. `api` names the front-end in the usage record."""
 
     api = "http"
+    use: ToolUse | None = None  # what the reply is read for (calls, reasoning); None: text
 
     def __init__(self, door: Frontdoor, scope, stream: bool, client_id: str, user: str) -> None:
         self.door = door
@@ -56,6 +58,17 @@ class HttpReply:
         self._ready = asyncio.Event()
         # given to door.submit: the client gone before it was admitted (its model loading)
         self.cancelled = asyncio.Event()
+
+    @functools.cached_property
+    def reading(self) -> ReplyReading | None:
+        """The reply's reading, made at its first text (the prompt it continues is known by
+        then); None for plain text."""
+        return self._reading()
+
+    def _reading(self) -> ReplyReading | None:
+        if self.use is None or self.request is None:
+            return None
+        return self.use.reading(self.door, self.request.prompt_tail)
 
     # the sink: called by the server with the engine's events
 

@@ -20,7 +20,6 @@ Tested in tests/e2e/test_anthropic_api.py; on a fake Frontdoor in tests/unit/ser
 
 from __future__ import annotations
 
-import functools
 import secrets
 
 import msgspec
@@ -36,7 +35,7 @@ from localserve.serve.anthropic.blocks import Blocks
 from localserve.serve.door import Frontdoor, Refusal
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.prompt import Prompt, PromptBuilder
-from localserve.serve.tool_use import ReplyReading, ToolUse
+from localserve.serve.tool_use import ToolUse
 
 _encoder = msgspec.json.Encoder()
 
@@ -89,13 +88,6 @@ class AnthropicReply(HttpReply):
         self.stop_sequences: tuple[str, ...] = ()
         self.input_tokens = 0  # the prompt's, once built
         self.blocks = Blocks()
-
-    @functools.cached_property
-    def reading(self) -> ReplyReading | None:
-        """The reply's reading (made at its first text: the prompt it continues is known)."""
-        if self.request is None:
-            return None
-        return self.use.reading(self.door, self.request.prompt_tail)
 
     def _events(self, text: str, is_last: bool) -> list[dict]:
         """The block events this piece of text settles (the last: what was held, the stop)."""

@@ -13,7 +13,6 @@ Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/
 
 from __future__ import annotations
 
-import functools
 import json
 import secrets
 import time
@@ -32,7 +31,7 @@ from localserve.serve.door import BuildPrompt, Frontdoor, Refusal
 from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.ollama import errors
 from localserve.serve.ollama.validation import public_name
-from localserve.serve.tool_use import NO_TOOLS, ReplyReading, ToolUse
+from localserve.serve.tool_use import NO_TOOLS, ToolUse
 
 _encoder = msgspec.json.Encoder()
 NS_PER_MS = 1_000_000
@@ -95,13 +94,6 @@ class OllamaReply(HttpReply):
         self.use = use
         self.model = public_name(door)  # as the request named it
         self.started = time.monotonic()
-
-    @functools.cached_property
-    def reading(self) -> ReplyReading | None:
-        """The reply's reading (made at its first text: the prompt it continues is known)."""
-        if self.request is None:
-            return None
-        return self.use.reading(self.door, self.request.prompt_tail)
 
     async def _send_whole(self, send) -> None:
         text, done = await self._whole()

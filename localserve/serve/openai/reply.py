@@ -87,15 +87,12 @@ class Reply(HttpReply):
         self.kind = kind  # "chat" or "text"
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.bodies = ReplyBodies(kind, client_id, door.model_name, include_usage)
-        self.use: ToolUse | None = None  # a chat's tools: what its reply is read for
 
     @functools.cached_property
     def reading(self) -> ReadReply | None:
         """The reply's reader (its reasoning and calls read out as it comes), made at its first
         text: the prompt it continues is known by then."""
-        if self.use is None or self.request is None:
-            return None
-        reading = self.use.reading(self.door, self.request.prompt_tail)
+        reading = self._reading()
         return None if reading is None else ReadReply(reading)
 
     def _size(self, text: str) -> int:

@@ -16,7 +16,6 @@ Tested in tests/unit/serve/responses/test_create.py and tests/e2e/test_responses
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +31,7 @@ from localserve.serve.http_reply import HttpReply, no_receive
 from localserve.serve.openai import errors
 from localserve.serve.responses.items import output_turns
 from localserve.serve.responses.output import Output
-from localserve.serve.tool_use import ReplyReading, ToolUse
+from localserve.serve.tool_use import ToolUse
 
 log = logging.getLogger("localserve.serve.responses")
 
@@ -63,13 +62,6 @@ class ResponseReply(HttpReply):
         self.use = use
         self.keep = keep
         self.output = Output()
-
-    @functools.cached_property
-    def reading(self) -> ReplyReading | None:
-        """The reply's reader, made at its first text (the prompt it continues is known)."""
-        if self.request is None:
-            return None
-        return self.use.reading(self.door, self.request.prompt_tail)
 
     def _size(self, text: str) -> int:
         return len(_encoder.encode(text))  # as it will be sent: JSON-escaped
