@@ -11,7 +11,8 @@ after one warm-up request; prints the inputs per second over all of them, per cl
 `itl`: one streamed chat (`/v1/chat/completions`, 160 tokens, ignore_eos) alone, then the same
 beside one embedding request of `--batch` inputs sent 1 s into the stream, then beside a chat
 whose prompt has as many tokens as that batch, up to about 6,000 (a paste: what the engine's
-prefill budget is for). Prints the stream's median and 90th-percentile gap between tokens in each case.
+prefill budget is for). Prints the stream's median and 90th-percentile gap between tokens in
+each case.
 
 Each case prints one JSON line (the shell script collects them).
 """

@@ -83,7 +83,8 @@ def _refused(error: ClientError | Error, wrong_token: str, hint: str = "") -> To
 
 class WebSocketSource:
     """Stats frames from a localserve server; reconnects forever. `monitor_token_file`: where
-    the server keeps its monitor token, for the refusal's hint."""
+    this monitor looked for the monitor token (its own state directory's), for the refusal's
+    hint; the server's may be elsewhere."""
 
     def __init__(
         self,
