@@ -178,8 +178,7 @@ def _spin() -> None:
 
 @contextlib.contextmanager
 def cpu_hog():
-    """Processes spinning on every core this machine gives us, three per core (the engine's
-    threads sleep between steps, and the kernel favours a thread that wakes)."""
+    """Processes spinning on every core this machine gives us, three per core."""
     n = len(os.sched_getaffinity(0))
     hogs = [multiprocessing.get_context("spawn").Process(target=_spin) for _ in range(3 * n)]
     for p in hogs:
