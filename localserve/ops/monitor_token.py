@@ -87,7 +87,7 @@ def _create(path: Path) -> None:
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
+                f.write(secrets.token_hex(32) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             os.link(aside, path)  # atomic, and never over another's

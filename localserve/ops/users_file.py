@@ -30,7 +30,7 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def new_token() -> str:
-    return secrets.token_urlsafe(TOKEN_BYTES)
+    return secrets.token_hex(TOKEN_BYTES)
 
 
 def list_users(path: Path) -> list[str]:
