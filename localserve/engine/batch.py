@@ -59,6 +59,8 @@ class Batch:
     embeds: list = field(default_factory=list)
     num_embed_tokens: int = 0
     embed_s: float = 0.0  # what the runner's embedding decode took (set after the step)
+    restore_s: float = 0.0  # what saving and restoring prefixes took (set after the step)
+    restored: list = field(default_factory=list)  # sequences admitted with a restored prefix
     embeds_finished: list = field(default_factory=list)  # embedding requests ended this step
 
     @property

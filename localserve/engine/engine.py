@@ -57,7 +57,8 @@ from localserve.engine.events import (
 )
 from localserve.engine.kv import KVPool
 from localserve.engine.metrics import Metrics
-from localserve.engine.runner import DecodeError, KVCacheFull, Runner
+from localserve.engine.prefix_tiers import HostTier, PrefixDisk, SavedPrefix
+from localserve.engine.runner import DecodeError, KVCacheFull, RestoreFailed, Runner
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.snapshot import build_snapshot
@@ -85,10 +86,12 @@ def check_prompt(num_tokens: int, n_ctx: int) -> None:
 class QueuedCommand(NamedTuple):
     """A command on its way to the engine thread, with what the caller's side made of it."""
 
-    command: EngineCommand
+    command: EngineCommand | None  # None: only wakes the engine (a disk read is done)
     # an AddRequest's sequence or an AddEmbedding's request, built (and checked) by the caller
     seq: Sequence | EmbeddingRequest | None = None
     reply: Future[Snapshot] | None = None  # where a TakeSnapshot's snapshot goes
+    # an AddRequest's saved prefix being read from the disk tier (None: nothing to read)
+    loading: Future[SavedPrefix | None] | None = None
 
 
 class Engine(EngineClient):
@@ -103,13 +106,22 @@ class Engine(EngineClient):
         max_num_batched_tokens: int | None = None,
         on_events: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        host_cache_bytes: int = 0,
+        disk: PrefixDisk | None = None,
     ) -> None:
+        """`host_cache_bytes`: the host tier's budget (0: none); `disk`: the disk tier below
+        it (localserve.runners.prefix_disk), closed with the engine."""
         self.runner = runner
         self.config = config or SchedulerConfig()
         info = runner.info
         c = self.config
         reuse = c.prefix_caching and runner.supports_prefix_reuse
-        self.kv = KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes)
+        host = HostTier(host_cache_bytes if reuse else 0)
+        self.kv = KVPool(
+            info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes, host=host
+        )
+        self.disk = disk if reuse else None
+        self._loading: list[tuple[Sequence, Future]] = []  # waiting for the disk tier
         budget = min(max_num_batched_tokens or info.n_batch, info.n_batch)
         max_num_seqs = info.max_num_seqs or info.n_seq_max
         # drafts need the cache cut back to a prefix (rejected draft cells are trimmed)
@@ -147,12 +159,24 @@ class Engine(EngineClient):
         too long or duplicate request, an AddEmbedding for inputs check_embedding refuses."""
         if not isinstance(command, RequestCommand):  # snapshot() and stop() queue their own
             raise TypeError(f"not a request command: {type(command).__name__}")
-        seq = None
+        seq, loading = None, None
         if isinstance(command, AddRequest):
             seq = self._new_sequence(command)
+            loading = self._load_saved(seq)
         elif isinstance(command, AddEmbedding):
             seq = self._new_embedding(command)
-        self._commands.put(QueuedCommand(command, seq=seq))
+        self._commands.put(QueuedCommand(command, seq=seq, loading=loading))
+
+    def _load_saved(self, seq: Sequence) -> Future[SavedPrefix | None] | None:
+        """The disk tier's read of the sequence's longest saved prefix, when it has one the
+        host tier does not (on the disk tier's reader thread; the engine is woken when done)."""
+        if self.disk is None:
+            return None
+        share_all = self.config.share_prefixes == "all"
+        loading = self.disk.load(seq.user, seq.tokens, share_all, self.kv.host.keys)
+        if loading is not None:
+            loading.add_done_callback(lambda _: self._commands.put(QueuedCommand(None)))
+        return loading
 
     def _new_embedding(self, add: AddEmbedding) -> EmbeddingRequest:
         check_embedding(add.request_id, add.inputs, self.runner.info)
@@ -200,6 +224,8 @@ class Engine(EngineClient):
             self._commands.put(QueuedCommand(StopEngine()))
             self._thread.join(timeout)
             self._thread = None
+        if self.disk is not None:
+            self.disk.close()  # what is queued is written (bounded), then the writer ends
 
     def _loop(self) -> None:
         watch = self.watch or (lambda busy: None)
@@ -228,6 +254,10 @@ class Engine(EngineClient):
         if self.expect is not None and (batch.num_tokens or batch.num_embed_tokens):
             self._tell_expected(batch)
         sampled = self._run(batch)
+        batch.restore_s = self.runner.timings.restore_s
+        for saved in self.kv.host.settle():  # this step's copies out: written behind
+            if self.disk is not None:
+                self.disk.put(saved)
         vectors = self._embed(batch)
         ran = self.clock()
         self.scheduler.postprocess(batch, sampled, ran - start)
@@ -260,13 +290,35 @@ class Engine(EngineClient):
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
             self._handle(command)
+        if self._loading:
+            self._queue_loaded()
+
+    def _queue_loaded(self) -> None:
+        """Sequences whose saved prefix the disk tier has read join the queue, the prefix the
+        host tier (a failed read: they simply prefill)."""
+        waiting = []
+        for seq, loading in self._loading:
+            if not loading.done():
+                waiting.append((seq, loading))
+                continue
+            if seq.is_finished or seq.is_cancelled:
+                continue  # cancelled meanwhile: its Done went out with the cancel
+            try:
+                saved = loading.result()
+            except Exception:
+                log.exception("reading a saved prefix failed")
+                saved = None
+            if saved is not None:
+                self.kv.host.adopt(saved)
+            self.scheduler.add(seq)
+        self._loading = waiting
 
     def _handle(self, queued: QueuedCommand) -> None:
         command = queued.command
         if isinstance(command, AddRequest):
-            self._admit(queued.seq)
+            self._admit(queued.seq, queued.loading)
         elif isinstance(command, AddEmbedding):
             self._embeds[command.request_id] = queued.seq
             self.scheduler.embeddings.add(queued.seq)
@@ -281,7 +333,7 @@ class Engine(EngineClient):
         elif isinstance(command, StopEngine):
             self._stopping = True
 
-    def _admit(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence, loading: Future | None = None) -> None:
         self._seqs[seq.request_id] = seq
         try:
             seq.sampler = self.runner.new_sampler(seq.params)
@@ -289,6 +341,9 @@ class Engine(EngineClient):
             log.exception("request %s: no sampler", seq.request_id)
             seq.finish(FinishReason.ERROR, self.clock(), f"sampling setup failed: {e}")
             self.on_events([self._finish(seq)])
+            return
+        if loading is not None:  # it joins the queue once its saved prefix is read
+            self._loading.append((seq, loading))
             return
         self.scheduler.add(seq)
 
@@ -305,6 +360,9 @@ class Engine(EngineClient):
         the batch: no cells (preempt to fit) or a failed decode (those sequences end)."""
         try:
             return self.runner.run(batch)
+        except RestoreFailed as e:  # those sequences are prefilled instead
+            log.warning("%s: prefilling them instead", e)
+            self.scheduler.on_restore_failed(batch, e.seq_ids)
         except KVCacheFull:  # our accounting and llama.cpp disagree: believe llama.cpp
             victims = self.scheduler.on_cache_full(batch)
             log.warning(

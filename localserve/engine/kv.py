@@ -13,9 +13,17 @@ user, under its sequence id. A new request whose tokens start the same way takes
 (its id, cells trimmed to the common part) and prefills only the rest. A system prompt shared by
 many requests is cached as a *system prompt* entry: prefilled once, kept under an id of its own
 and copied into each request that starts with it, so its cells are shared. Cached prefixes are
-evicted, least recently used first, whenever admission or decode growth needs cells or ids:
-before any live sequence is preempted. A system prompt entry is evicted only when no sequence
-and no cached prefix shares its cells.
+evicted whenever admission or decode growth needs cells or ids, before any live sequence is
+preempted, in the tiers' order (localserve.engine.prefix_tiers.victim_order: a person's older
+prefixes before anyone's latest, what a lower tier holds a copy of before what would be
+prefilled again, then the least recently used). A system prompt entry is evicted only when no
+sequence and no cached prefix shares its cells.
+
+The tiers below the cells (localserve.engine.prefix_tiers): a finished turn's state, and a
+preempted sequence's, is copied out once into the host tier (a "save" cell operation); a request
+whose longest prefix is there (and not in the cells) gets a fresh sequence id and the state copied
+back (a "restore", then a trim to the common part), counted like an admission without reuse: it
+needs cells and an id like any.
 
 The pool only counts; the cell operations it decides (free, trim, copy) are queued, and the
 next batch carries them to the runner, which applies them in llama.cpp, in order, before it
@@ -27,18 +35,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from localserve.engine.prefix_tiers import (
+    CHEAP_TOKENS,
+    HostTier,
+    SavedPrefix,
+    common_prefix,
+    victim_order,
+)
 from localserve.engine.sequence import Sequence
 
 MIN_REUSE_TOKENS = 16  # shorter common prefixes are not worth a sequence id or a lookup
+# a restore from the host tier must reuse this many more tokens than the cells offer: copying
+# megabytes back for a handful of tokens would cost more than prefilling them
+MIN_RESTORE_GAIN = 64
 
 
 class CellOp(NamedTuple):
-    """A cell operation for llama.cpp: free a sequence, keep its first n positions, or copy them."""
+    """A cell operation for llama.cpp: free a sequence, keep its first n positions, copy them,
+    save its state into a host-tier entry or restore an entry's state into it."""
 
-    kind: str  # "free" | "trim" | "copy"
+    kind: str  # "free" | "trim" | "copy" | "save" | "restore"
     seq_id: int
     n: int = 0  # trim: positions to keep; copy: positions [0, n) to copy
     dst: int = -1  # copy: the sequence that receives them
+    saved: SavedPrefix | None = None  # save: the entry to fill; restore: the entry to read
 
 
 @dataclass(eq=False)
@@ -53,6 +73,12 @@ class CachedPrefix:
     num_system: int = 0
     refs: int = 0  # system prompts: sequences and cached prefixes sharing its cells
     last_used: int = 0
+    saved: SavedPrefix | None = None  # its copy in the host tier, if any
+
+    @property
+    def is_cheap(self) -> bool:
+        """Getting it back costs little: a copy below (a restore), or a short prefill."""
+        return self.num_own < CHEAP_TOKENS or (self.saved is not None and self.saved.is_usable)
 
     @property
     def num_own(self) -> int:
@@ -61,23 +87,12 @@ class CachedPrefix:
 
 
 class Match(NamedTuple):
-    prefix: CachedPrefix
+    prefix: CachedPrefix | None  # None: a restore of `saved`
     num_tokens: int  # positions [0, num_tokens) are reused
+    saved: SavedPrefix | None = None  # a prefix restored from the host tier
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+__all__ = ["CellOp", "CachedPrefix", "KVPool", "Match", "common_prefix"]
 
 
 class KVPool:
@@ -90,6 +105,7 @@ class KVPool:
         watermark: float = 0.0,
         prefix_caching: bool = False,
         share_prefixes: str = "user",
+        host: HostTier | None = None,
     ) -> None:
         if num_cells < 1 or num_seq_ids < 1:
             raise ValueError("KVPool needs at least one cell and one sequence id")
@@ -100,6 +116,8 @@ class KVPool:
         self.prefix_caching = prefix_caching
         self.share_all = share_prefixes == "all"
         self.prefixes: list[CachedPrefix] = []
+        # the host tier below the cells (disabled without prefix caching)
+        self.host = host if host is not None and prefix_caching else HostTier(0)
         self.num_evictions = 0
         self._tick = 0  # LRU clock
         self._free_ids = list(range(num_seq_ids - 1, -1, -1))  # pop() hands out 0 first
@@ -122,7 +140,7 @@ class KVPool:
 
     def match(self, seq: Sequence) -> Match | None:
         """The cached prefix this sequence would reuse most of, among those it may see."""
-        if not self.prefix_caching or not self.prefixes:
+        if not self.prefix_caching:
             return None
         best: Match | None = None
         limit = len(seq.tokens) - 1  # the last prompt token is computed again, for its logits
@@ -136,6 +154,18 @@ class KVPool:
                 best is None or (n, prefix.is_system) > (best.num_tokens, best.prefix.is_system)
             ):
                 best = Match(prefix, n)
+        return self._match_host(seq, best, limit)
+
+    def _match_host(self, seq: Sequence, best: Match | None, limit: int) -> Match | None:
+        """The host tier's match instead of the cells', when it reuses clearly more."""
+        if not self.host.entries:
+            return best
+        found = self.host.match(seq.tokens, seq.user, self.share_all, limit)
+        if found is None:
+            return best
+        saved, n = found
+        if n - (best.num_tokens if best else 0) >= MIN_RESTORE_GAIN:
+            return Match(None, n, saved)
         return best
 
     def try_admit(self, seq: Sequence, match: Match | None, watermark: bool = True) -> bool:
@@ -144,12 +174,20 @@ class KVPool:
         A match keeps its prefix (and system prompt) from eviction, cells the request does not share
         included; if that is what stops it, the request is admitted without reuse instead.
         """
-        if self._try_admit(seq, match, watermark):
-            return True
-        return match is not None and self._try_admit(seq, None, watermark)
+        if not self._try_admit(seq, match, watermark):
+            if match is None or not self._try_admit(seq, None, watermark):
+                return False
+            match = None
+        self._admit(seq, match)
+        return True
 
     def _try_admit(self, seq: Sequence, match: Match | None, watermark: bool) -> bool:
-        need_cells = len(seq.tokens) - (match.num_tokens if match else 0)
+        if match is not None and match.saved is not None:
+            # a restore copies the whole entry back before it is trimmed to the common part
+            need_cells = max(len(seq.tokens), len(match.saved.tokens))
+            match = None
+        else:
+            need_cells = len(seq.tokens) - (match.num_tokens if match else 0)
         need_cells += self.num_watermark_cells if watermark else 0
         freed = self._freed_by_takeover(match)
         need_id = match is None or match.prefix.is_system
@@ -158,7 +196,6 @@ class KVPool:
         if need_cells > self.num_free + freed + cells or need_id > len(self._free_ids) + ids:
             return False
         self._evict_until(need_cells - freed, int(need_id), keep)
-        self._admit(seq, match)
         return True
 
     def admit(self, seq: Sequence) -> None:
@@ -167,12 +204,16 @@ class KVPool:
 
     def _admit(self, seq: Sequence, match: Match | None) -> None:
         seq.num_cells = len(seq.tokens)
-        if match is None:
+        seq.restored_from = None
+        if match is None or match.saved is not None:
             seq.seq_id = self._free_ids.pop()
             seq.num_computed = seq.num_system = 0
+            seq.system = None
             self.num_committed += seq.num_cells
+            if match is not None:
+                self._restore(seq, match.saved, match.num_tokens)
             return
-        prefix, n = match
+        prefix, n, _ = match
         self._tick += 1
         if prefix.is_system:  # share its cells: they gain this sequence's id
             prefix.last_used = self._tick
@@ -191,11 +232,44 @@ class KVPool:
         seq.num_computed = n
         self.num_committed += seq.num_cells - n
 
+    def _restore(self, seq: Sequence, saved: SavedPrefix, n: int) -> None:
+        """The entry's state copied into the sequence's fresh id, cut to the common part: its
+        first n tokens are computed (cells already committed by _admit)."""
+        self._ops.append(CellOp("restore", seq.seq_id, len(saved.tokens), saved=saved))
+        if n < len(saved.tokens):
+            self._ops.append(CellOp("trim", seq.seq_id, n))
+        seq.num_computed = n
+        self.num_used += n
+        seq.restored_from = saved
+        self.host.restored(saved, n)
+
+    def restore_failed(self, seq: Sequence) -> None:
+        """The runner could not restore the sequence's prefix: it is prefilled from the start
+        (its cells stay committed; the ones the restore filled, if any, are freed)."""
+        if seq.restored_from is None or seq.seq_id is None:
+            return
+        self.num_used -= seq.num_computed
+        seq.num_computed = 0
+        seq.cached_tokens = 0
+        self.host.counters.failures += 1
+        self.host.counters.hits -= 1
+        self.host.counters.restored_tokens -= len(seq.restored_from.tokens)
+        seq.restored_from.data = b""  # never again (the runner emptied the sequence)
+        seq.restored_from = None
+
+    def _save(self, seq: Sequence) -> SavedPrefix | None:
+        """Copy the sequence's computed cells into the host tier (before they are freed or
+        change hands): a "save" operation the runner fills the entry with."""
+        entry = self.host.new_save(seq.tokens[: seq.num_computed], seq.user)
+        if entry is not None:
+            self._ops.append(CellOp("save", seq.seq_id, seq.num_computed, saved=entry))
+        return entry
+
     def _freed_by_takeover(self, match: Match | None) -> int:
         """Cells freed when a taken-over prefix is trimmed to the common part."""
-        if match is None or match.prefix.is_system:
+        if match is None or match.prefix is None or match.prefix.is_system:
             return 0
-        prefix, n = match
+        prefix, n, _ = match
         return prefix.num_own - (n - min(prefix.num_system, n))
 
     # --- growth and progress ---------------------------------------------------------------
@@ -258,12 +332,14 @@ class KVPool:
 
     # --- release ---------------------------------------------------------------------------
 
-    def release(self, seq: Sequence, keep: bool = False) -> None:
-        """Free what the sequence holds; with `keep`, its computed cells stay as a cached prefix."""
+    def release(self, seq: Sequence, keep: bool = False, save: bool = False) -> None:
+        """Free what the sequence holds; with `keep`, its computed cells stay as a cached prefix;
+        with `keep` or `save`, a copy of them goes to the host tier (when it is long enough)."""
         if seq.seq_id is None:
             return
         self.num_committed -= seq.num_cells - seq.num_computed  # promised, never computed
         own = seq.num_computed - seq.num_system
+        saved = self._save(seq) if (keep or save) and self.prefix_caching else None
         if keep and self.prefix_caching and own > 0 and seq.num_computed >= MIN_REUSE_TOKENS:
             self._tick += 1
             self.prefixes.append(
@@ -274,6 +350,7 @@ class KVPool:
                     system=seq.system,
                     num_system=seq.num_system,
                     last_used=self._tick,
+                    saved=saved,
                 )
             )
         else:
@@ -282,6 +359,7 @@ class KVPool:
                 seq.system.refs -= 1
             self._free_id(seq.seq_id)
         seq.seq_id, seq.system, seq.num_system, seq.num_cells = None, None, 0, 0
+        seq.restored_from = None
 
     def evict_all(self) -> int:
         """Drop every cached prefix that can go (llama.cpp found no room); returns how many."""
@@ -325,7 +403,14 @@ class KVPool:
         ]
         if not candidates:
             return False
-        victim = min(candidates, key=lambda p: p.last_used)
+        # the tiers' rule (prefix_tiers.victim_order); system prompts are everyone's: they
+        # count as their own owner, so they go only as the least recently used
+        victim = victim_order(
+            candidates,
+            lambda p: ("\0system", id(p)) if p.is_system else p.owner,
+            lambda p: p.last_used,
+            lambda p: p.is_cheap,
+        )[0]
         self.prefixes.remove(victim)
         self._drop(victim.num_own)
         if victim.system is not None:

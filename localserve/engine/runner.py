@@ -15,6 +15,7 @@ Tested in tests/unit/engine/test_engine.py and tests/e2e/test_llama_runner.py.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple, Protocol
 
 from localserve.engine.batch import Batch, Sampled
@@ -25,6 +26,15 @@ from localserve.protocol.snapshot import ModelInfo
 
 class KVCacheFull(Exception):
     """llama_decode returned 1: no free KV slot for the batch; nothing was computed."""
+
+
+class RestoreFailed(Exception):
+    """A saved prefix could not be copied back into the cells (llama.cpp refused its state):
+    nothing of the batch was computed; those sequences are prefilled instead."""
+
+    def __init__(self, seq_ids: list[int]) -> None:
+        super().__init__(f"could not restore saved prefixes into sequences {seq_ids}")
+        self.seq_ids = seq_ids
 
 
 class DecodeError(Exception):
@@ -38,6 +48,7 @@ class RunTimings(NamedTuple):
     decode_s: float = 0.0  # inside llama_decode
     sample_s: float = 0.0  # drawing the tokens
     embed_s: float = 0.0  # the embedding decode of the step (0: none), pooling included
+    restore_s: float = 0.0  # copying saved prefixes out of and into the cells (save, restore)
 
 
 class Runner(Protocol):
@@ -91,22 +102,67 @@ class Runner(Protocol):
         """Cells the cache holds for a sequence (from its position range)."""
         ...
 
+    def save_seq(self, seq_id: int) -> bytes:
+        """A sequence's KV state as bytes (b"" when it cannot be saved)."""
+        ...
+
+    def restore_seq(self, seq_id: int, data: bytes) -> bool:
+        """Put a saved state into a sequence (emptied first); False if llama.cpp refuses it
+        (no room, another model's or build's state), the sequence then empty."""
+        ...
+
     def close(self) -> None: ...
 
 
-def apply_cell_ops(runner: Runner, ops: list[CellOp]) -> None:
-    """Apply the pool's cell operations in the order they were decided.
+def apply_cell_ops(runner: Runner, ops: list[CellOp]) -> float:
+    """Apply the pool's cell operations in the order they were decided; returns the seconds
+    spent saving and restoring prefixes.
 
     All of them, even after a refusal (sequence ids get reused); then a refused trim (a memory
-    without partial removal) raises RuntimeError: the pool and the cache no longer agree.
+    without partial removal) raises RuntimeError: the pool and the cache no longer agree; a
+    refused restore raises RestoreFailed (the scheduler prefills those sequences instead). A
+    failed save only leaves its entry empty (the host tier drops it).
     """
-    refused = []
+    refused, unrestored, copy_s = [], [], 0.0
     for op in ops:
         if op.kind == "free":
             runner.free_seq(op.seq_id)
         elif op.kind == "copy":
             runner.copy_seq(op.seq_id, op.dst, op.n)
+        elif op.kind in ("save", "restore"):
+            start = time.perf_counter()
+            if op.kind == "save":
+                op.saved.data = _saved(runner, op)
+            elif not (op.saved.data and _restored(runner, op)):
+                runner.free_seq(op.seq_id)  # whatever a refused state left there
+                unrestored.append(op.seq_id)
+            copy_s += time.perf_counter() - start
+        elif op.seq_id in unrestored:
+            continue  # its cut is moot: it is prefilled from the start
         elif not runner.trim_seq(op.seq_id, op.n):
             refused.append(op)
     if refused:
         raise RuntimeError(f"llama.cpp could not trim sequences to a prefix: {refused}")
+    if unrestored:
+        raise RestoreFailed(unrestored)
+    return copy_s
+
+
+def _saved(runner: Runner, op: CellOp) -> bytes:
+    """The state of the op's sequence, or b"" when it does not hold exactly the op's positions
+    (a copy of other cells would restore the wrong tokens)."""
+    try:
+        if runner.seq_num_cells(op.seq_id) != op.n:
+            return b""
+        return runner.save_seq(op.seq_id)
+    except Exception:  # this entry is lost, nothing else
+        return b""
+
+
+def _restored(runner: Runner, op: CellOp) -> bool:
+    try:
+        return runner.restore_seq(op.seq_id, op.saved.data) and (
+            runner.seq_num_cells(op.seq_id) == op.n
+        )
+    except Exception:
+        return False

@@ -52,6 +52,10 @@ from localserve.engine.speculative import (
 from localserve.engine.waits import NEWCOMER, Prediction, ReplyLengths, bounds, predict_waits
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
+# saved prefixes copied in and out of the cells per second, until measured (llama.cpp's state
+# copy on this CPU: ~5 GB/s; a GPU's copy over PCIe is of the same order)
+COPY_BYTES_PER_S = 2e9
+COPY_SHARE = 0.5  # of the ITL target, what a step's restores may take (at least one restore)
 
 
 class Scheduler:
@@ -90,6 +94,8 @@ class Scheduler:
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
         self._cache_was_full = False  # the last step found no cells: the next one drafts nothing
+        self.copy_rate = COPY_BYTES_PER_S  # saved prefixes in and out of the cells, measured
+        self._copy_s = 0.0  # this step's planned copies (saves and restores), in seconds
 
     # --- requests in and out -------------------------------------------------------------
 
@@ -157,6 +163,11 @@ class Scheduler:
 
     def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> None:
         """Account the step: computed cells, sampled tokens, finished and failed sequences."""
+        moved = _copied_bytes(batch)
+        if moved and batch.restore_s > 0:  # the copies' own rate; the fit learns the rest
+            rate = moved / batch.restore_s
+            self.copy_rate += 0.2 * (rate - self.copy_rate)
+        step_s -= batch.restore_s
         if batch.num_tokens or batch.num_embed_tokens:  # a draft row is priced as a decode row
             rows = batch.num_decode_tokens + batch.num_draft_tokens
             e, e_s = batch.num_embed_tokens, batch.embed_s
@@ -241,6 +252,18 @@ class Scheduler:
         _empty(batch)
         return victims
 
+    def on_restore_failed(self, batch: Batch, seq_ids: list[int]) -> None:
+        """The runner could not restore these sequences' saved prefixes: they are prefilled
+        from the start instead. Nothing of the batch was computed; it is emptied and the next
+        step schedules again."""
+        for item in batch.items:  # drafts give their cells back: nothing of them stands
+            if item.draft:
+                self.kv.settle_draft(item.seq, item.num_tokens, 0)
+        for seq in self.running:
+            if seq.seq_id in seq_ids:
+                self.kv.restore_failed(seq)
+        _empty(batch)
+
     def on_failed(self, batch: Batch, message: str) -> None:
         """Decoding `batch` failed: its sequences end with the error (into `batch.finished`)."""
         failed = list({id(item.seq): item.seq for item in batch.items}.values())
@@ -278,21 +301,36 @@ class Scheduler:
                 batch.num_decode_tokens += 1
 
     def _admit(self, batch: Batch, now: float) -> None:
+        # the copies this step makes: the saves the last step's finished turns asked for, and
+        # the restores admitted now (spread over steps: at most COPY_SHARE of the ITL target,
+        # but always one)
+        limit_s = COPY_SHARE * self.config.itl_target_ms / 1e3
+        self._copy_s = self.kv.host.pending_bytes / self.copy_rate
+        restores = 0
         if self.config.policy == "static" and self.running:
             return  # a fixed batch runs to the end of its slowest member
         while len(self.running) < self.max_num_seqs:
             seq = self._next_candidate()
             if seq is None:
                 return
+            match = self.kv.match(seq)
+            if match is not None and match.saved is not None:
+                copy_s = match.saved.nbytes / self.copy_rate
+                if restores and self._copy_s + copy_s > limit_s:
+                    return  # the next step restores it
             # with nothing running there is nothing to protect: no watermark
-            if not self.kv.try_admit(seq, self.kv.match(seq), watermark=bool(self.running)):
+            if not self.kv.try_admit(seq, match, watermark=bool(self.running)):
                 if not self.running and len(seq.tokens) > self.kv.num_cells:
                     self._refuse(seq, now, batch)  # would never fit, even alone
                     continue
                 return
             self._take(seq)
+            if seq.restored_from is not None:
+                restores += 1
+                self._copy_s += seq.restored_from.nbytes / self.copy_rate
+                batch.restored.append(seq)
             if seq.num_preemptions == 0:
-                seq.cached_tokens = seq.num_computed  # reused from a cached prefix
+                seq.cached_tokens = seq.num_computed  # reused from a cached prefix (or restored)
                 batch.first_admitted.append(seq)
             seq.status = Status.RUNNING
             seq.mark_scheduled(now)
@@ -399,7 +437,8 @@ class Scheduler:
         self._itl_budget = budget
         if not num_decode or self.config.policy != "continuous":
             return budget
-        target = self.config.itl_target_ms / 1e3
+        # the step's copies of saved prefixes take their time from the target first
+        target = max(self.config.itl_target_ms / 1e3 - self._copy_s, 0.0)
         floor = self.config.min_prefill_tokens
         itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
         self._itl_budget = itl_budget  # what the ITL target alone allows
@@ -476,18 +515,26 @@ class Scheduler:
         del self.waiting[user]
         self._users.remove(user)
 
-    def _remove_running(self, seq: Sequence, keep: bool = False) -> None:
-        """Out of the running set; with `keep` its cells stay as a cached prefix."""
+    def _remove_running(self, seq: Sequence, keep: bool = False, save: bool = False) -> None:
+        """Out of the running set; with `keep` its cells stay as a cached prefix; with `keep`
+        or `save` a copy goes to the host tier."""
         self.running.remove(seq)
         self._num_running[seq.user] -= 1
         if not self._num_running[seq.user]:
             del self._num_running[seq.user]
-        self.kv.release(seq, keep)
+        self.kv.release(seq, keep, save)
 
     def _preempt(self, seq: Sequence, now: float) -> None:
-        self._remove_running(seq)
+        """Out of the cells, its computed part saved in the host tier (restored, not
+        recomputed, when it is admitted again), back to the head of the line."""
+        self._remove_running(seq, save=True)
         seq.mark_preempted(now)
         self.requeued.appendleft(seq)
+
+
+def _copied_bytes(batch: Batch) -> int:
+    """Bytes the batch's saves and restores moved (estimates for saves not yet measured)."""
+    return sum(op.saved.nbytes for op in batch.cell_ops if op.saved is not None)
 
 
 def _empty(batch: Batch) -> None:

@@ -60,6 +60,7 @@ class Sequence:
         "queue_s",
         "last_itl_s",
         "cached_tokens",
+        "restored_from",
         "system",
         "num_system",
         "system_tokens",
@@ -101,6 +102,7 @@ class Sequence:
         # and the length of a system prompt at the start of its tokens that other requests may
         # share (every user's with `system_is_global`: the configured one)
         self.cached_tokens = 0
+        self.restored_from = None  # the saved prefix (prefix_tiers.SavedPrefix) it restored
         self.system = None
         self.num_system = 0
         self.system_tokens = 0

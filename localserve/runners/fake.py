@@ -93,6 +93,8 @@ class FakeRunner:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max
         self.cells: dict[int, dict[int, int]] = {}  # seq id -> {position: cell}
         self.refs: dict[int, int] = {}  # cell -> sequences holding it
+        self.cell_tokens: dict[int, int] = {}  # cell -> the token computed there
+        self.failing_restores = False  # every restore is refused (as llama.cpp may)
         self._next_cell = 0
         self.num_samplers = 0
         self._grammar: GrammarEngine | None = None  # made at the first constrained request
@@ -173,7 +175,8 @@ class FakeRunner:
     # --- the step --------------------------------------------------------------------------
 
     def run(self, batch: Batch) -> list[Sampled]:
-        apply_cell_ops(self, batch.cell_ops)
+        self.timings = RunTimings()
+        restore_s = apply_cell_ops(self, batch.cell_ops)
         if not batch.items:
             return []
         assert batch.num_tokens <= self.n_batch, "llama.cpp would abort: n_tokens > n_batch"
@@ -182,12 +185,14 @@ class FakeRunner:
         assert batch.num_logit_rows <= max_rows, "llama.cpp would abort: outputs > n_outputs_max"
         if self.num_cells_in_use + batch.num_tokens > self.n_ctx:
             raise KVCacheFull("fake: no free cells")
-        for seq, start, k, *_ in batch.items:
-            self._place(seq.seq_id, start, k)
+        for seq, start, k, _, draft in batch.items:
+            tokens = [seq.tokens[start], *draft] if draft else seq.tokens[start : start + k]
+            self._check_history(seq, start)
+            self._place(seq.seq_id, start, k, tokens)
         a, b, c = self.step_cost
         num_rows = batch.num_decode_tokens + batch.num_draft_tokens
         decode_s = a + b * num_rows + c * batch.num_prefill_tokens
-        self.timings = RunTimings(decode_s=decode_s)
+        self.timings = RunTimings(decode_s=decode_s, restore_s=restore_s)
         self.clock.now += decode_s
         self.steps.append(
             RunRecord(
@@ -222,15 +227,27 @@ class FakeRunner:
             raise DecodeError("fake: the embedding decode failed")
         return np.stack([fake_vector(tokens, self.n_embd) for tokens in inputs])
 
-    def _place(self, seq_id: int, start: int, k: int) -> None:
+    def _check_history(self, seq, start: int) -> None:
+        """A row attends to the cells of positions [0, start): they must hold the sequence's
+        own tokens (a prefix reused, copied or restored from another text would not)."""
+        held = self.cells.get(seq.seq_id, {})
+        cached = [self.cell_tokens.get(held.get(pos, -1)) for pos in range(start)]
+        if cached != seq.tokens[:start]:
+            wrong = next(p for p in range(start) if cached[p] != seq.tokens[p])
+            raise AssertionError(
+                f"fake: seq {seq.seq_id}'s cache differs from its tokens at {wrong}"
+            )
+
+    def _place(self, seq_id: int, start: int, k: int, tokens: list[int]) -> None:
         """New cells for positions [start, start + k), which must continue the sequence."""
         held = self.cells.setdefault(seq_id, {})
         expected = max(held) + 1 if held else 0
         if start != expected:
             raise ValueError(f"seq {seq_id}: batch starts at {start}, cache at {expected}")
-        for pos in range(start, start + k):
+        for pos, token in zip(range(start, start + k), tokens, strict=True):
             held[pos] = self._next_cell
             self.refs[self._next_cell] = 1
+            self.cell_tokens[self._next_cell] = token
             self._next_cell += 1
 
     def _sample(self, item, row: int | None = None) -> Sampled:
@@ -299,6 +316,33 @@ class FakeRunner:
         self.refs[cell] -= 1
         if not self.refs[cell]:
             del self.refs[cell]
+            self.cell_tokens.pop(cell, None)
+
+    # a saved state: a header (magic, positions) and, per position, its token, padded to
+    # STATE_BYTES_PER_TOKEN as a real state is to its layers' K and V
+    STATE_BYTES_PER_TOKEN = 64
+    _MAGIC = b"FAKEKV01"
+
+    def save_seq(self, seq_id: int) -> bytes:
+        held = self.cells.get(seq_id, {})
+        if not held or sorted(held) != list(range(len(held))):
+            return b""
+        tokens = [self.cell_tokens[held[pos]] for pos in range(len(held))]
+        pad = bytes(self.STATE_BYTES_PER_TOKEN - 4)
+        body = b"".join(t.to_bytes(4, "little") + pad for t in tokens)
+        return self._MAGIC + len(tokens).to_bytes(4, "little") + body
+
+    def restore_seq(self, seq_id: int, data: bytes) -> bool:
+        self.free_seq(seq_id)
+        size = self.STATE_BYTES_PER_TOKEN
+        if self.failing_restores or data[:8] != self._MAGIC:
+            return False
+        n = int.from_bytes(data[8:12], "little")
+        if len(data) != 12 + n * size or self.num_cells_in_use + n > self.n_ctx:
+            return False
+        tokens = [int.from_bytes(data[12 + i * size : 16 + i * size], "little") for i in range(n)]
+        self._place(seq_id, 0, n, tokens)
+        return True
 
     def seq_num_cells(self, seq_id: int) -> int:
         return len(self.cells.get(seq_id, ()))

@@ -342,7 +342,9 @@ class LlamaRunner(TokenText):
     def run(self, batch: Batch) -> list[Sampled]:
         """Apply the cell operations, fill the llama_batch, decode, sample the logit rows (a
         drafted row: its rows in order while they agree with the draft, `verify_draft`)."""
-        apply_cell_ops(self, batch.cell_ops)
+        self.timings = RunTimings()
+        restore_s = apply_cell_ops(self, batch.cell_ops)
+        self.timings = RunTimings(restore_s=restore_s)
         if not batch.items:
             return []
         start = time.perf_counter()
@@ -363,7 +365,9 @@ class LlamaRunner(TokenText):
                 sampled += verify_draft(draft, lambda j, r=row, q=seq: self._sample(r + j, q))
             else:
                 sampled.append(self._sample(row, seq))
-        self.timings = RunTimings(filled - start, decoded - filled, time.perf_counter() - decoded)
+        self.timings = RunTimings(
+            filled - start, decoded - filled, time.perf_counter() - decoded, restore_s=restore_s
+        )
         return sampled
 
     def _fill(self, batch: Batch) -> list[tuple[int, object, tuple[int, ...]]]:
@@ -419,6 +423,22 @@ class LlamaRunner(TokenText):
         lo = llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id)
         hi = llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
         return 0 if hi < 0 else hi - lo + 1
+
+    def save_seq(self, seq_id: int) -> bytes:
+        """The sequence's KV state (llama_state_seq_get_data): its cells' positions and data."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
+        if size <= 0:
+            return b""
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        return bytes(memoryview(buf)[:n]) if n > 0 else b""
+
+    def restore_seq(self, seq_id: int, data: bytes) -> bool:
+        """llama_state_seq_set_data into `seq_id` (llama.cpp empties it first and checks the
+        state's layers, cell types and sizes against this context: 0 when they differ or no
+        cells are free, the sequence left empty)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == len(data)
 
     def close(self) -> None:
         if self.ctx is None:

@@ -1,0 +1,269 @@
+"""The prefix cache's tiers below the KV cells: host memory, and the disk behind it.
+
+A finished turn's cells stay in the KV pool as a cached prefix (localserve.engine.kv); its KV
+state is also copied out, once, into host memory (`SavedPrefix`, filled by the runner with
+llama.cpp's per-sequence state: `llama_state_seq_get_data`), and a sequence preempted for room
+leaves its computed cells there the same way. When the cells are needed for someone else the
+prefix leaves the pool, but the copy stays: the owner's next turn has it copied back into free
+cells (`llama_state_seq_set_data`, milliseconds) instead of prefilled again (seconds on a CPU).
+The host tier is bounded in bytes; what leaves it stays on disk if the engine was given a disk
+tier (`PrefixDisk`, written behind by localserve.runners.prefix_disk: the engine never touches a
+file), so a conversation resumed after hours, or after a restart, starts from its saved KV.
+
+Every tier keeps the prefix isolation rule: an entry is its owner's, and only a request of that
+owner (or any, with share_prefixes = "all") may match it.
+
+Which entry leaves a tier first (`victim_order`), the same rule in every tier and for the KV
+pool's cached prefixes (docs/architecture.md, "The prefix cache's tiers"):
+1. a prefix that another, newer one of the same owner extends goes at once (nothing can match
+   it that does not match the newer one at least as far);
+2. then a person's older conversations, before anyone's latest one: keep one prefix per person
+   before a second prefix of anyone's;
+3. then what is cheap to get back: shorter than `CHEAP_TOKENS` (a short prefill), or, for the
+   KV cells, a copy in a lower tier (a restore);
+4. then the least recently used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+MIN_SAVE_TOKENS = 128  # shorter prefixes are cheaper to prefill again than to keep and restore
+CHEAP_TOKENS = 256  # a prefix this short costs little to prefill again: it leaves a tier early
+DEFAULT_BYTES_PER_TOKEN = 16 << 10  # until the first saved prefix tells the model's own figure
+
+
+def prefix_key(owner: str | None, tokens: Iterable[int]) -> str:
+    """A prefix's name in every tier: its owner and tokens, hashed (the disk file's name)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update((owner if owner is not None else "\0").encode() + b"\n")
+    for t in tokens:
+        h.update(t.to_bytes(4, "little", signed=True))
+    return h.hexdigest()
+
+
+@dataclass(eq=False)
+class SavedPrefix:
+    """The KV state of tokens[0:len], outside the KV cells (host memory, or a disk file)."""
+
+    tokens: list[int]
+    owner: str | None  # whose requests may restore it
+    nbytes: int  # its size: an estimate until the runner has copied it out
+    key: str = ""
+    data: bytes | None = None  # None: being saved (this step's cell operations); b"": failed
+    last_used: int = 0
+    from_disk: bool = False  # read from the disk tier (counted as a disk hit when restored)
+    on_disk: bool = False  # handed to the disk tier
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = prefix_key(self.owner, self.tokens)
+
+    @property
+    def is_usable(self) -> bool:
+        """Saved, or being saved in the same batch's cell operations (applied in order)."""
+        return self.data is None or len(self.data) > 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def extends(longer: list[int], shorter: list[int]) -> bool:
+    return len(longer) >= len(shorter) and longer[: len(shorter)] == shorter
+
+
+def victim_order(entries: list, owner: Callable, last_used: Callable, cheap: Callable) -> list:
+    """`entries` in the order they should leave (the module's rule, steps 2 to 4): whoever's
+    entry is not its owner's most recent first, then the cheap to get back, then the least
+    recently used. `cheap(entry)` says whether getting it back costs little."""
+    latest: dict[str | None, int] = {}
+    for e in entries:
+        latest[owner(e)] = max(latest.get(owner(e), -1), last_used(e))
+    return sorted(
+        entries,
+        key=lambda e: (last_used(e) == latest[owner(e)], not cheap(e), last_used(e)),
+    )
+
+
+@dataclass
+class TierCounters:
+    """What a tier did since the engine started (`/metrics`, the snapshot)."""
+
+    hits: int = 0  # admissions that restored a prefix from it
+    restored_tokens: int = 0
+    restored_bytes: int = 0
+    saved: int = 0  # prefixes copied into it
+    saved_bytes: int = 0
+    evictions: int = 0  # prefixes that left it for room (superseded ones not counted)
+    failures: int = 0  # saves or restores that failed (the tokens were prefilled instead)
+
+
+class DiskStats(Protocol):
+    entries: int
+    bytes: int
+    budget_bytes: int
+    enabled: bool
+    evictions: int
+    problem: str  # why it is off ("" = on)
+
+
+class PrefixDisk(Protocol):
+    """The disk tier, as the engine sees it (localserve.runners.prefix_disk implements it)."""
+
+    def put(self, entry: SavedPrefix) -> None:
+        """Write the entry behind: queue it, never block (the step's path)."""
+
+    def load(self, user: str, tokens: list[int], share_all: bool, skip: frozenset[str]):
+        """The longest saved prefix of `tokens` the user may see, read and checked (its data
+        set, `from_disk` true), or None; entries whose key is in `skip` are not read (the host
+        tier has them). Called on the thread that submits the request, never the engine's."""
+
+    def stats(self) -> DiskStats: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class HostTier:
+    """Saved prefixes in host memory, bounded in bytes. Owned by the engine thread, except
+    `keys`, which other threads may read (a frozenset, replaced whole)."""
+
+    budget_bytes: int
+    entries: list[SavedPrefix] = field(default_factory=list)
+    used_bytes: int = 0
+    bytes_per_token: float = DEFAULT_BYTES_PER_TOKEN
+    counters: TierCounters = field(default_factory=TierCounters)
+    keys: frozenset[str] = frozenset()
+    _pending: list[SavedPrefix] = field(default_factory=list)  # saves in this step's ops
+    _tick: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+    @property
+    def pending_bytes(self) -> int:
+        """What the saves waiting for the next batch's cell operations will copy out."""
+        return sum(e.nbytes for e in self._pending)
+
+    def estimate(self, num_tokens: int) -> int:
+        return int(num_tokens * self.bytes_per_token)
+
+    def new_save(self, tokens: list[int], owner: str | None) -> SavedPrefix | None:
+        """An entry for the runner to fill with a sequence's state (a "save" cell operation),
+        or None when it is not worth keeping (too short, larger than the whole tier, or the
+        entry is here already)."""
+        if not self.enabled or len(tokens) < MIN_SAVE_TOKENS:
+            return None
+        entry = SavedPrefix(list(tokens), owner, self.estimate(len(tokens)))
+        if entry.nbytes > self.budget_bytes or entry.key in self.keys:
+            return None
+        self._add(entry)
+        self._pending.append(entry)
+        return entry
+
+    def adopt(self, entry: SavedPrefix) -> SavedPrefix:
+        """A prefix read from the disk tier joins this one (or the copy here already does)."""
+        for e in self.entries:
+            if e.key == entry.key:
+                return e
+        if self.enabled and entry.nbytes <= self.budget_bytes:
+            self._add(entry)
+        return entry
+
+    def _add(self, entry: SavedPrefix) -> None:
+        self._tick += 1
+        entry.last_used = self._tick
+        # a prefix its owner's new one extends can never be the better match: it goes
+        for old in [e for e in self.entries if e.owner == entry.owner]:
+            if extends(entry.tokens, old.tokens):
+                self._remove(old)
+        self.entries.append(entry)
+        self.used_bytes += entry.nbytes
+        self._evict_to(self.budget_bytes, keep=entry)
+        self.keys = frozenset(e.key for e in self.entries)
+
+    def settle(self) -> list[SavedPrefix]:
+        """After the runner applied the step's cell operations: the saved entries' real sizes,
+        the failed ones dropped. Returns the entries saved (for the disk tier)."""
+        saved, self._pending = self._pending, []
+        done = []
+        for entry in saved:
+            if entry.data is None:  # its operation never ran (the step failed first)
+                entry.data = b""
+            if not entry.data:
+                self.counters.failures += 1
+                self._remove(entry)
+                continue
+            size = len(entry.data)
+            self.bytes_per_token = size / max(1, len(entry.tokens))
+            if entry in self.entries:
+                self.used_bytes += size - entry.nbytes
+            entry.nbytes = size
+            self.counters.saved += 1
+            self.counters.saved_bytes += size
+            done.append(entry)
+        self._evict_to(self.budget_bytes)
+        self.keys = frozenset(e.key for e in self.entries)
+        return done
+
+    def match(
+        self, tokens: list[int], user: str, share_all: bool, limit: int
+    ) -> tuple[SavedPrefix, int] | None:
+        """The entry the tokens share the longest prefix with (at most `limit`), among those
+        the user may see."""
+        best: tuple[SavedPrefix, int] | None = None
+        for entry in self.entries:
+            if not (share_all or entry.owner is None or entry.owner == user):
+                continue
+            if not entry.is_usable:
+                continue
+            n = min(common_prefix(entry.tokens, tokens), limit)
+            if best is None or n > best[1]:
+                best = (entry, n)
+        return best
+
+    def touch(self, entry: SavedPrefix) -> None:
+        self._tick += 1
+        entry.last_used = self._tick
+
+    def restored(self, entry: SavedPrefix, num_tokens: int) -> None:
+        self.touch(entry)
+        self.counters.hits += 1
+        self.counters.restored_tokens += num_tokens
+        self.counters.restored_bytes += entry.nbytes
+
+    def _evict_to(self, budget: int, keep: SavedPrefix | None = None) -> None:
+        if self.used_bytes <= budget:
+            return
+        order = victim_order(
+            [e for e in self.entries if e is not keep],
+            lambda e: e.owner,
+            lambda e: e.last_used,
+            lambda e: len(e.tokens) < CHEAP_TOKENS,
+        )
+        for victim in order:
+            if self.used_bytes <= budget:
+                break
+            self._remove(victim)
+            self.counters.evictions += 1
+
+    def _remove(self, entry: SavedPrefix) -> None:
+        if entry in self.entries:
+            self.entries.remove(entry)
+            self.used_bytes -= entry.nbytes
