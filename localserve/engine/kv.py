@@ -40,6 +40,7 @@ from localserve.engine.prefix_tiers import (
     HostTier,
     SavedPrefix,
     common_prefix,
+    usable,
     victim_order,
 )
 from localserve.engine.sequence import Sequence
@@ -74,6 +75,7 @@ class CachedPrefix:
     refs: int = 0  # system prompts: sequences and cached prefixes sharing its cells
     last_used: int = 0
     saved: SavedPrefix | None = None  # its copy in the host tier, if any
+    exact_from: int = 0  # restored: it may be cut back no shorter (Sequence.exact_from)
 
     @property
     def is_cheap(self) -> bool:
@@ -106,7 +108,10 @@ class KVPool:
         prefix_caching: bool = False,
         share_prefixes: str = "user",
         host: HostTier | None = None,
+        swa_window: int = 0,
     ) -> None:
+        """`host`: the host tier below the cells; `swa_window`: the model's sliding window
+        (0: none), which limits where a restored state may be cut (prefix_tiers.usable)."""
         if num_cells < 1 or num_seq_ids < 1:
             raise ValueError("KVPool needs at least one cell and one sequence id")
         self.num_cells = num_cells
@@ -118,6 +123,7 @@ class KVPool:
         self.prefixes: list[CachedPrefix] = []
         # the host tier below the cells (disabled without prefix caching)
         self.host = host if host is not None and prefix_caching else HostTier(0)
+        self.swa_window = self.host.window = swa_window
         self.num_evictions = 0
         self._tick = 0  # LRU clock
         self._free_ids = list(range(num_seq_ids - 1, -1, -1))  # pop() hands out 0 first
@@ -148,6 +154,8 @@ class KVPool:
             if not (self.share_all or prefix.owner is None or prefix.owner == seq.user):
                 continue
             n = min(common_prefix(prefix.tokens, seq.tokens), limit)
+            if n < prefix.exact_from:
+                continue  # restored: its sliding-window cells do not reach back that far
             # longest wins; on a tie copy the system prompt: taking over the user's cached
             # conversation would cut it back to the system prompt, and it may go on later
             if n >= MIN_REUSE_TOKENS and (
@@ -204,7 +212,7 @@ class KVPool:
 
     def _admit(self, seq: Sequence, match: Match | None) -> None:
         seq.num_cells = len(seq.tokens)
-        seq.restored_from = None
+        seq.restored_from, seq.exact_from = None, 0
         if match is None or match.saved is not None:
             seq.seq_id = self._free_ids.pop()
             seq.num_computed = seq.num_system = 0
@@ -225,6 +233,7 @@ class KVPool:
             self.prefixes.remove(prefix)
             self._drop(self._freed_by_takeover(match))
             seq.seq_id = prefix.seq_id
+            seq.exact_from = prefix.exact_from
             # n >= MIN_REUSE_TOKENS, so a prefix on a system prompt still shares some of its cells
             seq.system, seq.num_system = prefix.system, min(prefix.num_system, n)
             if n < len(prefix.tokens):
@@ -241,6 +250,8 @@ class KVPool:
         seq.num_computed = n
         self.num_used += n
         seq.restored_from = saved
+        if not usable(len(saved.tokens), 0, self.swa_window):
+            seq.exact_from = len(saved.tokens) - 1
         self.host.restored(saved, n)
 
     def restore_failed(self, seq: Sequence) -> None:
@@ -249,7 +260,7 @@ class KVPool:
         if seq.restored_from is None or seq.seq_id is None:
             return
         self.num_used -= seq.num_computed
-        seq.num_computed = 0
+        seq.num_computed = seq.exact_from = 0
         seq.cached_tokens = 0
         self.host.counters.failures += 1
         self.host.counters.hits -= 1
@@ -257,12 +268,27 @@ class KVPool:
         seq.restored_from.data = b""  # never again (the runner emptied the sequence)
         seq.restored_from = None
 
-    def _save(self, seq: Sequence) -> SavedPrefix | None:
+    def _save(self, seq: Sequence, finished: bool) -> SavedPrefix | None:
         """Copy the sequence's computed cells into the host tier (before they are freed or
-        change hands): a "save" operation the runner fills the entry with."""
+        change hands): a "save" operation the runner fills the entry with. A finished turn of
+        a model with sliding-window layers is also saved at its prompt's end (prefix_tiers)."""
         entry = self.host.new_save(seq.tokens[: seq.num_computed], seq.user)
-        if entry is not None:
-            self._ops.append(CellOp("save", seq.seq_id, seq.num_computed, saved=entry))
+        if entry is None:
+            return None
+        self._ops.append(CellOp("save", seq.seq_id, seq.num_computed, saved=entry))
+        n = seq.num_prompt_tokens
+        if (
+            finished
+            and not usable(seq.num_computed, n, self.swa_window)
+            and n >= seq.exact_from
+            and self._free_ids
+        ):
+            checkpoint = self.host.new_save(seq.tokens[:n], seq.user, twin=entry)
+            if checkpoint is not None:  # a copy of its first n cells, saved, then let go
+                spare = self._free_ids[-1]
+                self._ops.append(CellOp("copy", seq.seq_id, n, spare))
+                self._ops.append(CellOp("save", spare, n, saved=checkpoint))
+                self._ops.append(CellOp("free", spare))
         return entry
 
     def _freed_by_takeover(self, match: Match | None) -> int:
@@ -316,8 +342,8 @@ class KVPool:
 
     def _cache_system_prompt(self, seq: Sequence, n: int) -> None:
         """The sequence's first n cells (a system prompt) become an entry that others copy."""
-        if not self._free_ids or n < MIN_REUSE_TOKENS:
-            return
+        if not self._free_ids or n < MIN_REUSE_TOKENS or n < seq.exact_from:
+            return  # (a restored state's window cells may not reach back to its end)
         owner = None if seq.system_is_global else seq.user
         tokens = seq.tokens[:n]
         for prefix in self.prefixes:  # one entry per prompt and audience
@@ -339,7 +365,7 @@ class KVPool:
             return
         self.num_committed -= seq.num_cells - seq.num_computed  # promised, never computed
         own = seq.num_computed - seq.num_system
-        saved = self._save(seq) if (keep or save) and self.prefix_caching else None
+        saved = self._save(seq, keep) if (keep or save) and self.prefix_caching else None
         if keep and self.prefix_caching and own > 0 and seq.num_computed >= MIN_REUSE_TOKENS:
             self._tick += 1
             self.prefixes.append(
@@ -351,6 +377,7 @@ class KVPool:
                     num_system=seq.num_system,
                     last_used=self._tick,
                     saved=saved,
+                    exact_from=seq.exact_from,
                 )
             )
         else:
@@ -359,7 +386,7 @@ class KVPool:
                 seq.system.refs -= 1
             self._free_id(seq.seq_id)
         seq.seq_id, seq.system, seq.num_system, seq.num_cells = None, None, 0, 0
-        seq.restored_from = None
+        seq.restored_from, seq.exact_from = None, 0
 
     def evict_all(self) -> int:
         """Drop every cached prefix that can go (llama.cpp found no room); returns how many."""

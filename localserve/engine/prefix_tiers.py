@@ -10,6 +10,13 @@ The host tier is bounded in bytes; what leaves it stays on disk if the engine wa
 tier (`PrefixDisk`, written behind by localserve.runners.prefix_disk: the engine never touches a
 file), so a conversation resumed after hours, or after a restart, starts from its saved KV.
 
+Sliding-window layers (Gemma's five in six): llama.cpp saves only the cells their window still
+sees, the last `window` positions. A saved prefix of L tokens therefore goes on exactly only from
+L - 1 or L (or from anywhere if L fits in the window): a request sharing fewer of its tokens
+cannot use it (`usable`). So that the next turn of a conversation, whose prompt starts with this
+turn's prompt but may not re-render the reply token for token, still finds one, a finished
+turn of such a model is also saved at its prompt's end (a checkpoint, the same age as the turn).
+
 Every tier keeps the prefix isolation rule: an entry is its owner's, and only a request of that
 owner (or any, with share_prefixes = "all") may match it.
 
@@ -87,6 +94,12 @@ def extends(longer: list[int], shorter: list[int]) -> bool:
     return len(longer) >= len(shorter) and longer[: len(shorter)] == shorter
 
 
+def usable(num_saved: int, num_shared: int, window: int) -> bool:
+    """Whether a saved prefix of `num_saved` tokens goes on exactly when `num_shared` of them
+    are kept: its sliding-window layers hold only their last `window` positions (0: none)."""
+    return not window or num_saved <= window or num_shared >= num_saved - 1
+
+
 def victim_order(entries: list, owner: Callable, last_used: Callable, cheap: Callable) -> list:
     """`entries` in the order they should leave (the module's rule, steps 2 to 4): whoever's
     entry is not its owner's most recent first, then the cheap to get back, then the least
@@ -120,6 +133,12 @@ class DiskStats(Protocol):
     enabled: bool
     evictions: int
     problem: str  # why it is off ("" = on)
+    hits: int  # loads that returned an entry
+    restored_bytes: int
+    saved: int  # entries written
+    saved_bytes: int
+    failures: int  # files found damaged, cut short or missing when read
+    dropped: int  # entries not written: the writer's queue was full
 
 
 class PrefixDisk(Protocol):
@@ -144,6 +163,7 @@ class HostTier:
     `keys`, which other threads may read (a frozenset, replaced whole)."""
 
     budget_bytes: int
+    window: int = 0  # the model's sliding window (0: none), for `usable`
     entries: list[SavedPrefix] = field(default_factory=list)
     used_bytes: int = 0
     bytes_per_token: float = DEFAULT_BYTES_PER_TOKEN
@@ -164,16 +184,20 @@ class HostTier:
     def estimate(self, num_tokens: int) -> int:
         return int(num_tokens * self.bytes_per_token)
 
-    def new_save(self, tokens: list[int], owner: str | None) -> SavedPrefix | None:
+    def new_save(
+        self, tokens: list[int], owner: str | None, twin: SavedPrefix | None = None
+    ) -> SavedPrefix | None:
         """An entry for the runner to fill with a sequence's state (a "save" cell operation),
         or None when it is not worth keeping (too short, larger than the whole tier, or the
-        entry is here already)."""
+        entry is here already). A checkpoint of a longer entry (`twin`) is as old as it."""
         if not self.enabled or len(tokens) < MIN_SAVE_TOKENS:
             return None
         entry = SavedPrefix(list(tokens), owner, self.estimate(len(tokens)))
         if entry.nbytes > self.budget_bytes or entry.key in self.keys:
             return None
         self._add(entry)
+        if twin is not None:
+            entry.last_used = twin.last_used
         self._pending.append(entry)
         return entry
 
@@ -234,6 +258,8 @@ class HostTier:
             if not entry.is_usable:
                 continue
             n = min(common_prefix(entry.tokens, tokens), limit)
+            if not usable(len(entry.tokens), n, self.window):
+                continue
             if best is None or n > best[1]:
                 best = (entry, n)
         return best

@@ -61,6 +61,7 @@ class Sequence:
         "last_itl_s",
         "cached_tokens",
         "restored_from",
+        "exact_from",
         "system",
         "num_system",
         "system_tokens",
@@ -103,6 +104,9 @@ class Sequence:
         # share (every user's with `system_is_global`: the configured one)
         self.cached_tokens = 0
         self.restored_from = None  # the saved prefix (prefix_tiers.SavedPrefix) it restored
+        # a restored state has only the last `window` cells of sliding-window layers: its cells
+        # may be cut back and continued exactly only at this length or more (0: anywhere)
+        self.exact_from = 0
         self.system = None
         self.num_system = 0
         self.system_tokens = 0

@@ -88,12 +88,16 @@ class FakeRunner:
     is_embedding_only: bool = False
     failing_embed_token: int | None = None
     embed_calls: list[list[int]] = field(default_factory=list)  # tokens per input, per call
+    # sliding-window layers' span (0: none): as llama.cpp, a saved state keeps only the last
+    # swa_window positions of those layers, and a row needing an older one fails the step
+    swa_window: int = 0
 
     def __post_init__(self) -> None:
         self.max_num_seqs = self.max_num_seqs or self.n_seq_max
         self.cells: dict[int, dict[int, int]] = {}  # seq id -> {position: cell}
         self.refs: dict[int, int] = {}  # cell -> sequences holding it
         self.cell_tokens: dict[int, int] = {}  # cell -> the token computed there
+        self.windowless: set[int] = set()  # restored cells without their sliding-window part
         self.failing_restores = False  # every restore is refused (as llama.cpp may)
         self._next_cell = 0
         self.num_samplers = 0
@@ -237,6 +241,10 @@ class FakeRunner:
             raise AssertionError(
                 f"fake: seq {seq.seq_id}'s cache differs from its tokens at {wrong}"
             )
+        if self.swa_window:  # the window of the row's first token must be whole
+            seen = range(max(0, start - self.swa_window + 1), start)
+            lost = [pos for pos in seen if held.get(pos) in self.windowless]
+            assert not lost, f"fake: seq {seq.seq_id} needs sliding-window cells {lost[:3]}..."
 
     def _place(self, seq_id: int, start: int, k: int, tokens: list[int]) -> None:
         """New cells for positions [start, start + k), which must continue the sequence."""
@@ -317,10 +325,12 @@ class FakeRunner:
         if not self.refs[cell]:
             del self.refs[cell]
             self.cell_tokens.pop(cell, None)
+            self.windowless.discard(cell)
 
     # a saved state: a header (magic, positions) and, per position, its token, padded to
     # STATE_BYTES_PER_TOKEN as a real state is to its layers' K and V
     STATE_BYTES_PER_TOKEN = 64
+    kv_bytes_per_token = STATE_BYTES_PER_TOKEN  # the engine's first estimate of a state's size
     _MAGIC = b"FAKEKV01"
 
     def save_seq(self, seq_id: int) -> bytes:
@@ -342,6 +352,9 @@ class FakeRunner:
             return False
         tokens = [int.from_bytes(data[12 + i * size : 16 + i * size], "little") for i in range(n)]
         self._place(seq_id, 0, n, tokens)
+        if self.swa_window:  # only the window's last positions came back for those layers
+            held = self.cells[seq_id]
+            self.windowless.update(held[pos] for pos in range(max(0, n - self.swa_window)))
         return True
 
     def seq_num_cells(self, seq_id: int) -> int:

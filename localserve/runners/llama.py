@@ -102,6 +102,8 @@ class LlamaRunner(TokenText):
             or llama_cpp.llama_model_is_hybrid(self.model)
         )
         self.max_draft_rows = cfg.draft_rows if self.supports_prefix_reuse else 0
+        # sliding-window layers' span (0: none): a saved state keeps only their last cells
+        self.swa_window = max(0, llama_cpp.llama_model_n_swa(self.model))
         # logit rows the engine ever asks for: one per running sequence, and the draft rows
         self.n_outputs_max = cfg.max_num_seqs + self.max_draft_rows
         self._load_template(self.model, cfg)
@@ -420,9 +422,10 @@ class LlamaRunner(TokenText):
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, num_tokens)
 
     def seq_num_cells(self, seq_id: int) -> int:
-        lo = llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id)
-        hi = llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
-        return 0 if hi < 0 else hi - lo + 1
+        """Positions [0, pos_max] (every sequence starts at 0). A sliding-window layer may hold
+        fewer: a restored state brings only the window's last cells for those (the pool's
+        `exact_from` knows)."""
+        return llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id) + 1
 
     def save_seq(self, seq_id: int) -> bytes:
         """The sequence's KV state (llama_state_seq_get_data): its cells' positions and data."""

@@ -14,10 +14,19 @@ from localserve.runners.fake import FakeRunner
 class Harness:
     """An engine on a FakeRunner with a fake clock; collects events per request."""
 
-    def __init__(self, runner: FakeRunner, config: SchedulerConfig) -> None:
+    def __init__(
+        self, runner: FakeRunner, config: SchedulerConfig, host_cache_bytes: int = 0, disk=None
+    ) -> None:
         self.runner = runner
         self.events: list[Event] = []
-        self.engine = Engine(runner, config, on_events=self.events.extend, clock=runner.clock)
+        self.engine = Engine(
+            runner,
+            config,
+            on_events=self.events.extend,
+            clock=runner.clock,
+            host_cache_bytes=host_cache_bytes,
+            disk=disk,
+        )
 
     def add(self, rid: str, n_prompt: int, max_tokens: int = 8, user: str = "u", **kw) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, **kw)

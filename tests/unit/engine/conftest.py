@@ -11,7 +11,10 @@ from tests.support.harness import Harness
 
 @pytest.fixture
 def make_harness():
-    def make(config: SchedulerConfig | None = None, **runner_kw) -> Harness:
-        return Harness(FakeRunner(**runner_kw), config or SchedulerConfig())
+    def make(
+        config: SchedulerConfig | None = None, host_cache_bytes: int = 0, disk=None, **runner_kw
+    ) -> Harness:
+        runner = FakeRunner(**runner_kw)
+        return Harness(runner, config or SchedulerConfig(), host_cache_bytes, disk)
 
     return make
