@@ -60,6 +60,15 @@ def tokens(n: float | None) -> str:
     return f"{n / 1e9:.0f}G"
 
 
+def size_of(used: float, budget: float) -> str:
+    """Bytes used of a budget, in the budget's unit: "340/4,096 MiB", "1.2/16.0 GiB"."""
+    if not (_finite(used) and _finite(budget)):
+        return MISSING
+    if budget >= 8 << 30:
+        return f"{used / (1 << 30):,.1f}/{budget / (1 << 30):,.1f} GiB"
+    return f"{used / (1 << 20):,.0f}/{budget / (1 << 20):,.0f} MiB"
+
+
 def plural(count: int, noun: str, suffix: str = "s") -> str:
     """A count and its noun: 1 hit, 3 hits, 2 prefixes (suffix "es")."""
     return f"{count:,} {noun}" + ("" if count == 1 else suffix)

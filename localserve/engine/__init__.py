@@ -5,6 +5,8 @@ metrics. No asyncio, no sockets, no llama.cpp: a `Runner` does the tensor work.
 - `sampling_params.py`: a request's sampling parameters, checked.
 - `text_stream.py`: a sequence's text as it streams: UTF-8 decoding, stop strings.
 - `kv.py`: the KV cells as a capacity pool: sequence ids, cached prefixes.
+- `prefix_tiers.py`: the prefix cache below the cells: saved KV state in host memory, the disk
+  tier's interface, the rule of what leaves a tier first, restores paced within a step.
 - `budget.py`: the adaptive prefill budget of a step that also carries decodes.
 - `speculative.py`: n-gram drafts: more than one token per sequence per step.
 - `embedding.py`: embedding requests: their checks, their queue and each step's packing of inputs.

@@ -228,6 +228,29 @@ class StepCostModel:
             yield lo - num_decode, hi - 1 - num_decode, price
 
 
+def deadline_rate(prefills, now: float, ttft_target_s: float, step_s: float) -> float:
+    """Prompt tokens per second that give every prompt being prefilled (sequences) its first
+    token within `ttft_target_s` of its arrival (earliest deadline first); infinite once a
+    deadline is due before the step would end."""
+    need, rate = 0, 0.0
+    for seq in sorted(prefills, key=lambda s: s.arrival_time):
+        need += seq.num_remaining
+        left = seq.arrival_time + ttft_target_s - now
+        if left <= step_s:
+            return math.inf
+        rate = max(rate, need / left)
+    return rate
+
+
+def waiting_for_room(pasting: set[str], requeued, waiting, num_running, cap: int) -> bool:
+    """Whether a user other than those whose prompts are being prefilled (`pasting`) waits
+    for room (cells, slots), not for their own cap: only they are helped, and fairly, when
+    those prompts finish sooner."""
+    if any(s.user not in pasting for s in requeued):
+        return True
+    return any(user not in pasting and num_running.get(user, 0) < cap for user in waiting)
+
+
 def rls_step(theta: list[float], p: list[list[float]], n: float, y: float):
     """One recursive-least-squares step with forgetting of y = theta0 + theta1 * n; returns the
     new (theta, P), P kept symmetric, positive and bounded as the decode fit's."""

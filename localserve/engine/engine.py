@@ -57,7 +57,14 @@ from localserve.engine.events import (
 )
 from localserve.engine.kv import KVPool
 from localserve.engine.metrics import Metrics
-from localserve.engine.prefix_tiers import HostTier, PrefixDisk, SavedPrefix
+from localserve.engine.prefix_tiers import (
+    CHEAP_TOKENS,
+    DEFAULT_BYTES_PER_TOKEN,
+    DiskReads,
+    HostTier,
+    PrefixDisk,
+    SavedPrefix,
+)
 from localserve.engine.runner import DecodeError, KVCacheFull, RestoreFailed, Runner
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import FinishReason, Sequence, Status
@@ -75,6 +82,16 @@ class StepTimings(NamedTuple):
     run_s: float = 0.0  # the runner: cell operations, fill, decode, sampling
     postprocess_s: float = 0.0
     emit_s: float = 0.0
+
+
+def _pool(runner: Runner, c: SchedulerConfig, reuse: bool, host_cache_bytes: int) -> KVPool:
+    """The KV pool over the runner's cells, with the host tier below them: its first estimate
+    of a state's size per token is the runner's (the first save measures it)."""
+    info = runner.info
+    per_token = getattr(runner, "kv_bytes_per_token", DEFAULT_BYTES_PER_TOKEN)
+    host = HostTier(host_cache_bytes if reuse else 0, bytes_per_token=per_token)
+    window = getattr(runner, "swa_window", 0)  # a saved state keeps only that window's cells
+    return KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes, host, window)
 
 
 def check_prompt(num_tokens: int, n_ctx: int) -> None:
@@ -116,12 +133,9 @@ class Engine(EngineClient):
         info = runner.info
         c = self.config
         reuse = c.prefix_caching and runner.supports_prefix_reuse
-        host = HostTier(host_cache_bytes if reuse else 0)
-        self.kv = KVPool(
-            info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes, host=host
-        )
+        self.kv = _pool(runner, c, reuse, host_cache_bytes)
         self.disk = disk if reuse else None
-        self._loading: list[tuple[Sequence, Future]] = []  # waiting for the disk tier
+        self._reads = DiskReads(c.share_prefixes == "all")  # requests waiting for a disk read
         budget = min(max_num_batched_tokens or info.n_batch, info.n_batch)
         max_num_seqs = info.max_num_seqs or info.n_seq_max
         # drafts need the cache cut back to a prefix (rejected draft cells are trimmed)
@@ -162,21 +176,13 @@ class Engine(EngineClient):
         seq, loading = None, None
         if isinstance(command, AddRequest):
             seq = self._new_sequence(command)
-            loading = self._load_saved(seq)
+            # the disk tier's read of its longest saved prefix, when the host tier lacks it
+            # (on the disk tier's reader thread; the engine is woken when it is done)
+            wake = lambda _: self._commands.put(QueuedCommand(None))  # noqa: E731
+            loading = self._reads.start(self.disk, seq, self.kv.host.keys, wake)
         elif isinstance(command, AddEmbedding):
             seq = self._new_embedding(command)
         self._commands.put(QueuedCommand(command, seq=seq, loading=loading))
-
-    def _load_saved(self, seq: Sequence) -> Future[SavedPrefix | None] | None:
-        """The disk tier's read of the sequence's longest saved prefix, when it has one the
-        host tier does not (on the disk tier's reader thread; the engine is woken when done)."""
-        if self.disk is None:
-            return None
-        share_all = self.config.share_prefixes == "all"
-        loading = self.disk.load(seq.user, seq.tokens, share_all, self.kv.host.keys)
-        if loading is not None:
-            loading.add_done_callback(lambda _: self._commands.put(QueuedCommand(None)))
-        return loading
 
     def _new_embedding(self, add: AddEmbedding) -> EmbeddingRequest:
         check_embedding(add.request_id, add.inputs, self.runner.info)
@@ -255,8 +261,9 @@ class Engine(EngineClient):
             self._tell_expected(batch)
         sampled = self._run(batch)
         batch.restore_s = self.runner.timings.restore_s
+        self.metrics.on_restored(batch.restored)  # before postprocess moves num_computed on
         for saved in self.kv.host.settle():  # this step's copies out: written behind
-            if self.disk is not None:
+            if self.disk is not None and len(saved.tokens) >= CHEAP_TOKENS:
                 self.disk.put(saved)
         vectors = self._embed(batch)
         ran = self.clock()
@@ -292,28 +299,10 @@ class Engine(EngineClient):
             except queue.Empty:
                 break
             self._handle(command)
-        if self._loading:
-            self._queue_loaded()
-
-    def _queue_loaded(self) -> None:
-        """Sequences whose saved prefix the disk tier has read join the queue, the prefix the
-        host tier (a failed read: they simply prefill)."""
-        waiting = []
-        for seq, loading in self._loading:
-            if not loading.done():
-                waiting.append((seq, loading))
-                continue
-            if seq.is_finished or seq.is_cancelled:
-                continue  # cancelled meanwhile: its Done went out with the cancel
-            try:
-                saved = loading.result()
-            except Exception:
-                log.exception("reading a saved prefix failed")
-                saved = None
-            if saved is not None:
+        for seq, saved in self._reads.ready() if self._reads.waiting else ():
+            if saved is not None:  # read from disk: the host tier has it now
                 self.kv.host.adopt(saved)
             self.scheduler.add(seq)
-        self._loading = waiting
 
     def _handle(self, queued: QueuedCommand) -> None:
         command = queued.command
@@ -343,7 +332,7 @@ class Engine(EngineClient):
             self.on_events([self._finish(seq)])
             return
         if loading is not None:  # it joins the queue once its saved prefix is read
-            self._loading.append((seq, loading))
+            self._reads.add(seq, loading)
             return
         self.scheduler.add(seq)
 

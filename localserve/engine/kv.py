@@ -260,11 +260,11 @@ class KVPool:
         if seq.restored_from is None or seq.seq_id is None:
             return
         self.num_used -= seq.num_computed
-        seq.num_computed = seq.exact_from = 0
-        seq.cached_tokens = 0
         self.host.counters.failures += 1
         self.host.counters.hits -= 1
-        self.host.counters.restored_tokens -= len(seq.restored_from.tokens)
+        self.host.counters.restored_tokens -= seq.num_computed
+        seq.num_computed = seq.exact_from = 0
+        seq.cached_tokens = 0
         seq.restored_from.data = b""  # never again (the runner emptied the sequence)
         seq.restored_from = None
 

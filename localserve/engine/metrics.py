@@ -8,6 +8,9 @@
   first admission -> last token (preemptions included; only for requests that got a token).
 - Prefix cache queries and hits count tokens: every first admission's prompt tokens while
   prefix caching is on, and the tokens it reused.
+- Restores (localserve.engine.prefix_tiers) are counted per tier, by where the KV state came
+  from: a saved prefix read from the disk is a disk hit, any other a host hit; each counts the
+  restore's tokens and bytes, at the step that made it (a re-admission after a preemption too).
 - Sliding windows give p50/p90/p99 for the monitor (None when empty); cumulative histograms
   with vLLM's buckets feed `/metrics`; counters and per-step records (decode vs prefill tokens,
   step time, time outside llama_decode) complete the picture. The engine packs it all into one
@@ -25,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from localserve.engine.prefix_tiers import TierCounters
 from localserve.engine.sequence import FinishReason, Sequence
 from localserve.engine.slowdown import Slowdown
 from localserve.engine.stats import percentile
@@ -159,6 +163,10 @@ class Metrics:
         self.steps: deque[StepRecord] = deque(maxlen=256)
         self.slowdown = Slowdown()  # the steps against this machine's own best
         self.events: deque[EventRow] = deque(maxlen=100)
+        # restores by the tier their KV state came from (hits, restored tokens and bytes), and
+        # each running sequence's latest one: (tokens restored, tier)
+        self.tiers = {"host": TierCounters(), "disk": TierCounters()}
+        self.restored: dict[str, tuple[int, str]] = {}
 
     # --- recording -------------------------------------------------------------------------
 
@@ -184,8 +192,28 @@ class Metrics:
         if seq.cached_tokens:
             self.counters.cached_tokens += seq.cached_tokens
             self.counters.prefix_hits += 1
-            detail += f", {seq.cached_tokens} reused"
+            restored = self.restored.get(seq.request_id)
+            if restored is not None:
+                detail += f", {restored[0]} restored from {restored[1]}"
+            else:
+                detail += f", {seq.cached_tokens} reused"
         self.event("admitted", seq, detail, at=seq.first_scheduled_time)
+
+    def on_restored(self, seqs: Iterable[Sequence]) -> None:
+        """The step's restores (`Batch.restored`), once the runner has made them and before
+        postprocess: a sequence's computed tokens are still the ones restored. One that failed
+        or lost its cells in the step has no `restored_from` any more and is not counted."""
+        for seq in seqs:
+            saved = seq.restored_from
+            if saved is None:
+                continue
+            tier = "disk" if saved.from_disk else "host"
+            saved.from_disk = False  # read once from disk; it is the host tier's from now on
+            counters = self.tiers[tier]
+            counters.hits += 1
+            counters.restored_tokens += seq.num_computed
+            counters.restored_bytes += saved.nbytes
+            self.restored[seq.request_id] = (seq.num_computed, tier)
 
     def on_token(self, seq: Sequence, num_tokens: int = 1) -> None:
         """A step's tokens for one sequence: several when it accepted a draft; one inter-token
@@ -198,11 +226,13 @@ class Metrics:
 
     def on_preempted(self, seq: Sequence) -> None:
         self.counters.preemptions += 1
+        self.restored.pop(seq.request_id, None)
         detail = f"cells freed, will recompute {len(seq.tokens)} tokens"
         self.event("preempted", seq, detail, at=seq.queued_time)
 
     def on_finished(self, seq: Sequence) -> None:
         self.counters.finished += 1
+        self.restored.pop(seq.request_id, None)
         reason = seq.finish_reason
         if reason is FinishReason.CANCELLED:
             self.counters.cancellations += 1

@@ -34,9 +34,13 @@ pool's cached prefixes (docs/architecture.md, "The prefix cache's tiers"):
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
+
+log = logging.getLogger("localserve.engine.prefix_tiers")
 
 MIN_SAVE_TOKENS = 128  # shorter prefixes are cheaper to prefill again than to keep and restore
 CHEAP_TOKENS = 256  # a prefix this short costs little to prefill again: it leaves a tier early
@@ -293,3 +297,77 @@ class HostTier:
         if entry in self.entries:
             self.entries.remove(entry)
             self.used_bytes -= entry.nbytes
+
+
+# saved prefixes copied in and out of the cells per second, until measured (llama.cpp's state
+# copy on this CPU: ~5 GB/s; a GPU's copy over PCIe is of the same order)
+COPY_BYTES_PER_S = 2e9
+COPY_SHARE = 0.5  # of the ITL target, what a step's restores may take (at least one restore)
+
+
+@dataclass
+class CopyPace:
+    """The step's copies of saved prefixes (saves and restores), priced at their measured rate:
+    restores are spread over steps, at most COPY_SHARE of the ITL target each (but always one),
+    and the prefill budget gets the target less the copies' time (the scheduler's)."""
+
+    rate: float = COPY_BYTES_PER_S
+    planned_s: float = 0.0  # this step's copies, in seconds
+    restores: int = 0  # admitted in this step
+
+    def start(self, pending_bytes: int) -> None:
+        """A new step, with the saves the last step's finished turns asked for."""
+        self.planned_s, self.restores = pending_bytes / self.rate, 0
+
+    def may_restore(self, nbytes: int, itl_target_s: float) -> bool:
+        limit_s = COPY_SHARE * itl_target_s
+        return not self.restores or self.planned_s + nbytes / self.rate <= limit_s
+
+    def restored(self, nbytes: int) -> None:
+        self.restores += 1
+        self.planned_s += nbytes / self.rate
+
+    def learn(self, moved_bytes: int, seconds: float) -> None:
+        """What a step's copies took: their own rate (the step-cost fit learns the rest)."""
+        if moved_bytes and seconds > 0:
+            self.rate += 0.2 * (moved_bytes / seconds - self.rate)
+
+
+class DiskReads:
+    """Requests waiting for the disk tier to read their saved prefix (on its thread): they
+    join the queue when it is read (their prefix into the host tier) or when it fails."""
+
+    def __init__(self, share_all: bool = False) -> None:
+        self.share_all = share_all
+        self.waiting: list[tuple[object, Future]] = []
+
+    def start(self, disk: PrefixDisk | None, seq, skip: frozenset[str], wake) -> Future | None:
+        """The disk's read of the sequence's longest saved prefix (None: it has none but those
+        in `skip`, the host tier's); `wake` is called when it is done."""
+        if disk is None:
+            return None
+        loading = disk.load(seq.user, seq.tokens, self.share_all, skip)
+        if loading is not None:
+            loading.add_done_callback(wake)
+        return loading
+
+    def add(self, seq, loading: Future) -> None:
+        self.waiting.append((seq, loading))
+
+    def ready(self) -> list[tuple[object, SavedPrefix | None]]:
+        """The sequences whose read is over, with what it gave (None: nothing, or it failed);
+        those cancelled meanwhile are left out (their Done went with the cancel)."""
+        done, self.waiting = (
+            [w for w in self.waiting if w[1].done()],
+            [w for w in self.waiting if not w[1].done()],
+        )
+        out = []
+        for seq, loading in done:
+            if seq.is_finished or seq.is_cancelled:
+                continue
+            try:
+                out.append((seq, loading.result()))
+            except Exception:
+                log.exception("reading a saved prefix failed")
+                out.append((seq, None))
+        return out

@@ -29,16 +29,16 @@ chunks take the rest. The `static` policy admits only when the running set is em
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable
 
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
-from localserve.engine.budget import StepCostModel
+from localserve.engine.budget import StepCostModel, deadline_rate, waiting_for_room
 from localserve.engine.embedding import EmbeddingQueue, schedule_embeddings
 from localserve.engine.kv import KVPool
+from localserve.engine.prefix_tiers import CopyPace
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.speculative import (
@@ -52,10 +52,6 @@ from localserve.engine.speculative import (
 from localserve.engine.waits import NEWCOMER, Prediction, ReplyLengths, bounds, predict_waits
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
-# saved prefixes copied in and out of the cells per second, until measured (llama.cpp's state
-# copy on this CPU: ~5 GB/s; a GPU's copy over PCIe is of the same order)
-COPY_BYTES_PER_S = 2e9
-COPY_SHARE = 0.5  # of the ITL target, what a step's restores may take (at least one restore)
 
 
 class Scheduler:
@@ -94,8 +90,7 @@ class Scheduler:
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
         self._cache_was_full = False  # the last step found no cells: the next one drafts nothing
-        self.copy_rate = COPY_BYTES_PER_S  # saved prefixes in and out of the cells, measured
-        self._copy_s = 0.0  # this step's planned copies (saves and restores), in seconds
+        self.copies = CopyPace()  # saved prefixes copied in and out of the cells
 
     # --- requests in and out -------------------------------------------------------------
 
@@ -163,11 +158,9 @@ class Scheduler:
 
     def postprocess(self, batch: Batch, sampled: list[Sampled], step_s: float) -> None:
         """Account the step: computed cells, sampled tokens, finished and failed sequences."""
-        moved = _copied_bytes(batch)
-        if moved and batch.restore_s > 0:  # the copies' own rate; the fit learns the rest
-            rate = moved / batch.restore_s
-            self.copy_rate += 0.2 * (rate - self.copy_rate)
-        step_s -= batch.restore_s
+        moved = sum(op.saved.nbytes for op in batch.cell_ops if op.saved is not None)
+        self.copies.learn(moved, batch.restore_s)
+        step_s -= batch.restore_s  # the copies' own time: the step-cost fit learns the rest
         if batch.num_tokens or batch.num_embed_tokens:  # a draft row is priced as a decode row
             rows = batch.num_decode_tokens + batch.num_draft_tokens
             e, e_s = batch.num_embed_tokens, batch.embed_s
@@ -240,9 +233,7 @@ class Scheduler:
         """
         victims = []
         self._cache_was_full = True
-        for item in batch.items:  # drafts give their cells back: nothing of them stands
-            if item.draft:
-                self.kv.settle_draft(item.seq, item.num_tokens, 0)
+        self._undraft(batch)
         if not self.kv.evict_all():
             self.kv.shrink(self.kv.num_used + batch.num_tokens - 1)
             while self.running and self.kv.num_committed > self.kv.num_cells:
@@ -253,16 +244,18 @@ class Scheduler:
         return victims
 
     def on_restore_failed(self, batch: Batch, seq_ids: list[int]) -> None:
-        """The runner could not restore these sequences' saved prefixes: they are prefilled
-        from the start instead. Nothing of the batch was computed; it is emptied and the next
-        step schedules again."""
-        for item in batch.items:  # drafts give their cells back: nothing of them stands
-            if item.draft:
-                self.kv.settle_draft(item.seq, item.num_tokens, 0)
+        """Saved prefixes the runner could not restore: those sequences prefill from the start;
+        nothing of the batch was computed (it is emptied, the next step schedules again)."""
+        self._undraft(batch)
         for seq in self.running:
             if seq.seq_id in seq_ids:
                 self.kv.restore_failed(seq)
         _empty(batch)
+
+    def _undraft(self, batch: Batch) -> None:
+        for item in batch.items:  # drafts give their cells back: nothing of them stands
+            if item.draft:
+                self.kv.settle_draft(item.seq, item.num_tokens, 0)
 
     def on_failed(self, batch: Batch, message: str) -> None:
         """Decoding `batch` failed: its sequences end with the error (into `batch.finished`)."""
@@ -301,12 +294,7 @@ class Scheduler:
                 batch.num_decode_tokens += 1
 
     def _admit(self, batch: Batch, now: float) -> None:
-        # the copies this step makes: the saves the last step's finished turns asked for, and
-        # the restores admitted now (spread over steps: at most COPY_SHARE of the ITL target,
-        # but always one)
-        limit_s = COPY_SHARE * self.config.itl_target_ms / 1e3
-        self._copy_s = self.kv.host.pending_bytes / self.copy_rate
-        restores = 0
+        self.copies.start(self.kv.host.pending_bytes)  # restores are spread over steps
         if self.config.policy == "static" and self.running:
             return  # a fixed batch runs to the end of its slowest member
         while len(self.running) < self.max_num_seqs:
@@ -314,10 +302,9 @@ class Scheduler:
             if seq is None:
                 return
             match = self.kv.match(seq)
-            if match is not None and match.saved is not None:
-                copy_s = match.saved.nbytes / self.copy_rate
-                if restores and self._copy_s + copy_s > limit_s:
-                    return  # the next step restores it
+            saved = match.saved if match is not None else None
+            if saved and not self.copies.may_restore(saved.nbytes, self.config.itl_target_ms / 1e3):
+                return  # the next step restores it
             # with nothing running there is nothing to protect: no watermark
             if not self.kv.try_admit(seq, match, watermark=bool(self.running)):
                 if not self.running and len(seq.tokens) > self.kv.num_cells:
@@ -326,8 +313,7 @@ class Scheduler:
                 return
             self._take(seq)
             if seq.restored_from is not None:
-                restores += 1
-                self._copy_s += seq.restored_from.nbytes / self.copy_rate
+                self.copies.restored(seq.restored_from.nbytes)
                 batch.restored.append(seq)
             if seq.num_preemptions == 0:
                 seq.cached_tokens = seq.num_computed  # reused from a cached prefix (or restored)
@@ -438,42 +424,19 @@ class Scheduler:
         if not num_decode or self.config.policy != "continuous":
             return budget
         # the step's copies of saved prefixes take their time from the target first
-        target = max(self.config.itl_target_ms / 1e3 - self._copy_s, 0.0)
+        target = max(self.config.itl_target_ms / 1e3 - self.copies.planned_s, 0.0)
         floor = self.config.min_prefill_tokens
         itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
         self._itl_budget = itl_budget  # what the ITL target alone allows
         # one user's paste (or pastes) never stalls the others' streams; several users' pastes,
         # or others waiting for room, may: TTFT first
         pasting = {s.user for s in prefills if s.num_remaining > itl_budget}
-        if len(pasting) > 1 or self._waiting_for_room(pasting):
-            rate = self._deadline_rate(prefills, now)
+        cap, running = self.config.max_running_per_user, self._num_running
+        if len(pasting) > 1 or waiting_for_room(pasting, self.requeued, self.waiting, running, cap):
+            c = self.config
+            rate = deadline_rate(prefills, now, c.ttft_target_ms / 1e3, c.itl_target_ms / 1e3)
             itl_budget = max(itl_budget, self.cost.chunk_for_rate(num_decode, rate, budget))
         return min(budget, itl_budget)
-
-    def _waiting_for_room(self, pasting: set[str]) -> bool:
-        """Whether a user other than those whose prompts are being prefilled waits for room
-        (cells, slots), not for their own cap: only they are helped, and fairly, when those
-        prompts finish sooner."""
-        cap = self.config.max_running_per_user
-        if any(s.user not in pasting for s in self.requeued):
-            return True
-        return any(
-            user not in pasting and self._num_running.get(user, 0) < cap for user in self.waiting
-        )
-
-    def _deadline_rate(self, prefills: list[Sequence], now: float) -> float:
-        """Prompt tokens per second that give every prompt being prefilled its first token
-        within `ttft_target_ms` of its arrival (earliest deadline first); infinite once a
-        deadline is due before the step would end."""
-        target_s, step_s = self.config.ttft_target_ms / 1e3, self.config.itl_target_ms / 1e3
-        need, rate = 0, 0.0
-        for seq in sorted(prefills, key=lambda s: s.arrival_time):
-            need += seq.num_remaining
-            left = seq.arrival_time + target_s - now
-            if left <= step_s:
-                return math.inf
-            rate = max(rate, need / left)
-        return rate
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -525,16 +488,10 @@ class Scheduler:
         self.kv.release(seq, keep, save)
 
     def _preempt(self, seq: Sequence, now: float) -> None:
-        """Out of the cells, its computed part saved in the host tier (restored, not
-        recomputed, when it is admitted again), back to the head of the line."""
+        """Out of the cells (their copy to the host tier), back to the head of the line."""
         self._remove_running(seq, save=True)
         seq.mark_preempted(now)
         self.requeued.appendleft(seq)
-
-
-def _copied_bytes(batch: Batch) -> int:
-    """Bytes the batch's saves and restores moved (estimates for saves not yet measured)."""
-    return sum(op.saved.nbytes for op in batch.cell_ops if op.saved is not None)
 
 
 def _empty(batch: Batch) -> None:

@@ -1,7 +1,9 @@
 """The snapshot: one look at the engine, built on its thread between steps.
 
 Everything the monitor, the diagnosis and `/metrics` show comes from here, with the derived
-numbers (live cells, each row's own cells, a request's client id) computed once.
+numbers (live cells, each row's own cells, a request's client id) computed once. The prefix
+cache's tiers are read from the host tier (`kv.host`) and the disk's `stats()`, their restores
+from the metrics (which count them by the tier the KV state came from).
 
 Tested in tests/unit/engine/test_engine.py.
 """
@@ -18,11 +20,12 @@ from localserve.config import SchedulerConfig
 from localserve.engine.embedding import EmbeddingRequest
 from localserve.engine.kv import KVPool
 from localserve.engine.metrics import Metrics
+from localserve.engine.prefix_tiers import PrefixDisk
 from localserve.engine.runner import Runner
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.sequence import Sequence
 from localserve.engine.waits import NEWCOMER, WaitForecast
-from localserve.protocol.snapshot import EmbeddingRow, SeqRow, Snapshot, WaitingRow
+from localserve.protocol.snapshot import EmbeddingRow, PrefixTier, SeqRow, Snapshot, WaitingRow
 
 
 class SnapshotSource(Protocol):
@@ -35,6 +38,7 @@ class SnapshotSource(Protocol):
     metrics: Metrics
     forecast: WaitForecast
     clock: Callable[[], float]
+    disk: PrefixDisk | None  # the disk tier, when the engine has one
 
 
 def build_snapshot(engine: SnapshotSource) -> Snapshot:
@@ -67,7 +71,7 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
         generation_tokens_per_s=gen_tps,
         steps=m.step_stats(sched.last_prefill_budget),
         counters=msgspec.structs.replace(m.counters, prefix_evictions=kv.num_evictions),
-        seqs=[seq_row(s, now) for s in sched.running],
+        seqs=[seq_row(s, now, m.restored.get(s.request_id)) for s in sched.running],
         waiting_seqs=[
             waiting_row(i, s, now, engine.forecast.entry_in(s.request_id, now))
             for i, s in enumerate(sched.waiting_seqs(), 1)
@@ -78,6 +82,54 @@ def build_snapshot(engine: SnapshotSource) -> Snapshot:
         embeddings=[embedding_row(r, now) for r in sched.embeddings.requests],
         embed_inputs_per_s=embed_inputs_ps,
         embed_tokens_per_s=embed_tokens_ps,
+        host_tier=host_tier(engine),
+        disk_tier=disk_tier(engine),
+    )
+
+
+def host_tier(engine: SnapshotSource) -> PrefixTier:
+    """The host tier: its occupancy and counters, its hits those not read from the disk."""
+    host, restores = engine.kv.host, engine.metrics.tiers["host"]
+    c = host.counters
+    return PrefixTier(
+        enabled=host.enabled,
+        entries=len(host.entries),
+        bytes=host.used_bytes,
+        budget_bytes=host.budget_bytes,
+        hits=restores.hits,
+        restored_tokens=restores.restored_tokens,
+        restored_bytes=restores.restored_bytes,
+        saved=c.saved,
+        saved_bytes=c.saved_bytes,
+        evictions=c.evictions,
+        failures=c.failures,
+    )
+
+
+def disk_tier(engine: SnapshotSource) -> PrefixTier:
+    """The disk tier as its stats() tell it (off without one), with the restores of what was
+    read from it. Fields its stats may not have are 0."""
+    disk = getattr(engine, "disk", None)
+    if disk is None:
+        return PrefixTier()
+    stats, restores = disk.stats(), engine.metrics.tiers["disk"]
+
+    def stat(name: str):
+        return getattr(stats, name, 0)
+
+    return PrefixTier(
+        enabled=bool(getattr(stats, "enabled", False)),
+        problem=str(getattr(stats, "problem", "")),
+        entries=stat("entries"),
+        bytes=stat("bytes"),
+        budget_bytes=stat("budget_bytes"),
+        hits=restores.hits,
+        restored_tokens=restores.restored_tokens,
+        restored_bytes=restores.restored_bytes,
+        saved=stat("saved"),
+        saved_bytes=stat("saved_bytes"),
+        evictions=stat("evictions"),
+        failures=stat("failures"),
     )
 
 
@@ -95,7 +147,8 @@ def embedding_row(request: EmbeddingRequest, now: float) -> EmbeddingRow:
     )
 
 
-def seq_row(seq: Sequence, now: float) -> SeqRow:
+def seq_row(seq: Sequence, now: float, restored: tuple[int, str] | None = None) -> SeqRow:
+    """A running sequence's row; `restored`: its latest restore (tokens, tier), if any."""
     ttft = seq.timings_s()[1]
     first, last = seq.first_token_time, seq.last_token_time
     n = seq.num_output_tokens
@@ -116,6 +169,8 @@ def seq_row(seq: Sequence, now: float) -> SeqRow:
         last_itl_s=seq.last_itl_s,
         since_last_token_s=now - last if last is not None else None,
         num_preemptions=seq.num_preemptions,
+        restored_tokens=restored[0] if restored else 0,
+        restored_from=restored[1] if restored else "",
     )
 
 

@@ -2,8 +2,8 @@
 
 Names carry the `localserve:` prefix as vLLM's carry `vllm:`, so a dashboard made for vLLM works
 once its prefix is changed (docs/grafana/localserve.json is one). Every series has the model
-name as a label; `request_success_total` also has `finished_reason`. Never the user: unbounded
-cardinality, and a privacy leak.
+name as a label; `request_success_total` also has `finished_reason`, the prefix cache's tiers
+`tier` (host, disk). Never the user: unbounded cardinality, and a privacy leak.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from localserve.protocol.snapshot import Counters, Snapshot
+from localserve.protocol.snapshot import Counters, PrefixTier, Snapshot
 
 PREFIX = "localserve:"
 
@@ -133,6 +133,43 @@ METRICS: list[tuple[str, str, str, Callable[[Snapshot, Counters, AuthCounts], fl
 ]  # fmt: skip
 
 
+# the prefix cache's tiers below the KV cells, one series per tier (`tier`: host, disk), both
+# always exported (zeros while off) so that a panel has its series before the first restore
+TIERS: dict[str, Callable[[Snapshot], PrefixTier]] = {
+    "host": lambda s: s.host_tier,
+    "disk": lambda s: s.disk_tier,
+}
+TIER_METRICS: list[tuple[str, str, str, Callable[[PrefixTier], float]]] = [
+    ("prefix_cache_tier_enabled", "gauge",
+     "1 while the prefix cache's tier (host memory, disk) is on, else 0.",
+     lambda t: int(t.enabled)),
+    ("prefix_cache_tier_entries", "gauge", "Saved prefixes the tier holds.",
+     lambda t: t.entries),
+    ("prefix_cache_tier_bytes", "gauge", "Bytes of saved KV state the tier holds.",
+     lambda t: t.bytes),
+    ("prefix_cache_tier_budget_bytes", "gauge", "Bytes of saved KV state the tier may hold.",
+     lambda t: t.budget_bytes),
+    ("prefix_cache_tier_hits_total", "counter",
+     "Restores whose KV state came from the tier (copied back, not prefilled).",
+     lambda t: t.hits),
+    ("prefix_cache_tier_restored_tokens_total", "counter",
+     "Tokens restored from the tier instead of prefilled.",
+     lambda t: t.restored_tokens),
+    ("prefix_cache_tier_restored_bytes_total", "counter",
+     "Bytes of KV state copied back into the cells from the tier.",
+     lambda t: t.restored_bytes),
+    ("prefix_cache_tier_saved_total", "counter", "Prefixes written into the tier.",
+     lambda t: t.saved),
+    ("prefix_cache_tier_saved_bytes_total", "counter", "Bytes of KV state written into the tier.",
+     lambda t: t.saved_bytes),
+    ("prefix_cache_tier_evictions_total", "counter", "Saved prefixes that left the tier for room.",
+     lambda t: t.evictions),
+    ("prefix_cache_tier_failures_total", "counter",
+     "Saves, writes or restores of the tier that failed (the tokens were prefilled).",
+     lambda t: t.failures),
+]  # fmt: skip
+
+
 class AuthCounts(NamedTuple):
     failures: int = 0
     throttled: int = 0
@@ -171,6 +208,7 @@ def render(
         for reason, count in FINISHED_REASONS.items():
             out.append(f'{success}{{{label},finished_reason="{reason}"}} {count(s.counters)}')
     out += _accepted_per_position(snaps, labels)
+    out += _tiers(snaps, labels)
     for name, help_text in HISTOGRAMS.items():
         present = [(s, lb) for s, lb in zip(snaps, labels, strict=True) if name in s.histograms]
         for i, (s, label) in enumerate(present):  # an older engine's snapshot may lack some
@@ -191,6 +229,17 @@ def _accepted_per_position(snaps: list[Snapshot], labels: list[str]) -> list[str
     for s, label in zip(snaps, labels, strict=True):
         for pos, count in enumerate(s.counters.spec_accepted_per_position):
             out.append(f'{name}{{{label},position="{pos}"}} {count}')
+    return out
+
+
+def _tiers(snaps: list[Snapshot], labels: list[str]) -> list[str]:
+    """The prefix cache's tiers: each family with one series per model and tier."""
+    out = []
+    for name, kind, help_text, value in TIER_METRICS:
+        out += [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"]
+        for s, label in zip(snaps, labels, strict=True):
+            for tier, read in TIERS.items():
+                out.append(f'{PREFIX}{name}{{{label},tier="{tier}"}} {_number(value(read(s)))}')
     return out
 
 

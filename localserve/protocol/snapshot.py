@@ -92,6 +92,11 @@ class SeqRow(msgspec.Struct):
     last_itl_s: float | None
     since_last_token_s: float | None
     num_preemptions: int
+    # a restored prefix (localserve.engine.prefix_tiers): the tokens whose KV state was copied
+    # back into its cells at its latest admission instead of prefilled, and the tier they came
+    # from ("host" or "disk"; "" and 0: no restore, or a frame from an older server)
+    restored_tokens: int = 0
+    restored_from: str = ""
 
 
 class WaitingRow(msgspec.Struct):
@@ -176,6 +181,25 @@ class Counters(msgspec.Struct):
     embed_tokens: int = 0
     embed_cancellations: int = 0
     embed_errors: int = 0
+
+
+class PrefixTier(msgspec.Struct):
+    """A tier of the prefix cache below the KV cells (localserve.engine.prefix_tiers): host
+    memory, or the disk behind it. Occupancy now, counters since the engine started; off and
+    zero in frames from older servers."""
+
+    enabled: bool = False  # on and usable
+    problem: str = ""  # why it is off although it was asked for (the disk's); "" otherwise
+    entries: int = 0  # saved prefixes it holds
+    bytes: int = 0  # their KV state's size
+    budget_bytes: int = 0  # what it may hold
+    hits: int = 0  # restores whose KV state came from it (the engine counts them)
+    restored_tokens: int = 0  # tokens those restores gave back (not prefilled)
+    restored_bytes: int = 0  # KV state they copied back into the cells
+    saved: int = 0  # prefixes written into it
+    saved_bytes: int = 0
+    evictions: int = 0  # prefixes that left it for room
+    failures: int = 0  # saves, writes or restores that failed (the tokens were prefilled)
 
 
 class EventRow(msgspec.Struct):
@@ -272,3 +296,6 @@ class Snapshot(msgspec.Struct):
     embeddings: list[EmbeddingRow] = msgspec.field(default_factory=list)
     embed_inputs_per_s: float = 0.0
     embed_tokens_per_s: float = 0.0
+    # the prefix cache's tiers below the cells: host memory and the disk (off: PrefixTier())
+    host_tier: PrefixTier = msgspec.field(default_factory=PrefixTier)
+    disk_tier: PrefixTier = msgspec.field(default_factory=PrefixTier)

@@ -19,8 +19,7 @@ from localserve.engine.engine import Engine
 from localserve.engine.events import Done
 from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
-from tests.e2e.test_speculative_decoding import _count_same
-from tests.support.llama_runs import all_cells, open_runner
+from tests.support.llama_runs import all_cells, count_same, open_runner
 
 pytestmark = pytest.mark.model
 
@@ -91,7 +90,7 @@ def test_a_restored_conversation_goes_on_as_a_full_prefill_of_it_would(runner, t
     prefilled, control_done = turn(control, "alice-2", prompt, "alice")
     assert control_done.cached_tokens == 0
     # the same reply, or one that branches where two tokens were within the arithmetic's noise
-    _count_same(runner, {"a": prefilled}, {"a": restored})
+    count_same(runner, {"a": prefilled}, {"a": restored})
 
 
 def test_another_persons_identical_conversation_is_never_restored(runner, text):
@@ -111,4 +110,4 @@ def test_a_state_llama_cpp_refuses_is_prefilled_instead(runner, text):
     assert engine.kv.host.counters.failures == 1
     control = engine_on(runner)
     prefilled, _ = turn(control, "alice-2", prompt, "alice")
-    _count_same(runner, {"a": prefilled}, {"a": seq})
+    count_same(runner, {"a": prefilled}, {"a": seq})

@@ -9,26 +9,26 @@ tested on the fake runner (tests/unit/engine/test_speculative.py).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from localserve.config import SchedulerConfig
-from localserve.engine.batch import Batch, BatchItem
 from localserve.engine.events import Done
 from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
-from localserve.engine.sequence import Sequence
-from tests.support.llama_runs import PROMPTS, all_cells, open_runner, run_engine, texts
+from tests.support.llama_runs import (
+    PROMPTS,
+    all_cells,
+    count_same,
+    open_runner,
+    run_engine,
+    texts,
+)
 
 pytestmark = pytest.mark.model
 
 # itl_target_ms high: a loaded machine's slow steps must not keep the drafts out of the test
 ON = SchedulerConfig(itl_target_ms=10_000)
 OFF = SchedulerConfig(itl_target_ms=10_000, speculative="off")
-# llama.cpp's CPU kernels sum in an order that depends on the batch (how many rows, where the
-# cells sit): the same token's logits move by up to ~1 on this Q4 model between batch shapes,
-# drafts or not (a neighbour in the batch does it too: test_llama_runner's reuse test)
-NEAR_TIE = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -51,38 +51,6 @@ def _replies(runner, requests, config):
     return seqs, engine.snapshot().result().counters
 
 
-def _logits_after(runner, tokens: list[int]) -> np.ndarray:
-    """The model's logits for the token after `tokens`, prefilled alone in a fresh sequence."""
-    params = SamplingParams(temperature=0)
-    seq = Sequence("probe", tokens, params)
-    seq.seq_id, seq.sampler = runner.n_seq_max - 1, runner.new_sampler(params)
-    runner.free_seq(seq.seq_id)
-    for start in range(0, len(tokens), runner.n_batch):
-        n = min(runner.n_batch, len(tokens) - start)
-        last = start + n == len(tokens)
-        runner.run(Batch(items=[BatchItem(seq, start, n, last)], num_prefill_tokens=n))
-    logits = runner._row(n - 1).copy()  # the last row's, still in llama.cpp's buffer
-    runner.free_seq(seq.seq_id)
-    return logits
-
-
-def _count_same(runner, off: dict[str, Sequence], on: dict[str, Sequence]) -> int:
-    """How many replies are the same token for token; every other one must branch at a
-    near-tie (the arithmetic's noise), never where a wrongly kept draft would put it."""
-    same = 0
-    for rid, seq in off.items():
-        a, b = seq.tokens, on[rid].tokens
-        if a == b:
-            same += 1
-            continue
-        i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-        assert i is not None, (rid, "one reply is a prefix of the other")
-        logits = _logits_after(runner, a[:i])
-        gap = abs(float(logits[a[i]] - logits[b[i]]))
-        assert gap < NEAR_TIE, (rid, i - seq.num_prompt_tokens, gap)
-    return same
-
-
 def test_greedy_replies_are_the_same_with_drafts_on_and_off_but_at_near_ties(runner):
     greedy = SamplingParams(temperature=0, max_tokens=32)
     requests = [(f"p{i}", p, greedy, "u") for i, p in enumerate(PROMPTS[::2])]
@@ -98,7 +66,7 @@ def test_greedy_replies_are_the_same_with_drafts_on_and_off_but_at_near_ties(run
     # drafts ran and were kept (none without them); how many depends on the step prices this
     # machine measures (a row is drafted only where it is expected to pay): 14 to 30 here
     assert accepted >= 8
-    assert _count_same(runner, off, on) >= len(requests) - 1
+    assert count_same(runner, off, on) >= len(requests) - 1
 
 
 def test_with_several_users_at_once_drafts_change_a_reply_only_at_a_near_tie(runner):
@@ -110,7 +78,7 @@ def test_with_several_users_at_once_drafts_change_a_reply_only_at_a_near_tie(run
     on, c_on = _replies(runner, requests, ON)
     assert c_on.spec_accepted_tokens > 30 and c_on.steps <= c_off.steps
     assert c_on.generation_tokens == c_off.generation_tokens
-    assert _count_same(runner, off, on) >= len(requests) // 2
+    assert count_same(runner, off, on) >= len(requests) // 2
 
 
 def test_a_stop_string_inside_a_draft_ends_the_reply_where_it_would_without(runner):

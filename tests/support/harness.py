@@ -7,6 +7,7 @@ import zlib
 from localserve.config import SchedulerConfig
 from localserve.engine.engine import Engine
 from localserve.engine.events import Done, Event, Token
+from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
 from localserve.runners.fake import FakeRunner
 
@@ -62,3 +63,33 @@ class Harness:
         assert runner.num_cells_in_use == kv.num_used
         assert {p.seq_id for p in kv.prefixes} == {i for i, c in runner.cells.items() if c}
         assert runner.num_samplers == 0
+
+
+def run_checked(h, max_steps: int = 10_000) -> None:
+    """Run to the end, checking after every step that the pool and the cache agree.
+
+    The cell operations decided after a step's decode travel with the next batch; applying
+    them here, early, changes nothing (nothing else touches the cache in between).
+    """
+    for _ in range(max_steps):
+        h.step()
+        kv, runner = h.kv, h.runner
+        apply_cell_ops(runner, kv.take_ops())
+        assert kv.num_used == runner.num_cells_in_use
+        assert kv.num_used <= kv.num_committed <= kv.num_cells
+        for seq in h.engine.scheduler.running:
+            assert runner.seq_num_cells(seq.seq_id) == seq.num_computed
+        for prefix in kv.prefixes:
+            assert runner.seq_num_cells(prefix.seq_id) == len(prefix.tokens)
+        running, prefixes = h.engine.scheduler.running, kv.prefixes
+        ids = [s.seq_id for s in running] + [p.seq_id for p in prefixes]
+        assert len(set(ids)) == len(ids) and not set(ids) & set(kv._free_ids)
+        assert not any(cells for i, cells in runner.cells.items() if i not in ids)
+        for root in (p for p in prefixes if p.is_system):  # a root knows who shares its cells
+            sharing = [x for x in (*running, *prefixes) if x.system is root]
+            assert root.refs == len(sharing)
+        own = sum(s.num_computed - s.num_system for s in running) + sum(p.num_own for p in prefixes)
+        assert own == kv.num_used  # each cell counted once
+        if not h.engine.scheduler.has_work:
+            return
+    raise AssertionError("engine did not drain")

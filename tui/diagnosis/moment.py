@@ -6,8 +6,8 @@ Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
 from __future__ import annotations
 
 from tui.diagnosis.signals import Signals
-from tui.diagnosis.thresholds import COUNTER_WINDOW_S
-from tui.format import duration, pct, plural, span
+from tui.diagnosis.thresholds import COUNTER_WINDOW_S, DETAIL_MAX
+from tui.format import clip, duration, pct, plural, size_of, span
 
 
 def summary(c: Signals) -> str:
@@ -46,7 +46,7 @@ def now_lines(c: Signals) -> list[str]:
         f"{s.generation_tokens_per_s:.0f} tokens/s generated, "
         f"{s.prompt_tokens_per_s:.0f} prompt tokens/s"
     )
-    return lines + prefix_lines(c)
+    return lines + prefix_lines(c) + tier_lines(c)
 
 
 def prefix_lines(c: Signals) -> list[str]:
@@ -66,4 +66,28 @@ def prefix_lines(c: Signals) -> list[str]:
         line = f"prefix cache: {held}, no reuse {when}"
     if c.prefix_evictions:
         line += f"; {plural(c.prefix_evictions, 'prefix', 'es')} evicted to make room"
+        line += " (kept in host memory)" if c.host_keeps else ""
     return [line]
+
+
+def tier_lines(c: Signals) -> list[str]:
+    """What the prefix cache's tiers below the cells hold, and what their restores gave back
+    lately (nothing when they are off)."""
+    parts = []
+    for name, tier in (("host memory", c.host_tier), ("disk", c.disk_tier)):
+        if tier.enabled:
+            size = size_of(tier.bytes, tier.budget_bytes)
+            parts.append(f"{name} {size} in {plural(tier.entries, 'prefix', 'es')}")
+        elif tier.problem:
+            parts.append(f"disk off: {tier.problem}")
+    if not parts:
+        return []
+    line = "saved prefixes: " + ", ".join(parts[:1])
+    if c.restores:
+        line += (
+            f"; {plural(c.restores, 'restore')} gave back {c.restored_tokens:,} tokens "
+            f"{span(c.restore_span, COUNTER_WINDOW_S)}"
+        )
+        line += f" ({c.disk_restores:,} from disk)" if c.disk_restores else ""
+    line += "".join(f"; {part}" for part in parts[1:])  # the disk last: its problem may be long
+    return [clip(line, DETAIL_MAX)]

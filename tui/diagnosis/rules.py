@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from localserve.protocol.frames import ModelStatus
-from tui.diagnosis.signals import Holding, Signals
+from tui.diagnosis.signals import Holding, Signals, prefill_work
 from tui.diagnosis.thresholds import (
     ADMISSION_STALL_S,
     COUNTER_WINDOW_S,
@@ -105,6 +105,14 @@ def cached_words(c: Signals) -> str:
     if not c.kv_cached:
         return ""
     return f"; {c.kv_cached:,} more hold cached prefixes, evicted on demand"
+
+
+def lost_cells(c: Signals, who: str, verb: str) -> str:
+    """What becomes of preempted sequences: recomputed, or, while host memory keeps copies of
+    their cells (the prefix cache's host tier), restored from there."""
+    if c.host_keeps:
+        return f"{who} lost {verb} cells; host memory keeps a copy to restore, not recompute"
+    return f"{who} lost {verb} cells and {'recompute' if verb == 'their' else 'recomputes'}"
 
 
 # --- the rules, in the table's order -----------------------------------------------------------
@@ -268,8 +276,8 @@ def capacity_bound(c: Signals) -> Finding | None:
     explains = {TTFT, KV}
     if c.preemptions > 0:
         details.append(
-            f"{plural(c.preemptions, 'preemption')} {_when(c.preempt_span)}: sequences lost their "
-            "cells and recompute"
+            f"{plural(c.preemptions, 'preemption')} {_when(c.preempt_span)}: "
+            + lost_cells(c, "sequences", "their")
         )
         explains.add(PREEMPTIONS)
     if head_blocked and c.head is not None:
@@ -331,9 +339,10 @@ def prefill_bound(c: Signals) -> Finding | None:
     if not c.ttft_problem or c.queue_dominates:
         return None
     s = c.now
+    # a prompt's tokens reused from the cells or restored from a tier are not prefill work
     prefill_rows = [r for r in s.seqs if r.phase == "prefill"]
-    longest = max(prefill_rows, key=lambda r: r.prompt_tokens, default=None)
-    long_prompt = longest is not None and longest.prompt_tokens >= LONG_PROMPT_TOKENS
+    longest = max(prefill_rows, key=prefill_work, default=None)
+    long_prompt = longest is not None and prefill_work(longest) >= LONG_PROMPT_TOKENS
     share_high = c.prefill_share is not None and c.prefill_share >= PREFILL_BOUND_SHARE
     if not (share_high or long_prompt):
         return None
@@ -347,9 +356,13 @@ def prefill_bound(c: Signals) -> Finding | None:
         )
     if longest is not None:
         left = max(0, longest.prompt_tokens - longest.computed_tokens)
+        reused = longest.prompt_tokens - prefill_work(longest)
+        how = "restored" if longest.restored_from else "reused"
         details.append(
             f"{plural(len(prefill_rows), 'prompt')} prefilling, the longest "
-            f"{longest.prompt_tokens:,} tokens ({left:,} left)"
+            f"{longest.prompt_tokens:,} tokens ("
+            + (f"{reused:,} {how}, not prefilled; " if reused else "")
+            + f"{left:,} left)"
         )
     capped = (
         s.policy == "continuous"
@@ -410,9 +423,10 @@ def itl(c: Signals) -> Finding | None:
     details.append(f"ITL {which} {duration(shown)} against a {duration(target)} target")
     causes = _itl_causes(c, target, details)
     if c.preemptions > 0:
+        redo = "wait to be restored" if c.host_keeps else "recompute"
         details.append(
             f"{plural(c.preemptions, 'preemption')} {_when(c.preempt_span)}: preempted sequences "
-            "pause while they recompute"
+            f"pause while they {redo}"
         )
     explains = frozenset({ITL})
     if not causes:
@@ -475,7 +489,7 @@ def preempting(c: Signals) -> Finding | None:
         "— capacity bound"
     )
     details = [
-        "decode growth ran out of KV cells; the newest sequence lost its cells and recomputes",
+        "decode growth ran out of KV cells; " + lost_cells(c, "the newest sequence", "its"),
         f"KV {pct(c.kv_share)} committed",
     ]
     return Finding(
@@ -489,7 +503,8 @@ def kv_full(c: Signals) -> Finding | None:
     line = f"KV cache {pct(c.kv_share)} committed: new prompts will wait for cells"
     free = f"{c.kv_free:,} cells free of {c.kv_total:,}"
     if c.kv_cached:
-        free += f" ({c.kv_cached:,} of them hold cached prefixes, evicted on demand)"
+        free += f" ({c.kv_cached:,} of them hold cached prefixes, evicted on demand"
+        free += "; host memory keeps copies to restore)" if c.host_keeps else ")"
     return Finding("info", line, [free], defers_to=frozenset({KV}))
 
 

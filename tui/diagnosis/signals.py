@@ -7,8 +7,9 @@ Tested in tests/unit/tui/diagnosis/test_diagnosis.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-from localserve.protocol.snapshot import Percentiles, Snapshot
+from localserve.protocol.snapshot import Percentiles, SeqRow, Snapshot
 from tui.diagnosis.thresholds import (
     COUNTER_WINDOW_S,
     ITL_RISE_MIN_S,
@@ -49,6 +50,7 @@ class Signals:
         self._kv(self.now)
         self._latency(self.now)
         self._counters(seg)
+        self._tiers(seg)
         self._steps(self.now)
         self._holders(self.now)
 
@@ -125,6 +127,21 @@ class Signals:
         self.prompt_tokens = _counter_delta(seg, "prompt_tokens")[0]
         self.prefix_evictions = _counter_delta(seg, "prefix_evictions")[0]
 
+    def _tiers(self, seg: list[Snapshot]) -> None:
+        """The prefix cache's tiers below the cells: whether host memory keeps copies of what
+        leaves the cells (evicted prefixes, preempted sequences), and the restores of about the
+        last minute (their tokens were copied back, not prefilled)."""
+        s = seg[-1]
+        self.host_tier, self.disk_tier = s.host_tier, s.disk_tier
+        self.host_keeps = s.host_tier.enabled
+        self.restores, self.restore_span = _growth(
+            seg, lambda x: x.host_tier.hits + x.disk_tier.hits
+        )
+        self.disk_restores = _growth(seg, lambda x: x.disk_tier.hits)[0]
+        self.restored_tokens = _growth(
+            seg, lambda x: x.host_tier.restored_tokens + x.disk_tier.restored_tokens
+        )[0]
+
     def _steps(self, s: Snapshot) -> None:
         """Per-step averages: how long a step takes and what shares prefill and Python take."""
         st = s.steps
@@ -186,14 +203,28 @@ def _reference(seg: list[Snapshot]) -> Snapshot | None:
 
 def _counter_delta(seg: list[Snapshot], name: str) -> tuple[int, float]:
     """How much a counter grew over about the last minute, and over how many seconds."""
+    return _growth(seg, lambda s: getattr(s.counters, name))
+
+
+def _growth(seg: list[Snapshot], read: Callable[[Snapshot], int]) -> tuple[int, float]:
+    """How much what `read` counts grew over about the last minute, and over how many seconds."""
     now = seg[-1]
     base = _at_or_before(seg[:-1], now.uptime_s - COUNTER_WINDOW_S)
     if base is None and now.uptime_s <= COUNTER_WINDOW_S:
-        return max(0, getattr(now.counters, name)), max(0.0, now.uptime_s)  # since start
+        return max(0, read(now)), max(0.0, now.uptime_s)  # since start
     if base is None:
         base = seg[0]
-    delta = getattr(now.counters, name) - getattr(base.counters, name)
-    return max(0, delta), now.uptime_s - base.uptime_s
+    return max(0, read(now) - read(base)), now.uptime_s - base.uptime_s
+
+
+def prefill_work(row: SeqRow) -> int:
+    """The prompt tokens a row computes: those reused from cached cells or restored from a tier
+    of the prefix cache are not prefill work (after a preemption without a restore, all are)."""
+    if row.restored_from:
+        reused = row.restored_tokens
+    else:
+        reused = 0 if row.num_preemptions else row.cached_tokens
+    return max(0, row.prompt_tokens - reused)
 
 
 def _longest_prefill_s(seg: list[Snapshot]) -> float:

@@ -1,5 +1,6 @@
 """The KV cells: a bar of each sequence's cells in its user's colour, the shared and cached
-cells and the free ones, and the numbers behind it.
+cells and the free ones, and the numbers behind it; below them, while the prefix cache has
+tiers, what host memory and the disk hold and how often they were restored from.
 
 Tested in tests/unit/tui/test_monitor.py.
 """
@@ -10,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from localserve.protocol.snapshot import Snapshot
-from tui.format import plural
+from tui.format import clip, plural, size_of
 from tui.widgets.style import user_color
 
 
@@ -22,6 +23,7 @@ class KVBar(Static):
 
     def show(self, snap: Snapshot) -> None:
         self._snap = snap
+        self.set_class(has_tiers(snap), "tiers")  # a third line (monitor.tcss)
         self.refresh()
 
     def render(self) -> Text:
@@ -37,7 +39,10 @@ class KVBar(Static):
         bar.add(shared_cells(snap), "▓", SHARED_COLOR)
         bar.add(min(max(snap.kv_cached, 0), snap.kv_used), "░", "grey62")
         bar.add(snap.kv_total, "·", "grey35")  # the rest
-        return Text.assemble(bar.text, "\n", kv_legend(snap, self.size.width - 1))
+        text = Text.assemble(bar.text, "\n", kv_legend(snap, self.size.width - 1))
+        if has_tiers(snap):
+            text.append("\n" + tiers_legend(snap, self.size.width - 1))
+        return text
 
 
 SHARED_COLOR = "grey70"  # cells of a system prompt several sequences share: nobody's own
@@ -82,9 +87,37 @@ def kv_legend(snap: Snapshot, width: int) -> Text:
         parts.append(f"reused {c.cached_tokens:,} tokens in {plural(c.prefix_hits, 'hit')}")
     # slots as in the header (max_num_seqs): free sequence ids also count spares for caching
     parts.append(plural(max(snap.max_num_seqs - snap.running, 0), "free slot"))
+    return Text(_fit(parts, width))
+
+
+def has_tiers(snap: Snapshot) -> bool:
+    """Whether the prefix cache has a tier below the cells, or a disk tier that is off."""
+    return snap.host_tier.enabled or snap.disk_tier.enabled or bool(snap.disk_tier.problem)
+
+
+def tiers_legend(snap: Snapshot, width: int) -> str:
+    """The tiers below the cells: each one's bytes of its budget, the prefixes saved in it and
+    its hits (restores from it), or why the disk is off; then the tokens restored in all."""
+    parts = []
+    for name, tier in (("host", snap.host_tier), ("disk", snap.disk_tier)):
+        if tier.enabled:
+            held = f"{size_of(tier.bytes, tier.budget_bytes)}, {tier.entries:,} saved"
+            parts.append(f"{name} {held}, {plural(tier.hits, 'hit')}")
+        elif tier.problem:  # why, in what the parts before it leave of the line
+            room = width - len(" · ".join(parts)) - (4 if parts else 1)
+            parts.append(clip(f"{name} off: {tier.problem}", max(room, 16)))
+    restored = snap.host_tier.restored_tokens + snap.disk_tier.restored_tokens
+    if restored:
+        parts.append(f"restored {restored:,} tokens")
+    return _fit(parts, width)
+
+
+def _fit(parts: list[str], width: int) -> str:
+    """As many parts as fit in `width` columns, in order; a part that does not fit is left out
+    and shorter ones after it may fit (the first is always kept)."""
     line = ""
-    for part in parts:  # a part that does not fit is left out; shorter ones after it may fit
+    for part in parts:
         candidate = f"{line} · {part}" if line else f" {part}"
         if len(candidate) <= width or not line:
             line = candidate
-    return Text(line)
+    return line

@@ -1,6 +1,8 @@
 """The requests: a table of the running sequences and one of those waiting; embedding requests
 are rows of their own kind in both (phase `embed 12/64`: inputs embedded of all, and `(embed)`
-after a waiting one's id), after the chats.
+after a waiting one's id), after the chats. A sequence whose prefix was restored from a tier of
+the prefix cache says so apart from a prefill: phase `restored 1.4k · 97%` while it finishes its
+prompt, and its cached column gives the tokens restored and their tier (`1420 host`).
 
 Tested in tests/unit/tui/test_monitor.py.
 """
@@ -18,6 +20,7 @@ from tui.format import (
     duration,
     pct,
     rate,
+    tokens,
     user_label,
 )
 from tui.widgets.style import user_color
@@ -51,10 +54,18 @@ class RunningTable(DataTable):
         self.clear()
         width = user_width(self)
         for r in snap.seqs:
-            if r.phase == "prefill":
-                phase = "prefill " + pct(r.computed_tokens / max(r.prompt_tokens, 1))
+            done = pct(r.computed_tokens / max(r.prompt_tokens, 1))
+            if r.phase == "prefill" and r.restored_tokens:
+                phase = (
+                    f"restored {tokens(r.restored_tokens)} · {done}"  # copied back, not computed
+                )
+            elif r.phase == "prefill":
+                phase = "prefill " + done
             else:
                 phase = "decode" + (f" ({r.num_preemptions}×↺)" if r.num_preemptions else "")
+            cached = str(r.cached_tokens)
+            if r.restored_from:
+                cached = f"{r.restored_tokens} {r.restored_from}"
             self.add_row(
                 Text(user_label(r.user, width), style=user_color(r.user)),
                 r.client_id,
@@ -65,7 +76,7 @@ class RunningTable(DataTable):
                 str(r.prompt_tokens),
                 str(r.output_tokens),
                 duration(r.since_last_token_s),
-                str(r.cached_tokens),
+                cached,
             )
         for e in snap.embeddings:
             if e.phase != "running":

@@ -22,7 +22,7 @@ from localserve.engine.prefix_tiers import (
 )
 from localserve.engine.sampling_params import SamplingParams
 from localserve.runners.fake import FakeRunner
-from tests.unit.engine.test_kv_prefix_cache import run_checked
+from tests.support.harness import run_checked
 
 BYTES = FakeRunner.STATE_BYTES_PER_TOKEN
 MIB = 1 << 20
@@ -255,14 +255,14 @@ def test_restores_are_spread_over_steps_within_the_itl_target(make_harness):
         ask(h, f"p{p}-0", words(300, p), f"p{p}")
     ask(h, "evict", words(1000, 9), "carol")  # nobody's conversation is in the cells now
     # copies this slow take the whole share of the target each: one restore per step
-    h.engine.scheduler.copy_rate = 300 * BYTES / (0.5 * 0.120) / 1.01
+    h.engine.scheduler.copies.rate = 300 * BYTES / (0.5 * 0.120) / 1.01
     for p in range(3):
         prompt = history(h, f"p{p}") + [7]
         params = SamplingParams(temperature=0, max_tokens=4)
         h.engine.add_request(f"p{p}-1", prompt, params, f"p{p}")
     restored = []
     for _ in range(100):
-        h.engine.scheduler.copy_rate = 300 * BYTES / (0.5 * 0.120) / 1.01  # (not learned here)
+        h.engine.scheduler.copies.rate = 300 * BYTES / (0.5 * 0.120) / 1.01  # (not learned here)
         batch_restores = h.kv.host.counters.hits
         h.step()
         restored.append(h.kv.host.counters.hits - batch_restores)

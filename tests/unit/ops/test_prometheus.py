@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from localserve.ops.prometheus import FINISHED_REASONS, HISTOGRAMS, PREFIX, render
+from localserve.ops.prometheus import FINISHED_REASONS, HISTOGRAMS, PREFIX, TIER_METRICS, render
+from localserve.protocol.snapshot import PrefixTier
 
 
 def families(text: str) -> dict:
@@ -29,7 +30,8 @@ def test_a_snapshot_renders_as_parseable_text_with_no_user_label(fake_snapshots)
     steps = found[PREFIX + "engine_steps"]
     assert steps.type == "counter" and steps.samples[0].value == snap.counters.steps
     labels = {k for f in found.values() for s in f.samples for k in s.labels}
-    assert labels == {"model_name", "le", "finished_reason"}  # never the user: cardinality, privacy
+    # never the user: cardinality, privacy
+    assert labels == {"model_name", "le", "finished_reason", "tier"}
     with_reason = {
         f.name for f in found.values() for s in f.samples if "finished_reason" in s.labels
     }
@@ -164,3 +166,39 @@ def test_embedding_work_has_series_of_its_own(fake_snapshots):
     ]:
         assert f"localserve:{name}{label} {value}" in text
     assert "ann" not in text and "bob" not in text  # never a user
+
+
+def test_the_prefix_cache_tiers_have_a_series_each_by_tier(fake_snapshots):
+    snap = fake_snapshots[-1]
+    host = PrefixTier(True, "", 12, 340 << 20, 4 << 30, 5, 7100, 90 << 20, 20, 500 << 20, 3, 1)
+    disk = PrefixTier(False, "no room on /var", 0, 0, 8 << 30, 2, 3000, 40 << 20)
+    found = families(render(msgspec.structs.replace(snap, host_tier=host, disk_tier=disk)))
+    expected = {
+        "enabled": (1, 0),
+        "entries": (12, 0),
+        "bytes": (340 << 20, 0),
+        "budget_bytes": (4 << 30, 8 << 30),
+        "hits": (5, 2),
+        "restored_tokens": (7100, 3000),
+        "restored_bytes": (90 << 20, 40 << 20),
+        "saved": (20, 0),
+        "saved_bytes": (500 << 20, 0),
+        "evictions": (3, 0),
+        "failures": (1, 0),
+    }
+    assert len(expected) == len(TIER_METRICS)
+    for name, values in expected.items():
+        family = found[f"{PREFIX}prefix_cache_tier_{name}"]
+        assert family.type == ("gauge" if name in ("enabled", "entries", "bytes", "budget_bytes")
+                               else "counter")  # fmt: skip
+        by_tier = {s.labels["tier"]: s.value for s in family.samples}
+        assert by_tier == dict(zip(("host", "disk"), values, strict=True)), name
+        assert all(s.labels["model_name"] == "fake" for s in family.samples)
+
+
+def test_the_tiers_are_exported_off_and_zero_without_them(fake_snapshots):
+    """An engine without tiers (and an older server's snapshot) still gives both series."""
+    found = families(render(fake_snapshots[-1]))
+    for name, _, _, _ in TIER_METRICS:
+        samples = found[PREFIX + name.removesuffix("_total")].samples
+        assert [(s.labels["tier"], s.value) for s in samples] == [("host", 0), ("disk", 0)]

@@ -13,7 +13,7 @@ from textual.geometry import Region
 from textual.widgets import Static
 
 from localserve.protocol.frames import Error, Stats, UserUsage
-from localserve.protocol.snapshot import Device, Worker
+from localserve.protocol.snapshot import Device, PrefixTier, Worker
 from localserve.websocket_client import ClientError
 from tests.support.monitor import header_text
 from tests.support.waiting import async_wait_until
@@ -169,6 +169,66 @@ def test_kv_bar_draws_a_shared_system_prompt_once(fake_snapshots):
             assert bar.count("▓") == drawn - round(own / 8000 * width) > 0
             assert len(bar.rstrip("·")) - 1 == drawn
             assert f"{own + system:,} committed (▒) · {system:,} shared (▓)" in legend
+
+    asyncio.run(run())
+
+
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def with_tiers(snap, disk_problem: str = ""):
+    """The snapshot with a host tier, and a disk tier that is on or off for `disk_problem`."""
+    host = PrefixTier(True, "", 12, 340 * MIB, 4096 * MIB, hits=5, restored_tokens=7100)
+    disk = PrefixTier(not disk_problem, disk_problem, 30, 1.2 * GIB, 16 * GIB, hits=2,
+                      restored_tokens=1420)  # fmt: skip
+    return msgspec.structs.replace(snap, host_tier=host, disk_tier=disk)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_kv_panel_shows_the_prefix_cache_tiers(fake_snapshots, width):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(width, 30)) as pilot:
+            feed(app, Connected("ws://test"), with_tiers(fake_snapshots[-1]))
+            await settle(pilot)
+            kv = app.query_one(KVBar)
+            _, _, tiers = str(kv.render()).split("\n")
+            assert kv.size.height == 3 and len(tiers) <= width - 1
+            assert tiers.startswith(" host 340/4,096 MiB, 12 saved, 5 hits")
+            assert "disk 1.2/16.0 GiB, 30 saved, 2 hits" in tiers
+            assert ("restored 8,520 tokens" in tiers) == (width >= 120)
+            feed(app, with_tiers(fake_snapshots[-1], "no room on /var (2.0 GiB free)"))
+            await settle(pilot)
+            tiers = str(kv.render()).split("\n")[2]
+            assert " · disk off: no room on /var" in tiers
+            feed(app, fake_snapshots[-1])  # no tiers: two lines again
+            await settle(pilot)
+            assert len(str(kv.render()).split("\n")) == 2 and kv.size.height == 2
+
+    asyncio.run(run())
+
+
+def test_a_restored_request_is_shown_apart_from_a_prefill(fake_snapshots):
+    last = fake_snapshots[-1]
+    rows = list(last.seqs)
+    i = next(k for k, r in enumerate(rows) if r.phase == "prefill")
+    rows[i] = msgspec.structs.replace(
+        rows[i], prompt_tokens=1500, computed_tokens=1420, restored_tokens=1420,
+        restored_from="disk", cached_tokens=1420,
+    )  # fmt: skip
+    j = next(k for k, r in enumerate(rows) if r.phase == "decode")
+    rows[j] = msgspec.structs.replace(rows[j], restored_tokens=300, restored_from="host")
+
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(160, 30)) as pilot:
+            feed(app, Connected("ws://test"), msgspec.structs.replace(last, seqs=rows))
+            await settle(pilot)
+            table = app.query_one(RunningTable)
+            restored = [str(c) for c in table.get_row_at(i)]
+            assert restored[2] == "restored 1.4k · 95%" and restored[-1] == "1420 disk"
+            decoding = [str(c) for c in table.get_row_at(j)]
+            assert decoding[2].startswith("decode") and decoding[-1] == "300 host"
 
     asyncio.run(run())
 

@@ -19,6 +19,7 @@ from localserve.protocol.snapshot import (
     HostLoad,
     ModelInfo,
     Percentiles,
+    PrefixTier,
     SeqRow,
     Snapshot,
     StepStats,
@@ -707,6 +708,87 @@ def test_prefix_reuse_is_reported_in_the_details():
     assert not any(line.startswith("prefix cache") for line in d.details)
 
 
+# --- the prefix cache's tiers -----------------------------------------------------------------
+
+MIB = 1 << 20
+HOST = PrefixTier(True, "", entries=12, bytes=340 * MIB, budget_bytes=4096 * MIB)
+
+
+def test_tokens_restored_from_a_tier_are_not_prefill_work():
+    """A long prompt whose prefix came back from host memory prefills only its tail: it does not
+    make the steps prefill-bound; one that must still prefill most of its tokens does."""
+    slow = dict(ttft=pct(2.5, mean=2.6), queue=pct(0.1, mean=0.1), host_tier=HOST)
+    steps = dict(prefill_time_share=0.1, prefill_tokens=20.0, decode_tokens=3.0)
+    restored = seq(3, phase="prefill", prompt=8000, computed=7990, cached_tokens=7990,
+                   restored_tokens=7990, restored_from="host")  # fmt: skip
+    d = check(diagnose([snap(seqs=decoders(3) + [restored], steps=steps, **slow)]))
+    assert d.headline.startswith("TTFT high") and "prefill bound" not in d.headline
+    prefilled = msgspec.structs.replace(
+        restored, computed_tokens=0, cached_tokens=0, restored_tokens=0, restored_from=""
+    )
+    d = check(diagnose([snap(seqs=decoders(3) + [prefilled], steps=steps, **slow)]))
+    assert d.headline.endswith("prefill bound")
+    partly = msgspec.structs.replace(
+        restored, computed_tokens=3000, cached_tokens=3000, restored_tokens=3000
+    )
+    d = check(diagnose([snap(seqs=decoders(3) + [partly], steps=steps, **slow)]))
+    assert d.headline.endswith("prefill bound")
+    assert any(
+        "the longest 8,000 tokens (3,000 restored, not prefilled; 5,000 left)" in line
+        for line in d.details
+    )
+
+
+def test_preempted_sequences_are_restored_not_recomputed_while_host_memory_keeps_them():
+    before = dict(counters=dict(preemptions=0))
+    after = dict(kv_committed=7000, counters=dict(preemptions=4))
+    d = check(diagnose(ramp(before, after)))
+    assert d.headline.startswith("preempting") and "recomputes" in d.details[0]
+    d = check(diagnose(ramp(dict(before, host_tier=HOST), dict(after, host_tier=HOST))))
+    assert d.headline.startswith("preempting")
+    assert d.details[0] == (
+        "decode growth ran out of KV cells; the newest sequence lost its cells; host memory "
+        "keeps a copy to restore, not recompute"
+    )
+    assert "recomputes" not in " ".join(d.details)
+    d = check(diagnose([snap(kv_committed=7700, kv_cached=100, host_tier=HOST)]))
+    assert d.headline.startswith("KV cache 93% committed") and d.details[0] == (
+        "592 cells free of 8,192 (100 of them hold cached prefixes, evicted on demand; host "
+        "memory keeps copies to restore)"
+    )
+
+
+def test_the_tiers_and_their_restores_are_in_the_picture_of_the_moment():
+    def tiers(hits: int, restored: int, disk: PrefixTier) -> dict:
+        host = msgspec.structs.replace(HOST, hits=hits, restored_tokens=restored)
+        return dict(host_tier=host, disk_tier=disk)
+
+    disk = PrefixTier(True, "", entries=30, bytes=1288 * MIB, budget_bytes=16384 * MIB, hits=2)
+    before = dict(counters=dict(prompt_tokens=1000, prefix_hits=2), **tiers(1, 500, disk))
+    after = dict(
+        kv_cached=1234,
+        cached_prefixes=5,
+        counters=dict(prompt_tokens=5000, cached_tokens=2560, prefix_hits=19, prefix_evictions=3),
+        **tiers(6, 2500, msgspec.structs.replace(disk, hits=3, restored_tokens=400)),
+    )
+    d = check(diagnose(ramp(before, after)))
+    assert d.level == "ok"
+    assert d.details[-2] == (
+        "prefix cache: 64% of prompt tokens reused in the last minute (17 hits); 1,234 cells "
+        "cached in 5 prefixes; 3 prefixes evicted to make room (kept in host memory)"
+    )
+    assert d.details[-1] == (
+        "saved prefixes: host memory 340/4,096 MiB in 12 prefixes; 6 restores gave back 2,400 "
+        "tokens in the last minute (1 from disk); disk 1.3/16.0 GiB in 30 prefixes"
+    )
+    off = PrefixTier(problem="no room on /var")
+    d = check(diagnose([snap(uptime_s=30.0, **tiers(2, 900, off))]))
+    assert d.details[-1] == (
+        "saved prefixes: host memory 340/4,096 MiB in 12 prefixes; 2 restores gave back 900 "
+        "tokens in the last 30 s; disk off: no room on /var"
+    )
+
+
 # --- robustness --------------------------------------------------------------------------------
 
 
@@ -818,6 +900,8 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
             phase=draw(st.sampled_from(["prefill", "decode"])),
             prompt=draw(st.integers(0, 10**6)),
             user=draw(st.sampled_from(["a", "b", "c"])),
+            restored_tokens=draw(st.integers(0, 10**6)),
+            restored_from=draw(st.sampled_from(["", "host", "disk"])),
         )
         for i in range(n_run)
     ]
@@ -862,6 +946,20 @@ def snapshots(draw: st.DrawFn, uptime: float) -> Snapshot:
         events=[],
         engine_problem=draw(st.sampled_from(["", "worker gone", "x" * 300, " \n "])),
         workers=[Worker("10.0.0.2:50052", draw(st.booleans()), draw(st.text(max_size=300)))],
+        host_tier=tier(draw),
+        disk_tier=tier(draw),
+    )
+
+
+def tier(draw: st.DrawFn) -> PrefixTier:
+    return PrefixTier(
+        enabled=draw(st.booleans()),
+        problem=draw(st.sampled_from(["", "no room", "x" * 300])),
+        entries=draw(counts),
+        bytes=draw(counts),
+        budget_bytes=draw(st.sampled_from([0, 1 << 20, 1 << 40])),
+        hits=draw(counts),
+        restored_tokens=draw(counts),
     )
 
 
