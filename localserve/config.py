@@ -26,6 +26,7 @@ KvType = Literal["f16", "q8_0", "q4_0"]
 # how a model writes tool calls (localserve/chat/tool_calls/ reads each one)
 ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "deepseek"]
 MAX_DEVICES = 16  # llama.cpp's LLAMA_MAX_DEVICES
+MAX_CACHE_MIB = 1 << 20  # a prefix cache tier's largest budget: 1 TiB (more is a typo)
 
 
 class ConfigError(ValueError):
@@ -96,6 +97,12 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_embed_step_inputs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 64
     max_embed_inputs: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 2048
     pooling: Literal["auto", "mean", "cls", "last"] = "auto"
+    # the prefix cache's tiers below the KV cells (runners/prefix_disk.py): saved conversations'
+    # KV state in the engine's RAM (counted in the model's memory need), and on disk under
+    # [server] state_dir, kept across restarts. MiB; -1 = auto (host: an eighth of the
+    # available RAM, at most 2048; disk: a tenth of the free space there, at most 4096); 0 = off
+    host_cache_mib: Annotated[int, msgspec.Meta(ge=-1, le=MAX_CACHE_MIB)] = -1
+    disk_cache_mib: Annotated[int, msgspec.Meta(ge=-1, le=MAX_CACHE_MIB)] = -1
 
     def threads(self) -> tuple[int, int]:
         """(n_threads, n_threads_batch) with 0 resolved to the machine's core count."""

@@ -1,5 +1,7 @@
 """`localserve models`: the configured models, where their files are, what fits in the memory
-there is (runners/footprint.py: estimated from each GGUF's header), and the llama.cpp build.
+there is (runners/footprint.py: estimated from each GGUF's header), the prefix cache's budgets
+(runners/prefix_disk.py: in RAM and on disk, and what the disk holds now), and the llama.cpp
+build.
 
 Tested in tests/unit/cli/test_cli.py.
 """
@@ -24,9 +26,11 @@ def add(sub) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from localserve.ops.usage import state_dir
     from localserve.runners.models import resolve_model
 
     config = load_config(args.config)
+    state = state_dir(config.server)
     print(_source_line(args.config))
     available, gpu = memory_there()
     print(
@@ -39,6 +43,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"{mark} {name:20} {path}  n_ctx={model.n_ctx} max_num_seqs={model.max_num_seqs}")
         for line in fit_lines(path, model, available.usable, gpu):
             print(f"    {line}")
+        print(f"    {cache_line(name, model, state)}")
     print(_build_line())
     warning = gpu_warning()
     if warning:
@@ -60,18 +65,19 @@ def memory_there():
 def fit_lines(path, model, usable: int, gpu: bool) -> list[str]:
     """What the model needs at its settings, and the context and parallel sequences each KV
     cell type allows in `usable` bytes."""
-    from localserve.runners.footprint import MIB, capacity, estimate, shape
+    from localserve.runners.footprint import MIB, capacity, estimate, host_cache_bytes, shape
     from localserve.runners.gguf_header import read_header
 
     header = read_header(path)
-    need = estimate(header, model, gpu)
+    need = estimate(header, model, gpu, host_cache=host_cache_bytes(model))  # as the pool does
     where = f"{need.device / MIB:.0f} MiB on the GPU + {need.host / MIB:.0f} MiB RAM" if gpu else ""
     weights = (need.weights_device + need.weights_host) / MIB
     compute = (need.compute_device + need.compute_host) / MIB
     cells = f"{need.n_cells} {model.cache_type_k}/{model.cache_type_v} cells"
     lines = [
         f"needs ~{need.total / MIB:.0f} MiB {where}(weights {weights:.0f}, "
-        f"KV {need.kv / MIB:.0f} for {cells}, compute {compute:.0f})"
+        f"KV {need.kv / MIB:.0f} for {cells}, compute {compute:.0f}, "
+        f"prefix cache {need.cache_host / MIB:.0f})"
     ]
     share = max(1, model.n_ctx // model.max_num_seqs)
     kinds = dict.fromkeys([model.cache_type_k, "q8_0", "q4_0"])
@@ -83,6 +89,26 @@ def fit_lines(path, model, usable: int, gpu: bool) -> list[str]:
             f"or {seqs} parallel sequences of {share}"
         )
     return lines
+
+
+def cache_line(name: str, model, state) -> str:
+    """The prefix cache's budgets (in RAM, counted in the need above on a CPU; on disk under
+    `state`) and what its disk tier holds there now."""
+    from localserve.runners.footprint import MIB
+    from localserve.runners.prefix_disk import cache_budgets
+    from localserve.runners.prefix_files import disk_bytes
+
+    host, disk = cache_budgets(model, state)
+
+    def budget(nbytes: int, mib: int) -> str:
+        return "off" if not nbytes else f"{nbytes / MIB:.0f} MiB" + (" (auto)" if mib < 0 else "")
+
+    used = disk_bytes(state, name)
+    held = f", {used / MIB:.1f} MiB saved in {state / 'kv-cache'}" if used else ""
+    return (
+        f"prefix cache: {budget(host, model.host_cache_mib)} in RAM, "
+        f"{budget(disk, model.disk_cache_mib)} on disk{held}"
+    )
 
 
 def _source_line(path: str | None) -> str:

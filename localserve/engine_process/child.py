@@ -65,6 +65,7 @@ def main(conn: Connection, clock_fd: int, level: int, llama_level: int, parent: 
     clock = StepClock(clock_fd)
 
     from localserve.runners.models import open_runner
+    from localserve.runners.prefix_disk import open_prefix_tiers
     from localserve.runners.rpc import add_worker
 
     send = _sender(conn)
@@ -78,7 +79,14 @@ def main(conn: Connection, clock_fd: int, level: int, llama_level: int, parent: 
         log.exception("loading %s failed", name)
         send(LoadFailed(str(e)))
         return
-    engine = Engine(runner, config.scheduler, on_events=lambda events: send(EngineEvents(events)))
+    host_cache, disk = open_prefix_tiers(config, name, runner)  # the prefix cache's tiers
+    engine = Engine(
+        runner,
+        config.scheduler,
+        on_events=lambda events: send(EngineEvents(events)),
+        host_cache_bytes=host_cache,
+        disk=disk,
+    )
     engine.watch, engine.expect = clock.watch, clock.expect
     engine.start()
     send(Loaded(runner.info, runner.where()))

@@ -14,5 +14,9 @@ RPC workers and model resolution) and the fake used to test the engine without a
 - `hub.py`: GGUF files on the Hugging Face Hub: listed, sized, fetched.
 - `gguf_header.py`: a GGUF file's metadata and tensor table, read without loading it.
 - `footprint.py`: what a model needs in memory before it loads, and what memory there is.
+- `prefix_disk.py`: the prefix cache's disk tier (`PrefixDiskTier`), written behind and read
+  back on demand; the tiers' budgets, and a model's tiers opened for its engine.
+- `prefix_files.py`: the disk tier's files: where they are, what a saved state depends on (its
+  identity), one file's format, written atomically and read back checked.
 - `fake.py`: a deterministic fake runner, to test the scheduler and the engine.
 """

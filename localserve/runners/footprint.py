@@ -28,6 +28,10 @@ Three parts, each as llama.cpp (the 0.3.36 vendored sources) sizes it:
   Besides the graph, llama.cpp keeps an output buffer of logit rows: n_seq_max at start, grown
   to a batch's rows when one asks for more (drafts), so counted here at `logit_rows` too.
 
+Beside llama.cpp's parts, the engine keeps the prefix cache's host tier (saved conversations'
+KV state, engine/prefix_tiers.py) in its own RAM, up to its budget (`host_cache_bytes`): the
+pool counts it in a model's need (`estimate`'s `host_cache`).
+
 Tested in tests/unit/runners/test_footprint.py and tests/e2e/test_footprint.py.
 """
 
@@ -47,6 +51,10 @@ MIB = 1 << 20
 CTX_PAD = 256  # llama.cpp pads n_ctx (and the SWA cache) to a multiple of this
 RESERVE_FRACTION = 0.10  # of the memory there is, left to everything else ...
 MIN_RESERVE = 512 * MIB  # ... and at least this much
+HOST_CACHE_SHARE = 0.125  # the host tier's auto budget: of the available RAM ...
+MAX_AUTO_HOST_CACHE = 2048 * MIB  # ... at most this much (~70 conversations of 1,500 tokens
+# of the embedded model, two states each; a model's need counts it, so it stays modest)
+MAX_AUTO_CACHE = 4096 * MIB  # the disk tier's auto budget at most
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 # which layers slide, where the GGUF does not say (llama-model.cpp's set_swa_pattern calls):
 # every n-th layer (the n-th, 2n-th, ...) attends to the whole context, the others to a window
@@ -82,6 +90,7 @@ class Footprint:
     compute_device: int
     compute_host: int
     n_cells: int
+    cache_host: int = 0  # the prefix cache's host tier (its budget), in the engine's RAM
 
     @property
     def device(self) -> int:
@@ -89,7 +98,7 @@ class Footprint:
 
     @property
     def host(self) -> int:
-        return self.weights_host + self.kv_host + self.compute_host
+        return self.weights_host + self.kv_host + self.compute_host + self.cache_host
 
     @property
     def kv(self) -> int:
@@ -183,9 +192,16 @@ def weights(header: GgufHeader, n_layer: int, n_gpu: int) -> tuple[int, int]:
     return device, host
 
 
-def estimate(header: GgufHeader, cfg: ModelConfig, gpu: bool = False, swa_full: bool = True):
+def estimate(
+    header: GgufHeader,
+    cfg: ModelConfig,
+    gpu: bool = False,
+    swa_full: bool = True,
+    host_cache: int = 0,
+):
     """The footprint of a model at its settings. `gpu`: a llama.cpp that can offload (a CUDA
-    build with a device); on a CPU build everything is on the host."""
+    build with a device); on a CPU build everything is on the host. `host_cache`: the prefix
+    cache's host tier (`host_cache_bytes`; 0 = llama.cpp's parts alone)."""
     s = shape(header)
     n_gpu = 0 if not gpu else s.n_layer + 1 if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
     w_dev, w_host = weights(header, s.n_layer, n_gpu)
@@ -204,7 +220,20 @@ def estimate(header: GgufHeader, cfg: ModelConfig, gpu: bool = False, swa_full: 
         compute_device=compute if on_device else 0,
         compute_host=host_part if on_device else compute,
         n_cells=n_cells,
+        cache_host=host_cache,
     )
+
+
+def host_cache_bytes(cfg: ModelConfig, free: int | None = None) -> int:
+    """The prefix cache's host tier budget: host_cache_mib, or (-1, auto) an eighth of the
+    available RAM (`free`, else read now), at most MAX_AUTO_HOST_CACHE; 0 for an embedding
+    model."""
+    if cfg.kind == "embedding" or cfg.host_cache_mib == 0:
+        return 0
+    if cfg.host_cache_mib > 0:
+        return cfg.host_cache_mib * MIB
+    free = host_available().free if free is None else free
+    return min(int(free * HOST_CACHE_SHARE), MAX_AUTO_HOST_CACHE)
 
 
 def kv_bytes(s: Shape, cfg: ModelConfig, n_cells: int, n_gpu: int = 0, swa_full: bool = True):

@@ -598,7 +598,8 @@ def _need(slot: ModelSlot) -> int:
         return 0
     try:
         gpu = footprint.device_available(slot.model.main_gpu) is not None
-        need = footprint.estimate(read_header(path), slot.model, gpu=gpu) if path else None
+        cache = footprint.host_cache_bytes(slot.model)  # the engine's RAM: counted without a GPU
+        need = footprint.estimate(read_header(path), slot.model, gpu, host_cache=cache)
     except (OSError, ValueError):
         return 0
-    return footprint.counted(need, gpu) if need is not None else 0
+    return footprint.counted(need, gpu)

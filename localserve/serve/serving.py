@@ -76,7 +76,7 @@ def serving(
         if runner is None:  # in an engine process of its own (watched), or in this one
             loaded = load_model(config, name)
         else:  # the caller's runner: only the engine is ours to stop
-            loaded = LoadedModel(Engine(runner, config.scheduler).start(), runner, lambda: None)
+            loaded = LoadedModel(_engine_on(config, name, runner), runner, lambda: None)
             loaded.close = loaded.engine.stop
         close = _once(loaded.close)  # by the pool when it unloads the default, else here
         stack.callback(close)
@@ -123,7 +123,10 @@ def load_model(config: Config, name: str) -> LoadedModel:
 
     runner = open_runner(config, name)
     try:
-        engine = Engine(runner, config.scheduler).start()
+        from localserve.runners.prefix_disk import open_prefix_tiers
+
+        host_cache, disk = open_prefix_tiers(config, name, runner)  # the prefix cache's tiers
+        engine = Engine(runner, config.scheduler, host_cache_bytes=host_cache, disk=disk).start()
     except BaseException:
         runner.close()
         raise
@@ -133,6 +136,16 @@ def load_model(config: Config, name: str) -> LoadedModel:
         runner.close()
 
     return LoadedModel(engine, runner, close)
+
+
+def _engine_on(config: Config, name: str, runner: Runner) -> Engine:
+    """An engine on the caller's runner, started: with a host tier, but no disk tier (the
+    runner may serve several engines one after another, the sweep's, whose saved prefixes
+    must not carry from one to the next; a fake runner has no model file to name states by)."""
+    from localserve.runners.footprint import host_cache_bytes
+
+    cache = host_cache_bytes(config.models[name])
+    return Engine(runner, config.scheduler, host_cache_bytes=cache).start()
 
 
 def _once(close: Callable[[], None]) -> Callable[[], None]:

@@ -161,6 +161,7 @@ def test_models_says_which_configuration_it_read(tmp_path):
     ran = localserve("models", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.startswith("configuration: built-in defaults (no models.toml)\n")
+    assert "    prefix cache: " in ran.stdout and " in RAM, " in ran.stdout  # models.toml's budgets
     assert ran.stderr.startswith(
         "localserve: no configuration file found (--config, $LOCALSERVE_MODELS, ./models.toml): "
         "using the built-in defaults (the embedded gemma-3-270m)"

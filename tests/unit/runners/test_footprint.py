@@ -7,7 +7,14 @@ import pytest
 from gguf import GGUFReader
 
 from localserve.config import ModelConfig
-from localserve.runners.footprint import MIB, cell_bytes, estimate, host_available, shape
+from localserve.runners.footprint import (
+    MIB,
+    cell_bytes,
+    estimate,
+    host_available,
+    host_cache_bytes,
+    shape,
+)
 from localserve.runners.gguf_header import ArrayLength, TruncatedHeader, parse_header, read_header
 from tests.support.tiny_gguf import tiny_gguf
 
@@ -60,3 +67,16 @@ def test_available_ram_is_read_from_meminfo(tmp_path):
     avail = host_available(meminfo)
     assert avail.free == 8 << 30 and avail.usable == avail.free - avail.reserve
     assert avail.reserve >= 512 * MIB
+
+
+def test_the_prefix_cache_s_host_tier_is_counted_in_ram(tmp_path):
+    header = read_header(tiny_gguf(tmp_path / "m.gguf"))
+    cfg = ModelConfig(path="m.gguf", host_cache_mib=64)
+    bare, cached = estimate(header, cfg), estimate(header, cfg, host_cache=host_cache_bytes(cfg))
+    assert cached.total - bare.total == cached.host - bare.host == 64 * MIB
+    on_gpu = estimate(header, cfg, gpu=True, host_cache=64 * MIB)
+    assert on_gpu.device == estimate(header, cfg, gpu=True).device  # RAM, not the GPU's
+    auto = ModelConfig(path="m.gguf")
+    assert host_cache_bytes(auto, free=1 << 30) == 128 * MIB  # an eighth of what is free ...
+    assert host_cache_bytes(auto, free=64 << 30) == 2048 * MIB  # ... at most 2 GiB
+    assert host_cache_bytes(ModelConfig(path="m.gguf", kind="embedding")) == 0
