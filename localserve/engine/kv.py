@@ -19,11 +19,9 @@ prefixes before anyone's latest, what a lower tier holds a copy of before what w
 prefilled again, then the least recently used). A system prompt entry is evicted only when no
 sequence and no cached prefix shares its cells.
 
-The tiers below the cells (localserve.engine.prefix_tiers): a finished turn's state, and a
-preempted sequence's, is copied out once into the host tier (a "save" cell operation); a request
-whose longest prefix is there (and not in the cells) gets a fresh sequence id and the state copied
-back (a "restore", then a trim to the common part), counted like an admission without reuse: it
-needs cells and an id like any.
+Below the cells (localserve.engine.prefix_tiers): a finished turn's or a preempted sequence's
+state is copied once into the host tier (a "save"); a request whose longest prefix is only there
+is admitted as without reuse, its first tokens copied back (a "restore", then a trim).
 
 The pool only counts; the cell operations it decides (free, trim, copy) are queued, and the
 next batch carries them to the runner, which applies them in llama.cpp, in order, before it
@@ -76,6 +74,8 @@ class CachedPrefix:
     last_used: int = 0
     saved: SavedPrefix | None = None  # its copy in the host tier, if any
     exact_from: int = 0  # restored: it may be cut back no shorter (Sequence.exact_from)
+    unsaved: bool = False  # a finished turn whose copy to the host tier waits (emit_saves)
+    num_prompt: int = 0  # ... and its prompt's length (the checkpoint of a windowed model)
 
     @property
     def is_cheap(self) -> bool:
@@ -92,9 +92,6 @@ class Match(NamedTuple):
     prefix: CachedPrefix | None  # None: a restore of `saved`
     num_tokens: int  # positions [0, num_tokens) are reused
     saved: SavedPrefix | None = None  # a prefix restored from the host tier
-
-
-__all__ = ["CellOp", "CachedPrefix", "KVPool", "Match", "common_prefix"]
 
 
 class KVPool:
@@ -128,6 +125,8 @@ class KVPool:
         self._tick = 0  # LRU clock
         self._free_ids = list(range(num_seq_ids - 1, -1, -1))  # pop() hands out 0 first
         self._ops: list[CellOp] = []
+        self.op_bytes = 0  # what the saves and restores among them will copy (estimates)
+        self._unsaved: list[CachedPrefix] = []  # finished turns whose save waits for room
 
     @property
     def num_free(self) -> int:
@@ -231,6 +230,7 @@ class KVPool:
             self._ops.append(CellOp("copy", prefix.seq_id, n, seq.seq_id))
         else:  # take it over: its id, its cells up to the common part
             self.prefixes.remove(prefix)
+            self._save_prefix(prefix, save=False)  # the turn taking it over is saved instead
             self._drop(self._freed_by_takeover(match))
             seq.seq_id = prefix.seq_id
             seq.exact_from = prefix.exact_from
@@ -245,6 +245,7 @@ class KVPool:
         """The entry's state copied into the sequence's fresh id, cut to the common part: its
         first n tokens are computed (cells already committed by _admit)."""
         self._ops.append(CellOp("restore", seq.seq_id, len(saved.tokens), saved=saved))
+        self.op_bytes += saved.nbytes
         if n < len(saved.tokens):
             self._ops.append(CellOp("trim", seq.seq_id, n))
         seq.num_computed = n
@@ -260,36 +261,56 @@ class KVPool:
         if seq.restored_from is None or seq.seq_id is None:
             return
         self.num_used -= seq.num_computed
-        self.host.counters.failures += 1
-        self.host.counters.hits -= 1
-        self.host.counters.restored_tokens -= seq.num_computed
+        self.host.unrestored(seq.num_computed)
         seq.num_computed = seq.exact_from = 0
         seq.cached_tokens = 0
         seq.restored_from.data = b""  # never again (the runner emptied the sequence)
         seq.restored_from = None
 
-    def _save(self, seq: Sequence, finished: bool) -> SavedPrefix | None:
-        """Copy the sequence's computed cells into the host tier (before they are freed or
-        change hands): a "save" operation the runner fills the entry with. A finished turn of
-        a model with sliding-window layers is also saved at its prompt's end (prefix_tiers)."""
-        entry = self.host.new_save(seq.tokens[: seq.num_computed], seq.user)
+    def _save(
+        self, seq_id: int, tokens: list[int], owner: str, num_prompt: int = 0, exact_from: int = 0
+    ) -> SavedPrefix | None:
+        """Copy a sequence's cells (`tokens`) into the host tier, before they are freed or
+        change hands: a "save" operation the runner fills the entry with. A finished turn
+        (`num_prompt`: its prompt's length) of a model with sliding-window layers is also saved
+        at its prompt's end (prefix_tiers)."""
+        entry = self.host.new_save(tokens, owner)
         if entry is None:
             return None
-        self._ops.append(CellOp("save", seq.seq_id, seq.num_computed, saved=entry))
-        n = seq.num_prompt_tokens
-        if (
-            finished
-            and not usable(seq.num_computed, n, self.swa_window)
-            and n >= seq.exact_from
-            and self._free_ids
-        ):
-            checkpoint = self.host.new_save(seq.tokens[:n], seq.user, twin=entry)
+        self._ops.append(CellOp("save", seq_id, len(tokens), saved=entry))
+        self.op_bytes += entry.nbytes
+        n = num_prompt
+        if n and not usable(len(tokens), n, self.swa_window) and n >= exact_from and self._free_ids:
+            checkpoint = self.host.new_save(tokens[:n], owner, twin=entry)
             if checkpoint is not None:  # a copy of its first n cells, saved, then let go
                 spare = self._free_ids[-1]
-                self._ops.append(CellOp("copy", seq.seq_id, n, spare))
+                self._ops.append(CellOp("copy", seq_id, n, spare))
                 self._ops.append(CellOp("save", spare, n, saved=checkpoint))
                 self._ops.append(CellOp("free", spare))
+                self.op_bytes += checkpoint.nbytes
         return entry
+
+    def emit_saves(self, room_bytes: int | None) -> None:
+        """Save finished turns' cached prefixes, oldest first, within `room_bytes` of copies
+        (None: all; at least one either way): the rest wait for a later step, in the cells.
+        One that must leave the cells before its turn is saved then (`_evict_one`)."""
+        spent = 0
+        while self._unsaved:
+            prefix = self._unsaved[0]
+            size = self.host.estimate(len(prefix.tokens)) * (2 if self.swa_window else 1)
+            if spent and room_bytes is not None and spent + size > room_bytes:
+                return
+            spent += size
+            self._save_prefix(prefix)
+
+    def _save_prefix(self, prefix: CachedPrefix, save: bool = True) -> None:
+        """A finished turn's pending save, made now (or not: its owner's next turn took it)."""
+        if prefix.unsaved:
+            prefix.unsaved = False
+            self._unsaved.remove(prefix)
+            if save:
+                p = prefix
+                p.saved = self._save(p.seq_id, p.tokens, p.owner, p.num_prompt, p.exact_from)
 
     def _freed_by_takeover(self, match: Match | None) -> int:
         """Cells freed when a taken-over prefix is trimmed to the common part."""
@@ -302,9 +323,7 @@ class KVPool:
 
     def ensure(self, seq: Sequence, num_tokens: int) -> bool:
         """Commit cells so the sequence can hold `num_tokens`; evicts cached prefixes first.
-
-        False if the pool is out even with every cached prefix gone.
-        """
+        False if the pool is out even with every cached prefix gone."""
         extra = num_tokens - seq.num_cells
         if extra <= 0:
             return True
@@ -365,22 +384,25 @@ class KVPool:
             return
         self.num_committed -= seq.num_cells - seq.num_computed  # promised, never computed
         own = seq.num_computed - seq.num_system
-        saved = self._save(seq, keep) if (keep or save) and self.prefix_caching else None
+        tokens = seq.tokens[: seq.num_computed]
         if keep and self.prefix_caching and own > 0 and seq.num_computed >= MIN_REUSE_TOKENS:
             self._tick += 1
-            self.prefixes.append(
-                CachedPrefix(
-                    seq.seq_id,
-                    seq.tokens[: seq.num_computed],
-                    seq.user,
-                    system=seq.system,
-                    num_system=seq.num_system,
-                    last_used=self._tick,
-                    saved=saved,
-                    exact_from=seq.exact_from,
-                )
+            prefix = CachedPrefix(
+                seq.seq_id,
+                tokens,
+                seq.user,
+                system=seq.system,
+                num_system=seq.num_system,
+                last_used=self._tick,
+                exact_from=seq.exact_from,
             )
+            self.prefixes.append(prefix)
+            if self.host.enabled:  # saved in a later step, as the copies' share allows
+                prefix.unsaved, prefix.num_prompt = True, seq.num_prompt_tokens
+                self._unsaved.append(prefix)
         else:
+            if (keep or save) and self.prefix_caching:  # its cells go now: saved first
+                self._save(seq.seq_id, tokens, seq.user, 0, seq.exact_from)
             self._drop(own)
             if seq.system is not None:
                 seq.system.refs -= 1
@@ -438,6 +460,7 @@ class KVPool:
             lambda p: p.last_used,
             lambda p: p.is_cheap,
         )[0]
+        self._save_prefix(victim)  # not saved yet: now, before its cells go
         self.prefixes.remove(victim)
         self._drop(victim.num_own)
         if victim.system is not None:
@@ -463,9 +486,11 @@ class KVPool:
 
     @property
     def has_ops(self) -> bool:
-        return bool(self._ops)
+        """Operations for the next batch, or finished turns' saves waiting to be made."""
+        return bool(self._ops or self._unsaved)
 
     def take_ops(self) -> list[CellOp]:
         """Cell operations decided since the last call, in order, for the runner to apply."""
         ops, self._ops = self._ops, []
+        self.op_bytes = 0
         return ops

@@ -64,7 +64,7 @@ class SavedPrefix:
     owner: str | None  # whose requests may restore it
     nbytes: int  # its size: an estimate until the runner has copied it out
     key: str = ""
-    data: bytes | None = None  # None: being saved (this step's cell operations); b"": failed
+    data: bytes | bytearray | None = None  # None: being saved (this step's operations); b"": failed
     last_used: int = 0
     from_disk: bool = False  # read from the disk tier (counted as a disk hit when restored)
     on_disk: bool = False  # handed to the disk tier
@@ -278,6 +278,12 @@ class HostTier:
         self.counters.restored_tokens += num_tokens
         self.counters.restored_bytes += entry.nbytes
 
+    def unrestored(self, num_tokens: int) -> None:
+        """A restore counted at admission that the runner could not make."""
+        self.counters.failures += 1
+        self.counters.hits -= 1
+        self.counters.restored_tokens -= num_tokens
+
     def _evict_to(self, budget: int, keep: SavedPrefix | None = None) -> None:
         if self.used_bytes <= budget:
             return
@@ -308,24 +314,18 @@ COPY_SHARE = 0.5  # of the ITL target, what a step's restores may take (at least
 @dataclass
 class CopyPace:
     """The step's copies of saved prefixes (saves and restores), priced at their measured rate:
-    restores are spread over steps, at most COPY_SHARE of the ITL target each (but always one),
-    and the prefill budget gets the target less the copies' time (the scheduler's)."""
+    restores and saves are spread over steps, at most COPY_SHARE of the ITL target each (but
+    always one of each), and the prefill budget gets the target less the copies' time (the
+    scheduler's)."""
 
     rate: float = COPY_BYTES_PER_S
-    planned_s: float = 0.0  # this step's copies, in seconds
-    restores: int = 0  # admitted in this step
 
-    def start(self, pending_bytes: int) -> None:
-        """A new step, with the saves the last step's finished turns asked for."""
-        self.planned_s, self.restores = pending_bytes / self.rate, 0
+    def seconds(self, nbytes: int) -> float:
+        return nbytes / self.rate
 
-    def may_restore(self, nbytes: int, itl_target_s: float) -> bool:
-        limit_s = COPY_SHARE * itl_target_s
-        return not self.restores or self.planned_s + nbytes / self.rate <= limit_s
-
-    def restored(self, nbytes: int) -> None:
-        self.restores += 1
-        self.planned_s += nbytes / self.rate
+    def room(self, planned_bytes: int, itl_target_s: float) -> int:
+        """Bytes a step that already copies `planned_bytes` may still copy."""
+        return max(0, int(COPY_SHARE * itl_target_s * self.rate) - planned_bytes)
 
     def learn(self, moved_bytes: int, seconds: float) -> None:
         """What a step's copies took: their own rate (the step-cost fit learns the rest)."""

@@ -102,7 +102,7 @@ class Runner(Protocol):
         """Cells the cache holds for a sequence (from its position range)."""
         ...
 
-    def save_seq(self, seq_id: int) -> bytes:
+    def save_seq(self, seq_id: int) -> bytes | bytearray:
         """A sequence's KV state as bytes (b"" when it cannot be saved)."""
         ...
 

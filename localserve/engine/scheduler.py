@@ -150,6 +150,8 @@ class Scheduler:
         self._schedule_decode(batch, now)
         if not batch.preempted:  # cells are short: let running work drain first
             self._admit(batch, now)
+        room = self.copies.room(self.kv.op_bytes, self.config.itl_target_ms / 1e3)
+        self.kv.emit_saves(room if self.running else None)  # finished turns' copies, if room
         self._schedule_prefill(batch, now)
         if self.max_draft_rows:
             self._schedule_drafts(batch)
@@ -244,18 +246,17 @@ class Scheduler:
         return victims
 
     def on_restore_failed(self, batch: Batch, seq_ids: list[int]) -> None:
-        """Saved prefixes the runner could not restore: those sequences prefill from the start;
-        nothing of the batch was computed (it is emptied, the next step schedules again)."""
+        """Saved prefixes the runner could not restore: those sequences prefill from the start
+        (nothing of the batch was computed: it is emptied, the next step schedules again)."""
         self._undraft(batch)
         for seq in self.running:
             if seq.seq_id in seq_ids:
                 self.kv.restore_failed(seq)
         _empty(batch)
 
-    def _undraft(self, batch: Batch) -> None:
-        for item in batch.items:  # drafts give their cells back: nothing of them stands
-            if item.draft:
-                self.kv.settle_draft(item.seq, item.num_tokens, 0)
+    def _undraft(self, batch: Batch) -> None:  # drafts give their cells back: nothing stood
+        for item in (i for i in batch.items if i.draft):
+            self.kv.settle_draft(item.seq, item.num_tokens, 0)
 
     def on_failed(self, batch: Batch, message: str) -> None:
         """Decoding `batch` failed: its sequences end with the error (into `batch.finished`)."""
@@ -294,7 +295,7 @@ class Scheduler:
                 batch.num_decode_tokens += 1
 
     def _admit(self, batch: Batch, now: float) -> None:
-        self.copies.start(self.kv.host.pending_bytes)  # restores are spread over steps
+        target_s, restores = self.config.itl_target_ms / 1e3, 0  # restores spread over steps
         if self.config.policy == "static" and self.running:
             return  # a fixed batch runs to the end of its slowest member
         while len(self.running) < self.max_num_seqs:
@@ -303,7 +304,7 @@ class Scheduler:
                 return
             match = self.kv.match(seq)
             saved = match.saved if match is not None else None
-            if saved and not self.copies.may_restore(saved.nbytes, self.config.itl_target_ms / 1e3):
+            if saved and restores and saved.nbytes > self.copies.room(self.kv.op_bytes, target_s):
                 return  # the next step restores it
             # with nothing running there is nothing to protect: no watermark
             if not self.kv.try_admit(seq, match, watermark=bool(self.running)):
@@ -313,7 +314,7 @@ class Scheduler:
                 return
             self._take(seq)
             if seq.restored_from is not None:
-                self.copies.restored(seq.restored_from.nbytes)
+                restores += 1
                 batch.restored.append(seq)
             if seq.num_preemptions == 0:
                 seq.cached_tokens = seq.num_computed  # reused from a cached prefix (or restored)
@@ -424,7 +425,7 @@ class Scheduler:
         if not num_decode or self.config.policy != "continuous":
             return budget
         # the step's copies of saved prefixes take their time from the target first
-        target = max(self.config.itl_target_ms / 1e3 - self.copies.planned_s, 0.0)
+        target = max(self.config.itl_target_ms / 1e3 - self.copies.seconds(self.kv.op_bytes), 0.0)
         floor = self.config.min_prefill_tokens
         itl_budget = self.cost.prefill_budget(num_decode, target, floor, budget)
         self._itl_budget = itl_budget  # what the ITL target alone allows
@@ -479,8 +480,7 @@ class Scheduler:
         self._users.remove(user)
 
     def _remove_running(self, seq: Sequence, keep: bool = False, save: bool = False) -> None:
-        """Out of the running set; with `keep` its cells stay as a cached prefix; with `keep`
-        or `save` a copy goes to the host tier."""
+        """Out of the running set; `keep`: its cells stay cached; `keep`, `save`: copied below."""
         self.running.remove(seq)
         self._num_running[seq.user] -= 1
         if not self._num_running[seq.user]:

@@ -427,21 +427,30 @@ class LlamaRunner(TokenText):
         `exact_from` knows)."""
         return llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id) + 1
 
-    def save_seq(self, seq_id: int) -> bytes:
-        """The sequence's KV state (llama_state_seq_get_data): its cells' positions and data."""
+    def save_seq(self, seq_id: int) -> bytearray:
+        """The sequence's KV state (llama_state_seq_get_data): its cells' positions and data,
+        written by llama.cpp straight into the bytes kept (no copy of megabytes on the step)."""
         size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
         if size <= 0:
-            return b""
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
-        return bytes(memoryview(buf)[:n]) if n > 0 else b""
+            return bytearray()
+        data = bytearray(size)
+        n = llama_cpp.llama_state_seq_get_data(
+            self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id
+        )
+        if n < size:  # (the view above is gone: the bytes may be cut)
+            del data[max(n, 0) :]
+        return data
 
-    def restore_seq(self, seq_id: int, data: bytes) -> bool:
+    def restore_seq(self, seq_id: int, data: bytes | bytearray) -> bool:
         """llama_state_seq_set_data into `seq_id` (llama.cpp empties it first and checks the
         state's layers, cell types and sizes against this context: 0 when they differ or no
-        cells are free, the sequence left empty)."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) == len(data)
+        cells are free, the sequence left empty). A saved bytearray is read in place."""
+        size = len(data)
+        array = ctypes.c_uint8 * size
+        buf = (
+            array.from_buffer(data) if isinstance(data, bytearray) else array.from_buffer_copy(data)
+        )
+        return llama_cpp.llama_state_seq_set_data(self.ctx, buf, size, seq_id) == size
 
     def close(self) -> None:
         if self.ctx is None:

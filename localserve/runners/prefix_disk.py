@@ -284,6 +284,10 @@ class PrefixDiskTier:
     # --- the writer ------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        # the writes are behind the engine: this thread gives way to its threads for the CPU
+        # (Linux: a thread's own nice value), so hashing and writing megabytes never slow a step
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while True:
             entry = self._writes.get()
             try:
@@ -439,8 +443,9 @@ def _why(e: BaseException) -> str:
 
 def cache_budgets(cfg: ModelConfig, state: Path) -> tuple[int, int]:
     """(host, disk) tier budgets in bytes: models.toml's host_cache_mib and disk_cache_mib, or
-    (-1, auto) a quarter of the available RAM and a tenth of the state directory's free space,
-    each at most MAX_AUTO_CACHE; 0 = off (an embedding model has neither)."""
+    (-1, auto) footprint.host_cache_bytes (an eighth of the available RAM, at most 2 GiB) and a
+    tenth of the state directory's free space, at most MAX_AUTO_CACHE; 0 = off (an embedding
+    model has neither)."""
     host = host_cache_bytes(cfg)
     if cfg.kind == "embedding" or cfg.disk_cache_mib == 0:
         return host, 0

@@ -304,3 +304,36 @@ def test_a_restored_prefix_is_never_cut_where_its_window_is_missing(make_harness
     # a prompt sharing only its first 250 tokens: the cached cells may not be cut there
     done = ask(h, "a-2", first[:250] + words(20, 4), "alice")
     assert done.cached_tokens == 0 or done.cached_tokens >= cached.exact_from
+
+
+def test_saves_wait_for_room_in_the_step_but_never_for_an_eviction(make_harness):
+    h = make_harness(host_cache_bytes=MIB, n_ctx=1024, n_seq_max=12)
+    h.engine.scheduler.copies.rate = 1.0  # no room at all: one save a step, the least there is
+    params = SamplingParams(temperature=0, max_tokens=60)
+    h.engine.add_request("stream", words(40, 9), params, "zoe")  # decodes throughout
+    for p in range(3):
+        h.engine.add_request(
+            f"p{p}", words(200, p), SamplingParams(temperature=0, max_tokens=2), f"p{p}"
+        )
+    unsaved, saved = [], []
+    for _ in range(12):
+        before = h.kv.host.counters.saved
+        h.step()
+        unsaved.append(len(h.kv._unsaved))
+        saved.append(h.kv.host.counters.saved - before)
+    assert max(unsaved) >= 2  # three turns ended together: their copies wait ...
+    assert max(saved) == 1 and unsaved[-1] == 0  # ... one step each, then all are saved
+    assert {e.owner for e in h.kv.host.entries} >= {"p0", "p1", "p2"}
+    # a turn whose save still waits is saved before its cells go to someone else
+    h.engine.add_request("p3", words(200, 3), SamplingParams(temperature=0, max_tokens=2), "p3")
+    while h.done("p3") is None:
+        h.step()
+    assert h.kv._unsaved and h.kv._unsaved[0].owner == "p3"
+    h.engine.add_request("big", words(900, 4), SamplingParams(temperature=0, max_tokens=2), "carol")
+    h.step()
+    assert not [p for p in h.kv.prefixes if p.owner == "p3"]
+    assert [e for e in h.kv.host.entries if e.owner == "p3"]
+    run_checked(h)
+    saved = next(e for e in h.kv.host.entries if e.owner == "p3")
+    done = ask(h, "p3-1", saved.tokens + [7], "p3")
+    assert done.cached_tokens == len(saved.tokens) and h.kv.host.counters.hits == 1
