@@ -179,7 +179,7 @@ class Engine(EngineClient):
             # the disk tier's read of its longest saved prefix, when the host tier lacks it
             # (on the disk tier's reader thread; the engine is woken when it is done)
             wake = lambda _: self._commands.put(QueuedCommand(None))  # noqa: E731
-            loading = self._reads.start(self.disk, seq, self.kv.host.keys, wake)
+            loading = self._reads.start(self.disk, seq, self.kv, wake)
         elif isinstance(command, AddEmbedding):
             seq = self._new_embedding(command)
         self._commands.put(QueuedCommand(command, seq=seq, loading=loading))

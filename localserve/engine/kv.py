@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from localserve.engine.prefix_tiers import (
     CHEAP_TOKENS,
+    MIN_RESTORE_GAIN,
     HostTier,
     SavedPrefix,
     common_prefix,
@@ -44,9 +45,6 @@ from localserve.engine.prefix_tiers import (
 from localserve.engine.sequence import Sequence
 
 MIN_REUSE_TOKENS = 16  # shorter common prefixes are not worth a sequence id or a lookup
-# a restore from the host tier must reuse this many more tokens than the cells offer: copying
-# megabytes back for a handful of tokens would cost more than prefilling them
-MIN_RESTORE_GAIN = 64
 
 
 class CellOp(NamedTuple):

@@ -44,6 +44,9 @@ log = logging.getLogger("localserve.engine.prefix_tiers")
 
 MIN_SAVE_TOKENS = 128  # shorter prefixes are cheaper to prefill again than to keep and restore
 CHEAP_TOKENS = 256  # a prefix this short costs little to prefill again: it leaves a tier early
+# a restore must reuse this many more tokens than the cells offer (a read from disk, more than
+# the cells and host memory): copying megabytes back for a handful of tokens costs more
+MIN_RESTORE_GAIN = 64
 DEFAULT_BYTES_PER_TOKEN = 16 << 10  # until the first saved prefix tells the model's own figure
 
 
@@ -151,10 +154,14 @@ class PrefixDisk(Protocol):
     def put(self, entry: SavedPrefix) -> None:
         """Write the entry behind: queue it, never block (the step's path)."""
 
-    def load(self, user: str, tokens: list[int], share_all: bool, skip: frozenset[str]):
+    def load(
+        self, user: str, tokens: list[int], share_all: bool, skip: frozenset[str], have: int = 0
+    ):
         """The longest saved prefix of `tokens` the user may see, read and checked (its data
         set, `from_disk` true), or None; entries whose key is in `skip` are not read (the host
-        tier has them). Called on the thread that submits the request, never the engine's."""
+        tier has them), nor any that shares fewer than MIN_RESTORE_GAIN tokens more than `have`
+        (what the cells or the host tier offer). Called on the thread that submits the request,
+        never the engine's."""
 
     def stats(self) -> DiskStats: ...
 
@@ -341,12 +348,16 @@ class DiskReads:
         self.share_all = share_all
         self.waiting: list[tuple[object, Future]] = []
 
-    def start(self, disk: PrefixDisk | None, seq, skip: frozenset[str], wake) -> Future | None:
-        """The disk's read of the sequence's longest saved prefix (None: it has none but those
-        in `skip`, the host tier's); `wake` is called when it is done."""
+    def start(self, disk: PrefixDisk | None, seq, kv, wake) -> Future | None:
+        """The disk's read of the sequence's longest saved prefix, when it is longer than what
+        the cells and the host tier offer (`kv`, a KVPool, read from the submitting thread:
+        a glance at lists the engine thread changes, good enough to skip a needless read);
+        None: no read. `wake` is called when it is done."""
         if disk is None:
             return None
-        loading = disk.load(seq.user, seq.tokens, self.share_all, skip)
+        found = kv.match(seq)
+        have = found.num_tokens if found is not None else 0
+        loading = disk.load(seq.user, seq.tokens, self.share_all, kv.host.keys, have)
         if loading is not None:
             loading.add_done_callback(wake)
         return loading

@@ -42,6 +42,7 @@ from pathlib import Path
 from localserve.config import Config, ModelConfig
 from localserve.engine.prefix_tiers import (
     CHEAP_TOKENS,
+    MIN_RESTORE_GAIN,
     SavedPrefix,
     common_prefix,
     extends,
@@ -170,7 +171,7 @@ class PrefixDiskTier:
         entry.on_disk = True
 
     def load(
-        self, user: str, tokens: list[int], share_all: bool, skip: frozenset[str]
+        self, user: str, tokens: list[int], share_all: bool, skip: frozenset[str], have: int = 0
     ) -> Future[SavedPrefix | None] | None:
         """The entry sharing the longest prefix with `tokens` (at least MIN_LOAD_TOKENS, at most
         all but the last token) among those the user may see and `skip` does not name: a Future
@@ -180,7 +181,8 @@ class PrefixDiskTier:
         with self._lock:
             if not (self._accepting and self.enabled):
                 return None
-            best, best_n = None, MIN_LOAD_TOKENS - 1
+            # worth a read only when it gives clearly more than the cells or host memory do
+            best, best_n = None, max(MIN_LOAD_TOKENS, have + MIN_RESTORE_GAIN) - 1
             for e in self._index.values():
                 if e.key in skip or not (share_all or e.owner is None or e.owner == user):
                     continue

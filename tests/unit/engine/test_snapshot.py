@@ -51,7 +51,7 @@ class FakeDisk:
     def put(self, entry: SavedPrefix) -> None:
         self.saved.append(entry)
 
-    def load(self, user, tokens, share_all, skip) -> Future | None:
+    def load(self, user, tokens, share_all, skip, have=0) -> Future | None:
         mine = [e for e in self.saved if e.owner == user and e.key not in skip]
         best = max(mine, key=lambda e: common_prefix(e.tokens, tokens), default=None)
         if best is None:

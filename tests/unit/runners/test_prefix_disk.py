@@ -28,6 +28,7 @@ from localserve.runners import footprint, prefix_disk
 from localserve.runners.fake import FakeRunner
 from localserve.runners.prefix_disk import (
     MIN_LOAD_TOKENS,
+    MIN_RESTORE_GAIN,
     PrefixDiskTier,
     cache_budgets,
     open_prefix_tiers,
@@ -117,6 +118,29 @@ def test_only_a_long_enough_prefix_not_skipped_is_read(tmp_path, tiers):
     # at most all but the last token: that one's logits sample the reply
     assert loaded(tier, "alice", entry.tokens[: MIN_LOAD_TOKENS + 1]) is not None
     assert tier.load("alice", entry.tokens[:MIN_LOAD_TOKENS], False, frozenset()) is None
+
+
+def test_nothing_is_read_that_gives_little_more_than_the_cells_or_host_memory(tmp_path, tiers):
+    tier = tiers(tmp_path)
+    entry = saved("alice", n=300)
+    written(tier, entry)
+    prompt = entry.tokens + [1]
+    # the cells hold 250 of its tokens already: 50 more are not worth megabytes read
+    assert tier.load("alice", prompt, False, frozenset(), have=250) is None
+    found = tier.load("alice", prompt, False, frozenset(), have=300 - MIN_RESTORE_GAIN)
+    assert found is not None and found.result(timeout=5).tokens == entry.tokens
+
+
+def test_a_sliding_window_model_s_state_is_read_only_where_it_goes_on_exactly(tmp_path):
+    tier = PrefixDiskTier(tmp_path, "m", IDENTITY, MIB, window=64)
+    try:
+        entry = saved("alice", n=300)
+        written(tier, entry)
+        cut = entry.tokens[:250] + [-1] * 10  # its window's cells would be missing
+        assert tier.load("alice", cut, False, frozenset()) is None
+        assert loaded(tier, "alice", entry.tokens + [1]).tokens == entry.tokens
+    finally:
+        tier.close()
 
 
 def test_the_longest_prefix_is_chosen_and_an_extended_one_replaced(tmp_path, tiers):
