@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from localserve.config import Config, ModelConfig, ServerConfig
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.model
 
@@ -62,16 +63,27 @@ def chat(served, user: str, messages: list[dict]) -> tuple[str, int, int]:
     return content, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
 
-def tier_hits(served, tier: str) -> float:
+def tier_series(served, name: str, tier: str) -> float:
     with urllib.request.urlopen(served.thread.http + "/metrics", timeout=30) as response:
         metrics = response.read().decode()
     found = re.search(
-        rf'^localserve:prefix_cache_tier_hits_total{{[^}}]*tier="{tier}"[^}}]*}} (\S+)$',
+        rf'^localserve:prefix_cache_tier_{name}{{[^}}]*tier="{tier}"[^}}]*}} (\S+)$',
         metrics,
         re.M,
     )
-    assert found, f"no {tier} tier hits series in /metrics"
+    assert found, f"no {tier} tier {name} series in /metrics"
     return float(found.group(1))
+
+
+def tier_hits(served, tier: str) -> float:
+    return tier_series(served, "hits_total", tier)
+
+
+def all_written(served) -> bool:
+    """Every state saved in host memory is on disk too (the writer is behind, at nice 19: on a
+    busy machine a stop's last second would not always be enough for it)."""
+    host = tier_series(served, "saved_total", "host")
+    return host > 0 and tier_series(served, "saved_total", "disk") == host
 
 
 def test_a_conversation_resumes_from_host_memory_and_after_a_restart_from_disk(tmp_path):
@@ -88,6 +100,7 @@ def test_a_conversation_resumes_from_host_memory_and_after_a_restart_from_disk(t
         assert tier_hits(served, "host") >= 1
         _, prompt, cached = chat(served, "bob", second)  # the same words: not his prefix
         assert cached < 100, (prompt, cached)  # (the transcript's preamble is everyone's)
+        wait_until(lambda: all_written(served), 120, "the disk tier's writes", interval=0.2)
     files = list((tmp_path / "kv-cache").rglob("*.kv"))
     assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
     third = [*second, {"role": "assistant", "content": reply2}]
