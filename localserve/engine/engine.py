@@ -237,8 +237,11 @@ class Engine(EngineClient):
         watch = self.watch or (lambda busy: None)
         while not self._stopping:
             try:
-                if not self.scheduler.has_work:
-                    command = self._commands.get()  # idle: sleep until something arrives
+                if not self.scheduler.has_work:  # idle: sleep until something arrives ...
+                    try:  # ... or a disk read is given up
+                        command = self._commands.get(timeout=self._reads.wait_s)
+                    except queue.Empty:
+                        command = QueuedCommand(None)
                     watch(True)
                     self._handle(command)
                 watch(True)  # (the step is timed from here; handling a command counts too)
@@ -299,7 +302,7 @@ class Engine(EngineClient):
             except queue.Empty:
                 break
             self._handle(command)
-        for seq, saved in self._reads.ready() if self._reads.waiting else ():
+        for seq, saved in self._reads.ready(self.clock()) if self._reads.waiting else ():
             if saved is not None:  # read from disk: the host tier has it now
                 self.kv.host.adopt(saved)
             self.scheduler.add(seq)
@@ -332,7 +335,7 @@ class Engine(EngineClient):
             self.on_events([self._finish(seq)])
             return
         if loading is not None:  # it joins the queue once its saved prefix is read
-            self._reads.add(seq, loading)
+            self._reads.add(seq, loading, self.clock())
             return
         self.scheduler.add(seq)
 

@@ -259,10 +259,9 @@ class KVPool:
         if seq.restored_from is None or seq.seq_id is None:
             return
         self.num_used -= seq.num_computed
-        self.host.unrestored(seq.num_computed)
+        self.host.unrestored(seq.restored_from, seq.num_computed)  # never again
         seq.num_computed = seq.exact_from = 0
         seq.cached_tokens = 0
-        seq.restored_from.data = b""  # never again (the runner emptied the sequence)
         seq.restored_from = None
 
     def _save(

@@ -236,6 +236,8 @@ class HostTier:
     def settle(self) -> list[SavedPrefix]:
         """After the runner applied the step's cell operations: the saved entries' real sizes,
         the failed ones dropped. Returns the entries saved (for the disk tier)."""
+        if not self._pending:
+            return []  # (most steps: nothing was saved)
         saved, self._pending = self._pending, []
         done = []
         for entry in saved:
@@ -285,11 +287,16 @@ class HostTier:
         self.counters.restored_tokens += num_tokens
         self.counters.restored_bytes += entry.nbytes
 
-    def unrestored(self, num_tokens: int) -> None:
-        """A restore counted at admission that the runner could not make."""
+    def unrestored(self, entry: SavedPrefix, num_tokens: int) -> None:
+        """A restore counted at admission that the runner could not make: the entry is never
+        offered again (its bytes leave the budget)."""
         self.counters.failures += 1
         self.counters.hits -= 1
         self.counters.restored_tokens -= num_tokens
+        self.counters.restored_bytes -= entry.nbytes
+        entry.data = b""
+        self._remove(entry)
+        self.keys = frozenset(e.key for e in self.entries)
 
     def _evict_to(self, budget: int, keep: SavedPrefix | None = None) -> None:
         if self.used_bytes <= budget:
@@ -340,6 +347,9 @@ class CopyPace:
             self.rate += 0.2 * (moved_bytes / seconds - self.rate)
 
 
+READ_WAIT_S = 5.0  # a disk read taking longer is given up: the request prefills instead
+
+
 class DiskReads:
     """Requests waiting for the disk tier to read their saved prefix (on its thread): they
     join the queue when it is read (their prefix into the host tier) or when it fails."""
@@ -362,23 +372,34 @@ class DiskReads:
             loading.add_done_callback(wake)
         return loading
 
-    def add(self, seq, loading: Future) -> None:
-        self.waiting.append((seq, loading))
+    def add(self, seq, loading: Future, now: float) -> None:
+        self.waiting.append((seq, loading, now + READ_WAIT_S))
 
-    def ready(self) -> list[tuple[object, SavedPrefix | None]]:
-        """The sequences whose read is over, with what it gave (None: nothing, or it failed);
-        those cancelled meanwhile are left out (their Done went with the cancel)."""
-        done, self.waiting = (
-            [w for w in self.waiting if w[1].done()],
-            [w for w in self.waiting if not w[1].done()],
-        )
-        out = []
-        for seq, loading in done:
-            if seq.is_finished or seq.is_cancelled:
-                continue
-            try:
-                out.append((seq, loading.result()))
-            except Exception:
-                log.exception("reading a saved prefix failed")
-                out.append((seq, None))
+    @property
+    def wait_s(self) -> float | None:
+        """How long an idle engine may sleep: a read is given up after READ_WAIT_S."""
+        return READ_WAIT_S if self.waiting else None
+
+    def ready(self, now: float) -> list[tuple[object, SavedPrefix | None]]:
+        """The sequences whose read is over, with what it gave (None: nothing, it failed, or
+        it took longer than READ_WAIT_S: a stuck disk never holds a request); those cancelled
+        meanwhile are left out (their Done went with the cancel)."""
+        out, still = [], []
+        for seq, loading, deadline in self.waiting:
+            done = loading.done()  # once: the reader may finish it meanwhile
+            if not done and now < deadline:
+                still.append((seq, loading, deadline))
+            elif not (seq.is_finished or seq.is_cancelled):
+                out.append((seq, _result(loading) if done else None))
+                if not done:
+                    log.warning("reading a saved prefix took over %.0f s: prefilled", READ_WAIT_S)
+        self.waiting = still
         return out
+
+
+def _result(loading: Future) -> SavedPrefix | None:
+    try:
+        return loading.result()
+    except Exception:
+        log.exception("reading a saved prefix failed")
+        return None

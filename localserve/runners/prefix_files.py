@@ -97,7 +97,9 @@ def read_header(path: Path, identity: str) -> tuple[FileHeader, os.stat_result]:
 def read_file(path: Path, identity: str) -> tuple[FileHeader, bytes]:
     """A file read whole and checked: UnsoundFile saying what is wrong; OSError."""
     with path.open("rb") as f:
-        header, _ = _header(f)
+        header, offset = _header(f)
+        if offset + header.data_bytes > os.fstat(f.fileno()).st_size:
+            raise UnsoundFile("cut short")  # (never allocate what a damaged header claims)
         data = f.read(header.data_bytes + 1)  # one more: a file longer than it says
     _check(path, header, identity)
     if len(data) != header.data_bytes:

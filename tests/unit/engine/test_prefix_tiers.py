@@ -337,3 +337,25 @@ def test_saves_wait_for_room_in_the_step_but_never_for_an_eviction(make_harness)
     saved = next(e for e in h.kv.host.entries if e.owner == "p3")
     done = ask(h, "p3-1", saved.tokens + [7], "p3")
     assert done.cached_tokens == len(saved.tokens) and h.kv.host.counters.hits == 1
+
+
+def test_a_disk_read_that_never_ends_only_delays_its_request(make_harness):
+    from concurrent.futures import Future
+
+    from localserve.engine.prefix_tiers import READ_WAIT_S
+
+    class StuckDisk:  # a dead disk: the read is asked for and never answered
+        def load(self, user, tokens, share_all, skip, have=0):
+            return Future()
+
+        def put(self, entry): ...
+
+        def close(self): ...
+
+    h = make_harness(host_cache_bytes=MIB, disk=StuckDisk(), n_ctx=512, n_seq_max=8)
+    h.engine.add_request("a", words(300, 1), SamplingParams(temperature=0, max_tokens=4), "alice")
+    h.step()
+    assert h.engine.scheduler.num_waiting == 0 and h.done("a") is None  # waiting for the read
+    h.runner.clock.now += READ_WAIT_S + 1
+    run_checked(h)
+    assert h.done("a").finish_reason == "length" and h.done("a").cached_tokens == 0
