@@ -11,6 +11,8 @@ metrics. No asyncio, no sockets, no llama.cpp: a `Runner` does the tensor work.
 - `speculative.py`: n-gram drafts: more than one token per sequence per step.
 - `embedding.py`: embedding requests: their checks, their queue and each step's packing of inputs.
 - `batch.py`: one step's batch, and what the runner sampled of it.
+- `waiting_line.py`: who enters next: preempted first, users in turn under their cap (the one
+  copy of that policy, for the scheduler and the predicted waits).
 - `scheduler.py`: the continuous-batching scheduler: what goes into the next step.
 - `waits.py`: the waiting requests' places and predicted waits: the scheduler played forward.
 - `slowdown.py`: the steps against this machine's own best: the sign of a busy machine.

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import math
 
+from localserve.engine.waiting_line import WaitingLine
+
 # Prior (seconds): roughly this CPU's figures (docs/benchmarks.md). It only prices the first steps:
 # the decode fit starts nearly uninformed (low confidence) and the first measured mixed step
 # replaces the prefill price outright, so a GPU, where a step costs a few milliseconds, is priced
@@ -242,13 +244,14 @@ def deadline_rate(prefills, now: float, ttft_target_s: float, step_s: float) -> 
     return rate
 
 
-def waiting_for_room(pasting: set[str], requeued, waiting, num_running, cap: int) -> bool:
+def waiting_for_room(pasting: set[str], line: WaitingLine) -> bool:
     """Whether a user other than those whose prompts are being prefilled (`pasting`) waits
     for room (cells, slots), not for their own cap: only they are helped, and fairly, when
     those prompts finish sooner."""
-    if any(s.user not in pasting for s in requeued):
+    if any(s.user not in pasting for s in line.requeued):
         return True
-    return any(user not in pasting and num_running.get(user, 0) < cap for user in waiting)
+    running, cap = line.num_running, line.cap
+    return any(user not in pasting and running.get(user, 0) < cap for user in line.queues)
 
 
 def rls_step(theta: list[float], p: list[list[float]], n: float, y: float):

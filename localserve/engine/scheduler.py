@@ -5,9 +5,10 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
 2. decode first: one token for every running sequence past its prompt, growing its cells,
    evicting cached prefixes, then preempting the newest running sequence (by recompute), when
    the pool is out;
-3. admission: waiting sequences enter round-robin across users, within the per-user cap, when
-   their prompt fits in uncommitted cells above the watermark; a sequence that starts with a
-   cached prefix it may see reuses those cells and prefills only the rest (localserve.engine.kv);
+3. admission: the waiting line (localserve.engine.waiting_line: preempted first, then round-robin
+   across users within the per-user cap) lets its head in while its prompt fits in uncommitted
+   cells above the watermark; a sequence that starts with a cached prefix it may see reuses
+   those cells and prefills only the rest (localserve.engine.kv);
 4. prefill: chunks of prompts within `max_num_batched_tokens`, and while anyone decodes within
    the adaptive budget that keeps the step near the ITL target (localserve.engine.budget); users
    who got the least prefill recently go first, and within a user the shortest remaining prompt. A
@@ -30,7 +31,6 @@ chunks take the rest. The `static` policy admits only when the running set is em
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 
 from localserve.config import SchedulerConfig
@@ -49,6 +49,7 @@ from localserve.engine.speculative import (
     num_accepted,
     plan_drafts,
 )
+from localserve.engine.waiting_line import Entry, WaitingLine
 from localserve.engine.waits import NEWCOMER, Prediction, ReplyLengths, bounds, predict_waits
 
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
@@ -77,10 +78,7 @@ class Scheduler:
         self.cost = StepCostModel()
         self.embeddings = embeddings or EmbeddingQueue(max_num_batched_tokens, max_num_seqs)
         self.running: list[Sequence] = []  # admission order: newest last
-        self.requeued: deque[Sequence] = deque()  # preempted; admitted before anyone else
-        self.waiting: dict[str, deque[Sequence]] = {}  # per user, arrival order
-        self._users: deque[str] = deque()  # round-robin order of users with waiting work
-        self._num_running: dict[str, int] = {}
+        self.line: WaitingLine[Sequence] = WaitingLine(config.max_running_per_user)
         self._served: dict[str, float] = {}  # recent prefill tokens per user (decaying)
         self._cancelled: list[Sequence] = []
         self._quick_step = False  # the last step's prefill was only newly admitted prompts
@@ -96,10 +94,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence."""
-        if seq.user not in self.waiting:
-            self.waiting[seq.user] = deque()
-            self._users.append(seq.user)
-        self.waiting[seq.user].append(seq)
+        self.line.add(seq)
 
     def cancel(self, seq: Sequence) -> None:
         """Mark for removal; takes effect at the next schedule(), also mid-prefill."""
@@ -109,36 +104,29 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.requeued) + sum(len(q) for q in self.waiting.values())
+        return len(self.line)
 
     @property
     def has_work(self) -> bool:
         """Anything to run, cancel or apply (cell operations wait for the next batch)."""
-        chats = self.running or self.requeued or self.waiting or self._cancelled
+        chats = self.running or self.line or self._cancelled
         return bool(chats or self.kv.has_ops or self.embeddings.has_work)
 
     def waiting_seqs(self) -> list[Sequence]:
         """Waiting sequences in the order admission would take them (ignoring caps)."""
-        order = list(self.requeued)
-        queues = [list(self.waiting[u]) for u in self._users]
-        for i in range(max(map(len, queues), default=0)):
-            order += [q[i] for q in queues if i < len(q)]
-        return order
+        return self.line.order()
 
     def predict_waits(self, lengths: ReplyLengths, newcomer: int = 0) -> dict[str, Prediction]:
         """Every waiting sequence's place in the order it would enter and its predicted wait
         (localserve.engine.waits: these rules played forward on this state); with `newcomer`,
         also that of a new user's prompt of that many tokens arriving now (under NEWCOMER)."""
-        waiting, users = self.waiting, list(self._users)
+        ghost = None
         if newcomer:  # a new user's turn comes after every waiting user's next (round-robin)
             ghost = Sequence(NEWCOMER, [0] * newcomer, SamplingParams(), user=NEWCOMER)
-            waiting, users = {**waiting, NEWCOMER: deque([ghost])}, [*users, NEWCOMER]
         kv = self.kv
         limits = bounds(self.config, kv, self.max_num_seqs, self.max_num_batched_tokens)
         free = kv.num_free + kv.num_cached  # cached prefixes are evicted before anyone waits
-        return predict_waits(
-            self.running, self.requeued, waiting, users, limits, self.cost, lengths, free
-        )
+        return predict_waits(self.running, self.line, limits, self.cost, lengths, free, ghost)
 
     # --- one step ------------------------------------------------------------------------
 
@@ -272,10 +260,8 @@ class Scheduler:
         for seq in reaped:
             if seq.status is Status.RUNNING:
                 self._remove_running(seq, keep=True)  # what it computed may serve a retry
-            elif seq in self.requeued:
-                self.requeued.remove(seq)
             else:
-                self._remove_waiting(seq)
+                self.line.remove(seq)
             seq.finish(FinishReason.CANCELLED, now)
         return reaped
 
@@ -296,33 +282,34 @@ class Scheduler:
 
     def _admit(self, batch: Batch, now: float) -> None:
         target_s, restores = self.config.itl_target_ms / 1e3, 0  # restores spread over steps
-        if self.config.policy == "static" and self.running:
-            return  # a fixed batch runs to the end of its slowest member
-        while len(self.running) < self.max_num_seqs:
-            seq = self._next_candidate()
-            if seq is None:
-                return
+
+        def fits(seq: Sequence, anyone_running: bool) -> Entry:
+            nonlocal restores
             match = self.kv.match(seq)
             saved = match.saved if match is not None else None
             if saved and restores and saved.nbytes > self.copies.room(self.kv.op_bytes, target_s):
-                return  # the next step restores it
-            # with nothing running there is nothing to protect: no watermark
-            if not self.kv.try_admit(seq, match, watermark=bool(self.running)):
-                if not self.running and len(seq.tokens) > self.kv.num_cells:
-                    self._refuse(seq, now, batch)  # would never fit, even alone
-                    continue
-                return
-            self._take(seq)
+                return Entry.WAIT  # the next step restores it
+            if not self.kv.try_admit(seq, match, watermark=anyone_running):
+                if not anyone_running and len(seq.tokens) > self.kv.num_cells:
+                    return Entry.REFUSED  # would never fit, even alone
+                return Entry.WAIT
+            restores += seq.restored_from is not None
+            return Entry.IN
+
+        static = self.config.policy == "static"
+        admitted, refused = self.line.admit(self.running, self.max_num_seqs, static, fits)
+        for seq in refused:
+            message = f"needs {len(seq.tokens)} KV cells; the cache has {self.kv.num_cells}"
+            seq.finish(FinishReason.ERROR, now, message)
+            batch.finished.append(seq)
+        for seq in admitted:
             if seq.restored_from is not None:
-                restores += 1
                 batch.restored.append(seq)
             if seq.num_preemptions == 0:
                 seq.cached_tokens = seq.num_computed  # reused from a cached prefix (or restored)
                 batch.first_admitted.append(seq)
             seq.status = Status.RUNNING
             seq.mark_scheduled(now)
-            self.running.append(seq)
-            self._num_running[seq.user] = self._num_running.get(seq.user, 0) + 1
             batch.admitted.append(seq)
 
     def _schedule_prefill(self, batch: Batch, now: float) -> None:
@@ -432,8 +419,7 @@ class Scheduler:
         # one user's paste (or pastes) never stalls the others' streams; several users' pastes,
         # or others waiting for room, may: TTFT first
         pasting = {s.user for s in prefills if s.num_remaining > itl_budget}
-        cap, running = self.config.max_running_per_user, self._num_running
-        if len(pasting) > 1 or waiting_for_room(pasting, self.requeued, self.waiting, running, cap):
+        if len(pasting) > 1 or waiting_for_room(pasting, self.line):
             c = self.config
             rate = deadline_rate(prefills, now, c.ttft_target_ms / 1e3, c.itl_target_ms / 1e3)
             itl_budget = max(itl_budget, self.cost.chunk_for_rate(num_decode, rate, budget))
@@ -441,57 +427,17 @@ class Scheduler:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _next_candidate(self) -> Sequence | None:
-        """Preempted sequences first, then round-robin over users under their cap."""
-        if self.requeued:
-            return self.requeued[0]
-        cap = self.config.max_running_per_user
-        for _ in range(len(self._users)):
-            user = self._users[0]
-            if self._num_running.get(user, 0) < cap:
-                return self.waiting[user][0]
-            self._users.rotate(-1)
-        return None
-
-    def _take(self, seq: Sequence) -> None:
-        if self.requeued and self.requeued[0] is seq:
-            self.requeued.popleft()
-            return
-        self.waiting[seq.user].popleft()
-        self._users.rotate(-1)  # this user had its turn
-        if not self.waiting[seq.user]:
-            self._drop_user(seq.user)
-
-    def _refuse(self, seq: Sequence, now: float, batch: Batch) -> None:
-        self._take(seq)
-        message = f"needs {len(seq.tokens)} KV cells; the cache has {self.kv.num_cells}"
-        seq.finish(FinishReason.ERROR, now, message)
-        batch.finished.append(seq)
-
-    def _remove_waiting(self, seq: Sequence) -> None:
-        queue = self.waiting.get(seq.user)
-        if queue and seq in queue:
-            queue.remove(seq)
-            if not queue:
-                self._drop_user(seq.user)
-
-    def _drop_user(self, user: str) -> None:
-        del self.waiting[user]
-        self._users.remove(user)
-
     def _remove_running(self, seq: Sequence, keep: bool = False, save: bool = False) -> None:
         """Out of the running set; `keep`: its cells stay cached; `keep`, `save`: copied below."""
         self.running.remove(seq)
-        self._num_running[seq.user] -= 1
-        if not self._num_running[seq.user]:
-            del self._num_running[seq.user]
+        self.line.stopped(seq.user)
         self.kv.release(seq, keep, save)
 
     def _preempt(self, seq: Sequence, now: float) -> None:
         """Out of the cells (their copy to the host tier), back to the head of the line."""
         self._remove_running(seq, save=True)
         seq.mark_preempted(now)
-        self.requeued.appendleft(seq)
+        self.line.requeue(seq)
 
 
 def _empty(batch: Batch) -> None:

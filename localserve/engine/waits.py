@@ -5,10 +5,10 @@ waits. Each running sequence still has its prompt's rest to prefill and `ReplyLe
 tokens to generate (what replies of its user, else of everyone, have been: the mean of the
 recent lengths longer than what it has, never past its max_tokens or the context). Steps cost what
 the step cost model (budget.py) predicts for their rows; prompts advance by the step's prefill
-budget (the ITL target's while anyone decodes). A waiting sequence enters as the scheduler would
-let it (scheduler.py `_admit`): preempted ones first, then round-robin across users under the
-per-user cap, when a slot is free and its prompt fits in the free cells above the watermark; the
-cells of a sequence that ends are free again. The play jumps from event to event (an end, a
+budget (the ITL target's while anyone decodes). A waiting sequence enters by the scheduler's own
+waiting line (waiting_line.py, on a copy of it: its order, the per-user cap, slots, the static
+policy) when its prompt fits in the free cells above the watermark; the cells of a sequence that
+ends are free again. The play jumps from event to event (an end, a
 prompt's last chunk), so it costs a few thousand operations for a full server.
 
 What it cannot know: replies that end sooner or later than their users' usual ones, requests that
@@ -24,12 +24,14 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from localserve.config import SchedulerConfig
 from localserve.engine.budget import StepCostModel
 from localserve.engine.events import WaitPredicted
 from localserve.engine.kv import KVPool
 from localserve.engine.sequence import FinishReason, Sequence, Status
+from localserve.engine.waiting_line import Entry, WaitingLine
 
 NUM_LENGTHS = 256  # reply lengths remembered, all users together
 NUM_USER_LENGTHS = 32  # and per user
@@ -90,7 +92,6 @@ class SchedulerBounds:
     """The scheduler's bounds that decide when a waiting sequence may enter."""
 
     max_num_seqs: int
-    max_running_per_user: int
     max_num_batched_tokens: int
     num_cells: int
     num_watermark_cells: int
@@ -105,7 +106,6 @@ def bounds(
     """A scheduler's bounds (scheduler.py reads the same settings)."""
     return SchedulerBounds(
         max_num_seqs=max_num_seqs,
-        max_running_per_user=config.max_running_per_user,
         max_num_batched_tokens=max_num_batched_tokens,
         num_cells=kv.num_cells,
         num_watermark_cells=kv.num_watermark_cells,
@@ -142,54 +142,26 @@ class _Play:
     cost: StepCostModel
     running: list[_Sim]
     free_cells: int
-    requeued: deque[_Sim]
-    queues: dict[str, deque[_Sim]]
-    users: deque[str]  # round-robin order of users with waiting work
+    line: WaitingLine[_Sim]  # a copy of the scheduler's
     now: float = 0.0
     entered: dict[str, float] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
 
-    def per_user(self, user: str) -> int:
-        return sum(1 for s in self.running if s.user == user)
-
-    def candidate(self) -> _Sim | None:
-        """The scheduler's `_next_candidate`: preempted first, then round-robin under the cap."""
-        if self.requeued:
-            return self.requeued[0]
-        for _ in range(len(self.users)):
-            user = self.users[0]
-            if self.per_user(user) < self.limits.max_running_per_user:
-                return self.queues[user][0]
-            self.users.rotate(-1)
-        return None
-
     def admit(self) -> None:
-        if self.limits.static and self.running:
-            return
-        while len(self.running) < self.limits.max_num_seqs:
-            seq = self.candidate()
-            if seq is None:
-                return
-            watermark = self.limits.num_watermark_cells if self.running else 0
-            if seq.cells + watermark > self.free_cells:
-                if self.running:
-                    return  # waits for cells to free
-                self.free_cells = seq.cells  # alone it is admitted (or refused) at once
-            self.take(seq)
-            self.free_cells -= seq.cells
-            self.running.append(seq)
-            self.entered[seq.request_id] = self.now
-            self.order.append(seq.request_id)
+        """The waiting line's admission, its heads' cells counted here."""
+        lim = self.limits
+        self.line.admit(self.running, lim.max_num_seqs, lim.static, self.fits)
 
-    def take(self, seq: _Sim) -> None:
-        if self.requeued and self.requeued[0] is seq:
-            self.requeued.popleft()
-            return
-        self.queues[seq.user].popleft()
-        self.users.rotate(-1)
-        if not self.queues[seq.user]:
-            del self.queues[seq.user]
-            self.users.remove(seq.user)
+    def fits(self, seq: _Sim, anyone_running: bool) -> Entry:
+        watermark = self.limits.num_watermark_cells if anyone_running else 0
+        if seq.cells + watermark > self.free_cells:
+            if anyone_running:
+                return Entry.WAIT  # waits for cells to free
+            self.free_cells = seq.cells  # alone it is admitted (or refused) at once
+        self.free_cells -= seq.cells
+        self.entered[seq.request_id] = self.now
+        self.order.append(seq.request_id)
+        return Entry.IN
 
     def advance(self) -> None:
         """Up to the next event: a prompt's last chunk, or the end of the shortest reply."""
@@ -224,6 +196,7 @@ class _Play:
         self.now += steps * step_s
         for s in [s for s in decoders if s.decode <= 0]:
             self.running.remove(s)
+            self.line.stopped(s.user)
             self.free_cells += s.cells
 
     def prefill_budget(self, num_decode: int) -> int:
@@ -238,29 +211,29 @@ class _Play:
 
 def predict_waits(
     running: Iterable[Sequence],
-    requeued: Iterable[Sequence],
-    waiting: dict[str, deque[Sequence]],
-    users: Iterable[str],
+    line: WaitingLine[Any],
     limits: SchedulerBounds,
     cost: StepCostModel,
     lengths: ReplyLengths,
     num_free_cells: int,
+    newcomer: Sequence | None = None,
 ) -> dict[str, Prediction]:
-    """Every waiting sequence's position and predicted wait, by request id."""
+    """Every waiting sequence's position and predicted wait, by request id; with `newcomer`,
+    also that of a request arriving now at the end of the line."""
     play = _Play(
         limits,
         cost,
         running=[_sim(s, lengths) for s in running],
         free_cells=num_free_cells,
-        requeued=deque(_sim(s, lengths) for s in requeued),
-        queues={u: deque(_sim(s, lengths) for s in q) for u, q in waiting.items() if q},
-        users=deque(u for u in users if waiting.get(u)),
+        line=line.copy(lambda s: _sim(s, lengths)),
     )
-    waiting_ids = [s.request_id for s in play.requeued]
-    waiting_ids += [s.request_id for q in play.queues.values() for s in q]
+    if newcomer is not None:
+        play.line.add(_sim(newcomer, lengths))
+    waiting_ids = [s.request_id for s in play.line.requeued]
+    waiting_ids += [s.request_id for q in play.line.queues.values() for s in q]
     for _ in range(MAX_EVENTS):
         play.admit()
-        if not (play.requeued or play.queues) or not play.running:
+        if not play.line or not play.running:
             break
         play.advance()
     ranked = play.order + [i for i in waiting_ids if i not in play.entered]

@@ -38,6 +38,8 @@ from localserve.serve.door import (
     RETRY_UNAVAILABLE_S,
     BuildPrompt,
     Embedding,
+    ModelDescription,
+    ModelOption,
     Refusal,
     Request,
     Submission,
@@ -112,16 +114,17 @@ class Admission:
         default = self.pool.default
         return [default, *(n for n in self.pool.names if n != default)]
 
-    def describe_models(self) -> list[dict]:
+    def describe_models(self) -> list[ModelDescription]:
         loading = self.counts.loading()  # requests waiting for their model to load, per model
-        return [
-            self.pool.slot(n).describe() | {"waiting": loading.get(n, 0)} for n in self.model_names
-        ]
+        return [self.pool.slot(n).describe(loading.get(n, 0)) for n in self.model_names]
 
-    async def model_choices(self) -> list[dict]:
+    async def model_choices(self) -> list[ModelOption]:
         described = self.describe_models()
         choices = [await self.pool.choice(self.pool.slot(m["name"])) for m in described]
-        return [m | dataclasses.asdict(c) for m, c in zip(described, choices, strict=True)]
+        return [
+            ModelOption(**m, **dataclasses.asdict(c))
+            for m, c in zip(described, choices, strict=True)
+        ]
 
     # --- every chat, websocket or HTTP ------------------------------------------------------------
 

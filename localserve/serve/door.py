@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict
 
 from localserve.chat.constraints import ConstraintCompiler
 from localserve.chat.formats import ModelFormats
@@ -158,6 +158,32 @@ class AuthRefusal(NamedTuple):
     retry_after_s: float  # > 0: the throttle's refusal (with when to try again)
 
 
+class ModelDescription(TypedDict):
+    """A configured model's state as /healthz, the model lists and the picker show it."""
+
+    name: str
+    state: str  # unloaded | loading | loaded | failed
+    busy: bool  # loaded with requests in flight
+    since: float  # time.time() the state (or idleness) began
+    memory_mib: float | None  # its memory need (None: unknown)
+    keep_alive_s: float  # idle seconds before it is unloaded; < 0 = never
+    n_ctx: int
+    waiting: int  # requests waiting for it to load
+    reason: NotRequired[str]  # why it failed, or what its load waits for
+    expires_at: NotRequired[float]  # time.time() it unloads, idle
+    yielding_to: NotRequired[str]  # the model whose load its new requests wait for
+
+
+class ModelOption(ModelDescription):
+    """A model's state and what choosing it now costs (pool.py's `Choice`)."""
+
+    swap: list[str]  # the loaded models its load would unload
+    swap_waits: bool  # some of those are busy: the load waits for their requests
+    too_big: bool  # it needs more than the whole memory budget
+    load_s: float | None  # about how long its load takes (None: loaded, or unknown)
+    load_s_from: str  # "last_load" | "estimate" | ""
+
+
 class Frontdoor(Protocol):
     """What a front-end may ask of the server, through one model's door."""
 
@@ -197,11 +223,11 @@ class Frontdoor(Protocol):
         the configured models."""
         ...
 
-    def describe_models(self) -> list[dict]:
+    def describe_models(self) -> list[ModelDescription]:
         """Every model's state (pool.py's ModelSlot.describe), the default first."""
         ...
 
-    async def model_choices(self) -> list[dict]:
+    async def model_choices(self) -> list[ModelOption]:
         """describe_models, each with what choosing it now costs (pool.py's `Choice`: the
         models its load would unload, about how long it takes)."""
         ...

@@ -16,7 +16,15 @@ from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
 from localserve.ops.auth import Access
 from localserve.serve.admission import Admission
-from localserve.serve.door import AuthRefusal, Embedding, Frontdoor, Request, Submission
+from localserve.serve.door import (
+    AuthRefusal,
+    Embedding,
+    Frontdoor,
+    ModelDescription,
+    ModelOption,
+    Request,
+    Submission,
+)
 from localserve.serve.pool import ModelSlot
 from localserve.serve.prompt import PromptBuilder
 from localserve.serve.trusted_proxies import People
@@ -54,10 +62,10 @@ class ModelDoor:
     def model(self, name: str | None) -> Frontdoor:
         return ModelDoor(self._admission, self._admission.pool.slot(name))
 
-    def describe_models(self) -> list[dict]:
+    def describe_models(self) -> list[ModelDescription]:
         return self._admission.describe_models()
 
-    async def model_choices(self) -> list[dict]:
+    async def model_choices(self) -> list[ModelOption]:
         return await self._admission.model_choices()
 
     @property

@@ -40,6 +40,7 @@ from localserve.config import Config, ModelConfig, ServerConfig, is_template_fil
 from localserve.engine.client import EngineClient
 from localserve.engine.events import EventSink
 from localserve.engine.runner import Runner
+from localserve.serve.door import ModelDescription
 from localserve.serve.prompt import PromptBuilder, check_template
 from localserve.serve.snapshots import Snapshots
 
@@ -129,18 +130,20 @@ class ModelSlot:
             self._formats = model_formats(m.chat_format, source, m.tool_format, m.reasoning_format)
         return self._formats
 
-    def describe(self) -> dict:
-        """Its state as /healthz and the list endpoints show it."""
+    def describe(self, waiting: int = 0) -> ModelDescription:
+        """Its state as /healthz and the list endpoints show it, with `waiting` requests
+        waiting for its load."""
         busy = self.is_loaded and self.active > 0
-        body = {
-            "name": self.name,
-            "state": self.state,
-            "busy": busy,
-            "since": self.since,
-            "memory_mib": round(self.need_bytes / MIB, 1) if self.need_bytes else None,
-            "keep_alive_s": self.keep_alive_s,
-            "n_ctx": self.n_ctx,
-        }
+        body = ModelDescription(
+            name=self.name,
+            state=self.state,
+            busy=busy,
+            since=self.since,
+            memory_mib=round(self.need_bytes / MIB, 1) if self.need_bytes else None,
+            keep_alive_s=self.keep_alive_s,
+            n_ctx=self.n_ctx,
+            waiting=waiting,
+        )
         if self.reason:
             body["reason"] = self.reason
         if self.expires is not None and not busy:

@@ -43,6 +43,8 @@ from localserve.serve.door import (
     AuthRefusal,
     Embedding,
     Frontdoor,
+    ModelDescription,
+    ModelOption,
     Refusal,
     Request,
     Submission,
@@ -232,12 +234,12 @@ class FakeFrontdoor:
         door.model_name = name or next(iter(self.models))
         return door
 
-    def describe_models(self) -> list[dict]:
+    def describe_models(self) -> list[ModelDescription]:
         return [_described(name, m) for name, m in self.models.items()]
 
-    async def model_choices(self) -> list[dict]:
-        empty = {"swap": [], "swap_waits": False, "too_big": False, "load_s": None}
-        return [m | empty | {"load_s_from": ""} for m in self.describe_models()]
+    async def model_choices(self) -> list[ModelOption]:
+        free = {"swap": [], "swap_waits": False, "too_big": False, "load_s": None}
+        return [ModelOption(**m, **free, load_s_from="") for m in self.describe_models()]
 
     async def loaded_prompts(self) -> FakePrompts:
         self._raise_queued_refusal()
@@ -485,10 +487,18 @@ def fake_vector(tokens: list[int], n_embd: int) -> list[float]:
     return [x / norm for x in raw]
 
 
-def _described(name: str, m: FakeModel) -> dict:
+def _described(name: str, m: FakeModel) -> ModelDescription:
     """A model as the pool describes it (pool.py's ModelSlot.describe, with `waiting`)."""
-    body = {"name": name, "state": m.state, "busy": False, "since": 0.0}
-    body |= {"memory_mib": m.memory_mib, "keep_alive_s": None, "n_ctx": m.n_ctx, "waiting": 0}
+    body = ModelDescription(
+        name=name,
+        state=m.state,
+        busy=False,
+        since=0.0,
+        memory_mib=m.memory_mib,
+        keep_alive_s=300.0,
+        n_ctx=m.n_ctx,
+        waiting=0,
+    )
     if m.expires_at is not None:
         body["expires_at"] = m.expires_at
     return body
