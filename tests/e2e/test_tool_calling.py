@@ -62,12 +62,12 @@ def test_a_required_call_comes_back_whole_with_valid_arguments(live):
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice
-    calls = choice.message.tool_calls  # parallel calls allowed: a base model writes several
-    assert 1 <= len(calls) <= 8 and len({c.id for c in calls}) == len(calls)
-    for call in calls:
-        assert call.type == "function" and call.function.name == "get_weather"
-        assert call.id.startswith("call_")
-        check_weather_arguments(call.function.arguments)
+    calls = choice.message.tool_calls  # a forced reply is one call (docs/protocol.md)
+    assert len(calls) == 1, calls
+    call = calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.id.startswith("call_")
+    check_weather_arguments(call.function.arguments)
     assert choice.message.content is None
 
 

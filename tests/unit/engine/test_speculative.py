@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import msgspec
 import numpy as np
 import pytest
 
+from localserve.chat.constraints import ConstraintCompiler
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Sampled
 from localserve.engine.engine import Engine
@@ -280,7 +282,30 @@ def test_usage_and_timings_count_every_token_and_say_what_the_drafts_did():
     assert tokens < 40  # several tokens per event where a draft was accepted
 
 
-def test_no_drafts_under_a_grammar_nor_where_the_runner_has_no_rows_for_them():
+def test_a_grammar_constrained_reply_never_drafts_and_is_the_same_as_without_drafts():
+    # the reply repeats its prompt (drafts would be right), under a grammar of that very text:
+    # a matcher cannot take tokens back, so a constrained row carries no draft (scheduler.py
+    # `_draft_room`), and an unconstrained one beside it still does
+    words = " ".join(f'"w{10 + i % 12} "' for i in range(40))
+    grammar = ConstraintCompiler().compile_sync("lark", f"start: {words}")
+    prompt = [2] + [10 + i % 12 for i in range(36)]
+    replies = {}
+    for config in (OFF, ON):
+        h = Harness(FakeRunner(max_draft_rows=32, repeats=1000), config)
+        params = SamplingParams(max_tokens=40, temperature=0)
+        constrained = msgspec.structs.replace(params, constraint=grammar)
+        h.engine.add_request("json", prompt, constrained, user="a")
+        h.engine.add_request("free", prompt, params, user="b")
+        h.run()
+        replies[config.speculative] = h.text("json"), h.done("json").completion_tokens
+        assert replies[config.speculative][1] == 40
+        done = h.done("json")
+        assert done.timings.get("draft_n", 0) == 0, done.timings  # never drafted
+    assert h.done("free").timings["draft_n"] > 0  # beside it, the same text drafts
+    assert replies["off"] == replies[ON.speculative]
+
+
+def test_no_drafts_where_the_runner_has_no_rows_for_them():
     _, h = _replies(ON, [30], rows=0)
     assert h.engine.snapshot().result().counters.spec_drafts == 0
     runner = FakeRunner(max_draft_rows=32, repeats=7, supports_prefix_reuse=False)
