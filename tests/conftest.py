@@ -1,5 +1,10 @@
 """Fixtures every directory of the tests needs (a state directory of their own, a small disk),
-and CI's rule that no test skips (tests/support/ci.py)."""
+CI's rule that no test skips (tests/support/ci.py), and the property tests' settings.
+
+The property tests (hypothesis) draw the same examples on every run (`derandomize`): a suite
+that fails once in N runs is a flaky suite. Their deadline is off (a loaded machine takes
+longer per example; the tests bound what matters themselves). `LOCALSERVE_FUZZ=1` explores new
+examples instead, for a fuzzing session, not for CI."""
 
 from __future__ import annotations
 
@@ -8,9 +13,16 @@ import subprocess
 import tempfile
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.ci import cannot_run_here, is_ci
 from tests.support.usage import Disk
+
+settings.register_profile(
+    "fixed", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("fuzz", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fuzz" if os.environ.get("LOCALSERVE_FUZZ") else "fixed")
 
 _skipped: list[str] = []  # on CI: the tests that skipped all the same
 

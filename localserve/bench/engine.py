@@ -156,7 +156,12 @@ def prefill_rates(runner, config, n_tokens: int = 2048) -> dict[str, float]:
 
 
 def run_benchmark(
-    config: Config, model: str | None, concurrency: list[int], steps: int, out: str | None
+    config: Config,
+    model: str | None,
+    concurrency: list[int],
+    steps: int,
+    out: str | None,
+    prefill_tokens: int = 2048,
 ) -> int:
     runner = open_runner(config, model)
     max_num_seqs = runner.info.max_num_seqs or runner.info.n_seq_max
@@ -191,7 +196,7 @@ def run_benchmark(
             f"{sampled['tokens_per_s']:.1f} tok/s, step {sampled['step_ms']:.1f} ms, "
             f"outside llama_decode {sampled['engine_share']:.1%}"
         )
-        prefill = prefill_rates(runner, config)
+        prefill = prefill_rates(runner, config, prefill_tokens)
         print(
             f"prefill: bare {prefill['bare_tokens_per_s']:.0f} tokens/s, "
             f"engine {prefill['engine_tokens_per_s']:.0f} tokens/s"

@@ -31,6 +31,12 @@ def add(sub) -> None:
         default=64,
         help="decode steps per measurement (default %(default)s)",
     )
+    b.add_argument(
+        "--prefill-tokens",
+        type=positive_int,
+        default=2048,
+        help="the prompt of the prefill measurement, in tokens (default %(default)s)",
+    )
     b.add_argument("--out", help="write the results as JSON here")
     b.set_defaults(run=cmd_bench_engine)
 
@@ -39,4 +45,6 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     from localserve.bench.engine import run_benchmark
 
     config = load_config(args.config)
-    return run_benchmark(config, args.model, args.concurrency, args.tokens, args.out)
+    return run_benchmark(
+        config, args.model, args.concurrency, args.tokens, args.out, args.prefill_tokens
+    )

@@ -232,7 +232,7 @@ def test_an_open_server_names_the_user_anthropic_and_a_dropped_request_frees_its
     row = wait_until(lambda: prefilling(live, DEFAULT_USER), 30, "its prefill, as anthropic")
     sock.close()
     assert row.computed_tokens + 4 * 256 < row.prompt_tokens, row
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while live.snapshot().counters.cancellations == before.counters.cancellations:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.05)
@@ -242,10 +242,13 @@ def test_an_open_server_names_the_user_anthropic_and_a_dropped_request_frees_its
 
 @pytest.mark.model
 def test_closing_a_stream_mid_reply_cancels_it(live):
-    for seed_text in ("Tell me a long story.", "Write a poem about the sea.", "Describe Paris."):
+    # greedy, prompts whose replies run long (the first runs to max_tokens): a reply that ended
+    # by itself between the look at the running set and the close would cancel nothing
+    long_ones = ("Count from 1 to 300, one number per line.", "Tell me a long story.")
+    for text in long_ones:
         before = live.snapshot().counters.cancellations
         with client(live).messages.stream(
-            model=MODEL, max_tokens=1500, messages=ask(seed_text), extra_body=sampled(1.0)
+            model=MODEL, max_tokens=1500, messages=ask(text), extra_body=sampled(0.0)
         ) as stream:
             for i, _ in enumerate(stream.text_stream):
                 if i == 5:
@@ -253,7 +256,7 @@ def test_closing_a_stream_mid_reply_cancels_it(live):
             running = DEFAULT_USER in {s.user for s in live.snapshot().seqs}
         if running:
             gone = lambda b=before: live.snapshot().counters.cancellations > b  # noqa: E731
-            wait_until(gone, 10, "cancelled")
+            wait_until(gone, 30, "cancelled")
             break
         live.wait_idle()
     else:

@@ -41,7 +41,7 @@ LONG_PROMPT = "Count from 1 to 300, one number per line."  # greedy: runs to max
 def get(url: str, headers: dict | None = None, method: str = "GET", data: bytes | None = None):
     request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.headers, response.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read()
@@ -97,7 +97,7 @@ def test_healthz_has_what_the_status_line_shows(fake_server):
 def upgrade(server, headers: dict) -> int:
     """The status of a websocket upgrade sent with these headers (Host included)."""
     port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         lines = [
             "GET / HTTP/1.1",
             "Upgrade: websocket",
@@ -379,7 +379,7 @@ def test_before_signing_in_the_page_says_not_signed_in(browser, fake_server):
     eve = Person.open(browser, fake_server, None)
     page = eve.page
     page.wait_for_selector("#signin[open]")
-    wait_until(lambda: "fake" in page.inner_text("#status"), 10, "the health poll")
+    wait_until(lambda: "fake" in page.inner_text("#status"), 30, "the health poll")
     status = page.inner_text("#status")
     assert "not signed in" in status and "disconnected" not in status
     assert "connecting" not in status
@@ -437,7 +437,7 @@ def test_a_token_server_asks_for_the_token_and_refuses_a_wrong_one(browser, fake
 def test_two_people_stream_at_the_same_time(browser, live):
     people = [Person.open(browser, live, name) for name in ("erin", "frank")]
     for person in people:
-        person.settings(temperature=0, max_tokens=60)  # long enough to overlap
+        person.settings(temperature=0, max_tokens=200)  # long enough to overlap, on any machine
         person.say(LONG_PROMPT)
 
     def both_streaming():
@@ -448,22 +448,24 @@ def test_two_people_stream_at_the_same_time(browser, live):
         person.wait_reply("done")
         meta = person.reply().locator(".meta").inner_text()
         assert "TTFT" in meta and "ITL" in meta and "tok/s" in meta, meta
-        assert "60 tokens" in meta
+        assert "200 tokens" in meta
         assert person.reply().locator(".body").inner_html().strip()  # " 1. 2. 3." is a list
         person.close()
     live.wait_idle()
 
 
-@pytest.mark.model
-def test_queue_position_then_stop_frees_the_cells(browser, live):
-    """Eight of the server's places taken and one request waiting: the page says "2nd in
-    line"; once it runs, Stop ends it as cancelled and its cells are freed."""
+def test_queue_position_then_stop_frees_the_cells(browser, scripted):
+    """Both of the server's places taken and one request waiting: the page says "2nd in
+    line"; once it runs, Stop ends it as cancelled and its cells are freed. (Replies that take
+    real time are what this needs, not the model: the paced fake, two slots.)"""
     from localserve.bench.blocking_ws import WS
 
+    reply = ["word "] * 2000
+    live = scripted(reply, ScriptedRunner(n_ctx=4096, n_seq_max=2, step_s=0.02, reply=reply))
     fillers = [WS(live.url), WS(live.url)]
     assert fillers[0].hello("fill-a")["type"] == "welcome"
     assert fillers[1].hello("fill-b")["type"] == "welcome"
-    slots = live.server.runner.info.max_num_seqs
+    slots = 2
     for i in range(slots):
         fillers[0].chat(f"a{i}", "Tell me about the sea.", max_tokens=2000, ignore_eos=True)
     fillers[1].chat("b0", "Tell me about the sea.", max_tokens=2000, ignore_eos=True)
@@ -531,7 +533,7 @@ def test_two_tabs_keep_both_conversations(browser, scripted):
     tab2.page.wait_for_selector("#input:not([disabled])")
     tab1.say("from the first tab")
     tab1.wait_reply("done")
-    wait_until(lambda: tab2.chat_titles() == ["from the first tab"], 10, "tab 2 hears of it")
+    wait_until(lambda: tab2.chat_titles() == ["from the first tab"], 30, "tab 2 hears of it")
     tab2.page.click("#new-chat")
     tab2.say("from the second tab")
     tab2.wait_reply("done")
@@ -553,7 +555,7 @@ def test_a_shared_browser_shows_each_name_only_its_own_conversations(browser, fa
         page = kim.page
         page.click("#who")
         kim.sign_in("lee", "lee-secret-token")
-        wait_until(lambda: kim.chat_titles() == [], 10, "lee sees none of kim's")
+        wait_until(lambda: kim.chat_titles() == [], 30, "lee sees none of kim's")
         kim.say("lee's question")
         kim.wait_reply("done", timeout=60)
         page.click("#who")
@@ -599,7 +601,7 @@ def test_the_page_tells_a_user_about_their_quota(browser, scripted, tmp_path):
     assert waiting.endswith("min), when your daily quota resets.")
     shot(page, "quota-used-up")
     page.reload()  # the welcome says none is left: still no sending
-    wait_until(lambda: "0 left" in notice.inner_text(), 10, "the welcome's quota line")
+    wait_until(lambda: "0 left" in notice.inner_text(), 30, "the welcome's quota line")
     assert page.is_disabled("#input")
     again = page.get_attribute("#input", "placeholder")  # the minutes may have ticked on
     assert again.split(" (in ")[0] == waiting.split(" (in ")[0]
@@ -617,7 +619,7 @@ FAMILY = {"ann": "ann-secret-token", "ben": "ben-secret-token"}
 def saved(person: Person) -> None:
     """Wait until the server has every conversation of this page (none marked unsaved)."""
     page = person.page
-    wait_until(lambda: page.locator("#chat-list li.unsaved").count() == 0, 10, "saved")
+    wait_until(lambda: page.locator("#chat-list li.unsaved").count() == 0, 30, "saved")
 
 
 def test_conversations_follow_the_person_to_another_browser(browser, scripted, tmp_path):
@@ -630,8 +632,8 @@ def test_conversations_follow_the_person_to_another_browser(browser, scripted, t
     laptop.wait_reply("done")
     saved(laptop)
     phone = Person.open(browser, server, "ann", FAMILY["ann"], viewport=PHONE)
-    wait_until(lambda: phone.chat_titles() == ["How do I make soup?"], 10, "the phone's list")
-    wait_until(lambda: phone.page.locator(".msg.assistant").count() == 1, 10, "its messages")
+    wait_until(lambda: phone.chat_titles() == ["How do I make soup?"], 30, "the phone's list")
+    wait_until(lambda: phone.page.locator(".msg.assistant").count() == 1, 30, "its messages")
     assert phone.reply().locator(".body").inner_text() == "Boil water."
     assert phone.page.inner_text(".msg.user") == "How do I make soup?"
     shot(phone.page, "conversation-on-the-phone")
@@ -642,13 +644,13 @@ def test_conversations_follow_the_person_to_another_browser(browser, scripted, t
     saved(phone)
     wait_until(
         lambda: sorted(laptop.chat_titles()) == ["And bread?", "How do I make soup?"],
-        10,
+        30,
         "the laptop hears of the phone's chat",
     )
     laptop.page.click("#rename")  # the open conversation: soup
     laptop.page.fill("#chat-title-input", "Soup, simply")
     laptop.page.press("#chat-title-input", "Enter")
-    wait_until(lambda: "Soup, simply" in phone.chat_titles(), 10, "the rename on the phone")
+    wait_until(lambda: "Soup, simply" in phone.chat_titles(), 30, "the rename on the phone")
     shot(laptop.page, "conversation-renamed")
     ben = Person.open(browser, server, "ben", FAMILY["ben"])
     ben.page.wait_for_selector("#input:not([disabled])")
@@ -657,9 +659,9 @@ def test_conversations_follow_the_person_to_another_browser(browser, scripted, t
     delete = phone.page.locator("#chat-list li", has_text="And bread?").locator(".delete")
     delete.click()  # the first click asks
     delete.click()
-    wait_until(lambda: laptop.chat_titles() == ["Soup, simply"], 10, "the delete on the laptop")
+    wait_until(lambda: laptop.chat_titles() == ["Soup, simply"], 30, "the delete on the laptop")
     laptop.page.reload()  # and what the server keeps, after a reload
-    wait_until(lambda: laptop.chat_titles() == ["Soup, simply"], 10, "the list again")
+    wait_until(lambda: laptop.chat_titles() == ["Soup, simply"], 30, "the list again")
     stored = laptop.page.evaluate("Object.keys(localStorage).filter(k => k.includes('.chat.'))")
     assert stored == []  # nothing of it in the browser
     for person in (laptop, phone, ben):
@@ -708,11 +710,11 @@ def test_this_browsers_conversations_move_to_the_server(browser, scripted, tmp_p
     )
     ann.sign_in("ann", FAMILY["ann"])
     notice = ann.page.locator("#notice")
-    wait_until(lambda: "kept in this browser to the server" in notice.inner_text(), 10, "the move")
+    wait_until(lambda: "kept in this browser to the server" in notice.inner_text(), 30, "the move")
     saved(ann)
     assert ann.page.evaluate("localStorage.getItem('localserve.v1.chat.ann.cold1')") is None
     other = Person.open(browser, server, "ann", FAMILY["ann"])
-    wait_until(lambda: other.chat_titles() == ["An old chat"], 10, "kept on the server")
+    wait_until(lambda: other.chat_titles() == ["An old chat"], 30, "kept on the server")
     ann.close()
     other.close()
 
@@ -736,8 +738,8 @@ def test_a_killed_server_loses_no_saved_conversation_in_the_page(browser, tmp_pa
     try:
         where = Where(url.replace("ws://", "http://"))
         again = Person.open(browser, where, "ann", FAMILY["ann"])
-        wait_until(lambda: again.chat_titles() == [LONG_PROMPT[:60]], 20, "the conversation")
-        wait_until(lambda: again.page.locator(".msg.user").count() == 1, 10, "its messages")
+        wait_until(lambda: again.chat_titles() == [LONG_PROMPT[:60]], 60, "the conversation")
+        wait_until(lambda: again.page.locator(".msg.user").count() == 1, 30, "its messages")
         assert again.page.inner_text(".msg.user") == LONG_PROMPT
         assert again.reply_status() == "interrupted"
         assert "still coming when it was last saved" in again.reply().inner_text()
@@ -765,17 +767,17 @@ def test_two_devices_changing_one_conversation_lose_nothing(browser, scripted, t
     laptop.wait_reply("streaming")
     saved(laptop)
     phone = Person.open(browser, server, "ann", FAMILY["ann"])
-    wait_until(lambda: phone.page.locator(".msg.user").count() == 1, 10, "the phone opens it")
+    wait_until(lambda: phone.page.locator(".msg.user").count() == 1, 30, "the phone opens it")
     assert "still coming when it was last saved" in phone.reply().inner_text()
     phone.say("Shorter, please")
-    wait_until(lambda: phone.page.locator(".msg.user").count() == 2, 10, "the phone's turn")
+    wait_until(lambda: phone.page.locator(".msg.user").count() == 2, 30, "the phone's turn")
     laptop.wait_reply("done")
     mine = "Tell me a long story (this device)"
-    wait_until(lambda: sorted(laptop.chat_titles()) == ["Tell me a long story", mine], 10, "a copy")
+    wait_until(lambda: sorted(laptop.chat_titles()) == ["Tell me a long story", mine], 30, "a copy")
     assert "was changed on another device meanwhile" in laptop.page.inner_text("#notice")
     assert laptop.reply().locator(".body").inner_text().startswith("word word")  # its reply
     saved(laptop)
-    wait_until(lambda: mine in phone.chat_titles(), 10, "the phone hears of the copy")
+    wait_until(lambda: mine in phone.chat_titles(), 30, "the phone hears of the copy")
     phone.wait_reply("done")
     assert phone.page.locator(".msg.user").nth(1).inner_text() == "Shorter, please"  # kept
     laptop.close()
@@ -817,12 +819,12 @@ def test_the_page_and_the_terminal_chat_go_on_with_each_others_conversations(
     saved(ann)
     printed = terminal_chat(server, "ann", "/resume 1", "And then?", "/new", "Tea, please")
     assert "model> Boil water." in printed and "(resumed “How do I make soup?”" in printed
-    wait_until(lambda: ann.page.locator(".msg.assistant").count() == 2, 10, "the terminal's turn")
+    wait_until(lambda: ann.page.locator(".msg.assistant").count() == 2, 30, "the terminal's turn")
     assert ann.page.locator(".msg.user").nth(1).inner_text() == "And then?"
     assert ann.reply().locator(".body").inner_text() == "Boil water."
     assert ann.reply_status() == "done" and "prompt " in ann.reply().locator(".meta").inner_text()
     wait_until(
-        lambda: sorted(ann.chat_titles()) == ["How do I make soup?", "Tea, please"], 10, "its list"
+        lambda: sorted(ann.chat_titles()) == ["How do I make soup?", "Tea, please"], 30, "its list"
     )
     ann.say("And salt?")  # the page goes on after the terminal's turn
     ann.wait_reply("done")
@@ -861,20 +863,20 @@ def test_at_the_bound_a_conversation_is_kept_here_until_there_is_room(browser, s
     ann.say("one too many")
     ann.wait_reply("done")
     notice = ann.page.locator("#notice")
-    wait_until(lambda: "is not saved on the server" in notice.inner_text(), 10, "the refusal")
+    wait_until(lambda: "is not saved on the server" in notice.inner_text(), 30, "the refusal")
     assert "as many as it keeps for one person: delete old ones" in notice.inner_text()
     assert ann.page.locator("#chat-list li.unsaved").inner_text().startswith("one too many")
     shot(ann.page, "conversation-not-saved")
     ann.page.reload()  # kept in this browser meanwhile
     ann.page.wait_for_selector("#input:not([disabled])")
-    wait_until(lambda: sorted(ann.chat_titles()) == ["one too many", "the first"], 10, "both")
+    wait_until(lambda: sorted(ann.chat_titles()) == ["one too many", "the first"], 30, "both")
     delete = ann.page.locator("#chat-list li", has_text="the first").locator(".delete")
     delete.click()
     delete.click()
     saved(ann)  # room now: saved
     assert not ann.page.is_visible("#notice")  # and the refusal is no longer said
     other = Person.open(browser, server, "ann", FAMILY["ann"])
-    wait_until(lambda: other.chat_titles() == ["one too many"], 10, "on the server")
+    wait_until(lambda: other.chat_titles() == ["one too many"], 30, "on the server")
     other.close()
     ann.close()
 
@@ -958,7 +960,7 @@ def test_reasoning_shows_folded_apart_from_the_answer_and_is_never_sent_back(
     ]
     saved(ann)
     phone = Person.open(browser, server, "ann", FAMILY["ann"], viewport=PHONE)
-    wait_until(lambda: phone.page.locator(".msg.assistant").count() == 2, 10, "its messages")
+    wait_until(lambda: phone.page.locator(".msg.assistant").count() == 2, 30, "its messages")
     phone.page.locator("details.reasoning summary").first.click()
     wide = phone.page.evaluate("""() => {
         const d = document.documentElement, m = document.getElementById('messages');
@@ -996,6 +998,22 @@ def picker_options(page) -> list[str]:
     return page.locator("#model-pick option").all_inner_texts()
 
 
+def watch_for(page, selector: str):
+    """Whether an element matching `selector` has been in the page since this call, however
+    briefly: a MutationObserver notes it (a poll may miss a state that lasts a moment on a busy
+    machine)."""
+    page.evaluate(
+        """(selector) => {
+            const seen = (window.seenSelectors = window.seenSelectors || {});
+            const look = () => { if (document.querySelector(selector)) seen[selector] = true; };
+            look();
+            new MutationObserver(look).observe(document.body, { childList: true, subtree: true });
+        }""",
+        selector,
+    )
+    return lambda: page.evaluate("(s) => !!(window.seenSelectors || {})[s]", selector)
+
+
 def answered_by(state: Path, user: str) -> list[str]:
     """The models of the user's requests in the server's usage record, in order."""
     import sqlite3
@@ -1017,15 +1035,17 @@ def test_the_picker_on_fake_models_shows_costs_loading_and_who_answered(
     only_one = Person.open(browser, fake_server, "solo")
     assert only_one.page.locator("#model-row").is_hidden()
     only_one.close()
-    with two_fake_models(tmp_path, monkeypatch) as served:
+    # a load long enough that the page renders it even when its frames come late and together
+    with two_fake_models(tmp_path, monkeypatch, load_s=2.0) as served:
         where = Where(served.thread.http)
         ann = Person.open(browser, where, "ann", viewport=PHONE)
         page = ann.page
-        wait_until(lambda: "second — needs a swap" in picker_options(page)[1], 10, "the costs")
+        wait_until(lambda: "second — needs a swap" in picker_options(page)[1], 30, "the costs")
         page.select_option("#model-pick", "second")
+        seen_loading = watch_for(page, ".msg.assistant .meta .loading")  # however briefly
         ann.say("Hello")
-        page.wait_for_selector(".msg.assistant .meta .loading", timeout=10_000)
         ann.wait_reply("done", "stopped")
+        assert seen_loading(), "the reply did not show its model loading"
         assert ann.reply().locator(".meta .model").inner_text() == "second"
         shot(page, "model-picker-fake-phone")
         page.reload()
@@ -1047,7 +1067,7 @@ def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, 
         ann = Person.open(browser, where, "ann", FAMILY["ann"])
         page = ann.page
         page.wait_for_selector("#model-row:not([hidden])")
-        wait_until(lambda: "twin — needs a swap" in picker_options(page)[1], 10, "the costs")
+        wait_until(lambda: "twin — needs a swap" in picker_options(page)[1], 30, "the costs")
         assert picker_options(page)[0] == "gemma (default) — loaded"
         assert page.input_value("#model-pick") == "gemma"
         page.select_option("#model-pick", "twin")
@@ -1060,12 +1080,12 @@ def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, 
         assert ann.reply().locator(".meta .model").inner_text() == "twin"
         assert answered_by(tmp_path, "ann") == ["twin"]  # the server's record says so too
         wait_until(
-            lambda: "gemma (default) — needs a swap" in picker_options(page)[0], 10, "swapped"
+            lambda: "gemma (default) — needs a swap" in picker_options(page)[0], 30, "swapped"
         )
         saved(ann)
         page.reload()
         page.wait_for_selector("#input:not([disabled])")
-        wait_until(lambda: page.locator(".msg.assistant").count() == 1, 10, "its messages")
+        wait_until(lambda: page.locator(".msg.assistant").count() == 1, 30, "its messages")
         assert page.input_value("#model-pick") == "twin"
         assert ann.reply().locator(".meta .model").inner_text() == "twin"
         ann.say("And again")  # the next turn goes to the conversation's model
@@ -1074,7 +1094,7 @@ def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, 
         ann.close()
         phone = Person.open(browser, where, "ann", FAMILY["ann"], viewport=PHONE)
         phone.page.wait_for_selector("#model-row:not([hidden])")
-        wait_until(lambda: phone.page.input_value("#model-pick") == "twin", 10, "on the phone")
+        wait_until(lambda: phone.page.input_value("#model-pick") == "twin", 30, "on the phone")
         width = phone.page.evaluate("document.documentElement.scrollWidth")
         assert width <= PHONE["width"], "the picker makes the phone scroll sideways"
         shot(phone.page, "model-picker-phone")
@@ -1084,20 +1104,21 @@ def test_a_conversation_picks_a_second_model_sees_it_load_and_keeps_it(browser, 
 
 
 def test_a_waiting_reply_shows_its_place_and_counts_its_predicted_wait_down(browser, scripted):
-    """One slot, held by another person's reply of 60 tokens: the page's reply waits, says its
+    """One slot, held by another person's reply of 300 tokens: the page's reply waits, says its
     place and the server's predicted wait, and counts it down between the server's updates
     (issue 40); on a phone too."""
     from localserve.bench.blocking_ws import WS
 
-    reply = ["word "] * 60
+    reply = ["word "] * 300  # 15 s a reply: it still holds the slot on a slow machine
     server = scripted(reply, ScriptedRunner(n_ctx=4096, n_seq_max=1, step_s=0.05, reply=reply))
+    judy = Person.open(browser, server, "judy", viewport=PHONE)  # ready before the slot is held
+    judy.settings(temperature=0, max_tokens=20)  # her own reply is short
     other = WS(server.url)
     assert other.hello("ivan")["type"] == "welcome"
-    other.chat("warm", "teach the server how long a reply is", max_tokens=200)
+    other.chat("warm", "teach the server how long a reply is", max_tokens=1000)
     other.until_done("warm")
-    other.chat("long", "and another", max_tokens=200)
+    other.chat("long", "and another", max_tokens=1000)
     wait_until(lambda: server.snapshot().running == 1, 30, "ivan's reply running")
-    judy = Person.open(browser, server, "judy", viewport=PHONE)
     judy.say("my turn?")
     countdown = judy.reply().locator(".countdown")
     countdown.wait_for(timeout=30_000)
@@ -1106,7 +1127,7 @@ def test_a_waiting_reply_shows_its_place_and_counts_its_predicted_wait_down(brow
     shot(judy.page, "waiting-countdown-phone")
     seconds = int(first.split()[1])
     assert first == f"about {seconds} s" and seconds >= 2
-    wait_until(lambda: countdown.inner_text() != first, 5, "the countdown moving")
+    wait_until(lambda: countdown.inner_text() != first, 15, "the countdown moving")
     assert int(countdown.inner_text().split()[1]) < seconds  # counted down, not up
     judy.wait_reply("done")
     assert "queued" in judy.reply().locator(".meta").inner_text()

@@ -26,6 +26,7 @@ import time
 import pytest
 
 from localserve.bench.fake_server import FakeServer, PacedRunner
+from tests.support.waiting import wait_until
 
 MODEL = "gemma-3-270m"
 N_EMBD = 640  # the embedded gemma's hidden size
@@ -161,15 +162,18 @@ def test_langchains_openai_and_ollama_embeddings_answer(live):
     assert len(by_ollama.embed_documents(["a", "b", "c"])) == 3
 
 
-# the hostile user's requests, sent in a loop for argv[3] seconds; a line per answer
+# the hostile user's requests, sent in a loop for argv[3] seconds, then as long a pause, argv[4]
+# times; a line per answer, and a line per window it sent in (CLOCK_MONOTONIC: the test's clock)
 HOSTILE = """
 import http.client, json, sys, time
-url, model, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+url, model, seconds, windows = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 host, port = url.removeprefix("http://").split(":")
 bodies = [json.dumps({"model": model, "input": i}).encode() for i in
           (["a"] * 10_000, "a " * (1 << 19), [[1, 10**9]], [list(range(5)) * 1000])]
-end = time.monotonic() + seconds
-while (round_started := time.monotonic()) < end:
+for _ in range(windows):
+  start = time.monotonic()
+  end = start + seconds
+  while (round_started := time.monotonic()) < end:
     for body in bodies:
         started = time.monotonic()
         c = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -189,6 +193,8 @@ while (round_started := time.monotonic()) < end:
         print(json.dumps([status, message[:24], time.monotonic() - started]), flush=True)
         c.close()
     time.sleep(max(0.0, round_started + 0.5 - time.monotonic()))  # 8 a second: not a CPU flood
+  print(json.dumps(["window", start, time.monotonic()]), flush=True)
+  time.sleep(seconds)  # calm: the control, as long, between the same windows
 """
 EXPECTED = {
     (400, "input: 10000 inputs; at "),
@@ -236,46 +242,52 @@ class Gaps:
         self._ws.close()
 
 
+WINDOW_S, WINDOWS = 3.0, 3  # hostile windows, each followed by a calm one as long
+
+
 @pytest.mark.model
 def test_a_hostile_embedder_slows_nobodys_stream_beyond_noise(live):
     """bob streams while a hostile user sends a 10,000-item list, a 1 MiB string, ids out of
     range and an input of 5,000 tokens, each 2 times a second (a flood of any request takes
-    CPU from the engine on 2 cores; that is a rate limit's job): each a clear error at once;
-    the gaps between bob's tokens, as he receives them, stay what they were (their median within
-    noise, no more stalls than noise makes)."""
+    CPU from the engine on 2 cores; that is a rate limit's job): each a clear error, none
+    reaching the engine; the gaps between bob's tokens, as he receives them, in the hostile
+    windows stay what they are in the calm windows between them (the control, interleaved so
+    that the machine's other load falls on both alike): their median within noise, no more
+    stalls than noise makes."""
+    before = live.snapshot().counters
     bob = Gaps(live)
     try:
-        deadline = time.monotonic() + 60
-        while len(bob.gaps) < 3:  # his first reply under way
-            assert time.monotonic() < deadline, "bob never got his tokens"
-            time.sleep(0.05)
-        calm_start = time.monotonic()
-        while len(bob.between(calm_start, time.monotonic())) < 12:  # enough to take a median
-            assert time.monotonic() < calm_start + 60, "bob's tokens are too slow to measure"
-            time.sleep(0.05)
-        calm_end = time.monotonic()
-        seconds = max(6.0, calm_end - calm_start)  # as long as the calm took: as many tokens
+        wait_until(lambda: len(bob.gaps) >= 3, 60, "bob's first reply under way")
         hostile = subprocess.run(
-            [sys.executable, "-c", HOSTILE, live.http, MODEL, str(seconds)],
-            capture_output=True, text=True, timeout=seconds + 60,
+            [sys.executable, "-c", HOSTILE, live.http, MODEL, str(WINDOW_S), str(WINDOWS)],
+            capture_output=True, text=True, timeout=2 * WINDOWS * WINDOW_S + 120,
         )  # fmt: skip
         assert hostile.returncode == 0, hostile.stderr[-2000:]
-        during_end = time.monotonic()
     finally:
         bob.finish()
-    calm, during = bob.between(calm_start, calm_end), bob.between(calm_end, during_end)
+    lines = [json.loads(line) for line in hostile.stdout.splitlines()]
+    windows = [(start, end) for kind, start, end in lines if kind == "window"]
+    answered = [line for line in lines if line[0] != "window"]
+    calm_windows = [(end, end + WINDOW_S) for _, end in windows]
+    during = [g for start, end in windows for g in bob.between(start, end)]
+    calm = [g for start, end in calm_windows for g in bob.between(start, end)]
     assert len(calm) >= 8 and len(during) >= 8, (len(calm), len(during))
     median = statistics.median
     assert median(during) <= median(calm) * 1.5 + 0.010, (median(calm), median(during))
     # a loop blocked by a request holds his tokens back, then delivers them at once: the median
     # hardly moves, but the gap as long as the block stands out (a 100 ms block 2 times a
-    # second measured: 14 gaps of 103-157 ms in 6 s; none over 56 ms without it)
+    # second measured: 14 gaps of 103-157 ms in 6 s; none over 56 ms without it). The calm
+    # windows have their own stalls on a busy machine: the hostile ones may have two more
     stall = max(4 * median(calm), 0.060)
-    assert sum(gap > stall for gap in during) <= 2, (stall, sorted(during)[-5:])
-    answered = [json.loads(line) for line in hostile.stdout.splitlines()]
+    stalls = sum(gap > stall for gap in during), sum(gap > stall for gap in calm)
+    assert stalls[0] <= stalls[1] * len(during) / len(calm) + 2, (stall, stalls)
     assert len(answered) >= 8
-    for status, message, took in answered:
-        assert (status, message) in EXPECTED and took < 1.0  # at once, not after the model
+    for status, message, _ in answered:
+        assert (status, message) in EXPECTED, (status, message)
+    after = live.snapshot().counters  # refused at the door: nothing reached the engine
+    assert after.embed_requests == before.embed_requests
+    assert after.embed_tokens == before.embed_tokens
+    assert median([took for *_, took in answered]) < 1.0  # at once, not after the model
     live.wait_idle()
 
 
@@ -332,10 +344,10 @@ def test_hostile_bodies_are_clear_errors_and_the_server_stays_free(recorded):
 
 
 class SlowEmbedder(PacedRunner):
-    """The paced fake runner, each embedding step taking 50 ms (as a model's would)."""
+    """The paced fake runner, each embedding step taking 0.5 s (as a big model's would)."""
 
     def embed(self, inputs):
-        time.sleep(0.05)
+        time.sleep(0.5)
         return super().embed(inputs)
 
 
@@ -344,19 +356,19 @@ def test_a_client_that_leaves_cancels_its_embedding_in_the_engine():
 
     server = FakeServer(runner=SlowEmbedder(n_ctx=4096, n_seq_max=8), max_frame_bytes=1 << 20)
     try:
-        # 64 inputs of 401 tokens: a step embeds one (512 tokens a step), 64 steps of 50 ms
+        # 64 inputs of 401 tokens: a step embeds one (512 tokens a step), 64 steps of 0.5 s
         body = json.dumps({"input": [f"text {i} " * 200 for i in range(64)]}).encode()
         host, port = server.http.removeprefix("http://").split(":")
         sock = socket.create_connection((host, int(port)))
         sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                      b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
         admission = server.server.admission
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while not any(r.is_in_engine for r in admission.counts.requests.values()):
             assert time.monotonic() < deadline, "never reached the engine"
             time.sleep(0.01)
         sock.close()
-        deadline = time.monotonic() + 2  # well before its 64 steps are done
+        deadline = time.monotonic() + 20  # well before its 64 steps (32 s) are done
         while admission.counts.requests:
             assert time.monotonic() < deadline, "the request was not cancelled"
             time.sleep(0.01)
@@ -367,7 +379,7 @@ def test_a_client_that_leaves_cancels_its_embedding_in_the_engine():
         server.close()
 
 
-def _rows_until(server, wanted, count: int, timeout: float = 10.0) -> list:
+def _rows_until(server, wanted, count: int, timeout: float = 30.0) -> list:
     """The usage record's committed rows that are `wanted`, once there are `count` of them."""
     from localserve.ops import usage_database
 

@@ -16,7 +16,11 @@ pytestmark = pytest.mark.model
 def test_bench_engine_measures_the_engine_against_the_bare_loop(tmp_path, capsys):
     out = tmp_path / "engine.json"
     assert (
-        cli.main(["bench-engine", "--concurrency", "1,2", "--tokens", "4", "--out", str(out)]) == 0
+        cli.main(
+            ["bench-engine", "--concurrency", "1,2", "--tokens", "4", "--prefill-tokens", "128"]
+            + ["--out", str(out)]
+        )
+        == 0
     )
     result = json.loads(out.read_text())
     assert [row["concurrency"] for row in result["decode"]] == [1, 2]

@@ -30,7 +30,7 @@ def fake():
 
 
 def api(thread, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=thread.http + "/v1", api_key=key, max_retries=0, timeout=10)
+    return openai.OpenAI(base_url=thread.http + "/v1", api_key=key, max_retries=0, timeout=30)
 
 
 def test_websocket_chat_on_the_fake(fake):
@@ -107,9 +107,9 @@ def test_a_whole_reply_cut_short_by_the_shutdown_is_503_with_retry_after():
 
         asker = threading.Thread(target=ask)
         asker.start()
-        wait_until(lambda: server.snapshot().running, 10, "the reply runs")
+        wait_until(lambda: server.snapshot().running, 30, "the reply runs")
         server.call(server.server.shutdown())  # the grace passes: the reply is cancelled
-        asker.join(10)
+        asker.join(30)
         error = result["error"]
         assert error.status_code == 503 and error.code == "shutting_down"
         assert error.response.headers["Retry-After"] == "1"
@@ -123,7 +123,7 @@ def test_models_and_unknown_paths_on_the_fake(fake):
     import urllib.request
 
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=5)
+        urllib.request.urlopen(fake.http + "/v1/nothing/" + "x" * 5000, timeout=30)
     error = json.loads(e.value.read())["error"]
     assert e.value.code == 404 and len(error["message"]) < 200
 
@@ -218,10 +218,10 @@ def test_the_per_user_cap_counts_the_requests_of_every_front_door_together():
             conn, status = stream_over_http(server.thread, path, body, headers)
             opened.append(conn)
             assert status == 200, path
-        wait_until(lambda: len(server.snapshot().seqs) == 4, 10, "ann's four requests running")
+        wait_until(lambda: len(server.snapshot().seqs) == 4, 30, "ann's four requests running")
         ws.chat("b", "hi", max_tokens=5)
         # admitted, it would be queued first
-        answer = ws.until(lambda f: f.get("id") == "b" and f["type"] in ("error", "queued"), 10)
+        answer = ws.until(lambda f: f.get("id") == "b" and f["type"] in ("error", "queued"), 30)
         refused = answer[-1]
         assert refused.get("code") == "busy", refused
         assert "4 requests of yours" in refused["message"]

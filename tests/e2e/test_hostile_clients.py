@@ -2,12 +2,13 @@
 
 Every test here runs a second user, bob, who streams complete replies (fixed length, greedy)
 the whole time the hostile input is sent; each of bob's replies must arrive whole. The server is
-the real one on a loopback port with the real model (the `live` fixture). Hostile input that
-needs no model (bad frames, tokens, throttling, hello timeouts, HTTP methods) is tried the same
-way, with bob, on the FakeRunner in test_websocket_connection.py; so are a socket whose writes
-wait past write_timeout_s and an outbox past max_outbox_bytes, which need text faster than a
-model's to fill a socket before the kernel's user timeout cuts it (here: a socket that never
-drains).
+the real one on a loopback port with the real model (the `live` fixture), but where nothing
+needs the model (memory bounds of unread errors and pongs): there the stand-in serves. Hostile
+input that needs no model (bad frames, tokens, throttling, hello timeouts, HTTP methods) is
+tried the same way, with bob, on the FakeRunner in test_websocket_connection.py; so are a
+socket whose writes wait past write_timeout_s and an outbox past max_outbox_bytes, which need
+text faster than a model's to fill a socket before the kernel's user timeout cuts it (here: a
+socket that never drains).
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ from localserve.bench.blocking_ws import WS
 from localserve.bench.fake_server import connections_of
 from localserve.bench.hostile import RawClient
 from localserve.serve.server import FRAME_SLACK_BYTES
-from localserve.serve.transport import CLOSE_TIMEOUT_S, FRAME_COST_BYTES
+from localserve.serve.transport import FRAME_COST_BYTES
 from tests.support.clients import Streamer
 from tests.support.live import configured
 from tests.support.waiting import wait_until
 
 MAX_QUEUED_FRAMES = 1  # uvicorn's websocket protocol stops reading while a message waits
 
-pytestmark = pytest.mark.model
 
 QUESTION = "What is the capital of France?"
 BOB_TOKENS = 24
@@ -46,6 +46,15 @@ def bob(live):
     live.wait_idle()
 
 
+@pytest.fixture
+def fake_bob(stand_in):
+    """bob on the stand-in (the fake runner under the live model's name)."""
+    streamer = Streamer(stand_in, BOB_TOKENS)
+    yield streamer
+    streamer.finish()
+    stand_in.wait_idle()
+
+
 def rss_bytes() -> int:
     """This process's resident memory (the live server runs in it)."""
     with open("/proc/self/status") as f:
@@ -56,6 +65,7 @@ def rss_bytes() -> int:
 # --- 1. one request's sampling cannot fail anyone else's step ------------------------------
 
 
+@pytest.mark.model
 def test_a_denormal_temperature_is_greedy_and_fails_nobody(live, connect, bob):
     alice = connect()
     alice.hello("alice")
@@ -117,6 +127,7 @@ TOP_KS = ["0", "1", "2", "40", "262144", "2147483647", "2147483648", "1" + "0" *
 SEEDS = ["0", "1", "4294967295", "4294967296", "-1", "18446744073709551616"]
 
 
+@pytest.mark.model
 class TestSamplingFuzz:
     """Sampling values fuzzed against the real engine, beside one long run of bob's replies."""
 
@@ -171,6 +182,7 @@ def inproc():
         yield LiveServer(served)
 
 
+@pytest.mark.model
 def test_a_sampling_fault_fails_only_its_own_request(inproc):
     """NaN logits (a model fault confined to one sequence) end that request alone."""
     from localserve.bench.blocking_ws import WS
@@ -206,13 +218,15 @@ def test_a_sampling_fault_fails_only_its_own_request(inproc):
 # --- 2. buffers bounded in bytes; before hello only a few errors ---------------------------
 
 
-def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(live, bob):
+def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(stand_in, fake_bob):
     """Four connections send frames that each earn an error, and never read a byte.
 
     First 10 frames of 60 KB each (whose errors used to quote them whole; the server reads a
     client at most max_frame_bytes + 64 KiB a second), then small frames until the server has
-    had enough: it must close them, and its memory must stay bounded.
+    had enough: it must close them, and its memory must stay bounded. (Nothing here needs the
+    model: on the stand-in, bob streaming beside.)
     """
+    live = stand_in
     config, n_conns = live.config, 4
     per_conn = (
         (MAX_QUEUED_FRAMES + 1) * (config.max_frame_bytes + FRAME_SLACK_BYTES)
@@ -245,12 +259,13 @@ def test_non_reading_connections_provoking_errors_stay_within_the_memory_bound(l
     # the server used to, pinned 60 KB per unread error
     assert growth < n_conns * per_conn + (48 << 20), (growth, sent)
     assert all(n < 100_000 for n in sent), "the server should have closed them"
-    wait_until(lambda: not connections_of(live, "reader"), 10, "readers dropped")
+    wait_until(lambda: not connections_of(live, "reader"), 30, "readers dropped")
 
 
 # --- 3. a reader that stops reading is dropped, its cells back in the pool -----------------
 
 
+@pytest.mark.model
 def test_a_non_reading_chatter_is_dropped_and_its_cells_freed(live, bob):
     """Eight long replies asked for and never read: no pong comes back, so it is closed."""
     before = live.snapshot().counters.cancellations
@@ -268,23 +283,24 @@ def test_a_non_reading_chatter_is_dropped_and_its_cells_freed(live, bob):
                     "messages": messages,
                 }
             )
-        wait_until(lambda: connections_of(live, "sponge"), 10, "sponge connected")
-        # within the ping timeout and the close timeout; eight replies of 1,500 tokens: minutes
-        bound = 2 * 1.0 + CLOSE_TIMEOUT_S + 2
-        wait_until(lambda: not connections_of(live, "sponge"), bound, "sponge dropped")
+        wait_until(lambda: connections_of(live, "sponge"), 30, "sponge connected")
+        # for the missing pong (the close frame says so), not the end of eight replies of 1,500
+        # tokens; the bound only a safety net (the ping timeout and close timeout: seconds)
+        wait_until(lambda: not connections_of(live, "sponge"), 60, "sponge dropped")
         assert client.close_frame() == (1008, "no pong within 1 s")  # read once it is closed
         client.close()
     cancelled = lambda: live.snapshot().counters.cancellations - before == 8  # noqa: E731
-    wait_until(cancelled, 10, "its eight requests cancelled")
+    wait_until(cancelled, 30, "its eight requests cancelled")
     assert not [s for s in live.snapshot().seqs if s.user == "sponge"]  # cells back in the pool
 
 
+@pytest.mark.model
 def test_a_client_that_never_answers_pings_is_closed_with_1008(live, bob):
     with configured(live, keepalive_s=0.5):
         client = RawClient(live.url)
         client.send({"type": "hello", "user": "deaf"})
-        wait_until(lambda: connections_of(live, "deaf"), 10, "deaf connected")
-        wait_until(lambda: not connections_of(live, "deaf"), 2 + 2 * CLOSE_TIMEOUT_S, "dropped")
+        wait_until(lambda: connections_of(live, "deaf"), 30, "deaf connected")
+        wait_until(lambda: not connections_of(live, "deaf"), 60, "dropped")  # for the pong
         assert client.close_frame() == (1008, "no pong within 0.5 s")
         client.close()
 
@@ -298,6 +314,7 @@ def test_a_client_that_never_answers_pings_is_closed_with_1008(live, bob):
 # --- 6. the smaller items ------------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_sixteen_user_stop_strings_are_accepted_by_a_transcript_model(connect, bob):
     ws = connect()
     ws.hello("sam")
@@ -313,8 +330,10 @@ def test_sixteen_user_stop_strings_are_accepted_by_a_transcript_model(connect, b
 # --- found by review: pings, squatters, sampling cost, tokenizing, caches -------------------
 
 
-def test_a_client_that_pings_and_never_reads_is_cut_off(live, bob):
-    """websockets answers every ping at once: unread pongs must not pile up in the server."""
+def test_a_client_that_pings_and_never_reads_is_cut_off(stand_in, fake_bob):
+    """websockets answers every ping at once: unread pongs must not pile up in the server (on
+    the stand-in, bob streaming beside: nothing here needs the model)."""
+    live = stand_in
     before = rss_bytes()
     client = RawClient(live.url)
     client.send({"type": "hello", "user": "pinger"})
@@ -324,9 +343,10 @@ def test_a_client_that_pings_and_never_reads_is_cut_off(live, bob):
     client.close()
     assert sent < 200_000, "the server should have cut it off"
     assert rss_bytes() - before < 32 << 20
-    wait_until(lambda: not connections_of(live, "pinger"), 10, "pinger dropped")
+    wait_until(lambda: not connections_of(live, "pinger"), 30, "pinger dropped")
 
 
+@pytest.mark.model
 def test_a_client_is_read_at_most_so_fast(live, bob):
     """Frames are read at max_frame_bytes + 64 KiB a second, each charged at least 1 KiB."""
     rate = live.config.max_frame_bytes + FRAME_SLACK_BYTES
@@ -346,6 +366,7 @@ def test_a_client_is_read_at_most_so_fast(live, bob):
 # --- found by review of the HTTP stack (issue 11) ---------------------------------------------
 
 
+@pytest.mark.model
 def test_a_socket_that_stops_reading_and_closes_does_not_outlive_it(live, bob):
     """Stats it never reads, then a close frame: the kernel still holds unsent data for it, so
     a plain close would wait forever; the socket must go within the user timeout."""
@@ -354,7 +375,7 @@ def test_a_socket_that_stops_reading_and_closes_does_not_outlive_it(live, bob):
         client = RawClient(live.url)
         client.send({"type": "hello", "user": "zombie"})
         client.send({"type": "subscribe", "interval_ms": 50})
-        wait_until(lambda: live.server.limits.num_sockets > baseline, 10, "zombie counted")
+        wait_until(lambda: live.server.limits.num_sockets > baseline, 30, "zombie counted")
         time.sleep(3)  # its buffers fill
         client.send("", opcode=0x8)  # a close frame, and still nothing read
         wait_until(lambda: live.server.limits.num_sockets <= baseline, 30, "socket gone")
@@ -364,6 +385,7 @@ def test_a_socket_that_stops_reading_and_closes_does_not_outlive_it(live, bob):
 # --- the Ollama API (issue 29) ----------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_hostile_ollama_bodies_and_a_dropped_stream_fail_only_themselves(live, bob):
     """Wrong option types, huge and deep bodies, broken JSON and a stream dropped mid-reply on
     /api: each a clear error (or cancelled), bob's replies whole."""
@@ -402,6 +424,7 @@ def test_hostile_ollama_bodies_and_a_dropped_stream_fail_only_themselves(live, b
 # --- the Anthropic Messages API (issue 29) ----------------------------------------------------
 
 
+@pytest.mark.model
 def test_hostile_anthropic_bodies_and_a_dropped_stream_fail_only_themselves(live, bob):
     """Malformed bodies, wrong types, huge block lists, deep nesting and a stream dropped
     mid-reply on /v1/messages: each a clear 4xx in Anthropic's shape (or cancelled), bob's
@@ -486,6 +509,7 @@ def refuse_all(url, bodies: list[tuple[bytes, str]]) -> None:
 # --- CORS preflights (issue 29) -----------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_hostile_preflights_get_a_clear_refusal_and_harm_nobody(live, bob):
     """Huge or garbled Access-Control-Request-Headers and odd methods from a listed origin: each
     a 400 naming the field or a refusal of the method, never a reflection of it; bob's replies
@@ -535,6 +559,7 @@ def test_hostile_preflights_get_a_clear_refusal_and_harm_nobody(live, bob):
 # --- a trusted front-end's person headers (issue 29) ------------------------------------------
 
 
+@pytest.mark.model
 def test_hostile_person_headers_fail_only_themselves(live, bob, tmp_path):
     """A trusted front-end's key with header floods, huge values, control characters and more
     people than its bound: each a 400 naming the header (or the transport's 400 for what HTTP

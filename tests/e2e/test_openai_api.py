@@ -339,7 +339,7 @@ def test_closing_a_stream_mid_reply_cancels_it_and_frees_the_cells(stand_in):
         if i == 5:
             break
     stream.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while stand_in.snapshot().counters.cancellations == before:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.05)
@@ -361,7 +361,7 @@ def test_a_dropped_connection_cancels_even_mid_prefill(live):
     row = wait_until(lambda: prefilling(live, "leaver"), 30, "its prefill under way")
     sock.close()
     assert row.computed_tokens + 4 * 256 < row.prompt_tokens, row  # chunks to go when cut
-    finished = wait_until(lambda: finished_event(live, row.request_id), 20, "cancelled")
+    finished = wait_until(lambda: finished_event(live, row.request_id), 60, "cancelled")
     assert finished.detail == "cancelled, 0 tokens"
     after = live.wait_idle()
     assert after.counters.generation_tokens == before.counters.generation_tokens

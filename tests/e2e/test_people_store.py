@@ -85,7 +85,7 @@ def test_daves_binding_survives_a_restart(tmp_path):
     try:
         assert chat(server, owui("Dave", DAVE))[0] == 200
         assert kept(tmp_path) == [("openwebui", "dave", DAVE)]  # before the reply came
-        wait_until(lambda: users_of_rows(tmp_path) == ["openwebui/dave"], 10, "dave's row")
+        wait_until(lambda: users_of_rows(tmp_path) == ["openwebui/dave"], 30, "dave's row")
     finally:
         server.close()
     restarted = fake_server(tmp_path)
@@ -93,7 +93,7 @@ def test_daves_binding_survives_a_restart(tmp_path):
         assert restarted.server.admission.people.num_people("openwebui") == 1
         refused_after_a_restart(restarted)  # first after the restart: still not dave
         assert chat(restarted, owui("David", DAVE))[0] == 200  # renamed: still dave
-        wait_until(lambda: len(users_of_rows(tmp_path)) == 2, 10, "dave's second row")
+        wait_until(lambda: len(users_of_rows(tmp_path)) == 2, 30, "dave's second row")
         assert users_of_rows(tmp_path) == ["openwebui/dave", "openwebui/dave"]
         assert chat(restarted, owui("Mallory", MALLORY))[0] == 200  # a name of her own is fine
         assert kept(tmp_path) == [("openwebui", "dave", DAVE), ("openwebui", "mallory", MALLORY)]
@@ -199,7 +199,7 @@ def test_daves_binding_survives_a_sigkill_mid_reply(tmp_path):
     try:
         refused_after_a_restart(server)
         assert chat(server, owui("D.", DAVE))[0] == 200
-        wait_until(lambda: "openwebui/dave" in users_of_rows(tmp_path), 10, "dave's row")
+        wait_until(lambda: "openwebui/dave" in users_of_rows(tmp_path), 30, "dave's row")
         assert set(users_of_rows(tmp_path)) == {"openwebui/dave"}
     finally:
         kill_serve(proc)

@@ -327,6 +327,10 @@ def test_a_chain_a_thousand_deep_is_refused_at_once_and_slows_nobody(server):
     slow ben somewhat; the deep chain may not slow him more than the unknown id does."""
     leaf = plant_chain(server, "ann", 1000)
     ann, ben = client(server, "ann"), client(server, "ben")
+    control = time.monotonic()  # the cheapest refusal, here and now: an unknown id
+    with pytest.raises(openai.NotFoundError):
+        ann.responses.create(model=MODEL, previous_response_id="resp_unknown", input="More.")
+    control = time.monotonic() - control
     started = time.monotonic()
     with pytest.raises(openai.BadRequestError) as refused:
         ann.responses.create(model=MODEL, previous_response_id=leaf, input="More.")
@@ -334,14 +338,14 @@ def test_a_chain_a_thousand_deep_is_refused_at_once_and_slows_nobody(server):
     error = refused.value.body
     assert error["code"] == "chain_too_deep" and error["param"] == "previous_response_id"
     assert f"at most {MAX_CHAIN_DEPTH}" in error["message"] and "1000" in error["message"]
-    assert took < 1.0, took
+    assert took < 3 * control + 0.5, (took, control)  # no walk of the chain
     quiet = statistics.median(gaps_of_a_stream(ben))
     unknown, deep = [], []
     for _ in range(3):  # interleaved: the machine's other load falls on both alike
         unknown += gaps_while_refused(server, ben, "resp_never_stored", openai.NotFoundError)
         deep += gaps_while_refused(server, ben, leaf, openai.BadRequestError)
     unknown_gap, deep_gap = statistics.median(unknown), statistics.median(deep)
-    assert deep_gap <= unknown_gap * 1.25 + 0.005, (quiet, unknown_gap, deep_gap)
+    assert deep_gap <= unknown_gap * 1.5 + 0.005, (quiet, unknown_gap, deep_gap)
 
 
 # --- a thinking model's reasoning, scripted ------------------------------------------------------

@@ -123,7 +123,7 @@ def test_alternating_requests_of_several_users_to_both_models_complete(serve):
     assert cards["small"]["max_model_len"] == 1024 and cards["gemma"]["max_model_len"] == 2048
     assert cards["small"]["status"] == "loaded" and cards["missing"]["status"] == "unloaded"
     usage = served.server.usage  # one record for every model: each row names its model
-    wait_until(lambda: _rows(usage.path) == 12, 10, "every row written")
+    wait_until(lambda: _rows(usage.path) == 12, 30, "every row written")
     with sqlite3.connect(usage.path) as db:
         per_model = dict(db.execute("SELECT model, count(*) FROM requests GROUP BY model"))
         users = {u for (u,) in db.execute("SELECT DISTINCT user FROM requests")}
@@ -217,9 +217,9 @@ def test_after_keep_alive_the_engine_process_is_gone_and_the_next_request_loads_
             return True
         return False
 
-    wait_until(gone, 15, "the engine process exited")
+    wait_until(gone, 60, "the engine process exited")
     # its vocabulary closed (after the process) and the heap trimmed: the memory is back
-    wait_until(lambda: rss_mib(os.getpid()) < before + 24, 10, f"RSS back near {before:.0f} MiB")
+    wait_until(lambda: rss_mib(os.getpid()) < before + 24, 30, f"RSS back near {before:.0f} MiB")
     assert "small:latest" not in {m["name"] for m in get(served, "/api/ps")["models"]}
     status, body = chat(served, "small", "ann")
     assert status == 200, body
@@ -292,7 +292,7 @@ def test_an_http_client_gone_while_its_model_loads_frees_its_place_at_once(serve
     wait_until(lambda: any(r.loading for r in list(admission.requests.values())), 30, "loading")
     assert small.active == 1 and admission.counts.inflight_per_user == {"ann": 1}
     client.close()
-    wait_until(lambda: not admission.requests, 5, "the request gone with its client")
+    wait_until(lambda: not admission.requests, 30, "the request gone with its client")
     gone_at = time.time()
     assert admission.counts.waiting == 0 and admission.counts.inflight_per_user == {}
     assert small.active == 0 and small.state == "loading"  # the pool slot no longer held

@@ -165,7 +165,7 @@ def test_two_people_through_one_key_get_their_own_usage_rows(live, tmp_path):
         headers = owui_headers(ALICE) | {"Authorization": "", "x-api-key": KEY}
         status, payload = post(live, "/v1/messages", anthropic, headers)
         assert status == 200, payload[:200]
-        wait_until(lambda: len(rows_of(store, "openwebui/alice")) == 3, 10, "alice's rows")
+        wait_until(lambda: len(rows_of(store, "openwebui/alice")) == 3, 30, "alice's rows")
         assert {r.api for r in rows_of(store, "openwebui/alice")} == {"http", "ollama", "anthropic"}
         assert len(rows_of(store, "openwebui/bob")) == 1
         assert rows_of(store, "openwebui") == []
@@ -179,7 +179,7 @@ def test_each_person_has_a_quota_of_their_own(live, tmp_path):
         long_reply = openai_body("Tell me a story.", max_tokens=300, ignore_eos=True)
         status, payload = post(live, "/v1/chat/completions", long_reply, owui_headers(ALICE))
         assert status == 200, payload[:200]
-        wait_until(lambda: rows_of(store, "openwebui/alice"), 10, "alice's row")
+        wait_until(lambda: rows_of(store, "openwebui/alice"), 30, "alice's row")
         status, payload = post(
             live, "/v1/chat/completions", openai_body("Hi."), owui_headers(ALICE)
         )
@@ -238,12 +238,12 @@ def test_the_header_from_another_key_or_an_open_server_changes_nothing(live, tmp
         assert status == 200
         headers = owui_headers(BOB, key=KATE) | {"X-Localserve-User": "bob"}
         assert post(live, "/api/chat", ollama_body("Hi."), headers)[0] == 200
-        wait_until(lambda: len(rows_of(store, "kate")) == 2, 10, "kate's rows")
+        wait_until(lambda: len(rows_of(store, "kate")) == 2, 30, "kate's rows")
         assert {u.user for u in store.quotas.today()} == {"kate"}
         # without a header the front-end is itself the user
         plain = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
         assert post(live, "/v1/chat/completions", body, plain)[0] == 200
-        wait_until(lambda: rows_of(store, "openwebui"), 10, "the front-end's own row")
+        wait_until(lambda: rows_of(store, "openwebui"), 30, "the front-end's own row")
     # an open server: whoever asks is named as before (the `user` field, else the default)
     server = live.server
     old, server.usage = (
@@ -259,7 +259,7 @@ def test_the_header_from_another_key_or_an_open_server_changes_nothing(live, tmp
             named = body | {"user": "openwebui"}  # claiming the front-end's name: no trust
             assert post(live, "/v1/chat/completions", named, headers)[0] == 200
             assert post(live, "/api/chat", ollama_body("Hi."), headers)[0] == 200
-            wait_until(lambda: len(server.usage.quotas.today()) == 2, 10, "two rows")
+            wait_until(lambda: len(server.usage.quotas.today()) == 2, 30, "two rows")
             assert {u.user for u in server.usage.quotas.today()} == {"openwebui", "ollama"}
     finally:
         live.wait_idle()

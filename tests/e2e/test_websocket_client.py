@@ -28,33 +28,38 @@ def done(rid: str, reason: str = "stop") -> dict:
 
 async def scripted(script, body):
     """Run `body(client)` against a server that answers each chat frame with `script(id)`'s
-    frames; returns body's value and the frames the server received after hello."""
+    frames; returns body's value and the frames the server received after hello (all of them:
+    the client closes, and the server reads up to its close)."""
     from websockets.asyncio.server import serve
 
     received: list[dict] = []
+    handled = asyncio.Event()
 
     async def handler(ws):
-        await ws.recv()  # hello
-        welcome = {
-            "type": "welcome",
-            "model": "fake",
-            "n_ctx": 8192,
-            "limits": LIMITS,
-            "version": "0",
-            "protocol": 1,
-        }
-        await ws.send(json.dumps(welcome))
-        async for raw in ws:
-            frame = json.loads(raw)
-            received.append(frame)
-            for answer in script(frame) if frame["type"] == "chat" else []:
-                await ws.send(json.dumps(answer))
+        try:
+            await ws.recv()  # hello
+            welcome = {
+                "type": "welcome",
+                "model": "fake",
+                "n_ctx": 8192,
+                "limits": LIMITS,
+                "version": "0",
+                "protocol": 1,
+            }
+            await ws.send(json.dumps(welcome))
+            async for raw in ws:
+                frame = json.loads(raw)
+                received.append(frame)
+                for answer in script(frame) if frame["type"] == "chat" else []:
+                    await ws.send(json.dumps(answer))
+        finally:
+            handled.set()
 
     async with serve(handler, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         async with await Client.connect(f"ws://127.0.0.1:{port}", "u") as client:
             value = await body(client)
-            await asyncio.sleep(0.05)  # let the server read what was sent last
+        await asyncio.wait_for(handled.wait(), 30)  # it read what was sent last, then the close
     return value, received
 
 
@@ -136,14 +141,20 @@ def test_stopping_early_cancels_the_request():
     assert [type(f) for f in seen] == [Queued, TokenDelta, TokenDelta]
     assert received[-1] == {"type": "cancel", "id": "long"}
 
+    got_chat = asyncio.Event()
+
+    def silent(frame):  # no done will come
+        got_chat.set()
+        return []
+
     async def cancelled_task(client):
         task = asyncio.create_task(frames_of(client, request("waits")))
-        await asyncio.sleep(0.1)  # the chat is sent; no done will come
+        await asyncio.wait_for(got_chat.wait(), 30)  # the server has the chat
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    _, received = asyncio.run(scripted(lambda frame: [], cancelled_task))
+    _, received = asyncio.run(scripted(silent, cancelled_task))
     assert [f["type"] for f in received] == ["chat", "cancel"]
     assert received[-1]["id"] == "waits"
 

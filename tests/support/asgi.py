@@ -13,7 +13,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
-WAIT_S = 5.0  # what a test waits at most for the app to say something
+WAIT_S = 30.0  # what a test waits at most for the app to say something
 
 
 async def wait_for(predicate: Callable[[], object], timeout: float = WAIT_S, what: str = ""):

@@ -38,4 +38,4 @@ async def connected(
         yield socket
     finally:
         socket.leave()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 30)

@@ -299,7 +299,7 @@ class FakeFrontdoor:
     def in_flight(self) -> list[Request]:
         return list(self.stage.requests.values())
 
-    async def admitted(self, n: int = 1, timeout: float = 5.0) -> Request:
+    async def admitted(self, n: int = 1, timeout: float = 30.0) -> Request:
         """The `n`th request admitted, once it is."""
         async with asyncio.timeout(timeout):
             while len(self.stage.admitted) < n:

@@ -71,9 +71,9 @@ chat_format = "transcript"
 
 
 @contextlib.contextmanager
-def two_fake_models(state, monkeypatch, access=None):
+def two_fake_models(state, monkeypatch, access=None, load_s: float = FAKE_LOAD_S):
     """A server with two models on paced fake runners ("first", the default, loaded; "second"
-    loaded on demand in FAKE_LOAD_S, max_loaded_models = 1: a swap), from a parsed models.toml;
+    loaded on demand in `load_s`, max_loaded_models = 1: a swap), from a parsed models.toml;
     its usage record in `state`. Yields serving()'s ServedModel (`.thread` listens)."""
     from localserve.config import parse_config
     from localserve.engine.engine import Engine
@@ -83,7 +83,7 @@ def two_fake_models(state, monkeypatch, access=None):
     config = parse_config(TWO_FAKE_MODELS.format(state=state))
 
     def fake_load(config, name: str) -> LoadedModel:  # as serving.load_model, on a fake runner
-        time.sleep(FAKE_LOAD_S)
+        time.sleep(load_s)
         runner = PacedRunner()
         engine = Engine(runner, config.scheduler).start()
         return LoadedModel(engine, runner, engine.stop)

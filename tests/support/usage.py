@@ -38,7 +38,7 @@ def recorded(store: Usage, *rows: Row) -> None:
     for r in rows:
         store.record(r, lambda is_recorded: is_recorded and committed.release())
     for _ in rows:
-        assert committed.acquire(timeout=10)
+        assert committed.acquire(timeout=30)
 
 
 class Disk:

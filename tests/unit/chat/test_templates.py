@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from localserve.chat import templates as templates_module
 from localserve.chat.templates import (
     MAX_RENDER_S,
     ChatTemplate,
@@ -206,15 +206,18 @@ def test_a_hostile_template_fails_its_render_quickly_and_clearly(name):
     error, seconds = render_in_a_child(HOSTILE[name], HELLO)
     assert error is not None and error.startswith("chat_template: "), error
     assert "out of memory" not in error  # the budget refused it, not the child's memory bound
-    assert seconds < MAX_RENDER_S + 1
+    assert seconds < MAX_RENDER_S + 5  # stopped by the budget, on however busy a machine
 
 
-def test_a_hostile_chat_through_a_real_template_is_bounded():
+def test_a_hostile_chat_through_a_real_template_is_bounded(monkeypatch):
     roles = ("user", "assistant")
     huge = [{"role": roles[i % 2], "content": "x" * 100} for i in range(4001)]
-    start = time.monotonic()
-    text = template("Qwen-Qwen3-0.6B").render(huge)
-    assert text.count("<|im_start|>") == 4002 and time.monotonic() - start < MAX_RENDER_S
+    # a real template's work on a long chat fits the allowance per message alone: counted in
+    # operations, not timed (a busy machine's clock says nothing about the template)
+    monkeypatch.setattr(templates_module, "MAX_OPERATIONS", 0)
+    text = template("Qwen-Qwen3-0.6B").render(huge, max_s=60)
+    assert text.count("<|im_start|>") == 4002
+    monkeypatch.undo()
     both = "{% for m in messages %}{% for n in messages %}{% endfor %}{% endfor %}"
     error, _ = render_in_a_child(both, huge)
     assert error is not None and ("too much work" in error or "took over" in error), error

@@ -146,7 +146,7 @@ def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_dis
     for i in range(5):
         r = row("ann", request_id=f"1:full{i}", client_id=f"full{i}", prompt=20, cached=0)
         store.record(r, outcomes.append)
-    wait_until(lambda: store.problem, 10, "the problem said")
+    wait_until(lambda: store.problem, 30, "the problem said")
     assert "database or disk is full" in store.problem and str(store.path) in store.problem
     time.sleep(2.5 * usage.RETRY_S)  # tried again and again: still no room
     assert outcomes == [] and store.num_unwritten == 5 and not rows_where(store, "full0")
@@ -155,7 +155,7 @@ def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_dis
     [broke] = logged(caplog, logging.ERROR, "usage record")  # one line, not one per row
     assert "kept in memory" in broke
     small_disk.free()
-    wait_until(lambda: outcomes == [True] * 5, 10, "the rows written once there is room")
+    wait_until(lambda: outcomes == [True] * 5, 30, "the rows written once there is room")
     assert store.problem == "" and store.record_refusal("ann") is None
     [fixed] = logged(caplog, logging.WARNING, "written again")
     assert "5 rows kept in memory written" in fixed
@@ -180,11 +180,11 @@ def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
     recorded(store, row("ann", client_id="before", prompt=10, cached=0, completion=5))
     for path in tmp_path.glob(f"{usage_database.DATABASE}*"):  # rm usage.sqlite3*
         path.unlink()
-    wait_until(lambda: (tmp_path / usage_database.DATABASE).exists(), 10, "a new database")
+    wait_until(lambda: (tmp_path / usage_database.DATABASE).exists(), 30, "a new database")
     assert problems == [f"{store.path} was deleted while serving"]
     [said] = logged(caplog, logging.ERROR, "was deleted while serving")
     assert "the rows recorded until now are not in the database" in said
-    wait_until(lambda: store.problem == "", 10, "writable again")
+    wait_until(lambda: store.problem == "", 30, "writable again")
     assert store.quotas.quota("ann").used_today == 15  # the counts in memory never go back
     recorded(store, row("ann", client_id="after", prompt=10, cached=0, completion=7))
     assert store.quotas.quota("ann").used_today == 32
@@ -193,14 +193,14 @@ def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
     # replaced by something that is not a database: refused and said until it is gone
     (tmp_path / "junk").write_bytes(b"not a database " * 300)
     os.replace(tmp_path / "junk", store.path)
-    wait_until(lambda: "not a usable SQLite database" in store.problem, 10, "the junk noticed")
+    wait_until(lambda: "not a usable SQLite database" in store.problem, 30, "the junk noticed")
     assert logged(caplog, logging.ERROR, "was replaced by another file while serving")
     outcomes: list[bool] = []
     store.record(row("ann", client_id="kept"), outcomes.append)
     time.sleep(2 * usage.RETRY_S)
     assert outcomes == [] and store.record_refusal("ann")
     store.path.unlink()  # the operator moves the junk away: a new database, the kept row in it
-    wait_until(lambda: outcomes == [True], 10, "the kept row written")
+    wait_until(lambda: outcomes == [True], 30, "the kept row written")
     assert store.problem == "" and rows_where(store, "kept")
     store.close()
 
@@ -214,11 +214,11 @@ def test_a_close_on_a_full_disk_is_bounded_and_says_what_it_loses(small_disk, ca
     outcomes: list[bool] = []
     for i in range(5):
         store.record(row(request_id=f"1:r{i}"), outcomes.append)
-    wait_until(lambda: outcomes == [False, False], 10, "the two oldest dropped, over the bound")
+    wait_until(lambda: outcomes == [False, False], 30, "the two oldest dropped, over the bound")
     assert store.num_unwritten == 3
     start = time.monotonic()
     assert store.close() == 5  # 2 over the bound, 3 at close
-    assert time.monotonic() - start < 1.0 + 1.0
+    assert time.monotonic() - start < usage.CLOSE_TIMEOUT_S + 10  # bounded, however busy
     assert outcomes == [False] * 5
     assert len(logged(caplog, logging.ERROR, "over 3 rows unwritten")) == 1
     assert logged(caplog, logging.ERROR, "3 rows could not be written and are lost")

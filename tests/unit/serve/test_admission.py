@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from localserve.serve.door import Refusal, Submission
+from tests.support.waiting import async_wait_until
 
 
 class _Sink:
@@ -51,7 +52,7 @@ def _admission_of_fake_models(gate, loads, **server):
     config = Config(default="a", models=models, server=ServerConfig(**server))
 
     def loader(name: str) -> LoadedModel:
-        gate.wait(10)
+        gate.wait(30)
         loads.append(name)
         return LoadedModel(FakeEngine(), FakeRunner(), lambda: None)
 
@@ -84,12 +85,12 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
             submitting = asyncio.ensure_future(_door(admission, "b").submit(Submission(
                 sink, "ann", "r", f"1:r{closed}", SamplingFields(), never_built,
                 cancelled=cancelled)))  # fmt: skip
-            await asyncio.sleep(0.05)
+            await async_wait_until(lambda s=sink: s.queued, 30, "the request told it waits")
             assert sink.queued == ["loading model b"] and slot.active == 1
             assert admission.describe_models()[1]["waiting"] == 1
             sink.is_closed = closed  # a websocket's cancel, then an HTTP client gone
             cancelled.set()
-            request = await asyncio.wait_for(submitting, 1)  # at once, the load still going
+            request = await asyncio.wait_for(submitting, 10)  # at once: the load still going
             assert slot.state == "loading" and slot.active == 0 and not admission.requests
             assert admission.counts.inflight_per_user == {} and admission.counts.waiting == 0
             if closed:
@@ -101,7 +102,7 @@ def test_a_request_cancelled_while_its_model_loads_stops_at_once_and_frees_every
         await pool.ready(slot, print)
         assert slot.is_loaded and loads == ["b"] and slot.active == 0
 
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_a_request_waiting_for_its_model_past_max_model_wait_s_is_refused_saying_why():
@@ -126,7 +127,7 @@ def test_a_request_waiting_for_its_model_past_max_model_wait_s_is_refused_saying
         assert pool.slot("b").active == 0 and not admission.requests
         gate.set()
 
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_nobody_stops():
@@ -151,19 +152,19 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
         pool.acquire(b)
         gate.clear()  # b's load, once it starts, waits here
         b_ready = asyncio.ensure_future(pool.ready(b, print, held=True))
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: a.yielding_to == "b", 30, "a yields to b")
         sink, cancelled = _Sink(), asyncio.Event()
         chat = Submission(
             sink, "alice", "r", "1:r", SamplingFields(), never_built, cancelled=cancelled
         )
         alice = asyncio.ensure_future(_door(admission, "a").submit(chat))
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: sink.queued, 30, "alice told she waits")
         assert sink.queued == ["waiting for its turn: model b loads first"]
         pool.release(a)  # a drains, is evicted; b's load starts, held at the gate
-        await asyncio.sleep(0.05)
-        assert a.loaded is None and b.state == "loading" and a.active == 0
+        await async_wait_until(lambda: a.loaded is None and b.state == "loading", 30, "a evicted")
+        assert a.active == 0
         cancelled.set()
-        await asyncio.wait_for(alice, 1)
+        await asyncio.wait_for(alice, 10)
         assert a.active == 0 and not admission.requests  # no hold left behind
         gate.set()
         await b_ready
@@ -173,15 +174,16 @@ def test_a_cancel_while_waiting_for_a_swaps_turn_leaves_no_hold_and_a_load_for_n
             sink, "carol", "r", "2:r", SamplingFields(), never_built, cancelled=cancelled
         )
         carol = asyncio.ensure_future(_door(admission, "a").submit(chat))
-        await asyncio.sleep(0.05)
-        assert b.yielding_to == "a" and a.state == "loading"
+        yields = lambda: b.yielding_to == "a" and a.state == "loading"  # noqa: E731
+        await async_wait_until(yields, 30, "b yields to a's load")
         cancelled.set()
-        await asyncio.wait_for(carol, 1)
-        await asyncio.sleep(0.05)
-        assert not b.yielding_to and a.state == "unloaded" and b.is_loaded  # no swap for nobody
+        await asyncio.wait_for(carol, 10)
+        stopped = lambda: not b.yielding_to and a.state == "unloaded"  # noqa: E731
+        await async_wait_until(stopped, 30, "the load for nobody stopped")
+        assert b.is_loaded  # no swap for nobody
         assert loads == ["a", "b"]
 
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_a_users_cap_on_requests_in_flight_holds_across_every_models_door():
@@ -209,7 +211,7 @@ def test_a_users_cap_on_requests_in_flight_holds_across_every_models_door():
 
         first = Submission(_Sink(), "ann", "r1", "1:r1", SamplingFields(), slow_prompt)
         hers = asyncio.ensure_future(_door(admission, "a").submit(first))
-        await asyncio.wait_for(building.wait(), 1)
+        await asyncio.wait_for(building.wait(), 10)
         for model in ("b", "a"):
             again = Submission(_Sink(), "ann", "r2", f"2:r2{model}", SamplingFields(), let_in)
             with pytest.raises(Refusal) as e:
@@ -221,7 +223,7 @@ def test_a_users_cap_on_requests_in_flight_holds_across_every_models_door():
         building.clear()
         bobs = Submission(_Sink(), "bob", "r3", "3:r3", SamplingFields(), slow_prompt)
         his = asyncio.ensure_future(_door(admission, "a").submit(bobs))
-        await asyncio.wait_for(building.wait(), 1)  # let in: the cap is each user's
+        await asyncio.wait_for(building.wait(), 10)  # let in: the cap is each user's
         for task in (hers, his):
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -229,4 +231,4 @@ def test_a_users_cap_on_requests_in_flight_holds_across_every_models_door():
         assert not admission.requests and admission.counts.inflight_per_user == {}
         assert pool.slot("a").active == 0
 
-    asyncio.run(asyncio.wait_for(main(), 10))
+    asyncio.run(asyncio.wait_for(main(), 60))

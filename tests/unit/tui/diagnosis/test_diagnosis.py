@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localserve.protocol.snapshot import (
@@ -963,7 +963,7 @@ def tier(draw: st.DrawFn) -> PrefixTier:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_histories_never_break_the_rules(data: st.DataObject):
     n = data.draw(st.integers(0, 6))
