@@ -13,7 +13,10 @@ class WS:
     def __init__(self, url: str) -> None:
         from websockets.sync.client import connect
 
-        self.ws = connect(url, max_size=None, legacy=True)
+        # frames are read as they come and kept until asked for (max_queue=None): a client that
+        # has not asked for the rest of a long reply still closes at once, where a paused
+        # reader would hold the closing handshake for its close_timeout (10 s)
+        self.ws = connect(url, max_size=None, max_queue=None, legacy=True)
 
     def send(self, frame) -> None:
         import json
