@@ -50,6 +50,18 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def pytest_collection_modifyitems(config, items):
+    """In several processes (pytest-xdist, `--dist loadgroup`): every test of the real model in
+    one of them, in order, and the others' files beside it, each file whole (its module's server
+    started once). Two models computing at once on 2 cores slow each other down many times over
+    (llama.cpp's threads spin while they wait for each other); a model beside the browser,
+    the fake runner and the unit tests hardly notices them (tests/README.md, "Where the time
+    goes")."""
+    for item in items:
+        group = "model" if item.get_closest_marker("model") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_runtest_logreport(report):
     if is_ci() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr

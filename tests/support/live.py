@@ -5,7 +5,6 @@ live or fake server with is localserve/bench/blocking_ws.py's `WS`."""
 from __future__ import annotations
 
 import contextlib
-import os
 
 import msgspec
 
@@ -57,19 +56,9 @@ def configured(live, access=None, **limits):
         server.config, admission.access, admission.authentication.throttle = old
 
 
-def threads_per_process() -> int:
-    """llama.cpp threads for a model a test process runs: its share of the cores when the suite
-    runs in several processes (pytest-xdist), else 2. Its threads spin while they wait for each
-    other: two processes of 2 threads on 2 cores slow each other down many times over."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers <= 1:
-        return 2
-    return max(1, len(os.sched_getaffinity(0)) // workers)
-
-
 def live_config(n_ctx: int = 4096):
-    """The embedded model, small batches, 2 threads (the process's share of the cores when the
-    suite runs in several): quick on a laptop's CPU."""
+    """The embedded model, small batches, 2 threads: quick on a laptop's CPU. (The tests of the
+    real model run in one process, whatever the suite's: tests/conftest.py.)"""
     from localserve.config import Config, ModelConfig, ServerConfig
 
     model = ModelConfig(
@@ -79,7 +68,7 @@ def live_config(n_ctx: int = 4096):
         n_ctx=n_ctx,
         max_num_seqs=8,
         max_num_batched_tokens=256,
-        n_threads=threads_per_process(),
+        n_threads=2,
         keep_alive=-1,  # the session's server keeps its model, however long a test idles
     )
     return Config(
