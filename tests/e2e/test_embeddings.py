@@ -242,7 +242,7 @@ class Gaps:
         self._ws.close()
 
 
-WINDOW_S, WINDOWS = 3.0, 3  # hostile windows, each followed by a calm one as long
+WINDOW_S, WINDOWS = 2.0, 3  # hostile windows, each followed by a calm one as long
 
 
 @pytest.mark.model

@@ -5,8 +5,6 @@ engine's (LlamaRunner)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
@@ -16,6 +14,7 @@ from localserve.bench.blocking_ws import WS
 from localserve.chat.templates import ChatTemplate
 from localserve.config import Config, ModelConfig, ServerConfig
 from localserve.runners.models import ensure_embedded
+from tests.support.paths import templated_gguf
 
 pytestmark = pytest.mark.model
 
@@ -28,12 +27,8 @@ CHAT = [
 
 @pytest.fixture(scope="session")
 def jinja_gguf(tmp_path_factory) -> Path:
-    """A copy of the embedded GGUF with the template in its metadata (once per session)."""
-    out = tmp_path_factory.mktemp("jinja-gguf") / "gemma-3-270m-jinja.gguf"
-    write = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(ensure_embedded())]
-    write += [str(out), "--chat-template-file", str(TEMPLATE), "--force"]
-    subprocess.run(write, check=True, capture_output=True, timeout=300)
-    return out
+    """A copy of the embedded GGUF with the template in its metadata (written once, kept)."""
+    return templated_gguf(TEMPLATE)
 
 
 def jinja_config(path: Path, engine_process: bool) -> Config:

@@ -18,10 +18,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from localserve.runners.models import ensure_embedded
 from tests.support.cli import localserve, slip_line
 from tests.support.fake_hub import FakeHub
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, templated_gguf
 
 pytestmark = pytest.mark.model
 
@@ -31,10 +30,10 @@ REPO = "google/gemma-3-270m-GGUF"
 
 @pytest.fixture(scope="module")
 def templated(tmp_path_factory) -> Path:
+    """The embedded GGUF with a chat template, as the hub's Q4_K_M file (a link to the copy
+    written once and kept: tests/support/paths.py)."""
     out = tmp_path_factory.mktemp("hub") / "gemma-3-270m-Q4_K_M.gguf"
-    write = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(ensure_embedded())]
-    write += [str(out), "--chat-template-file", str(TEMPLATE), "--force"]
-    subprocess.run(write, check=True, capture_output=True, timeout=300)
+    out.symlink_to(templated_gguf(TEMPLATE))
     return out
 
 
