@@ -50,34 +50,6 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-# e2e files none of whose tests but those marked `model` start the real model
-BESIDE_THE_MODEL = {
-    "test_auth_throttle.py",
-    "test_chat_page.py",
-    "test_fake_runner_server.py",
-    "test_grafana_metrics.py",
-    "test_guarded_transport.py",
-    "test_model_picker.py",
-    "test_terminal_conversations.py",
-    "test_websocket_connection.py",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    """`make test` runs the suite in two processes (pytest-xdist, `--dist loadgroup`): every
-    test that may start the real model in one of them, in order (group "engine"), and beside
-    it the unit tests and the e2e files of BESIDE_THE_MODEL, each file whole (its module's server
-    started once). Two models computing at once on 2 cores slow each other down many times
-    over (llama.cpp's threads spin while they wait for each other: measured, tests/README.md
-    "Where the time goes"); a model beside the browser, the fake runner and the unit tests
-    only shares the machine with them."""
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        beside = path.startswith("tests/unit/") or path.rsplit("/", 1)[-1] in BESIDE_THE_MODEL
-        engine = item.get_closest_marker("model") or not beside
-        item.add_marker(pytest.mark.xdist_group("engine" if engine else path))
-
-
 def pytest_runtest_logreport(report):
     if is_ci() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
