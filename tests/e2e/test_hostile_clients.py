@@ -38,21 +38,22 @@ QUESTION = "What is the capital of France?"
 BOB_TOKENS = 24
 
 
-@pytest.fixture
-def bob(live):
-    streamer = Streamer(live, BOB_TOKENS)
+def streaming_bob(server):
+    streamer = Streamer(server, BOB_TOKENS)
     yield streamer
     streamer.finish()
-    live.wait_idle()
+    server.wait_idle()
+
+
+@pytest.fixture
+def bob(live):
+    yield from streaming_bob(live)
 
 
 @pytest.fixture
 def fake_bob(stand_in):
     """bob on the stand-in (the fake runner under the live model's name)."""
-    streamer = Streamer(stand_in, BOB_TOKENS)
-    yield streamer
-    streamer.finish()
-    stand_in.wait_idle()
+    yield from streaming_bob(stand_in)
 
 
 def rss_bytes() -> int:

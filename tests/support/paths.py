@@ -9,8 +9,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: tests/support/path
 
 def templated_gguf(template: Path) -> Path:
     """The embedded GGUF with `template` as its chat template: written once (a 240 MB rewrite,
-    ~10 s) into ~/.cache/localserve/tests and kept, keyed by the model's and the template's
-    contents; a half-written copy is never seen (written aside, then renamed)."""
+    ~10 s) into ~/.cache/localserve/tests and kept, keyed by the model file's name and size
+    (the embedded model is verified by its checksum) and the template's contents; a
+    half-written copy is never seen (written aside, then renamed)."""
     import hashlib
     import os
     import subprocess
