@@ -283,10 +283,10 @@ def plant_chain(server, user: str, depth: int) -> str:
 
 
 def gaps_of_a_stream(c: openai.OpenAI) -> list[float]:
-    """The seconds between a stream's text deltas (60 tokens, greedy)."""
+    """The seconds between a stream's text deltas (40 tokens, greedy)."""
     stamps = []
     with c.responses.stream(
-        model=MODEL, input="Tell me about the sea.", max_output_tokens=60, temperature=0
+        model=MODEL, input="Tell me about the sea.", max_output_tokens=40, temperature=0
     ) as stream:
         for e in stream:
             if e.type == "response.output_text.delta":
@@ -339,13 +339,12 @@ def test_a_chain_a_thousand_deep_is_refused_at_once_and_slows_nobody(server):
     assert error["code"] == "chain_too_deep" and error["param"] == "previous_response_id"
     assert f"at most {MAX_CHAIN_DEPTH}" in error["message"] and "1000" in error["message"]
     assert took < 3 * control + 0.5, (took, control)  # no walk of the chain
-    quiet = statistics.median(gaps_of_a_stream(ben))
     unknown, deep = [], []
-    for _ in range(3):  # interleaved: the machine's other load falls on both alike
+    for _ in range(2):  # interleaved: the machine's other load falls on both alike
         unknown += gaps_while_refused(server, ben, "resp_never_stored", openai.NotFoundError)
         deep += gaps_while_refused(server, ben, leaf, openai.BadRequestError)
     unknown_gap, deep_gap = statistics.median(unknown), statistics.median(deep)
-    assert deep_gap <= unknown_gap * 1.5 + 0.005, (quiet, unknown_gap, deep_gap)
+    assert deep_gap <= unknown_gap * 1.5 + 0.005, (unknown_gap, deep_gap)
 
 
 # --- a thinking model's reasoning, scripted ------------------------------------------------------
