@@ -6,10 +6,17 @@ the chat's messages (chat/messages.py's `PromptMessage`s).
 - messages: `{"role": "user" | "system" | "developer" | "assistant", "content": ...}` (`type`
   "message" or absent), the content a string or text parts (`input_text`, `output_text`);
   images, files and audio are refused naming the part;
-- `{"type": "function_call", "call_id", "name", "arguments"}`: a call the assistant made (calls
-  in a row, and the assistant's text right before them, are one assistant message);
+- `{"type": "function_call", "call_id", "name", "arguments"}`: a call the assistant made;
 - `{"type": "function_call_output", "call_id", "output"}`: its result (a `tool` message);
 - `{"type": "reasoning", ...}`: taken and left out of the prompt (templates drop reasoning).
+
+An assistant turn is the run of assistant items between two other items: its calls and the
+text beside them, in whatever order they come (this server's own output lists a call before
+the text the model wrote after it; OpenAI's SDKs and agents send the items back as they got
+them), reasoning items among them. It is one assistant message, its text joined, its calls in
+their order, as the chain stores a reply (`output_turns`); a `function_call_output` answers a
+call of the turn right before it. Two assistant messages with no call between or beside them
+stay two messages.
 
 The chain's turns come first (each stored response's input and output, oldest first: the turns
 its prompt and reply were), then the new input; `instructions` (this request's own, as OpenAI:
@@ -82,7 +89,7 @@ def input_turns(items: list[Any]) -> InputTurns:
             raise invalid(f"input[{i}]", "must be an object")
         kind = item.get("type", "message")
         if kind == "message":
-            _append(turns, _message(item, i), i)
+            _add_message(turns, _message(item, i), i)
         elif kind == "function_call":
             _add_call(turns, _call(item, i), i)
         elif kind == "function_call_output":
@@ -144,6 +151,17 @@ def _call(item: dict, i: int) -> ToolCallMade:
     if not isinstance(arguments, str):
         raise invalid(f"input[{i}].arguments", "JSON text of an object")
     return ToolCallMade(call_id, name, arguments)
+
+
+def _add_message(turns: InputTurns, message: PromptMessage, i: int) -> None:
+    """An assistant's text right after its calls joins their turn (module docstring)."""
+    messages = turns.messages
+    if message.role == "assistant" and messages and messages[-1].role == "assistant" and \
+            messages[-1].tool_calls:  # fmt: skip
+        last = messages[-1]
+        messages[-1] = last._replace(content=last.content + message.content)
+    else:
+        _append(turns, message, i)
 
 
 def _add_call(turns: InputTurns, call: ToolCallMade, i: int) -> None:

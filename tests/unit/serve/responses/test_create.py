@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -24,6 +25,7 @@ from tests.support.asgi import HttpExchange, call, wait_for
 from tests.support.fake_frontdoor import HERMES_THINKING, FakeFrontdoor, FakeModel
 
 PATH = "/v1/responses"
+DATA = Path(__file__).parents[3] / "data"
 KEYS = {"ann": "ann-key", "ben": "ben-key"}
 WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
 
@@ -206,6 +208,78 @@ def test_a_call_and_its_output_are_one_assistant_message_and_a_tool_answer():
     assert messages[1].tool_calls[0] == ("c1", "weather", '{"city": "Paris"}')
     assert (messages[2].tool_call_id, messages[2].name) == ("c1", "weather")
     assert extras.tools[0]["function"]["name"] == "weather"  # shown in chat completions' shape
+
+
+def test_openai_agents_requests_replayed_are_served_as_one_assistant_turn():
+    """The bodies openai-agents 0.24 sent (scripts/try_openai_agents.py recorded them): our
+    reply's items `[function_call, message]` come back in that order with the call's output,
+    which the old rule refused (a call answered only right after the message that made it)."""
+    bodies = json.loads((DATA / "openai_agents_requests.json").read_text())
+    door = FakeFrontdoor(models={"tiny": FakeModel(formats=HERMES_THINKING)})
+    for body in bodies:
+        door.script("Sunny.")
+        answer = call(app_of(door), "POST", PATH, body | {"model": "tiny"})
+        assert answer.status == 200, answer.body
+    _, messages, _, _ = door.prompts.asked[-1]
+    call_item = bodies[-1]["input"][1]
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2].content == " Let me look that up for you."
+    assert messages[2].tool_calls == ((call_item["call_id"], "get_weather", '{"city": "Paris"}'),)
+    assert messages[3].tool_call_id == call_item["call_id"]
+
+
+def item(kind: str, **fields) -> dict:
+    if kind == "text":
+        return {"type": "message", "role": "assistant", "content": fields["text"]}
+    if kind == "call":
+        return {"type": "function_call", "call_id": fields["id"], "name": "weather",
+                "arguments": "{}"}  # fmt: skip
+    if kind == "output":
+        return {"type": "function_call_output", "call_id": fields["id"], "output": "18 C"}
+    return {"type": "reasoning", "id": "rs_1", "summary": []}
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        ["text", "call", "call2"],
+        ["call", "text", "call2"],
+        ["call", "call2", "text"],
+        ["reasoning", "call", "reasoning", "text", "call2"],
+        ["call", "reasoning", "text", "reasoning", "call2"],
+    ],
+)
+def test_an_assistant_turn_is_its_calls_and_text_in_any_order(turn):
+    """Calls, the text beside them and reasoning items, in any order, are one assistant message
+    whose calls the outputs after it answer (either one first)."""
+    items = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+    for kind in turn:
+        if kind == "call2":
+            items.append(item("call", id="c2"))
+        else:
+            items.append(item(kind, id="c1", text="Let me check."))
+    items += [item("output", id="c2"), item("output", id="c1")]
+    door = FakeFrontdoor(models={"tiny": FakeModel(formats=HERMES_THINKING)})
+    door.script("Sunny.")
+    answer = call(app_of(door), "POST", PATH, {"tools": [WEATHER], "input": items})
+    assert answer.status == 200, answer.body
+    _, messages, _, _ = door.prompts.asked[0]
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "tool"]
+    assert messages[1].content == "Let me check."
+    assert [c.id for c in messages[1].tool_calls] == ["c1", "c2"]
+
+
+def test_two_assistant_messages_without_a_call_stay_two_and_an_answer_needs_its_turn():
+    door = FakeFrontdoor(models={"tiny": FakeModel(formats=HERMES_THINKING)})
+    door.script("Sunny.")
+    two = [{"role": "user", "content": "Hi"}, item("text", text="Hello."), item("text", text="Hi!")]
+    assert call(app_of(door), "POST", PATH, {"input": two}).status == 200
+    _, messages, _, _ = door.prompts.asked[0]
+    assert [m.content for m in messages] == ["Hi", "Hello.", "Hi!"]
+    late = [{"role": "user", "content": "Hi"}, item("call", id="c1"), item("output", id="c1"),
+            item("text", text="Done."), item("output", id="c1")]  # fmt: skip
+    error = error_of(call(app_of(door), "POST", PATH, {"tools": [WEATHER], "input": late}))
+    assert error["param"] == "input[4].call_id", error
 
 
 def test_a_forced_call_gets_its_grammar_and_text_format_its_constraint():
