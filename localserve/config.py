@@ -24,7 +24,7 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 KvType = Literal["f16", "q8_0", "q4_0"]
 # how a model writes tool calls (localserve/chat/tool_calls/ reads each one)
-ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "deepseek"]
+ToolFormat = Literal["hermes", "llama3", "mistral", "gemma", "deepseek", "generic"]
 MAX_DEVICES = 16  # llama.cpp's LLAMA_MAX_DEVICES
 MAX_CACHE_MIB = 1 << 20  # a prefix cache tier's largest budget: 1 TiB (more is a typo)
 
@@ -47,7 +47,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # the system message of chats that bring none; its KV is computed once and shared by every
     # user's requests (None: the transcript format's preamble, no system message for templates)
     system_prompt: str | None = None
-    # the tool-call format of the model's replies; "auto" = guessed from its chat template
+    # the tool-call format of the model's replies; "auto" = guessed from its chat template, and
+    # "generic" where it shows none (the tools described in a system message, calls as JSON)
     tool_format: ToolFormat | Literal["auto"] = "auto"
     # how its replies mark reasoning ("auto": from the template; "think": <think>...</think>,
     # "magistral": [THINK]...[/THINK]; "none": no split, reasoning stays in the answer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -146,7 +147,7 @@ class ChatClient:
             self._print(f"localserve chat: cannot connect to {self.url}: {e}", file=self.err)
             return 2 if e.code == "unauthorized" else 1  # a wrong name or token: a slip
         except OSError as e:
-            self._print(f"localserve chat: cannot connect to {self.url}: {e}", file=self.err)
+            self._print(f"localserve chat: {connect_failure(self.url, e)}", file=self.err)
             return 1
         w = self.client.welcome
         self.picker.client = self.client
@@ -363,6 +364,18 @@ def _summary(done: Finished) -> str:
         parts.append(f"{t.draft_n_accepted or 0} drafted")
     parts.append(done.finish_reason)
     return "       [" + " · ".join(parts) + "]"
+
+
+def connect_failure(url: str, e: OSError) -> str:
+    """Why a connection failed, in one line: nothing listening gets what to do about it (asyncio
+    tries each address of a name, and may give all their refusals in one OSError)."""
+    refused = f"[Errno {errno.ECONNREFUSED}]"
+    if e.errno == errno.ECONNREFUSED or (e.errno is None and refused in str(e)):
+        return (
+            f"nothing listens at {url}: start a server with `localserve serve` (or `make run`), "
+            "or give the address it printed"
+        )
+    return f"cannot connect to {url}: {e.strerror or e}"
 
 
 def dropped_line(num_dropped: int) -> str:

@@ -125,6 +125,8 @@ def forced_call_grammar(
         return _repeat(call, '"\\n"', parallel)
     if tool_format in ("llama3", "gemma"):
         return _repeat(f"%json{_calls(offered, 'parameters')}", '"; "', parallel)
+    if tool_format == "generic":
+        return _repeat(f"%json{_calls(offered, 'arguments')}", '"\\n"', parallel)
     if tool_format == "mistral":
         limit = {"maxItems": MAX_PARALLEL_CALLS if parallel else 1}
         return (

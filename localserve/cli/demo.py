@@ -55,7 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import msgspec
 
     from localserve.bench.scenario import play
-    from localserve.config import load_config
+    from localserve.config import config_path, load_config
     from localserve.serve.serving import serving
     from tui.monitor import MonitorApp
     from tui.source import WebSocketSource
@@ -66,7 +66,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # the demo's people are not real users: their usage goes to a state directory of its own
     state = tempfile.TemporaryDirectory(prefix="localserve-demo-")
     config.server = msgspec.structs.replace(config.server, state_dir=state.name)
-    with state, serving(config, name, thread=True) as served:
+    with state, serving(config, name, thread=True, models_file=config_path(args.config)) as served:
         say_where(served.runner)
         thread, server = served.thread, served.server
         stop = asyncio.Event()

@@ -44,12 +44,18 @@ def add(sub) -> None:
         "hf.co/ORG/REPO:QUANT)",
     )
     p.add_argument("--name", help="the entry's name in models.toml (default: from the repo)")
+    # what the server's /api/pull runs: its progress as JSON lines on stdout (serve/pulling.py)
+    p.add_argument("--progress-json", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=cmd_pull)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from localserve.runners import hub
 
+    say = _progress_lines() if args.progress_json else None
+    out = sys.stderr if say else sys.stdout  # the JSON lines have stdout to themselves
+    if say:
+        say({"status": "pulling manifest"})
     repo, quant, file = hub.parse_spec(args.spec)
     target = config_path(args.config) or Path("models.toml")
     existing = target.read_text(encoding="utf-8") if target.is_file() else ""
@@ -59,15 +65,44 @@ def cmd_pull(args: argparse.Namespace) -> int:
     name = args.name or entry_name(repo, chosen.quant)
     _check_free(name, existing, target)
     print(f"pull: {chosen.name} ({chosen.size / MIB:.0f} MiB): {why}", file=sys.stderr)
-    path = hub.download(repo, chosen)
+    path = hub.download(repo, chosen, _file_progress(say) if say else None)
+    if say:
+        say({"status": "verifying sha256 digest"})  # done by download, file by file
+        say({"status": "writing manifest"})
     n_ctx = fitting_context(path, chosen, usable, gpu)
     text = entry_text(name, path, n_ctx)
     parse_config(existing + text, str(target))  # the file stays valid, or nothing is written
-    with target.open("a", encoding="utf-8") as out:
-        out.write(text)
-    print(f"added [models.{name}] to {target.resolve()}: {path} (n_ctx {n_ctx})")
-    print(f"serve it: localserve serve --model {name}")
+    with target.open("a", encoding="utf-8") as entry:
+        entry.write(text)
+    print(f"added [models.{name}] to {target.resolve()}: {path} (n_ctx {n_ctx})", file=out)
+    print(f"serve it: localserve serve --model {name}", file=out)
+    if say:
+        say({"status": "success", "name": name})
     return 0
+
+
+def _progress_lines():
+    """Print each progress object as a JSON line (Ollama's pull progress, as /api/pull sends)."""
+
+    def say(event: dict) -> None:
+        print(json.dumps(event), flush=True)
+
+    return say
+
+
+def _file_progress(say):
+    """The download's progress as Ollama says it: the file's digest, total and completed."""
+    last: dict[str, int] = {}
+
+    def progress(f, completed: int) -> None:
+        if last.get(f.name) == completed:
+            return
+        last[f.name] = completed
+        digest = f"sha256:{f.sha256}" if f.sha256 else f.name
+        say({"status": f"pulling {(f.sha256 or f.name)[:12]}", "digest": digest,
+             "total": f.size, "completed": completed})  # fmt: skip
+
+    return progress
 
 
 def _usable() -> tuple[int, str, bool]:

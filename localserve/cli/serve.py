@@ -18,7 +18,7 @@ from localserve.cli.shared import (
     say_where,
     team_options,
 )
-from localserve.config import ConfigError, load_config
+from localserve.config import ConfigError, config_path, load_config
 
 
 def add(sub) -> None:
@@ -28,10 +28,11 @@ def add(sub) -> None:
         "and Anthropic APIs",
         description="Serve a model to several people on one port: the chat page at /, websocket "
         "chat and stats (ws://HOST:PORT), the OpenAI API under /v1 (chat/completions, "
-        "completions, models), the Ollama API under /api (chat, generate, tags), the Anthropic "
-        "API at /v1/messages, /healthz and /metrics (Prometheus). The engine runs in a "
-        "supervised process of its own; the usage record and quotas are kept in the state "
-        "directory.",
+        "completions, responses, embeddings, models), the Ollama API under /api (chat, "
+        "generate, embed, embeddings, tags, show, ps, version, pull), the Anthropic API at "
+        "/v1/messages (and /v1/messages/count_tokens), /healthz and /metrics (Prometheus). The "
+        "engine runs in a supervised process of its own; the usage record and quotas are kept "
+        "in the state directory.",
     )
     add_model_argument(s)
     s.add_argument("--host", help="address to bind (default 127.0.0.1, from models.toml)")
@@ -85,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_port(host, port)
     if access.monitor_token is not None and configured is None:  # where, never what
         print(f"localserve: the monitor token is in {token_file(config.server)}", flush=True)
-    with serving(config, name, access=access) as served:
+    with serving(config, name, access=access, models_file=config_path(args.config)) as served:
         say_where(served.runner)
         asyncio.run(run(served.server, host, port))
     return 0

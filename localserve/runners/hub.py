@@ -12,10 +12,13 @@ Tested in tests/e2e/test_pull.py.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import re
+import threading
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,10 +208,15 @@ def remote_header(repo: str, file: str) -> GgufHeader:
             raise ConfigError(f"pull: {repo}/{file}: {e}") from None
 
 
-def download(repo: str, model: HubModel) -> Path:
+Progress = Callable[[HubFile, int], None]  # a file, and how many of its bytes are here
+
+
+def download(repo: str, model: HubModel, progress: Progress | None = None) -> Path:
     """Fetch every file of `model` into huggingface_hub's cache (a progress bar on stderr),
     each checked against the hub's sha256; the first file's path (llama.cpp finds the other
-    parts of a split model beside it)."""
+    parts of a split model beside it). `progress` is told, about four times a second from a
+    thread of its own, how much of the file being fetched is on disk (huggingface_hub writes
+    it to an `.incomplete` file in the repository's cache folder), and once more when whole."""
     import shutil
 
     from huggingface_hub import constants, hf_hub_download
@@ -222,14 +230,44 @@ def download(repo: str, model: HubModel) -> Path:
             f"{free / 2**30:.1f} GiB free in {cache} (HF_HOME)"
         )
     paths = []
+    folder = cache / f"models--{repo.replace('/', '--')}" / "blobs"
     for f in model.files:
-        try:
-            path = Path(hf_hub_download(repo, f.name, endpoint=constants.ENDPOINT, cache_dir=cache))
-        except Exception as e:
-            raise _hub_error(repo, e) from None
+        with _watching(folder, f, progress):
+            try:
+                fetched = hf_hub_download(
+                    repo, f.name, endpoint=constants.ENDPOINT, cache_dir=cache
+                )
+            except Exception as e:
+                raise _hub_error(repo, e) from None
+        path = Path(fetched)
+        if progress is not None:
+            progress(f, f.size)
         check_sha256(path, f)
         paths.append(path)
     return paths[0]
+
+
+@contextlib.contextmanager
+def _watching(folder: Path, f: HubFile, progress: Progress | None) -> Iterator[None]:
+    """Tell `progress` the size of the `.incomplete` files in `folder` while the block runs."""
+    if progress is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.25):
+            with contextlib.suppress(OSError):
+                here = sum(p.stat().st_size for p in folder.glob("*.incomplete"))
+                progress(f, min(here, f.size))
+
+    watcher = threading.Thread(target=watch, name="localserve-pull-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def check_sha256(path: Path, f: HubFile) -> None:

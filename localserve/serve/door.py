@@ -24,7 +24,7 @@ a front-end sees of them only what this module names.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict
 
@@ -184,6 +184,16 @@ class ModelOption(ModelDescription):
     load_s_from: str  # "last_load" | "estimate" | ""
 
 
+class PullProgress(TypedDict, total=False):
+    """One of Ollama's pull progress objects (serve/pulling.py), as `/api/pull` streams them."""
+
+    status: str  # pulling manifest | pulling <digest> | verifying sha256 digest | ... | success
+    digest: str  # the file being fetched: "sha256:..."
+    total: int  # its bytes
+    completed: int  # its bytes here so far
+    error: str  # the pull failed: why (the last object)
+
+
 class Frontdoor(Protocol):
     """What a front-end may ask of the server, through one model's door."""
 
@@ -235,6 +245,13 @@ class Frontdoor(Protocol):
     async def loaded_prompts(self) -> PromptBuilder:
         """This model's prompt builder, loading the model if it is not (Refusal when it
         cannot be loaded): a prompt rendered and counted without generating."""
+        ...
+
+    def pull(self, spec: str, name: str | None) -> AsyncIterator[PullProgress]:
+        """The operator's pull (the caller checked the credential): `spec` fetched from the
+        Hugging Face Hub as `localserve pull` does, its entry (`name`, else from the repo)
+        added to the server's models.toml and the model to the pool; progress objects, the last
+        `{"status": "success"}` or `{"error": ...}`."""
         ...
 
     async def warm(self, keep_alive_s: float | None) -> None:

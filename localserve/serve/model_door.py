@@ -11,6 +11,8 @@ the server in tests/e2e/test_several_models.py and the API tests.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from localserve.chat.constraints import ConstraintCompiler
 from localserve.chat.formats import ModelFormats
 from localserve.config import ServerConfig
@@ -22,11 +24,13 @@ from localserve.serve.door import (
     Frontdoor,
     ModelDescription,
     ModelOption,
+    PullProgress,
     Request,
     Submission,
 )
 from localserve.serve.pool import ModelSlot
 from localserve.serve.prompt import PromptBuilder
+from localserve.serve.pulling import pull
 from localserve.serve.trusted_proxies import People
 
 
@@ -111,6 +115,9 @@ class ModelDoor:
 
     async def loaded_prompts(self) -> PromptBuilder:
         return await self._admission.waits.loaded_prompts(self._slot)
+
+    def pull(self, spec: str, name: str | None) -> AsyncIterator[PullProgress]:
+        return pull(self._admission.pool, spec, name)
 
     async def warm(self, keep_alive_s: float | None) -> None:
         await self._admission.waits.warm(self._slot, keep_alive_s)

@@ -163,8 +163,12 @@ class ModelPool:
         loader: Loader | None,
         on_events: EventSink,
         default: str | None = None,
+        models_file: Path | None = None,
     ) -> None:
         self.default = default or config.default
+        self._config = config  # the loader's: a model added here is loaded from it
+        self.models_file = models_file  # the models.toml it came from (None: built in)
+        self.pull_lock = asyncio.Lock()  # one pull at a time (serve/pulling.py)
         self._server_config = server_config
         self._loader = loader
         self._on_events = on_events
@@ -175,6 +179,15 @@ class ModelPool:
         self._budget: int | None = None  # bytes, measured at the first load that needs it
         self._memory_changed = asyncio.Event()  # a model went idle or unloaded
         self._closing = False
+
+    def add(self, name: str, model: ModelConfig) -> ModelSlot:
+        """A model added while serving (a pull): listed at once, loaded when first asked for."""
+        if name in self.slots:
+            raise ValueError(f"model {name!r} is already served")
+        self._config.models[name] = model
+        where = f"models.{name}.keep_alive"
+        self.slots[name] = ModelSlot(name, model, parse_keep_alive(model.keep_alive, where))
+        return self.slots[name]
 
     # --- looking up -----------------------------------------------------------------------------
 
@@ -217,15 +230,16 @@ class ModelPool:
     def _install(self, slot: ModelSlot, loaded: LoadedModel) -> None:
         runner, model = loaded.runner, slot.model
         check_template(slot.name, model.chat_format, runner.apply_chat_template)
+        slot._formats = model_formats(
+            model.chat_format, runner.template_source, model.tool_format, model.reasoning_format
+        )
         slot.prompts = PromptBuilder(
             runner.tokenize,
             runner.apply_chat_template,
             runner.info.n_ctx,
             model.chat_format,
             model.system_prompt,
-        )
-        slot._formats = model_formats(
-            model.chat_format, runner.template_source, model.tool_format, model.reasoning_format
+            describe_tools=slot._formats.tool == "generic",
         )
         slot.snapshots = Snapshots(loaded.engine)
         loaded.engine.on_events = self._on_events

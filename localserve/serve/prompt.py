@@ -43,7 +43,7 @@ PREAMBLE = (
     "The following is a conversation between a curious user and a knowledgeable, helpful "
     "assistant. The assistant answers clearly and truthfully."
 )
-TRANSCRIPT_STOPS = ("\nUser:",)
+TRANSCRIPT_STOPS = ("\nUser:", "\nAssistant:", "\nTool:", "\nTool (")  # its role lines
 MAX_CACHED_SYSTEM_CHARS = 16 << 10  # system prompts up to this long are cached (rendered, tokens)
 _SPEAKERS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
 TOOLS_INTRO = (
@@ -54,6 +54,17 @@ TOOLS_HOW = (
     "To call one, the assistant answers with only this, one line per call:\n"
     '<tool_call>{"name": "<function name>", "arguments": {<its arguments>}}</tool_call>\n'
     "The results come back as Tool lines."
+)
+
+# the `generic` call format's system part (a template that shows no tools: generic_chat)
+GENERIC_TOOLS_INTRO = (
+    "You can call these functions (each given as JSON: its name, what it does, and a JSON "
+    "Schema of its arguments):"
+)
+GENERIC_TOOLS_HOW = (
+    "To call one, answer with only a JSON object, one line per call, and nothing else:\n"
+    '{"name": "<function name>", "arguments": {<its arguments>}}\n'
+    "The results come back in the next message. When no call is needed, answer in words."
 )
 
 Messages = Sequence[PromptMessage | tuple]
@@ -112,6 +123,34 @@ def _json(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def generic_chat(messages: list[PromptMessage], tools: list | None) -> list[PromptMessage]:
+    """A chat with tools for a template that shows none (the `generic` call format, as
+    llama.cpp's server does it): the tools listed in the system message with how to call one,
+    earlier calls written into their assistant messages as the reply would write them, and each
+    result a user turn (`Result of get_weather: ...`, results in a row one turn), since such
+    templates know no `tool` role. A chat without tools or calls is left as it is."""
+    if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
+        return messages
+    out: list[PromptMessage] = []
+    for m in messages:
+        if m.role == "tool":
+            text = f"Result of {m.name}: {m.content}" if m.name else f"Result: {m.content}"
+            m = PromptMessage("user", text)
+        elif m.tool_calls:
+            calls = (f'{{"name": {_json(c.name)}, "arguments": {c.arguments}}}'
+                     for c in m.tool_calls)  # fmt: skip
+            m = PromptMessage("assistant", "\n".join(filter(None, [m.content.strip(), *calls])))
+        if out and m.role == "user" == out[-1].role:  # templates want turns to alternate
+            m = PromptMessage("user", f"{out.pop().content}\n\n{m.content}")
+        out.append(m)
+    if tools:
+        listed = "\n".join([GENERIC_TOOLS_INTRO, *map(_json, tools), GENERIC_TOOLS_HOW])
+        if out[0].role == "system":
+            listed = f"{out.pop(0).content}\n\n{listed}"
+        out.insert(0, PromptMessage("system", listed))
+    return out
+
+
 class Rendered(NamedTuple):
     text: str
     stops: tuple[str, ...]  # stop strings the format needs
@@ -128,11 +167,13 @@ def render_chat(
     system_prompt: str | None = None,
     tools: list | None = None,
     template_kwargs: dict | None = None,
+    describe_tools: bool = False,
 ) -> Rendered:
     """The prompt text of a chat; `system_prompt` is the default for chats without one.
 
     `tools`: the functions offered (OpenAI's function specs); `template_kwargs`: what a Jinja
-    template reads beside the messages (enable_thinking, ...)."""
+    template reads beside the messages (enable_thinking, ...); `describe_tools`: the template
+    shows no tools or calls (the `generic` call format), so the messages do (`generic_chat`)."""
     check_messages(messages)
     messages = [as_prompt_message(m) for m in messages]
     system = [m.content for m in messages if m.role == "system"]
@@ -145,6 +186,8 @@ def render_chat(
         system_chars = len(head) + 2 if not tools else 0  # the tools follow the system part
         return Rendered(text, TRANSCRIPT_STOPS, system_chars, is_default, strip_space=True)
     kwargs = template_kwargs or {}
+    if describe_tools:
+        messages, tools = generic_chat(messages, tools), None
     chat = [m.as_template() for m in messages]
     text = apply_template(chat, tools, **kwargs) if tools or kwargs else apply_template(chat)
     system_chars = _system_chars(messages, text, apply_template) if not tools else 0
@@ -231,12 +274,14 @@ class PromptBuilder:
         chat_format: str,
         system_prompt: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        describe_tools: bool = False,
     ) -> None:
         self.tokenize = tokenize
         self.apply_template = apply_template
         self.n_ctx = n_ctx
         self.chat_format = chat_format
         self.system_prompt = system_prompt
+        self.describe_tools = describe_tools  # the `generic` call format: the template shows none
         # the same system prompt comes with every chat: tokenize it once (thread-safe cache)
         self._system_tokens = functools.lru_cache(maxsize=64)(tokenize)
         self._pool = ThreadPoolExecutor(
@@ -339,6 +384,7 @@ class PromptBuilder:
             self.system_prompt,
             extras.tools,
             extras.template_kwargs,
+            self.describe_tools,
         )
 
     def _measure(self, messages: Messages, extras: ChatExtras = NO_EXTRAS):

@@ -22,6 +22,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import uvicorn
 
@@ -80,6 +81,7 @@ class Server:
         loader: Loader | None = None,
         name: str | None = None,
         close: Callable[[], None] | None = None,
+        models_file: Path | None = None,
     ) -> None:
         self.model = model
         name = name or runner.info.model
@@ -88,7 +90,12 @@ class Server:
         models = models or Config(default=name, models={name: model})
         self.router = SinkRouter(None, lambda: self.usage)  # type: ignore[arg-type]
         self.pool = ModelPool(
-            models, lambda: self.config, loader, self.router.on_engine_events, default=name
+            models,
+            lambda: self.config,
+            loader,
+            self.router.on_engine_events,
+            default=name,
+            models_file=models_file,
         )
         # `close`: how the pool puts the default away when it unloads it (serving()'s, which
         # also runs at the end); without it the default's engine is the caller's to stop

@@ -16,6 +16,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from localserve.config import Config, configured_model
 from localserve.engine.engine import Engine
@@ -49,6 +50,7 @@ def serving(
     access: Access | None = None,
     runner: Runner | None = None,
     thread: bool = False,
+    models_file: Path | None = None,
 ) -> Iterator[ServedModel]:
     """Serve `model` (the config's default when None) as `config` says.
 
@@ -56,6 +58,7 @@ def serving(
     reuse, which then stays open afterwards (the sweep runs several engines on one model).
     thread: start listening on 127.0.0.1, any free port, on a thread of its own (`.thread.url`);
     otherwise the caller runs the server (`server.run(served.server, host, port)`).
+    models_file: the models.toml `config` came from, where a pull adds (None: built in).
     """
     name = configured_model(config, model)  # ConfigError for a model it does not have
     with contextlib.ExitStack() as stack:
@@ -82,19 +85,14 @@ def serving(
         stack.callback(close)
         engine, runner = loaded.engine, loaded.runner
         server = Server(
-            engine,
-            runner,
-            config.models[name],
-            config.server,
-            access,
-            usage,
-            conversations,
+            *(engine, runner, config.models[name], config.server, access, usage, conversations),
             models=config,
             people=people,
             responses=responses,
             loader=lambda other: load_model(config, other),
             name=name,
             close=close,
+            models_file=models_file,
         )
         served = ServedModel(name, runner, engine, server)
         if thread:

@@ -3,7 +3,8 @@
 The websocket `chat` frame and the OpenAI API (and later front-ends) take the same fields:
 `tools`, `tool_choice`, `parallel_tool_calls` and `chat_template_kwargs` (what a Jinja template
 reads beside the messages, such as `enable_thinking`). `tool_use` checks them (chat/tools.py's
-bounds), refuses tools on a model whose format is unknown, and for a forced call ("required" or
+bounds; every model reads calls: one whose template shows no format has the `generic` one),
+and for a forced call ("required" or
 a named function) compiles the grammar that writes it (chat/tools.py, chat/constraints.py: off
 the loop, bounded, cached). `ToolUse.reader` then reads the reply as it streams: its reasoning
 split off and its calls taken out (chat/reply.py), or None when the reply is plain text.
@@ -162,12 +163,8 @@ async def tool_use(
     except ToolsError as e:
         raise ToolUseError("tool_choice", str(e)) from None
     formats = door.formats
-    if offered and choice.shows_tools and formats.tool is None:
-        raise ToolUseError(
-            "tools",
-            "tools: this model's chat template shows no tool-call format localserve reads; "
-            "set tool_format in models.toml (hermes, llama3, mistral, gemma, deepseek)",
-        )
+    if offered and choice.shows_tools and formats.tool is None:  # a stand-in without formats
+        raise ToolUseError("tools", "tools: this model reads no tool calls")
     # OpenAI's default lets an `auto` reply make several calls; a forced reply is one call
     # unless the request asks for several (`parallel_tool_calls: true`) in so many words
     parallel = parallel_tool_calls is True if choice.is_forced else parallel_tool_calls is not False

@@ -1041,7 +1041,17 @@ def test_the_picker_on_fake_models_shows_costs_loading_and_who_answered(
         ann = Person.open(browser, where, "ann", viewport=PHONE)
         page = ann.page
         wait_until(lambda: "second — needs a swap" in picker_options(page)[1], 30, "the costs")
+        assert page.locator("#messages .empty").inner_text().startswith("Ask first anything")
         page.select_option("#model-pick", "second")
+        # the empty conversation and the phone's status line name the model picked
+        wait_until(
+            lambda: page.locator("#messages .empty").inner_text().startswith("Ask second "),
+            10,
+            "the empty conversation names the model picked",
+        )
+        assert page.locator("#status").inner_text().split()[:1] == ["second"], page.locator(
+            "#status"
+        ).inner_text()
         seen_loading = watch_for(page, ".msg.assistant .meta .loading")  # however briefly
         ann.say("Hello")
         ann.wait_reply("done", "stopped")

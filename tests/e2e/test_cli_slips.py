@@ -126,6 +126,19 @@ def test_chat_with_dev_null_or_host_port_connects_and_leaves(fake):
         assert ran.stdout.startswith(f"Connected to fake at {fake.url}")
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_chat_with_no_server_says_nothing_listens_and_how_to_start_one(host):
+    with socket.socket() as free:  # a port nothing listens on: bound, never listening
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+        ran = localserve("chat", f"{host}:{port}", stdin=subprocess.DEVNULL)
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.strip() == (
+        f"localserve chat: nothing listens at ws://{host}:{port}: start a server with "
+        "`localserve serve` (or `make run`), or give the address it printed"
+    )
+
+
 def test_chat_without_the_token_a_server_needs_says_so(fake, tmp_path):
     with users(fake, ann="s3cret"):
         line = slip_line(localserve("chat", fake.url, "--name", "ann"), "needs a token")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -45,6 +46,7 @@ from localserve.serve.door import (
     Frontdoor,
     ModelDescription,
     ModelOption,
+    PullProgress,
     Refusal,
     Request,
     Submission,
@@ -154,6 +156,7 @@ class Backstage:
     scripts: list[tuple[list[str], dict]] = field(default_factory=list)
     checked: list[tuple] = field(default_factory=list)  # (address, claim, token, allowed)
     warmed: list[tuple[str, float | None]] = field(default_factory=list)
+    pulled: list[tuple[str, str | None]] = field(default_factory=list)  # (spec, name) asked
     throttle_s: float = 0.0  # > 0: every token check is refused by the throttle
     numbers: Any = field(default_factory=lambda: itertools.count(1))
     prompts: FakePrompts = field(default_factory=FakePrompts)
@@ -244,6 +247,12 @@ class FakeFrontdoor:
     async def loaded_prompts(self) -> FakePrompts:
         self._raise_queued_refusal()
         return self.prompts
+
+    async def pull(self, spec: str, name: str | None) -> AsyncIterator[PullProgress]:
+        """A pull that succeeds at once (the real one runs `localserve pull`: serve/pulling.py)."""
+        self.stage.pulled.append((spec, name))
+        yield PullProgress(status="pulling manifest")
+        yield PullProgress(status="success")
 
     async def warm(self, keep_alive_s: float | None) -> None:
         self.stage.warmed.append((self.model_name, keep_alive_s))

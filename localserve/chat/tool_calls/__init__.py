@@ -35,6 +35,11 @@ The formats (FORMATS), and where they are written down:
   (it falls back to its generic JSON one). Python arguments must be keywords with literal
   values, read with `ast.literal_eval`, never run.
 
+- `generic`: for a model whose chat template shows no call format: the prompt builder describes
+  the tools in a system message and asks for `{"name": ..., "arguments": {...}}` as the whole
+  reply; the reply is read for such objects opening it, bare or in a ```` ```json ```` block.
+  llama.cpp's server does the same for such templates (its generic format). Chosen by
+  `tool_format = "auto"` when the template shows none, or named.
 - `deepseek`: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + newline +
   a ```` ```json ```` block of the arguments + `<｜tool▁call▁end｜>`, more calls, then
   `<｜tool▁calls▁end｜>`: DeepSeek V3, R1 and the R1 distills (their templates write this);
@@ -68,6 +73,7 @@ The package, one module per format family plus what they share:
 - `gemma.py`: the `gemma` format (a Python list, a JSON object, a `tool_code` block).
 - `pythonic.py`: Python call syntax read with `ast`, never run (the `gemma` format's calls).
 - `deepseek.py`: the `deepseek` format (DeepSeek's tool-call tokens).
+- `generic.py`: the `generic` format (JSON calls a system message asked for).
 - `choosing.py`: the formats by name, guessed from a chat template, and a parser for one reply.
 
 Tested in tests/unit/chat/test_tool_calls.py and tests/unit/chat/test_scripted_replies.py.

@@ -10,6 +10,7 @@ from typing import get_args
 
 from localserve.chat.tool_calls.deepseek import DeepSeekParser
 from localserve.chat.tool_calls.gemma import GemmaParser
+from localserve.chat.tool_calls.generic import GenericParser
 from localserve.chat.tool_calls.hermes import HermesParser
 from localserve.chat.tool_calls.llama3 import Llama3Parser
 from localserve.chat.tool_calls.mistral import MistralParser
@@ -24,6 +25,7 @@ PARSERS: dict[str, type[ToolCallParser]] = {
     "mistral": MistralParser,
     "gemma": GemmaParser,
     "deepseek": DeepSeekParser,
+    "generic": GenericParser,
 }
 
 # what in a chat template gives its family's format away, most specific first
@@ -56,10 +58,11 @@ def detect_tool_format(template: str | None) -> str | None:
     return None
 
 
-def choose_tool_format(configured: str, template: str | None) -> str | None:
-    """`models.toml`'s `tool_format` ("auto": read from the template); None: no format known."""
+def choose_tool_format(configured: str, template: str | None) -> str:
+    """`models.toml`'s `tool_format` ("auto": read from the template, `generic` where it shows
+    none: the tools described in a system message, the calls read as JSON)."""
     if configured == "auto":
-        return detect_tool_format(template)
+        return detect_tool_format(template) or "generic"
     if configured not in PARSERS:
         raise ValueError(f"unknown tool format {configured!r}; one of {', '.join(FORMATS)}")
     return configured

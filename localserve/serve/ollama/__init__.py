@@ -1,6 +1,6 @@
 """The Ollama API on the server's port, under `/api`: version, tags, show, ps, chat, generate,
-embed (and the legacy embeddings), for the apps that speak only Ollama's API (Home Assistant,
-phone apps, editor plugins, the `ollama` packages).
+embed (and the legacy embeddings), pull (the operator's), for the apps that speak only Ollama's
+API (Home Assistant, phone apps, editor plugins, the `ollama` packages).
 
 Every chat passes the same admission as any other request (through the `Frontdoor`): the same
 users (a bearer token's), limits, fairness, quotas and usage rows (api "ollama"; "embeddings"
@@ -13,6 +13,7 @@ Ollama's shape, `{"error": "..."}`. One module per noun:
 - `chat.py`: the chat and generate endpoints.
 - `embed.py`: the embedding endpoints (/api/embed, the legacy /api/embeddings).
 - `models.py`: the model endpoints (version, tags, show, ps).
+- `manage.py`: pulling a model, for the operator (/api/pull).
 - `reply.py`: the reply, streamed as NDJSON or sent whole.
 
 Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
@@ -31,6 +32,7 @@ from localserve.serve.door import Frontdoor
 from localserve.serve.ollama.chat import chat, generate
 from localserve.serve.ollama.embed import embed, embeddings
 from localserve.serve.ollama.errors import OllamaError
+from localserve.serve.ollama.manage import pull
 from localserve.serve.ollama.models import OllamaModels
 
 PREFIX = "/api"
@@ -51,6 +53,7 @@ def routes(door: Frontdoor) -> list[Route]:
         Route(f"{PREFIX}/embeddings", _bound(embeddings, door), methods=["POST"]),
         Route(f"{PREFIX}/chat", _bound(chat, door), methods=["POST"]),
         Route(f"{PREFIX}/generate", _bound(generate, door), methods=["POST"]),
+        Route(f"{PREFIX}/pull", _bound(pull, door), methods=["POST"]),
     ]
 
 

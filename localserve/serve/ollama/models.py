@@ -3,8 +3,9 @@
 /api/tags lists every configured model (serve/pool.py), /api/ps the loaded ones with the
 `expires_at` their keep_alive gives (far ahead for -1), /api/show describes one with its
 `capabilities` (completion and embedding, and tools and thinking when localserve reads the
-model's calls and reasoning). /api/pull, /api/create and the other model-management calls are
-unknown paths (404). On a server with tokens these need a user's token too.
+model's calls and reasoning). /api/pull is the operator's (manage.py); /api/create and the
+other model-management calls are unknown paths (404). On a server with tokens these need a
+user's token too.
 
 Tested in tests/e2e/test_ollama_api.py; on a fake Frontdoor in tests/unit/serve/ollama/.
 """

@@ -85,6 +85,17 @@ class EmbedRequest(OllamaFields, kw_only=True):
     dimensions: int | None = None
 
 
+class PullRequest(msgspec.Struct, kw_only=True, rename={"as_name": "localserve_name"}):
+    """/api/pull's body: the model (`name` in older clients); `localserve_name`, the entry's
+    name in models.toml (localserve's extension; default: `localserve pull`'s)."""
+
+    model: str | None = None
+    name: str | None = None
+    insecure: bool | None = None
+    stream: bool | None = None
+    as_name: str | None = None
+
+
 class ModelRequest(msgspec.Struct, kw_only=True):
     """/api/show's body: the model (`name` in older clients)."""
 

@@ -873,6 +873,8 @@
     const chat = currentChat() || newChat();
     chat.model = name;
     if (chat.messages.length) saveChat(chat);  // else kept with its first message
+    else renderMessages();  // the empty conversation names the model it will ask
+    renderStatus();  // so does the status line
     renderPicker();
     askModels();
   }
@@ -970,7 +972,7 @@
     let level = "ok";
     let why = "";
     if (h) {
-      parts.push(h.model, h.backend);
+      parts.push(chatModel(currentChat()) || h.model, h.backend);  // the model picked
       if (h.running !== undefined) parts.push(`${h.running} running`, `${h.waiting} waiting`);
       if (h.kv_total) parts.push(`KV ${Math.round(100 * (h.kv_used - (h.kv_cached || 0)) / h.kv_total)}%`);
       const kvShare = h.kv_total ? (h.kv_used - (h.kv_cached || 0)) / h.kv_total : 0;

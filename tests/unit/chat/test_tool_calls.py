@@ -143,6 +143,33 @@ CASES = [
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
 CASES += [
     (
+        "generic",
+        '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+        "",
+        [("get_weather", WEATHER)],
+    ),
+    (
+        "generic",  # one line per call, as the system message asks; `parameters` read too
+        '\n{"name": "a", "arguments": {"x": 1}}\n{"name": "b", "parameters": {}}\nDone.',
+        "\nDone.",
+        [("a", {"x": 1}), ("b", {})],
+    ),
+    (
+        "generic",  # an instruction model's habit: the JSON in a fenced block
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n```'
+        "\nI asked for the weather.",
+        "\nI asked for the weather.",
+        [("get_weather", WEATHER)],
+    ),
+    (
+        "generic",
+        "The weather is sunny, and {braces} in text are text.",
+        "The weather is sunny, and {braces} in text are text.",
+        [],
+    ),
+]
+CASES += [
+    (
         "deepseek",
         "I'll check.\n\n<｜tool▁calls▁begin｜>"
         + DS_CALL.format("get_weather", json.dumps(WEATHER))
@@ -179,6 +206,20 @@ def test_the_call_comes_out_once_it_is_whole_and_content_is_held_only_while_uncl
     assert [type(e) for e in parser.feed("\n</tool_call>")] == [ToolCallStart, ToolCallArguments]
     assert parser.feed(" <tools are fun") == [ContentDelta(" <tools are fun")]
     assert parser.finish().events == []
+
+
+def test_malformed_or_unfinished_generic_calls_are_text():
+    for text in (
+        '{"name": "f", "arguments": {"x": 1}',  # unfinished
+        '```json\n{"name": "f", "arguments": {}}',  # no closing fence
+        '```json\n{"name": "f", "arguments": {}}\nand more```',
+        '```json\n{"a": 1}\n```',  # JSON, not a call
+        '{"name": "f", "arguments": [1]}',
+        'Sure: {"name": "f", "arguments": {}}',  # not opening the reply
+        "```json\n```",
+    ):
+        assert whole("generic", text) == (text, []), text
+        assert by_char("generic", text) == (text, []), text
 
 
 @pytest.mark.parametrize(
@@ -344,6 +385,7 @@ def _long_call(fmt: str, lines: int) -> tuple[str, str]:
         "mistral": f"[TOOL_CALLS]w[ARGS]{args}",
         "gemma": f"```tool_code\nw(code={code!r})\n```",
         "deepseek": DS_CALL.format("w", args),
+        "generic": f'{{"name": "w", "arguments": {args}}}',
     }[fmt]
     return code, text
 
@@ -378,6 +420,7 @@ def test_a_deeply_nested_call_is_text_not_a_crash():
 # --- any split of the reply gives what the whole reply gives ---------------------------------
 
 NOISE = ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "```tool_code"]
+NOISE += ["```json", "```", '{"name": "f", "arguments": {}}']
 NOISE += [
     "<｜tool▁calls▁begin｜>",
     "<｜tool▁call▁begin｜>",
@@ -434,8 +477,9 @@ def test_any_text_any_split_parses_the_same_and_never_raises(fmt, text, cuts):
     ],
 )
 def test_the_format_is_read_from_the_template(template, fmt):
+    """A template that shows none gets the generic format (the tools described in the prompt)."""
     assert detect_tool_format(template) == fmt
-    assert choose_tool_format("auto", template) == fmt
+    assert choose_tool_format("auto", template) == (fmt or "generic")
 
 
 def test_a_configured_format_wins_over_the_template():

@@ -31,6 +31,9 @@ WEATHER = {
 TIME = {"type": "function", "function": {"name": "get_time"}}
 
 
+FORCED_FORMATS = ["hermes", "transcript", "llama3", "gemma", "mistral", "generic"]
+
+
 def test_tools_come_back_normalized():
     assert check_tools([WEATHER, TIME]) == [
         WEATHER,
@@ -76,7 +79,7 @@ def test_tool_choice():
         check_tool_choice("required", [])
 
 
-@pytest.mark.parametrize("tool_format", ["hermes", "transcript", "llama3", "gemma", "mistral"])
+@pytest.mark.parametrize("tool_format", FORCED_FORMATS)
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("name", [None, "get_weather"])
 def test_the_forced_call_grammar_is_valid_in_every_format(tool_format, parallel, name):
@@ -95,6 +98,7 @@ def test_the_forced_call_grammar_is_valid_in_every_format(tool_format, parallel,
         ("transcript", '<tool_call>{"name":"get_weather","arguments":{'),
         ("llama3", '{"name":"get_weather","parameters":{'),
         ("mistral", '[TOOL_CALLS][{"name":"get_weather","arguments":{'),
+        ("generic", '{"name":"get_weather","arguments":{'),
     ],
 )
 def test_a_forced_call_has_no_room_for_whitespace_runs(tool_format, opening):
@@ -137,7 +141,7 @@ def _json_blocks(grammar: str) -> list[dict]:
     return blocks
 
 
-@pytest.mark.parametrize("tool_format", ["hermes", "transcript", "llama3", "gemma", "mistral"])
+@pytest.mark.parametrize("tool_format", FORCED_FORMATS)
 def test_the_forced_call_grammar_holds_the_tools_own_schema_as_meant(tool_format):
     """The arguments' schema in the grammar is the tool's parameters as the server means them
     (closed, numbers bounded), not something looser: read back out of the grammar's text."""

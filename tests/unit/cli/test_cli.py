@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -274,3 +275,20 @@ def test_serve_help_and_the_top_level_help_name_every_front_door():
     top = " ".join(localserve("--help").stdout.split())
     for door in [*FRONT_DOORS, "/healthz", "/metrics"]:
         assert door in top, door
+
+
+def test_serve_help_names_every_http_endpoint_the_server_has():
+    """Each route of the app (but the page's files and a stored response's own paths) is named
+    in `serve --help`: under its API's prefix, as "(a, b, ...)" lists them."""
+    from localserve.serve import anthropic, ollama, openai, responses
+    from tests.support.fake_frontdoor import FakeFrontdoor
+
+    door = FakeFrontdoor()
+    paths = [r.path for api in (openai, ollama, anthropic) for r in api.routes(door)]
+    paths += [r.path for r in responses.routes(door, None) if "{" not in r.path]
+    serve = " ".join(localserve("serve", "--help").stdout.split())
+    for path in paths:
+        path = path.partition("/{")[0]  # /v1/models/{model}: the list's own name says it
+        prefix, _, name = path[1:].partition("/")
+        listed = rf"/{prefix} \((?:[^)]*[ (,])?{re.escape(name)}[,)]"
+        assert path in serve or re.search(listed, serve), path

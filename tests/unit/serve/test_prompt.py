@@ -8,14 +8,28 @@ import threading
 
 import pytest
 
+from localserve.chat.messages import PromptMessage, ToolCallMade
+from localserve.chat.templates import ChatTemplate
 from localserve.runners.fake import BOS, FakeRunner
 from localserve.serve.prompt import (
+    GENERIC_TOOLS_HOW,
     PREAMBLE,
     TRANSCRIPT_STOPS,
     PromptBuilder,
     PromptTooLong,
     render_chat,
 )
+from tests.support.paths import ROOT
+
+NO_MARKS = ROOT / "tests" / "data" / "templates" / "no-tool-marks.jinja"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 def gemma_like(messages: list[dict[str, str]]) -> str:
@@ -65,6 +79,58 @@ def test_template_system_part_is_what_every_chat_with_it_starts_with(question):
 def test_template_without_system_prompt_has_no_shared_part():
     r = render_chat([("user", "Hi")], "template", gemma_like)
     assert r.system_chars == 0 and r.is_default_system
+
+
+def no_marks():
+    """A template that shows no tools and knows only system, user and assistant, in turn."""
+    template = ChatTemplate(NO_MARKS.read_text(encoding="utf-8"), "<s>", "</s>")
+    return lambda chat, tools=None, **kwargs: template.render(chat, tools, kwargs)
+
+
+def test_a_template_that_shows_no_tools_is_given_them_in_the_system_message():
+    apply = no_marks()
+    plain = render_chat([("user", "Weather?")], "template", apply, tools=[WEATHER])
+    assert "get_weather" not in plain.text  # the template drops them: `auto` is never offered
+    r = render_chat(
+        [("system", "Be brief."), ("user", "Weather?")], "template", apply, tools=[WEATHER],
+        describe_tools=True,
+    )  # fmt: skip
+    system, _, rest = r.text.removeprefix("<s>").partition("\n\n### Instruction:\n")
+    assert system.startswith("Be brief.\n\nYou can call these functions")
+    assert '"name": "get_weather", "description": "The weather in a city"' in system
+    assert system.endswith(GENERIC_TOOLS_HOW) and rest == "Weather?\n\n### Response:\n"
+    alone = render_chat([("user", "Weather?")], "template", apply, tools=[WEATHER],
+                        describe_tools=True)  # fmt: skip
+    assert alone.text.startswith("<s>You can call these functions")
+
+
+def test_calls_and_results_are_written_into_turns_the_template_knows():
+    """A call as the reply would write it; results (two in a row here) one user turn: the
+    template refuses a `tool` role and two user turns in a row."""
+    calls = (ToolCallMade("c1", "get_weather", '{"city": "Paris"}'),
+             ToolCallMade("c2", "get_weather", '{"city": "Rome"}'))  # fmt: skip
+    chat = [
+        PromptMessage("user", "Weather in Paris and Rome?"),
+        PromptMessage("assistant", "Checking.", calls),
+        PromptMessage("tool", "18 C", (), "c1", "get_weather"),
+        PromptMessage("tool", "21 C", (), "c2", "get_weather"),
+    ]
+    apply = no_marks()
+    with pytest.raises(ValueError, match="roles"):
+        render_chat(chat, "template", apply, tools=[WEATHER])
+    r = render_chat(chat, "template", apply, tools=[WEATHER], describe_tools=True)
+    assert r.text.endswith(
+        "### Response:\nChecking.\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}</s>\n\n'
+        "### Instruction:\nResult of get_weather: 18 C\n\nResult of get_weather: 21 C\n\n"
+        "### Response:\n"
+    )
+    # a chat without tools or calls is the template's alone
+    bare = [("user", "Hi")]
+    assert render_chat(bare, "template", apply, describe_tools=True) == render_chat(
+        bare, "template", apply
+    )
 
 
 def test_the_prompt_builder_says_too_long_once_with_both_numbers():

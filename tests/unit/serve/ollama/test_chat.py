@@ -118,11 +118,32 @@ def test_hostile_sizes_and_broken_json_are_413_and_400_in_ollamas_shape():
 
 def test_unknown_paths_and_wrong_methods_keep_ollamas_shape():
     app = app_of(FakeFrontdoor())
-    assert call(app, "POST", "/api/pull", {}).status == 404
+    assert call(app, "POST", "/api/create", {}).status == 404
+    assert call(app, "POST", "/api/delete", {}).status == 404
     wrong = call(app, "GET", "/api/chat")
     assert wrong.status == 405 and error_of(wrong)
     wrong = call(app, "GET", "/api/embed")
     assert wrong.status == 405 and error_of(wrong)
+
+
+def test_a_pull_is_the_operators_and_streams_its_progress():
+    door = FakeFrontdoor(access=Access({"ann": "ann-token"}, monitor_token="monitor-token"))
+    app = app_of(door)
+    body = {"model": "hf.co/org/repo:Q4_K_M"}
+    user = call(app, "POST", "/api/pull", body, {"authorization": "Bearer ann-token"})
+    assert user.status == 403 and "monitor token" in error_of(user)
+    nobody = call(app, "POST", "/api/pull", body)
+    assert nobody.status == 401 and door.stage.pulled == []
+    operator = {"authorization": "Bearer monitor-token"}
+    streamed = call(app, "POST", "/api/pull", body, operator)
+    assert streamed.status == 200, streamed.body
+    assert streamed.headers["content-type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in streamed.body.splitlines()]
+    assert lines == [{"status": "pulling manifest"}, {"status": "success"}]
+    whole = call(app, "POST", "/api/pull", body | {"stream": False}, operator)
+    assert whole.json() == {"status": "success"}
+    assert error_of(call(app, "POST", "/api/pull", {}, operator))  # no model: a 400
+    assert door.stage.pulled == [("hf.co/org/repo:Q4_K_M", None)] * 2
 
 
 # --- what reaches admission ------------------------------------------------------------------
