@@ -1002,10 +1002,12 @@
     el.innerHTML = "";
     const dot = document.createElement("span");
     dot.className = "dot";
-    const where = document.createElement("span");  // model and backend: hidden on a phone
+    const [model, backend, ...rest] = parts;  // the model picked: shown on a phone too
+    const where = document.createElement("span");  // the backend: hidden on a phone
     where.className = "where";
-    where.textContent = parts.slice(0, 2).join(" · ") + (parts.length > 2 ? " · " : "");
-    el.append(dot, where, parts.slice(2).join(" · "));
+    where.textContent = backend ? backend + (rest.length ? " · " : "") : "";
+    el.append(dot, model ? model + (backend || rest.length ? " · " : "") : "", where,
+              rest.join(" · "));
     el.title = parts.join(" · ");
     if (why) {
       const w = document.createElement("span");
