@@ -91,12 +91,16 @@ def header_text(
     ]
     if m.devices:
         del facts[1]  # the devices' line says where
-    if len(models) > 1:  # several models: each with its state, after the engine's facts
-        facts.append(("models: " + ", ".join(model_word(x) for x in models), ""))
+    if len(models) > 1:  # several models: which one the panels show, then each one's state
+        facts[0] = (f"panels: {m.model}", "bold")
+        facts.insert(1, ("models: " + ", ".join(model_word(x) for x in models), ""))
     text.append(" ")
     for i, (fact, style) in enumerate(facts):
         sep = SEPARATOR if i else ""
-        if i and text.cell_len + len(sep) + len(fact) > width:
+        room = width - text.cell_len - len(sep)
+        if fact.startswith("models: ") and len(fact) > room >= MODELS_MIN:
+            fact = clip(fact, room)  # the models' states matter more than the settings after
+        if i and len(fact) > room:
             continue
         text.append(sep, style="grey50")
         text.append(fact, style=style)
@@ -131,6 +135,7 @@ def has_device_line(snap: Snapshot) -> bool:
 
 
 DEVICE_INDENT = "  "  # under the state's "●"
+MODELS_MIN = 24  # the models' fact is cut to fit, down to this many columns
 
 
 def devices_text(devices: Sequence[Device], workers: Sequence[Worker], width: int) -> Text:

@@ -809,9 +809,18 @@ def test_the_header_lists_several_models_with_their_states(fake_snapshots):
         ModelStatus("coder", "loaded"),
         ModelStatus("big", "failed", reason="too big"),
     ]
-    text = str(header(fake_snapshots[-1], True, "live", "", 300, models))
+    snap = fake_snapshots[-1]
+    text = str(header(snap, True, "live", "", 300, models))
     assert "models: gemma busy, small loading (2 waiting), coder idle, big failed" in text
-    assert "models:" not in str(header(fake_snapshots[-1], True, "live", "", 300, models[:1]))
+    assert "models:" not in str(header(snap, True, "live", "", 300, models[:1]))
+    # the engine the panels show is named, and the models' states outrank the settings: kept
+    # at 120 and 80 columns (cut to fit there), the settings left out first
+    assert f"panels: {snap.model.model}" in text
+    for width in (120, 80):
+        line = str(header(snap, True, "live", "", width, models)).splitlines()[0]
+        assert len(line) <= width and f"panels: {snap.model.model} · models: gemma busy" in line
+    assert "big failed" in str(header(snap, True, "live", "", 120, models))
+    assert "panels:" not in str(header(snap, True, "live", "", 120, models[:1]))  # one model
 
 
 def test_the_step_line_says_what_the_drafts_gave():
