@@ -64,8 +64,8 @@ def test_version_tags_show_and_ps(stand_in):
 
 
 def test_unknown_paths_and_wrong_methods_are_clear_errors(stand_in):
-    # the embedding endpoints answer: tests/e2e/test_embeddings.py
-    status, _, payload = request(stand_in, "POST", "/api/pull", {"model": MODEL})
+    # the embedding endpoints answer: tests/e2e/test_embeddings.py; pull: test_ollama_pull.py
+    status, _, payload = request(stand_in, "POST", "/api/create", {"model": MODEL})
     assert status == 404 and error_of(payload)
     status, _, payload = request(stand_in, "GET", "/api/chat")
     assert status == 405 and error_of(payload)

@@ -72,7 +72,7 @@ def test_unreachable_server_is_a_clear_message():
     out = io.StringIO()
     client = ChatClient("ws://127.0.0.1:9", "eve", lines=script(), out=out)
     assert asyncio.run(client.run()) == 1
-    assert "cannot connect" in out.getvalue()
+    assert "nothing listens at ws://127.0.0.1:9: start a server" in out.getvalue()
 
 
 def test_a_chat_longer_than_the_context_gets_a_notice_line():
