@@ -69,7 +69,14 @@ def client(served, token: str | None) -> ollama.Client:
     return ollama.Client(host=served.thread.http, timeout=300, headers=headers)
 
 
-def test_the_operator_pulls_a_model_that_is_then_listed_and_answers(hub, server):
+def test_only_the_operator_pulls_a_model_that_is_then_listed_and_answers(hub, server):
+    with pytest.raises(ollama.ResponseError) as refused:  # a user's token: the wrong kind
+        client(server, ANN).pull(SPEC)
+    assert refused.value.status_code == 403 and "monitor token" in refused.value.error
+    with pytest.raises(ollama.ResponseError) as nobody:
+        client(server, None).pull(SPEC)
+    assert nobody.value.status_code == 401
+    assert server.server.pool.names == ["gemma-3-270m"]
     operator = client(server, MONITOR)
     progress = list(operator.pull(SPEC, stream=True))
     statuses = [p.status for p in progress]
@@ -87,13 +94,3 @@ def test_the_operator_pulls_a_model_that_is_then_listed_and_answers(hub, server)
     with pytest.raises(ollama.ResponseError) as again:  # never clobbered: it says so
         operator.pull(SPEC, stream=False)
     assert f"already has [models.{PULLED}]" in again.value.error
-
-
-def test_a_users_token_is_refused_with_a_403_and_no_token_with_a_401(hub, server):
-    with pytest.raises(ollama.ResponseError) as refused:
-        client(server, ANN).pull(SPEC)
-    assert refused.value.status_code == 403 and "monitor token" in refused.value.error
-    with pytest.raises(ollama.ResponseError) as nobody:
-        client(server, None).pull(SPEC)
-    assert nobody.value.status_code == 401
-    assert server.server.pool.names == ["gemma-3-270m"]

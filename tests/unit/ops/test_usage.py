@@ -134,6 +134,14 @@ def logged(caplog, level: int, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == level and text in r.getMessage()]
 
 
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The writer tries a broken record again every 0.2 s (1 s when serving): these tests
+    wait for a few tries."""
+    monkeypatch.setattr(usage, "RETRY_S", 0.2)
+
+
+@pytest.mark.usefixtures("quick_retries")
 def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_disk, caplog):
     """No `then` runs until its row is committed; the problem is said once; the counts hold
     in memory and, once written, across a restart."""
@@ -166,6 +174,7 @@ def test_a_full_disk_keeps_the_rows_and_writes_them_once_there_is_room(small_dis
     again.close()
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_database_files_deleted_while_serving_are_noticed_and_made_anew(
     tmp_path, caplog, monkeypatch
 ):
