@@ -95,6 +95,18 @@ def header_text(
         facts[0] = (f"panels: {m.model}", "bold")
         facts.insert(1, ("models: " + ", ".join(model_word(x) for x in models), ""))
     text.append(" ")
+    _append_facts(text, facts, width)
+    if hint:
+        return _with_hint(text, hint)
+    if has_device_line(snap):
+        text.append("\n")
+        text.append_text(devices_text(m.devices, snap.workers, width))
+    return text
+
+
+def _append_facts(text: Text, facts: list[tuple[str, str]], width: int) -> None:
+    """As many facts as fit in `width`, in order, each behind its separator (a fact that does
+    not fit is left out; the models' states are cut to fit instead, while they can be)."""
     for i, (fact, style) in enumerate(facts):
         sep = SEPARATOR if i else ""
         room = width - text.cell_len - len(sep)
@@ -104,12 +116,6 @@ def header_text(
             continue
         text.append(sep, style="grey50")
         text.append(fact, style=style)
-    if hint:
-        return _with_hint(text, hint)
-    if has_device_line(snap):
-        text.append("\n")
-        text.append_text(devices_text(m.devices, snap.workers, width))
-    return text
 
 
 def _with_hint(text: Text, hint: str) -> Text:
