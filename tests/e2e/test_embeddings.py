@@ -277,10 +277,13 @@ def test_a_hostile_embedder_slows_nobodys_stream_beyond_noise(live):
     # a loop blocked by a request holds his tokens back, then delivers them at once: the median
     # hardly moves, but the gap as long as the block stands out (a 100 ms block 2 times a
     # second measured: 14 gaps of 103-157 ms in 6 s; none over 56 ms without it). The calm
-    # windows have their own stalls on a busy machine: the hostile ones may have two more
+    # windows have their own stalls on a busy machine, a count that varies as counts do (by
+    # about its square root: beside a busy loop 19 of 129 calm gaps stalled): the hostile ones
+    # may have two more, and twice that variation
     stall = max(4 * median(calm), 0.060)
     stalls = sum(gap > stall for gap in during), sum(gap > stall for gap in calm)
-    assert stalls[0] <= stalls[1] * len(during) / len(calm) + 2, (stall, stalls)
+    expected = stalls[1] * len(during) / len(calm)
+    assert stalls[0] <= expected + 2 + 2 * math.sqrt(expected), (stall, stalls, expected)
     assert len(answered) >= 8
     for status, message, _ in answered:
         assert (status, message) in EXPECTED, (status, message)
