@@ -43,8 +43,10 @@ async def pull(pool: ModelPool, spec: str, name: str | None = None) -> AsyncIter
             "a models.toml (--config or $LOCALSERVE_MODELS) to pull models into"
         }
         return
-    argv = [sys.executable, "-m", "localserve", "pull", spec, "--progress-json"]
-    argv += ["--config", str(pool.models_file)] + (["--name", name] if name else [])
+    # the client's text only after "--": a spec or name that looks like an option is not one
+    argv = [sys.executable, "-m", "localserve", "pull", "--progress-json"]
+    argv += ["--config", str(pool.models_file)] + ([f"--name={name}"] if name else [])
+    argv += ["--", spec]
     async with pool.pull_lock:
         process = await asyncio.create_subprocess_exec(
             *argv,

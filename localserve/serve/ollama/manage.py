@@ -31,6 +31,7 @@ from localserve.serve.transport import bearer_token, client_address
 
 _encoder = msgspec.json.Encoder()
 MAX_SPEC_CHARS = 512
+MAX_NAME_CHARS = 64
 
 
 async def pull(door: Frontdoor, request: HttpRequest) -> Response:
@@ -39,6 +40,8 @@ async def pull(door: Frontdoor, request: HttpRequest) -> Response:
     spec = body.model or body.name
     if not spec or len(spec) > MAX_SPEC_CHARS:
         raise OllamaError(400, f"model: the model to pull is required (at most {MAX_SPEC_CHARS})")
+    if body.as_name is not None and not 0 < len(body.as_name) <= MAX_NAME_CHARS:
+        raise OllamaError(400, f"localserve_name: 1 to {MAX_NAME_CHARS} characters")
     progress = door.pull(spec, body.as_name)
     if body.stream is not False:
 

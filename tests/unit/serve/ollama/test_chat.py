@@ -143,6 +143,8 @@ def test_a_pull_is_the_operators_and_streams_its_progress():
     whole = call(app, "POST", "/api/pull", body | {"stream": False}, operator)
     assert whole.json() == {"status": "success"}
     assert error_of(call(app, "POST", "/api/pull", {}, operator))  # no model: a 400
+    long_name = body | {"localserve_name": "n" * 65}
+    assert call(app, "POST", "/api/pull", long_name, operator).status == 400
     assert door.stage.pulled == [("hf.co/org/repo:Q4_K_M", None)] * 2
 
 
