@@ -4,7 +4,9 @@ The app consumes a stats source (the server's `stats` frames, reconnecting) in a
 a couple of minutes of snapshots for sparklines and the diagnosis, and renders the newest one with
 today's per-user totals that came with it (a `today` panel, shown once anyone has used the server
 today). Keys: q quits, p pauses (the stream keeps coming, the screen holds still), t switches
-between today's totals and the event log where there is room for only one, ? shows help.
+between today's totals and the event log where there is room for only one, m (with several
+models) shows the next model's engine, ? shows help. Which model's engine the panels show is
+always on the header's first line ("panels: NAME"); a switch starts its figures afresh.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ HISTORY_LENGTH = 240  # snapshots kept: two minutes at the default 0.5 s interva
 
 HELP = """\
 [b]localserve monitor[/b]   [b]q[/b] quit  [b]p[/b] pause / resume  [b]t[/b] today / events
-[b]?[/b] this help (any key closes it)
+[b]m[/b] next model (several models)  [b]?[/b] this help (any key closes it)
 [b]KV cells[/b]: each sequence in its user's colour: █ its tokens, ▒
 promised to its prompt still being prefilled; then ▓ system prompts
 that running sequences share (held once), ░ cached prefixes (finished
@@ -75,6 +77,7 @@ class MonitorApp(App):
         Binding("q", "quit", "Quit"),
         Binding("p", "pause", "Pause"),
         Binding("t", "toggle_today", "Today/events"),
+        Binding("m", "next_model", "Next model"),
         Binding("question_mark", "help", "Help"),
     ]
 
@@ -88,6 +91,7 @@ class MonitorApp(App):
         self.usage_today: list[UserUsage] = []  # as the newest stats frame had it
         self.usage_problem = ""  # why the usage record cannot be written, as it had it
         self.models: list[ModelStatus] = []  # every model and its state (several models)
+        self.watching: str | None = getattr(source, "model", None)  # asked for (None: default)
         self.show_events = False  # where only one fits: the event log instead of today's totals
         self._placed: tuple[bool, bool] | None = None  # today shown, events shown with it
         self.connected = False
@@ -145,8 +149,12 @@ class MonitorApp(App):
         elif isinstance(item, Stats | Snapshot):
             if isinstance(item, Stats):  # a bare snapshot leaves the totals as they were
                 self.usage_today, self.usage_problem = item.usage_today, item.usage_problem
+                if (len(item.models) > 1) != (len(self.models) > 1):
+                    self.refresh_bindings()  # m shows in the footer only with several models
                 self.models = item.models
                 item = item.snapshot
+            if self.snapshot is not None and item.model.model != self.snapshot.model.model:
+                self._switched(item.model.model)
             self.connected = True
             self.history.append(item)
             self.snapshot = item
@@ -175,11 +183,18 @@ class MonitorApp(App):
         self._place_today()
         self._log_events(snap)
 
+    def _switched(self, model: str) -> None:
+        """The snapshots are another engine's now: its figures start afresh (each engine has its
+        own clock, sparklines and events)."""
+        self.history.clear()
+        self._last_event_t = -1.0
+        self.query_one("#events", RichLog).write(Text(f"— the panels show {model} now —"))
+
     def _render_header(self) -> None:
         status = "paused" if self.paused else self.status
         connected = self.connected and not self.paused
         self.query_one(HeaderBar).show(
-            self.snapshot, connected, status, self.usage_problem, self.models
+            self.snapshot, connected, status, self.usage_problem, self.models, self.watching
         )
 
     def _log_events(self, snap: Snapshot) -> None:
@@ -216,6 +231,8 @@ class MonitorApp(App):
             self.refresh_bindings()  # t shows in the footer only where it switches
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_model":
+            return len(self.models) > 1  # False: not in the footer
         if action == "toggle_today":  # only where today's totals and the log take turns
             panels = self.query(TodayPanel)
             return bool(panels and panels.first().shown and not self.tall)  # False: hidden
@@ -235,6 +252,19 @@ class MonitorApp(App):
         self.paused = not self.paused
         if not self.paused:
             self.refresh_snapshot()
+        self._render_header()
+
+    def action_next_model(self) -> None:
+        """The next model's engine in the panels (after the last, the first): the source
+        subscribes to it, and its frames follow."""
+        names = [m.name for m in self.models]
+        if len(names) < 2:
+            return
+        shown = self.watching or (self.snapshot.model.model if self.snapshot else names[0])
+        at = names.index(shown) + 1 if shown in names else 0
+        self.watching = names[at % len(names)]
+        if (watch := getattr(self.source, "watch", None)) is not None:  # a source that can
+            self.run_worker(watch(self.watching), group="watch")
         self._render_header()
 
     def action_help(self) -> None:

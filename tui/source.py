@@ -6,6 +6,9 @@ away; it passes each frame on whole, so the monitor gets today's per-user totals
 (`Stats.usage_today`) with the snapshot. A source without them (an in-process engine, a test) may
 yield bare snapshots.
 
+It watches one model's engine (`model`, None: the default's); `watch` switches a live stream to
+another model, and the next connection subscribes to it too.
+
 When the server refuses a token (`unauthorized`: the monitor token in `subscribe`, or the
 user's in `hello`) trying again at once cannot help and only feeds the server's throttle: the
 source says which token (`Refused`): for the monitor token, whether none was sent or a wrong
@@ -19,6 +22,7 @@ tests/e2e/test_auth_throttle.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -95,8 +99,11 @@ class WebSocketSource:
         interval_ms: int = 500,
         max_retry_s: float = 5.0,
         monitor_token_file: str | None = None,
+        model: str | None = None,
     ) -> None:
         self.url = url
+        self.model = model  # whose engine the stats show (None: the default model's)
+        self._client: Client | None = None  # while subscribed
         self.monitor_token = monitor_token
         self.monitor_token_file = monitor_token_file
         self.user, self.token = user, token
@@ -132,13 +139,25 @@ class WebSocketSource:
                 raise _refused(e, USER_TOKEN) from None
             raise
         async with client:
-            await client.send(Subscribe(self.interval_ms, self.monitor_token))
+            await client.send(Subscribe(self.interval_ms, self.monitor_token, self.model))
             is_new = True
-            async for item in self._frames(client):
-                if is_new:  # connected once the subscription is taken, not before
-                    yield Connected(self.url)
-                    is_new = False
-                yield item
+            self._client = client
+            try:
+                async for item in self._frames(client):
+                    if is_new:  # connected once the subscription is taken, not before
+                        yield Connected(self.url)
+                        is_new = False
+                    yield item
+            finally:
+                self._client = None
+
+    async def watch(self, model: str | None) -> None:
+        """Show `model`'s engine from now on (None: the default's): the live stream switches
+        (the server's next frame is that model's), and every later connection asks for it."""
+        self.model = model
+        if self._client is not None:
+            with contextlib.suppress(OSError, ConnectionClosed):  # the reconnect asks anew
+                await self._client.send(Subscribe(self.interval_ms, self.monitor_token, model))
 
     async def _frames(self, client: Client) -> AsyncIterator[SourceItem]:
         while True:
@@ -167,6 +186,10 @@ class QueueSource:
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[SourceItem] = asyncio.Queue()
+        self.model: str | None = None  # what the monitor last asked to watch
+
+    async def watch(self, model: str | None) -> None:
+        self.model = model
 
     def push(self, item: SourceItem) -> None:
         self.queue.put_nowait(item)

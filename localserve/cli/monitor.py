@@ -35,6 +35,10 @@ def add(sub) -> None:
         "on this machine)",
     )
     mo.add_argument("--state-dir", help="where the server keeps it (default [server] state_dir)")
+    mo.add_argument(
+        "--model",
+        help="show this model's engine (default: the default model's; m switches to the next)",
+    )
     mo.add_argument("--name", help="say hello as this user (servers that require tokens)")
     mo.add_argument("--token", help="that user's token")
     mo.set_defaults(run=cmd_monitor)
@@ -55,7 +59,9 @@ def build_monitor(args: argparse.Namespace):
     url = server_url(args)
     path = monitor_token_file(args)
     token = args.monitor_token or (read_token(path) if is_this_machine(url) else None)
-    source = WebSocketSource(url, token, args.name, args.token, monitor_token_file=str(path))
+    source = WebSocketSource(
+        url, token, args.name, args.token, monitor_token_file=str(path), model=args.model
+    )
     return MonitorApp(source, url)
 
 

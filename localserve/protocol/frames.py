@@ -89,6 +89,9 @@ class Subscribe(msgspec.Struct, tag="subscribe", forbid_unknown_fields=True):
 
     interval_ms: Annotated[int, msgspec.Meta(le=MAX_STATS_INTERVAL_MS)] = 500
     token: str | None = None  # the monitor token, when the server requires one
+    # whose engine the snapshots show (the welcome's `models`); None = the default model's
+    # (while it is unloaded, a loaded one's). A new subscribe switches an existing stream.
+    model: str | None = None
 
 
 class ListModels(msgspec.Struct, tag="list_models", forbid_unknown_fields=True):
@@ -260,7 +263,10 @@ class ModelList(msgspec.Struct, tag="models"):
 
 
 class Stats(msgspec.Struct, tag="stats"):
-    snapshot: Snapshot  # the default model's engine (else the loaded one used last)
+    # the engine of the model the subscription named (snapshot.model.model says which); of the
+    # default model without one (else the loaded one used last). A named model that has never
+    # been loaded has no figures: its frames show the default's until it loads
+    snapshot: Snapshot
     usage_today: list[UserUsage] = msgspec.field(default_factory=list)  # most tokens first
     usage_problem: str = ""  # why the usage record cannot be written now ("" while it can)
     models: list[ModelStatus] = msgspec.field(default_factory=list)  # every model, default first

@@ -91,7 +91,8 @@ class ModelSlot:
     since: float = field(default_factory=time.time)  # the state's (or idleness') start
     loaded: LoadedModel | None = None
     prompts: PromptBuilder | None = None
-    snapshots: Snapshots | None = None
+    # its engine's snapshots, kept across loads (the last figures stay while it is unloaded)
+    snapshots: Snapshots = field(init=False)
     need_bytes: int = 0  # its memory need (footprint.py), 0 = unknown
     active: int = 0  # requests in flight or waiting for it
     last_used: float = 0.0  # time.monotonic() of its last request's end
@@ -107,6 +108,9 @@ class ModelSlot:
     yielding_to: str = ""
     _turn: asyncio.Event | None = None  # set when the load it yields to has ended
     _timer: asyncio.TimerHandle | None = None  # its keep_alive unload
+
+    def __post_init__(self) -> None:
+        self.snapshots = Snapshots(lambda: self.engine)  # while unloaded: NoModelLoaded
 
     @property
     def engine(self) -> EngineClient | None:
@@ -241,7 +245,6 @@ class ModelPool:
             model.system_prompt,
             describe_tools=slot._formats.tool == "generic",
         )
-        slot.snapshots = Snapshots(loaded.engine)
         loaded.engine.on_events = self._on_events
         slot.loaded, slot.state, slot.reason, slot.since = loaded, "loaded", "", time.time()
         slot.last_used = time.monotonic()
@@ -489,7 +492,7 @@ class ModelPool:
         if slot._timer is not None:
             slot._timer.cancel()
             slot._timer = None
-        slot.loaded = slot.prompts = slot.snapshots = None
+        slot.loaded = slot.prompts = None
         slot.state, slot.reason, slot.since, slot.expires = "unloaded", "", time.time(), None
         if prompts is not None:
             prompts.shutdown()

@@ -112,9 +112,7 @@ class Server:
         # the front-ends' door: the default model's (any other model's through its `model`)
         self.door = ModelDoor(self.admission, self.pool.slot(None))
         self.snapshots = Snapshots(self._primary_engine)
-        self.connections = Connections(
-            self.door, self.snapshots, self._default_info, lambda: self.usage, conversations
-        )
+        self.connections = self._connections(conversations)
         health = Health(
             self.admission, self.snapshots, self._default_info, lambda: self.usage, self._others
         )
@@ -147,11 +145,23 @@ class Server:
         slot = self.pool.primary()
         return slot.engine if slot is not None else None
 
+    def _connections(self, conversations: ConversationStore | None) -> Connections:
+        """The websocket connections' registry: each monitor's stats of the model it watches
+        (the default's, or its slot's snapshots)."""
+        return Connections(
+            self.door,
+            self.snapshots,
+            self._default_info,
+            lambda: self.usage,
+            conversations,
+            lambda name: self.pool.slot(name).snapshots,
+        )
+
     def _others(self) -> list[Snapshots]:
         """The snapshots of the loaded models but the primary (whose are `self.snapshots`)."""
         primary = self.pool.primary()
         return [s.snapshots for s in self.pool.slots.values()
-                if s.is_loaded and s is not primary and s.snapshots is not None]  # fmt: skip
+                if s.is_loaded and s is not primary]  # fmt: skip
 
     def _default_info(self):
         """The ModelInfo of the default model, else of the primary one; None: none loaded."""

@@ -403,3 +403,57 @@ def test_serve_says_each_load_swap_unload_and_failed_load_on_its_console(tmp_pat
 
 
 PORT = re.compile(r"on ws://(127\.0\.0\.1:\d+)")
+
+
+def test_the_monitor_shows_the_second_models_engine_and_its_reply_live(serve):
+    """A subscribe names the model whose engine the stats show (one the server lacks: a
+    bad_request naming its models, the stream going on); one never loaded shows the default's
+    figures until it loads. The monitor's m switches its panels to the next model: a reply from
+    the second model shows in its running table, live, "panels: small" on the header at 120
+    columns."""
+    import asyncio
+
+    from tests.support.monitor import header_text
+    from tests.support.waiting import async_wait_until
+    from tui.monitor import MonitorApp
+    from tui.source import WebSocketSource
+    from tui.widgets.requests import RunningTable
+
+    served = serve()
+    ws = WS(served.thread.url)
+    ws.send({"type": "subscribe", "interval_ms": 100, "model": "small"})  # not loaded yet
+    assert ws.until(lambda f: f["type"] == "stats")[-1]["snapshot"]["model"]["model"] == "gemma"
+    ws.send({"type": "subscribe", "interval_ms": 100, "model": "nope"})
+    error = ws.until(lambda f: f["type"] == "error")[-1]
+    assert error["code"] == "bad_request" and "'gemma', 'small'" in error["message"], error
+    assert ws.until(lambda f: f["type"] == "stats")[-1]["snapshot"]["model"]["model"] == "gemma"
+    ws.close()
+
+    async def run():
+        app = MonitorApp(WebSocketSource(served.thread.url, interval_ms=100), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            pause = lambda: pilot.pause(0.05)  # noqa: E731
+            await async_wait_until(lambda: len(app.models) == 4, 30, "the models", pause)
+            assert "panels: gemma" in header_text(app)
+            await pilot.press("m")  # the next model: small, not loaded yet
+            await async_wait_until(
+                lambda: "panels: gemma (small not loaded)" in header_text(app), 30, "", pause
+            )
+            ws = WS(served.thread.url)
+            ws.hello("ann")
+            ws.chat("story", "Tell me a story.", model="small", max_tokens=400, ignore_eos=True)
+            table = app.query_one(RunningTable)
+            await async_wait_until(lambda: table.row_count, 60, "small's reply", pause)
+            line = header_text(app).splitlines()[0]
+            assert "panels: small · models: gemma idle, small busy" in line, line
+            assert "ann" in str(table.get_row_at(0)[0])
+            await pilot.press("m")  # and on: missing, never loaded: the default's figures
+            await async_wait_until(
+                lambda: "panels: gemma (missing not loaded)" in header_text(app), 30, "", pause
+            )
+            assert table.row_count == 0  # gemma runs nothing
+            ws.send({"type": "cancel", "id": "story"})
+            ws.until_done("story")
+            ws.close()
+
+    asyncio.run(run())

@@ -22,8 +22,8 @@ class HeaderBar(Static):
     problem and the usage record's. A model split across devices (RPC workers) gets a second
     line listing them."""
 
-    _state: tuple[Snapshot | None, bool, str, str, Sequence[ModelStatus]] = (
-        None, False, "", "", ()
+    _state: tuple[Snapshot | None, bool, str, str, Sequence[ModelStatus], str | None] = (
+        None, False, "", "", (), None
     )  # fmt: skip
 
     def show(
@@ -33,8 +33,9 @@ class HeaderBar(Static):
         status: str,
         usage_problem: str = "",
         models: Sequence[ModelStatus] = (),
+        watching: str | None = None,
     ) -> None:
-        self._state = (snap, connected, status, usage_problem, models)
+        self._state = (snap, connected, status, usage_problem, models, watching)
         hinted = not connected and "\n" in status  # a refused token's hint: all of it shown
         self.set_class(hinted, "hinted")
         self.set_class(not hinted and snap is not None and has_device_line(snap), "two-lines")
@@ -42,8 +43,8 @@ class HeaderBar(Static):
 
     def render(self) -> Text:
         """Drawn at the widget's current width (also after a resize)."""
-        *state, models = self._state
-        return header_text(*state, width=self.size.width, models=models)
+        *state, models, watching = self._state
+        return header_text(*state, width=self.size.width, models=models, watching=watching)
 
 
 PROBLEM_MIN = 30  # columns the engine's problem may take at least, the model's name or not
@@ -56,11 +57,14 @@ def header_text(
     usage_problem: str,
     width: int,
     models: Sequence[ModelStatus] = (),
+    watching: str | None = None,
 ) -> Text:
     """The connection state (or, while connected, the engine's and the usage record's
     problems), then as many facts about the server as fit in `width` columns (a fact that does
     not fit is left out, never wrapped), each behind its own separator; then, for a split
-    model, a line of its devices; a status's second line (a refused token's hint) instead."""
+    model, a line of its devices; a status's second line (a refused token's hint) instead. With
+    several models, which one the panels show comes first (and the one asked for, `watching`,
+    while it has no figures of its own: never loaded yet)."""
     text = Text(no_wrap=True, overflow="crop")
     status, _, hint = status.partition("\n")
     hint = "" if connected else hint
@@ -92,7 +96,10 @@ def header_text(
     if m.devices:
         del facts[1]  # the devices' line says where
     if len(models) > 1:  # several models: which one the panels show, then each one's state
-        facts[0] = (f"panels: {m.model}", "bold")
+        shown = f"panels: {m.model}"
+        if watching and watching != m.model:
+            shown += f" ({watching} not loaded)"
+        facts[0] = (shown, "bold")
         facts.insert(1, ("models: " + ", ".join(model_word(x) for x in models), ""))
     text.append(" ")
     _append_facts(text, facts, width)

@@ -2,15 +2,13 @@
 
 Frames are decoded by one reused msgspec decoder into the closed union of client frames; every
 problem with a frame is an `error` frame and the connection goes on. Chats go to admission
-through its `Frontdoor`; the server routes engine events to the connection that owns the
-request (`on_token`, `on_queued`, `on_done`). A chat's fields are checked as its frame is read;
-its admission (its model loaded, its prompt built) runs as a task of its own, its id reserved
-meanwhile, so the connection goes on reading: a `cancel` for it, or any other frame, is handled
-while it waits (a cancel stops it at once). The conversation frames are
-websocket/conversations.py's; token text waiting for a slow reader is coalesced
-in the outbox, which is bounded in frames and bytes. What connections share (their cap, the
-stats frame) is `Connections`. The connection runs on uvicorn's websocket protocol (see
-transport.py) through plain ASGI.
+through its `Frontdoor`; the server routes engine events to the connection that owns the request
+(`on_token`, `on_queued`, `on_done`). A chat's fields are checked as its frame is read; its
+admission (its model loaded, its prompt built) runs as a task of its own, its id reserved
+meanwhile, so the connection reads on: a `cancel` for it (which stops it at once), or any other
+frame, is handled while it waits. Conversation frames: websocket/conversations.py. Token text
+waiting for a slow reader is coalesced in the outbox, bounded in frames and bytes. Shared: their
+cap, each watched model's stats frames (`Connections`). Runs on uvicorn's websocket (transport.py).
 
 Tested in tests/e2e/test_websocket_connection.py; on a fake Frontdoor in
 tests/unit/serve/websocket/.
@@ -369,12 +367,11 @@ class Connection:
         self.send(self.connections.welcome(hello.user))
 
     async def _subscribe(self, sub: Subscribe) -> None:
-        allowed = self.door.access.allows_monitor(sub.token)
         refused = await self.door.authenticate(
             self.address,
             "monitor",
             sub.token,
-            allowed,
+            self.door.access.allows_monitor(sub.token),
             monitor_refusal("stats need the server's monitor token", sub.token),
         )
         if self.is_closed:
@@ -383,18 +380,22 @@ class Connection:
             return self.error("unauthorized", refused.message, None, refused.retry_after_s)
         if sub.interval_ms > 0 and self.is_silent and self.connections.is_full:
             return self.error("busy", FULL)
-        if self._stats_task:
+        try:  # the model's own name (an alias resolved); else, naming the server's, the
+            model = None if sub.model is None else self.door.model(sub.model).model_name
+        except ValueError as e:  # error, and an existing subscription goes on
+            return self.error("bad_request", str(e))
+        if self._stats_task:  # this subscribe replaces it
             self._stats_task.cancel()
-            self._stats_task = None
+        self._stats_task = None
         if sub.interval_ms > 0:
             interval = max(sub.interval_ms, MIN_STATS_INTERVAL_MS) / 1e3
-            self._stats_task = asyncio.create_task(self._stream_stats(interval))
+            self._stats_task = asyncio.create_task(self._stream_stats(interval, model))
             self._spoke()
 
-    async def _stream_stats(self, interval_s: float) -> None:
+    async def _stream_stats(self, interval_s: float, model: str | None) -> None:
         while not self.is_closed:
             try:
-                self.outbox.put_stats(await self.connections.stats_frame())
+                self.outbox.put_stats(await self.connections.stats_frame(model))
             except Exception:  # the engine failed a snapshot: try again at the next tick
                 log.exception("connection %d: no stats this time", self.num)
             self._check_backlog()

@@ -6,7 +6,8 @@ is refused, nobody else's), cancels a closed connection's requests, and tells th
 shutdown. What every
 connection would otherwise build for itself is built here once: the welcome frame's terms and
 the stats frame, encoded once for every monitor from the latest shared snapshot (the last one
-when the engine has not answered within STATS_WAIT_S: the stream never stalls), and the
+when the engine has not answered within STATS_WAIT_S: the stream never stalls) of the model
+each monitor watches (the default's, or the one its subscribe named), and the
 conversation store (a server with users keeps people's conversations: ops/conversations.py).
 
 Tested in tests/e2e/test_websocket_connection.py; on a fake Frontdoor in
@@ -58,16 +59,19 @@ class Connections:
         runner: Callable[[], ModelInfo | None],  # the default model's, None: not loaded
         usage: Callable[[], Usage | None],
         conversations: ConversationStore | None = None,
+        snapshots_of: Callable[[str], Snapshots] | None = None,  # a named model's (its slot's)
     ) -> None:
         self._door = door
         self._conversations = conversations
         self._snapshots = snapshots
+        self._snapshots_of = snapshots_of or (lambda name: snapshots)
         self._info = runner
         self._usage = usage
         self._members: set[Member] = set()
         self.limits: ConnectionLimits | None = None  # the server's sockets, once it listens
-        # the latest stats frame, encoded, and what it was built from (snapshot, usage version)
-        self._stats_frame: tuple[Snapshot | None, tuple, bytes] = (None, (0, "", []), b"")
+        # per model watched (None: the default's), the latest stats frame, encoded, and what it
+        # was built from (snapshot, usage version)
+        self._stats_frames: dict[str | None, tuple[Snapshot, tuple, bytes]] = {}
 
     @property
     def usage(self) -> Usage | None:
@@ -154,22 +158,33 @@ class Connections:
         choices = [msgspec.convert(m, ModelChoice) for m in await self._door.model_choices()]
         return ModelList(choices, self._door.model_name)
 
-    async def stats_frame(self) -> bytes:
-        """The encoded stats frame of the latest snapshot (encoded once for every monitor)."""
-        try:
-            snap = await self._snapshots.fetch_within(STATS_WAIT_S)  # else the last one
-        except NoModelLoaded:  # every model unloaded: the last figures, and the models' states
-            if (snap := self._snapshots.last) is None:
-                raise
+    async def stats_frame(self, model: str | None = None) -> bytes:
+        """The encoded stats frame of `model`'s latest snapshot (None: the default model's),
+        encoded once for every monitor watching it. `model`: a name the door knows."""
+        snap = await self._snapshot(model)
         usage = self.usage
         models = [_status(m) for m in self._door.describe_models()]
         version = (usage.version, usage.problem) if usage is not None else (0, "")
-        built_from, built_version, frame = self._stats_frame
-        if built_from is not snap or built_version != (*version, models):
-            today = usage.quotas.today() if usage is not None else []
-            frame = _encoder.encode(Stats(snap, today, usage_problem=version[1], models=models))
-            self._stats_frame = (snap, (*version, models), frame)
+        built = self._stats_frames.get(model)
+        if built is not None and built[0] is snap and built[1] == (*version, models):
+            return built[2]
+        today = usage.quotas.today() if usage is not None else []
+        frame = _encoder.encode(Stats(snap, today, usage_problem=version[1], models=models))
+        self._stats_frames[model] = (snap, (*version, models), frame)
         return frame
+
+    async def _snapshot(self, model: str | None) -> Snapshot:
+        """`model`'s latest snapshot, else its last one; a model never loaded has none: the
+        default's then (its frames name the engine they show)."""
+        snapshots = self._snapshots if model is None else self._snapshots_of(model)
+        try:
+            return await snapshots.fetch_within(STATS_WAIT_S)  # else the last one
+        except NoModelLoaded:  # unloaded: its last figures, and the models' states
+            if snapshots.last is not None:
+                return snapshots.last
+            if model is None:
+                raise
+        return await self._snapshot(None)
 
     # --- shutdown -------------------------------------------------------------------------------
 

@@ -869,3 +869,58 @@ def test_embedding_requests_are_rows_of_their_own_kind(fake_snapshots):
             assert "embed 55 tok/s, 4.5 inputs/s" in str(app.query_one("#batch").render())
 
     asyncio.run(run())
+
+
+def several_models(snapshots, shown: str) -> list[Stats]:
+    """Stats frames of a server with two models, their snapshots `shown`'s engine's."""
+    from localserve.protocol.frames import ModelStatus
+
+    models = [ModelStatus("gemma", "loaded"), ModelStatus("small", "loaded", busy=True)]
+    return [
+        Stats(msgspec.structs.replace(s, model=msgspec.structs.replace(s.model, model=shown)),
+              models=models)
+        for s in snapshots
+    ]  # fmt: skip
+
+
+def test_m_switches_the_panels_to_the_next_models_engine_and_its_figures_start_afresh(
+    fake_snapshots,
+):
+    async def run():
+        app = MonitorApp(QueueSource(), "ws://test")
+        async with app.run_test(size=(120, 40)) as pilot:
+            feed(app, Connected("ws://test"), fake_snapshots[0])  # one model: no switch
+            await settle(pilot)
+            assert "m" not in footer_keys(app)
+            await pilot.press("m")
+            assert app.source.model is None
+            feed(app, *several_models(fake_snapshots[:20], "gemma"))
+            await settle(pilot)
+            assert "m" in footer_keys(app) and len(app.history) == 20  # the fake model's: gone
+            await pilot.press("m")
+            await pilot.pause()
+            assert app.source.model == app.watching == "small"  # the source subscribes to it
+            assert "panels: gemma (small not loaded)" in header_text(app)  # until its frames
+            feed(app, *several_models(fake_snapshots[20:], "small"))
+            await settle(pilot)
+            assert "panels: small · models: gemma idle, small busy" in header_text(app)
+            assert len(app.history) == 10  # gemma's figures are not small's
+            assert "the panels show small now" in "\n".join(
+                str(line.text) for line in app.query_one("#events").lines
+            )
+            await pilot.press("m")  # after the last, the first
+            await pilot.pause()
+            assert app.source.model == "gemma"
+
+    asyncio.run(run())
+
+
+def test_snapshot_of_the_second_model(snap_compare, fake_snapshots):
+    """At 120 columns with two models: the second model's engine, its requests running."""
+    app = MonitorApp(QueueSource(), "ws://127.0.0.1:8765")
+
+    async def run_before(pilot) -> None:
+        feed(app, Connected("ws://127.0.0.1:8765"), *several_models(fake_snapshots, "small"))
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
