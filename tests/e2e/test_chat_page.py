@@ -1119,8 +1119,8 @@ def test_a_waiting_reply_shows_its_place_and_counts_its_predicted_wait_down(brow
     (issue 40); on a phone too."""
     from localserve.bench.blocking_ws import WS
 
-    reply = ["word "] * 300  # 6 s a reply: it still holds the slot on a slow machine
-    server = scripted(reply, ScriptedRunner(n_ctx=4096, n_seq_max=1, step_s=0.02, reply=reply))
+    reply = ["word "] * 300  # 4.5 s a reply: it still holds the slot on a slow machine
+    server = scripted(reply, ScriptedRunner(n_ctx=4096, n_seq_max=1, step_s=0.015, reply=reply))
     judy = Person.open(browser, server, "judy", viewport=PHONE)  # ready before the slot is held
     judy.settings(temperature=0, max_tokens=20)  # her own reply is short
     other = WS(server.url)
