@@ -28,7 +28,7 @@ test: setup
 	$(PY) -m ruff format --check localserve tui tests scripts
 	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md: no circle, no upward import
 	scripts/install_chromium.sh
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup  # the unit tests beside the e2e ones (tests/README.md)
 
 lint: setup
 	$(PY) -m ruff check localserve tui tests scripts

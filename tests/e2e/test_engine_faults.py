@@ -321,21 +321,29 @@ def test_the_engine_stopped_mid_step(served, invariant):
         wait_until(askers.said_problem, 30, "/healthz says so")  # from the step's end on
 
 
-def test_the_engine_stopped_while_idle(served, invariant):
+@pytest.fixture
+def quick_heartbeat(monkeypatch):
+    """An idle engine silent for 2.5 s is stopped (the server's SILENCE_S is 5 s, for a
+    machine under any load; an idle engine answers a heartbeat in milliseconds, beside a busy
+    loop too): what the tests of a silent engine wait for, halved."""
+    monkeypatch.setattr("localserve.engine_process.watchdog.SILENCE_S", 2.5)
+
+
+def test_the_engine_stopped_while_idle(served, invariant, quick_heartbeat):
     """Nothing would notice but a heartbeat: the next chat would hang. (Noticed after the
-    heartbeat's silence, ~6 s; bounded for a machine at load 8.)"""
+    heartbeat's silence, ~3.5 s here; bounded for a machine at load 8.)"""
     os.kill(engine_pid(served), signal.SIGSTOP)
     wait_until(lambda: served.engine.problem, 30, "the watchdog notices")
     assert "stopped answering" in served.engine.problem
 
 
-def test_the_engine_stopped_while_only_monitors_ask(served, invariant):
+def test_the_engine_stopped_while_only_monitors_ask(served, invariant, quick_heartbeat):
     """The snapshots asked make the engine take short steps: it may be stopped in one (the
     step limit notices) or between them (the heartbeat does)."""
     with asking(served) as askers:
         wait_until(lambda: askers.stats >= 3, 30, "the monitors ask")
         os.kill(engine_pid(served), signal.SIGSTOP)
-        # the heartbeat's silence (~6 s) or the step limit (5 s + 3 x the step's expected time)
+        # the heartbeat's silence (~3.5 s) or the step limit (5 s + 3 x the step's expected time)
         wait_until(lambda: served.engine.problem, limit(served) + 30, "the watchdog notices")
         problem = served.engine.problem
         assert "stopped answering" in problem or "a step took longer" in problem, problem
