@@ -50,6 +50,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Two groups for `make test`'s `pytest -n 2 --dist loadgroup`: the unit tests in one
     worker, everything else in the other, each in file order (the real model's tests stay in
