@@ -276,21 +276,24 @@ class EmbeddingQueue:
 
 
 EMBED_FLOOR_SHARE = 0.5  # of the ITL target: the least step time embeddings get beside streams
-UNBOUND_SHARE = 0.2  # of the TTFT target: the most step time they get when nobody streams
+UNBOUND_ITL_FACTOR = 2.0  # of the ITL target: the most step time they get when no chat runs
 
 
 def schedule_embeddings(queue: EmbeddingQueue, batch, cost, config, has_prefills: bool, now):
     """The step's embedding inputs into `batch`; returns the prompt tokens' worth of the
     step's budget they took (the prefill chunks get the rest).
 
-    While streams decode (continuous policy) the inputs get the step time the ITL target leaves
-    beside the decodes (half of it while prompts are being prefilled: they share it), at least
-    EMBED_FLOOR_SHARE of the target, at the cost model's own price of an embedding token (it
-    is several prompt tokens' on a large vocabulary: the LM head runs for every token). With
-    nobody decoding there is no ITL to keep: up to UNBOUND_SHARE of the TTFT target (a chat
-    that arrives meanwhile waits for that step), charged nothing."""
-    if not batch.num_decode_tokens or config.policy != "continuous":
-        budget_s, bound = UNBOUND_SHARE * config.ttft_target_ms / 1e3, False
+    While chats run (continuous policy: streams decoding, or a prompt being prefilled, a new
+    reply's first token waiting on it) the inputs get the step time the ITL target leaves
+    beside the decodes (half of it beside prompts: they share it), at least EMBED_FLOOR_SHARE
+    of the target, at the cost model's own price of an embedding token (it is several prompt
+    tokens' on a large vocabulary: the LM head runs for every token), re-learned from every
+    embedding step. With no chat running, UNBOUND_ITL_FACTOR × the ITL target, charged
+    nothing: a chat that arrives meanwhile waits for that step only, and its own prefill step
+    is a chat's. (It was a fifth of the TTFT target, 1 s, also beside a new reply's prefill:
+    each reply of a stream beside an embedding flood began a second or two late.)"""
+    if not (batch.num_decode_tokens or has_prefills) or config.policy != "continuous":
+        budget_s, bound = UNBOUND_ITL_FACTOR * config.itl_target_ms / 1e3, False
     else:
         target = config.itl_target_ms / 1e3
         spare = target - cost.predict(batch.num_decode_tokens, 0)
