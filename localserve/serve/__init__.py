@@ -15,6 +15,7 @@ per front-end plus the chat page.
 - `request_counts.py`: the requests in flight and waiting, in all and per user.
 - `trusted_proxies.py`: the people behind a trusted front-end's one API key.
 - `pool.py`: the models served: one slot per model, loaded when asked for, evicted when idle.
+- `swaps.py`: each person's swaps of models others use, budgeted: nobody churns them.
 - `pulling.py`: a model pulled while serving (Ollama's /api/pull): `localserve pull`, then served.
 - `prompt.py`: the prompt builder: chats to prompt text, then to tokens.
 - `embedding_inputs.py`: an embedding request's inputs bounded, its vectors cut to size.

@@ -337,7 +337,7 @@ class Admission:
 
     def _open(self, request: Request) -> None:
         self.counts.add(request)
-        self.pool.acquire(self.pool.slot(request.model))
+        self.pool.acquire(self.pool.slot(request.model), request.user)
 
     def release(self, request: Request) -> None:
         """No longer in flight (done, or never queued): uncounted, its quota hold given back."""

@@ -80,7 +80,9 @@ class ModelWaits:
 
         turn = f"waiting for its turn: model {slot.yielding_to} loads first"
         waiting(turn if slot.yielding_to else f"loading model {slot.name}")
-        ready = asyncio.ensure_future(self.pool.ready(slot, waiting, held=True))
+        ready = asyncio.ensure_future(
+            self.pool.ready(slot, waiting, held=True, person=request.user)
+        )
         cancelled = asyncio.ensure_future(request.cancelled.wait())
         limit = self._config().max_model_wait_s
         try:

@@ -15,7 +15,8 @@ reserve) and the loaded ones; `max_loaded_models` caps their count. A model that
 evicts the least recently used idle one (no request in flight or waiting); a busy one is never
 evicted: the newcomer waits ("waiting for memory: X is busy") until one goes idle. A model
 bigger than the whole budget fails its requests. After `keep_alive` seconds idle a model is
-unloaded: its engine process exits and its memory is returned.
+unloaded: its engine process exits and its memory is returned. A person's loads that evict
+models others use are budgeted (swaps.py): past it, their load waits, told why.
 
 Each load, failed load, swap (an eviction for another model) and unload is one INFO (a failure:
 WARNING) line of this module's logger with how long it took, e.g. "model qwen loaded in 6.4 s
@@ -30,6 +31,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ from localserve.engine.runner import Runner
 from localserve.serve.door import ModelDescription
 from localserve.serve.prompt import PromptBuilder, check_template
 from localserve.serve.snapshots import Snapshots
+from localserve.serve.swaps import SwapBudget
 
 log = logging.getLogger("localserve.serve.pool")
 
@@ -63,7 +66,8 @@ class LoadFailure(Exception):
 
 
 class Abandoned(LoadFailure):
-    """A load given up before it started, while it waited for room: nobody waits for it."""
+    """A load given up before it started, while it waited for room: nobody waits for it (not
+    an error: one INFO line, and its future ends without an exception nobody would read)."""
 
 
 @dataclass
@@ -103,6 +107,7 @@ class ModelSlot:
     _ready: asyncio.Future | None = None  # while loading
     _has_room: bool = False  # loading, its room made: counted as loaded by other loads
     _told: list[Callable[[str], None]] = field(default_factory=list)  # waiters, told why
+    _asking: list[str] = field(default_factory=list)  # the people waiting, first come first
     # a load waits for this busy model to drain: new requests for it wait for their turn
     # (until that load ends) instead of keeping it busy for ever
     yielding_to: str = ""
@@ -181,6 +186,8 @@ class ModelPool:
             for name, m in config.models.items()
         }
         self._budget: int | None = None  # bytes, measured at the first load that needs it
+        # each person's swaps that evicted a model others use (serve/swaps.py)
+        self.swaps = SwapBudget(lambda: server_config().max_swaps_per_person, time.monotonic)
         self._memory_changed = asyncio.Event()  # a model went idle or unloaded
         self._closing = False
 
@@ -254,14 +261,15 @@ class ModelPool:
         self._arm(slot)
 
     async def ready(
-        self, slot: ModelSlot, waiting: Callable[[str], None], held: bool = False
+        self, slot: ModelSlot, waiting: Callable[[str], None], held: bool = False, person: str = ""
     ) -> None:
         """Until `slot` is loaded (loading it when no one is); LoadFailure when it cannot.
         `waiting(reason)` is told what the load waits for while it does. `held`: the caller
         holds the slot (`acquire`) for a newcomer request; when the slot yields to another
         model's load, its turn comes after that load, and it waits not holding the slot. A
         request that waited for this slot's own load goes ahead once it is loaded, even if
-        the slot yields by then: it was there first."""
+        the slot yields by then: it was there first. `person`: whose request it is (the swap
+        budget of the first one waiting is what its load's evictions count against)."""
         if held and slot.is_loaded and slot.yielding_to:
             await self._wait_for_turn(slot, waiting, held)
         while not slot.is_loaded:
@@ -277,10 +285,12 @@ class ModelPool:
                     raise LoadFailure(f"model {slot.name} could not be loaded: {slot.reason}", wait)
                 slot._ready = asyncio.ensure_future(self._load(slot))
             slot._told.append(waiting)
+            slot._asking.append(person)
             try:
                 await asyncio.shield(slot._ready)
             finally:
                 slot._told.remove(waiting)
+                slot._asking.remove(person)
                 if not slot._told:  # a load still making room stops: nobody waits for it
                     self._memory_changed.set()
 
@@ -333,7 +343,9 @@ class ModelPool:
             log.info("model %s loaded in %.1f s%s", slot.name, slot.load_ms / 1e3, size)
         except Abandoned:  # not a failure: the next request loads it as if it never started
             slot.state, slot.reason, slot.since = "unloaded", "", time.time()
-            raise
+            took = time.monotonic() - started
+            log.info("model %s: load given up after %.1f s, nobody waits for it", slot.name, took)
+            return  # a waiter that came meanwhile finds it unloaded and loads it (ready's loop)
         except Exception as e:
             message = e.message if isinstance(e, LoadFailure) else str(e) or type(e).__name__
             prefix = f"model {slot.name} could not be loaded: "
@@ -384,7 +396,15 @@ class ModelPool:
                 return
             if not slot._told:  # everyone who wanted it left: no eviction, no swap for nobody
                 raise Abandoned(f"nobody waits for model {slot.name} any more")
+            person = slot._asking[0] if slot._asking else ""
+            # what it would evict first: an idle model, else a busy one it would wait for
+            first = idle[0] if idle else next((s for s in loaded if s.is_loaded), None)
+            if first is not None and (wait := self.swaps.wait_s(person, first.name)) > 0:
+                self._end_turns(slot)  # nobody stops taking requests for a load that waits
+                await self._wait_swap(slot, first, wait)
+                continue
             if idle:
+                self.swaps.evicted(person, idle[0].name)
                 used = sum(s.need_bytes for s in loaded)
                 if used + need > budget:
                     why = f"memory: {need / MIB:,.0f} MiB needed, {used / MIB:,.0f} of "
@@ -403,6 +423,21 @@ class ModelPool:
             await self._memory_changed.wait()
             if self._closing:
                 raise LoadFailure("the server is shutting down")
+
+    async def _wait_swap(self, slot: ModelSlot, other: ModelSlot, wait_s: float) -> None:
+        """`slot`'s load waits (at most `wait_s`, or until memory changes) before it may evict
+        `other`: its person's swaps of models others use are spent for now (swaps.py)."""
+        slot.reason = (
+            f"waiting: model {other.name} is serving others for {math.ceil(wait_s)} s more"
+        )
+        for tell in list(slot._told):
+            tell(slot.reason)
+        self._memory_changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await self._memory_changed.wait()
+        if self._closing:
+            raise LoadFailure("the server is shutting down")
 
     def _holding(self, slot: ModelSlot) -> list[ModelSlot]:
         """The models holding memory `slot` would need: the loaded ones, and the loading ones
@@ -441,8 +476,10 @@ class ModelPool:
 
     # --- requests and idleness ------------------------------------------------------------------
 
-    def acquire(self, slot: ModelSlot) -> None:
-        """A request for `slot` is in flight or waiting: it is not idle."""
+    def acquire(self, slot: ModelSlot, person: str = "") -> None:
+        """A request (of `person`) for `slot` is in flight or waiting: it is not idle."""
+        if person:
+            self.swaps.served(slot.name, person)
         slot.active += 1
         slot.expires = None
         if slot._timer is not None:

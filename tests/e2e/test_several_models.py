@@ -457,3 +457,49 @@ def test_the_monitor_shows_the_second_models_engine_and_its_reply_live(serve):
             ws.close()
 
     asyncio.run(run())
+
+
+def test_one_person_flipping_models_does_not_make_the_others_wait_for_loads(tmp_path, monkeypatch):
+    """max_loaded_models = 1, loads of 1 s (paced fake runners): bob asks "first" again and
+    again, his median TTFT alone the control. Then ann flips between the two models as fast as
+    her replies come while bob goes on: his median TTFT stays within twice his own (each flip
+    used to cost his next request a load: 0.2-0.8 s became 7-21 s on the real models), and
+    ann, past her swaps, is told why she waits."""
+    import statistics
+
+    from tests.support.fakes import two_fake_models
+
+    def ttft(ws: WS, rid: str, model: str) -> float:
+        start = time.monotonic()
+        ws.chat(rid, "Hi", model=model, max_tokens=4)
+        ws.until(lambda f: f["type"] in ("token", "done") and f.get("id") == rid, 60)
+        took = time.monotonic() - start
+        ws.until_done(rid, 60)
+        return took
+
+    with two_fake_models(tmp_path, monkeypatch, load_s=1.0) as served:
+        bob = WS(served.thread.url)
+        bob.hello("bob")
+        alone = [ttft(bob, f"a{i}", "first") for i in range(6)]
+        stop, told = threading.Event(), []
+
+        def flip() -> None:
+            ann = WS(served.thread.url)
+            ann.hello("ann")
+            for i in range(1000):
+                if stop.is_set():
+                    break
+                ann.chat(f"f{i}", "Hi", model=("second", "first")[i % 2], max_tokens=4)
+                frames = ann.until(lambda f: f["type"] == "done" or stop.is_set(), 120)
+                told.extend(f.get("loading", "") for f in frames if f["type"] == "queued")
+            ann.close()
+
+        flipper = threading.Thread(target=flip, daemon=True)
+        flipper.start()
+        beside = [ttft(bob, f"b{i}", "first") for i in range(10)]
+        stop.set()
+        bob.close()
+    flipper.join(30)
+    ratio = statistics.median(beside) / statistics.median(alone)
+    assert statistics.median(beside) <= 2 * statistics.median(alone) + 0.2, (alone, beside, ratio)
+    assert any("waiting: model first is serving others for" in why for why in told), told
