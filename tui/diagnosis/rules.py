@@ -21,6 +21,7 @@ from tui.diagnosis.thresholds import (
     DECODE_STEP_OF_TARGET,
     ENGINE_SHARE_HIGH,
     HEADLINE_MAX,
+    HOLDER_FAIR_FACTOR,
     HOLDER_MIN_SEQS,
     HOLDER_SHARE,
     ITL_BAD_FACTOR,
@@ -242,15 +243,28 @@ def one_user_holds(c: Signals) -> Finding | None:
 
 
 def _held_parts(c: Signals, top: Holding) -> list[str]:
-    """What `top` holds most of: the slots, the live cells, the queue (as words)."""
+    """What `top` holds clearly more than their fair share of: the slots, the live cells, the
+    queue (as words)."""
     parts = []
-    if top.running >= HOLDER_MIN_SEQS and top.running >= HOLDER_SHARE * max(c.running, 1):
+    running = _holder_bar(len(c.holdings), c.running)  # the people running or waiting
+    if top.running >= HOLDER_MIN_SEQS and top.running >= running * max(c.running, 1):
         parts.append(f"{top.running} of {c.now.max_num_seqs} slots")
-    if top.running and c.kv_live and top.cells >= HOLDER_SHARE * c.kv_live:
+    if top.running and c.kv_live and top.cells >= running * c.kv_live:
         parts.append(f"{pct(top.cells / c.kv_live)} of the cells")
-    if top.waiting >= HOLDER_MIN_SEQS and top.waiting >= HOLDER_SHARE * max(c.waiting, 1):
+    waiting = _holder_bar(len(c.waiting_users), c.waiting)
+    if top.waiting >= HOLDER_MIN_SEQS and top.waiting >= waiting * max(c.waiting, 1):
         parts.append(f"{top.waiting} of {c.waiting} waiting requests")
     return parts
+
+
+def _holder_bar(people: int, shared: int) -> float:
+    """The share of `shared` things (running sequences, waiting requests) at which one of
+    `people` clearly holds more than their fair part: HOLDER_SHARE, and HOLDER_FAIR_FACTOR ×
+    the fair share, one person's part when each of them had as many (one at least: with more
+    people than things, a thing's holder has their fair share; with one thing, nobody can hold
+    more)."""
+    fair = 1 / max(1, min(people, shared))
+    return max(HOLDER_SHARE, HOLDER_FAIR_FACTOR * fair)
 
 
 def capacity_bound(c: Signals) -> Finding | None:

@@ -41,6 +41,8 @@ SLOWDOWN_BAD = 3.0  # level bad
 
 # who holds the server
 HOLDER_SHARE = 0.5  # one user's share of the running sequences, live cells or queue, at or above
+HOLDER_FAIR_FACTOR = 1.5  # ... and at least this many times their fair share (1 / the people
+# sharing them, at most one each: with 2 slots and 10 people, a slot's holder has a fair half)
 HOLDER_MIN_SEQS = 2  # ... with at least this many of them
 
 # the answer

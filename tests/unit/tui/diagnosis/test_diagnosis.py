@@ -1100,3 +1100,27 @@ def test_steps_far_slower_than_their_best_name_the_machine_without_a_load_readin
     assert any("throttled or shared GPU" in line for line in d.details)
     d = check(diagnose([snap(**dict(slowed, steps=dict(step_s=0.3, slowdown=1.6)))]))
     assert d.headline.startswith("ITL high")  # a little slower, no busy host: the load
+
+
+def test_with_few_slots_a_person_in_one_of_them_is_not_named():
+    """2 slots, ten people with one request each: the two running hold half the running set
+    and its cells each, their fair share with so few slots. The slot limit is the cause, and
+    nobody is named (the old fixed half named whoever held the larger prompt)."""
+    running = [seq(0, user="u7", cells=510), seq(1, user="u2", cells=490)]
+    others = [u for u in (f"u{i}" for i in range(10)) if u not in ("u7", "u2")]
+    after = dict(
+        seqs=running,
+        waiting_seqs=waiting_for(others),
+        free_seq_ids=0,
+        max_num_seqs=2,
+        kv_committed=1000,
+        ttft=pct(3.0, mean=3.1),
+        queue=pct(2.5, mean=2.6),
+    )
+    d = check(diagnose([snap(**after)]))
+    assert d.headline.endswith("slot bound"), d.headline
+    assert not any(" holds " in line for line in [d.headline, *d.details])
+    # one of the two holding most of the cells with a long prompt is still named
+    running[0] = seq(0, user="u7", cells=4000)
+    d = check(diagnose([snap(**dict(after, seqs=running, kv_committed=4490))]))
+    assert any("u7 holds 89% of the cells" in line for line in [d.headline, *d.details])
