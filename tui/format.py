@@ -9,6 +9,7 @@ Tested in tests/unit/tui/test_monitor.py.
 from __future__ import annotations
 
 import math
+import unicodedata
 
 MISSING = "—"
 
@@ -90,11 +91,35 @@ NARROW_USER_WIDTH = 12
 WIDE_USER_WIDTH = 24
 
 
+MIXED_MARK = "≈"  # before a name whose letters mix scripts: it may look like someone else's
+# scripts that one name mixes as a matter of course (Japanese, Korean): one script here
+_SCRIPT_GROUPS = {"HIRAGANA": "CJK", "KATAKANA": "CJK", "HANGUL": "CJK"}
+
+
+def mixes_scripts(name: str) -> bool:
+    """Its letters are of more than one script ("dаve" with a Cyrillic а: Latin and Cyrillic),
+    as look-alikes of other names are (the server refuses new ones that look like a known
+    person's; names from elsewhere may still come)."""
+    scripts = set()
+    for ch in name:
+        if unicodedata.category(ch).startswith("L"):
+            script = unicodedata.name(ch, "?").split(" ")[0]
+            scripts.add(_SCRIPT_GROUPS.get(script, script))
+    return len(scripts) > 1
+
+
 def user_label(user: str, limit: int = USER_WIDTH) -> str:
     """A user's name in at most `limit` characters. A trusted front-end's person
     ("openwebui/alice smith") keeps the person's part: the front-end's is shortened first
     ("openw…/alice smith"), then left as "…/" ("…/alice smith"), and only then is the person's
-    cut ("…/alice s…"); cut at the end, all of one front-end's people would read alike."""
+    cut ("…/alice s…"); cut at the end, all of one front-end's people would read alike. A name
+    that mixes scripts is marked (MIXED_MARK before it)."""
+    if mixes_scripts(user) and limit > 1:
+        return MIXED_MARK + _label(user, limit - 1)
+    return _label(user, limit)
+
+
+def _label(user: str, limit: int) -> str:
     user = " ".join(user.split())
     frontend, sep, person = user.partition("/")
     if len(user) <= limit or not sep or not person:

@@ -52,6 +52,7 @@ and prefill tokens (yellow), e.g. "14+96 tok" — and how long it takes.
 [b]Diagnosis[/b]: the top line reads the numbers the way an operator would:
 capacity bound, slot bound, prefill bound, ITL rising, idle, healthy
 (the reasoning and its thresholds: docs/diagnosis.md).
+[b]≈[/b] before a name: its letters mix scripts (it may look like another's).
 [b]Today[/b]: each user's requests since midnight, prompt tokens in and the
 share cached, tokens out, and used/quota (in − cached + out). Under 40
 rows the panel takes the events' place; t switches between the two.

@@ -26,7 +26,11 @@ NFKC-normalized, runs of white space made one space, lower-cased, then 1-MAX_PER
 printable characters; each header at most MAX_HEADER_CHARS and given once. A bad one is a 400
 naming the header. One front-end names at most `[server] max_people_per_frontend` people, kept
 ones included: a new one past it is refused (403 naming the bound) while the known ones go on.
-Forgetting idle ones instead would free their names for another id to take.
+Forgetting idle ones instead would free their names for another id to take. A new name that
+looks like one the front-end has already named (the same confusable skeleton, Unicode TS #39,
+as ICU's SpoofChecker computes it: "dаve" with a Cyrillic а, "ԁave", "dave" all read "dave") is
+refused (403 naming the look-alike): it would show as that person on the monitor and in
+`localserve usage` while being someone else.
 
 Tested in tests/unit/serve/test_trusted_proxies.py, tests/e2e/test_trusted_frontends.py and
 tests/e2e/test_people_store.py.
@@ -35,6 +39,7 @@ tests/e2e/test_people_store.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -74,6 +79,7 @@ class _Named:
 
     ids: dict[str, str | None] = field(default_factory=dict)  # by name
     names: dict[str, str] = field(default_factory=dict)  # by id
+    looks: dict[str, str] = field(default_factory=dict)  # the first name of each skeleton
 
 
 class People:
@@ -144,6 +150,10 @@ class People:
                 raise PersonRefused(403, header, f"{name!r} is another account's name here")
             if account is None:
                 return name, None  # named without an id, as before
+        elif (alike := named.looks.get(skeleton(name), name)) != name:
+            raise PersonRefused(
+                403, header, f"{name!r} looks like {alike!r}, another person's name here"
+            )
         elif len(named.ids) >= limit:
             raise PersonRefused(
                 403,
@@ -156,6 +166,7 @@ class People:
     def _learn(self, binding: Binding) -> None:
         named = self._named.setdefault(binding.frontend, _Named())
         named.ids[binding.name] = binding.account
+        named.looks.setdefault(skeleton(binding.name), binding.name)
         if binding.account is not None:
             named.names[binding.account] = binding.name
 
@@ -196,6 +207,19 @@ async def on_behalf_of(door: Doorkeeper, request: HTTPConnection, user: str) -> 
         header, name = ID_HEADER, person_name(account, ID_HEADER)
     limit = config.max_people_per_frontend
     return f"{user}/{await door.people.person(user, name, account, limit, header)}"
+
+
+def skeleton(name: str) -> str:
+    """`name`'s confusable skeleton (Unicode TS #39, by ICU's SpoofChecker): names that look
+    alike have the same one. For comparing only, never shown."""
+    return _spoof_checker().getSkeleton(0, name)
+
+
+@functools.cache
+def _spoof_checker():
+    import icu  # pyicu-wheels: ICU's own implementation of the standard
+
+    return icu.SpoofChecker()
 
 
 def person_name(raw: str, header: str) -> str:

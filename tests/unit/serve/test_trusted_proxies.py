@@ -208,3 +208,30 @@ def test_past_the_bound_new_people_are_refused_and_known_ones_go_on(store):
     assert people.num_people("openwebui") == 3 and len(people._named["openwebui"].names) == 3
     with pytest.raises(PersonRefused, match="max_people_per_frontend"):
         person(People(store), "p3", "id-3", 3)  # and after a restart too
+
+
+@pytest.mark.parametrize(
+    "alike",
+    [
+        "d\u0430ve",  # a Cyrillic а
+        "\u0501ave",  # a Cyrillic ԁ
+        "dav\u0435",  # a Cyrillic е
+        "d\u03b1ve",  # a Greek α
+    ],
+)
+def test_a_name_that_looks_like_a_bound_one_is_refused(store, alike):
+    """dave is bound; a new name with his skeleton (UTS #39) would show as dave on the monitor
+    and in the usage report while being someone else: a 403 naming him. Known people, and
+    names that only share letters, go on; the refusal holds after a restart too."""
+    people = People(store)
+    assert person(people, "dave", "id-dave") == "dave"
+    with pytest.raises(PersonRefused, match=f"H: '{alike}' looks like 'dave'") as e:
+        person(people, alike, "id-mallory")
+    assert e.value.status == 403
+    with pytest.raises(PersonRefused, match="looks like 'dave'"):
+        person(people, alike, None)  # without an id too
+    assert person(people, "dave", "id-dave") == "dave"
+    assert person(people, "davey", "id-davey") == "davey"  # another name: fine
+    assert person(people, "jürgen", "id-j") == "jürgen"  # not ASCII, nobody's look-alike: fine
+    with pytest.raises(PersonRefused, match="looks like 'dave'"):
+        person(People(store), alike, "id-mallory")  # read back after a restart

@@ -924,3 +924,16 @@ def test_snapshot_of_the_second_model(snap_compare, fake_snapshots):
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+def test_a_name_that_mixes_scripts_is_marked():
+    """ "dаve" with a Cyrillic а reads as dave: the monitor marks it (≈), in the width it has;
+    names of one script (accents, Greek, Japanese kana with kanji) are not marked."""
+    from tui.format import MIXED_MARK, mixes_scripts, user_label
+
+    assert mixes_scripts("d\u0430ve") and mixes_scripts("openwebui/d\u0430ve")
+    for plain in ("dave", "jürgen müller", "σοφία", "やまだ 山田", "openwebui/alice", "u7"):
+        assert not mixes_scripts(plain), plain
+    assert user_label("openwebui/d\u0430ve", 12) == MIXED_MARK + "openw…/d\u0430ve"
+    assert len(user_label("openwebui/d\u0430ve smith", 12)) == 12
+    assert user_label("dave", 12) == "dave"
