@@ -181,6 +181,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # past it is refused (serve/trusted_proxies.py).
     trusted_frontends: list[str] = msgspec.field(default_factory=list)
     max_people_per_frontend: Positive = 256
+    # A people.sqlite3 that names nobody while the usage record has requests of a trusted
+    # front-end's people was lost: the server refuses to start (their names would be free for
+    # whoever sends them first). true: start anyway, each name new again.
+    forget_lost_people: bool = False
     # Running it for a team (usage.py). State: the usage database and the access log live in
     # state_dir ("" = $LOCALSERVE_STATE_DIR, else $XDG_STATE_HOME/localserve, else
     # ~/.local/state/localserve); usage = false records nothing. A server with users keeps its
@@ -197,11 +201,15 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_conversation_bytes_per_user: Annotated[int, msgspec.Meta(ge=64 << 10)] = 64 << 20
     # The Responses API's stored responses (ops/responses_store.py, `store`: true): kept in the
     # state_dir per person, so `previous_response_id` can continue them; at most this many and
-    # bytes of them each, the oldest dropped to make room. false: nothing is stored (a request
-    # with store or previous_response_id is then refused).
+    # bytes of them each, the oldest dropped to make room; and at most max_responses and
+    # max_response_bytes of them all together, everyone's oldest dropped first (an open server
+    # has as many people as names invented; the disk is the usage record's too). false: nothing
+    # is stored (a request with store or previous_response_id is then refused).
     responses_store: bool = True
     max_responses_per_user: Positive = 1000
     max_response_bytes_per_user: Annotated[int, msgspec.Meta(ge=64 << 10)] = 64 << 20
+    max_responses: Positive = 20_000
+    max_response_bytes: Annotated[int, msgspec.Meta(ge=64 << 10)] = 1 << 30
     # daily token quotas (prompt tokens computed + tokens generated, from local midnight): a
     # default for everyone (0 = none) and per user (a users file's [daily_tokens] adds to these)
     daily_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -243,6 +251,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # reserve), and how many may be loaded at once (0 = as many as fit)
     memory_budget_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
     max_loaded_models: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # a person's loads that evict a model someone else used within the last minute: at most
+    # this many a minute; past it their load waits (told why), so one person flipping models
+    # cannot make everyone's next request wait for a load (serve/swaps.py; 0 = no bound)
+    max_swaps_per_person: Annotated[int, msgspec.Meta(ge=0)] = 2
     # A request waiting for its model (a load, or its turn while another model's load waits for
     # this busy one to drain) is refused (unavailable) past this many seconds
     max_model_wait_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 300.0

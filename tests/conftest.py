@@ -40,7 +40,7 @@ def small_disk(tmp_path):
     """A 512 KiB tmpfs (tests/support/usage.py's Disk); skipped where mounting needs root."""
     where = tmp_path / "disk"
     where.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)]
+    command = ["mount", "-t", "tmpfs", "-o", "size=512k,mode=700", "tmpfs", str(where)]
     mounted = subprocess.run(command, capture_output=True, text=True)
     if mounted.returncode:
         cannot_run_here(f"cannot mount a tmpfs here (root only): {mounted.stderr.strip()}")

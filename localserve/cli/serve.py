@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from localserve.ops.auth import (
         Access,
         check_frontends,
+        check_users_file_private,
         is_known_user,
         load_daily_tokens,
         load_monitor_token,
@@ -83,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configured = args.monitor_token or load_monitor_token(args.users)
     access = Access(users, server_monitor_token(configured, users, config.server))
     access.check_bind(host, args.open)  # before the model loads: fail fast
+    check_users_file_private(args.users)  # as the monitor token is
     check_port(host, port)
     if access.monitor_token is not None and configured is None:  # where, never what
         print(f"localserve: the monitor token is in {token_file(config.server)}", flush=True)

@@ -43,14 +43,24 @@ def cmd_users(args: argparse.Namespace) -> int:
         return 0
     if not args.names:
         raise ValueError(f"users {args.action}: give at least one name")
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0
     if args.action == "remove":
         users_file.remove_users(path, args.names)
+        _tightened(path, mode)
         print(f"{path}: removed {', '.join(args.names)}; restart the server", file=sys.stderr)
         return 0
     tokens = users_file.add_users(path, args.names)
+    _tightened(path, mode)
     width = max(len(name) for name in tokens)
     print(f"{path}: added, each with a token shown only now:", file=sys.stderr)
     for name, token in tokens.items():
         print(f"  {name:<{width}}  {token}")
     print("restart `localserve serve --users ...` for them to count", file=sys.stderr)
     return 0
+
+
+def _tightened(path: Path, mode: int) -> None:
+    """Said when the edit took away what the file gave others (its mode was `mode`)."""
+    if mode & 0o007:
+        now = path.stat().st_mode & 0o777
+        print(f"{path}: others could read its tokens (mode {mode:o}); now {now:o}", file=sys.stderr)

@@ -14,5 +14,7 @@ Prometheus metrics.
 - `responses_store.py`: each person's stored responses of the Responses API, kept in SQLite.
 - `sqlite_files.py`: the state directory's SQLite files, opened the one way the stores keep
   them.
+- `state_dir.py`: the state directory trusted for nothing: private, no link followed, files
+  told from ones put in their place.
 - `prometheus.py`: `/metrics`: a Snapshot in Prometheus text format, with vLLM's names.
 """

@@ -46,6 +46,19 @@ def load_users(path: str | None = None) -> dict[str, str]:
     return _checked({name.strip(): token.strip() for name, token in pairs}, "LOCALSERVE_USERS")
 
 
+def check_users_file_private(path: str | None) -> None:
+    """A users file others may read (or write) holds every token in the open: ConfigError,
+    saying what to do (its owner and group may: a service's group reads it)."""
+    if not path:
+        return
+    mode = Path(path).stat().st_mode & 0o777
+    if mode & 0o007:
+        raise ConfigError(
+            f"{path}: others may read these tokens (mode {mode:o}): `chmod o-rwx {path}` "
+            "(`localserve users add` and `remove` tighten it too)"
+        )
+
+
 def load_daily_tokens(path: str | None) -> dict[str, int]:
     """A users file's optional `[daily_tokens]` table: name = tokens a day (quotas)."""
     if not path:

@@ -5,17 +5,23 @@ by the same user on the same machine finds it by itself.
 
 A tokenless server (loopback, or --open) keeps no file: its stats are open like its chat.
 
+The file is trusted for nothing: never read through a link (O_NOFOLLOW), a FIFO or a device
+refused without waiting for it, and it must be this user's and readable by nobody else; the
+state directory is made private first (ops/state_dir.py).
+
 Tested in tests/unit/ops/test_monitor_token.py and tests/e2e/test_monitor_credential.py.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
 from pathlib import Path
 
 from localserve.config import ConfigError, ServerConfig
+from localserve.ops.state_dir import private_dir
 from localserve.ops.usage import state_dir
 
 FILE = "monitor_token"
@@ -40,7 +46,9 @@ def server_monitor_token(
 
 
 def kept_token(path: Path) -> str:
-    """The token kept in `path`, created first when there is none."""
+    """The token kept in `path`, created first when there is none (its directory private
+    first: nobody else's file or link can be in its place)."""
+    private_dir(path.parent)
     while (token := read_token(path)) is None:
         _create(path)
     return token
@@ -49,21 +57,30 @@ def kept_token(path: Path) -> str:
 def read_token(path: Path) -> str | None:
     """The token kept in `path`; None when there is no such file. A ConfigError saying what
     to do for a file others may read or change, or one that holds no token."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            mode = os.fstat(f.fileno()).st_mode
+    try:  # no link followed; a FIFO or a device opened without waiting, then refused
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, encoding="utf-8", closefd=True) as f:
+            found = os.fstat(f.fileno())
+            mode = found.st_mode
             text = f.read(4096) if stat.S_ISREG(mode) else ""
     except FileNotFoundError:
-        if path.is_symlink():  # else it could never be created: a link is in its place
-            raise ConfigError(
-                f"{path}: a link to nothing: remove it (the server makes a new token)"
-            ) from None
         return None
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or e
-        raise ConfigError(f"{path}: cannot read the monitor token: {why}") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a link in its place: planted, it would choose the token
+            raise ConfigError(
+                f"{path}: a link in the monitor token's place (never followed): remove it "
+                "(the server makes a new token)"
+            ) from None
+        raise ConfigError(f"{path}: cannot read the monitor token: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: cannot read the monitor token: {e}") from None
     if not stat.S_ISREG(mode):
         raise ConfigError(f"{path}: not a file: move it aside (the server makes a new token)")
+    if found.st_uid != os.geteuid():
+        raise ConfigError(
+            f"{path}: the monitor token belongs to another user (uid {found.st_uid}): delete "
+            "it and restart the server for a new one"
+        )
     if mode & 0o077:
         raise ConfigError(
             f"{path}: others may read this monitor token (mode {mode & 0o777:o}): "
@@ -81,8 +98,8 @@ def read_token(path: Path) -> str | None:
 def _create(path: Path) -> None:
     """A new random token in `path`, mode 0600, whole before it appears (written aside, then
     linked in); a file another process linked first is left as it is."""
+    private_dir(path.parent)  # others cannot put a file or a link in its place
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -17,6 +17,14 @@ rows are bounded per front-end by `[server] max_people_per_frontend`: trusted_pr
 a new person past it before anything is written. A file that is not such a store stops the
 server at start, naming it.
 
+Before each commit the store checks that its file is still the one it opened (device and
+inode, as the usage record does): a file deleted or replaced under the server would take new
+bindings that the next start does not find, and every person's name would be free for the
+taking again. New people are then refused (503, Retry-After; /healthz says why) until the
+server restarts on a store it can keep; known people go on. For the same reason a store that
+names nobody, where the usage record has requests of a trusted front-end's people, was lost:
+the server does not start on it (`[server] forget_lost_people = true` starts anyway).
+
 Tested in tests/unit/ops/test_people.py and tests/e2e/test_people_store.py.
 """
 
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import sqlite3
@@ -33,7 +42,9 @@ from typing import NamedTuple
 
 from localserve.config import ConfigError, ServerConfig
 from localserve.ops.sqlite_files import open_store
+from localserve.ops.state_dir import file_identity
 from localserve.ops.usage import state_dir
+from localserve.ops.usage_database import DATABASE as USAGE_DATABASE
 
 log = logging.getLogger("localserve.ops.people")
 
@@ -74,6 +85,7 @@ class PeopleStore:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "localserve-people")
         try:
             self._db = self._thread.submit(_connect, path).result()
+            self._file = file_identity(path)  # the file opened: checked before each commit
         except BaseException:
             self._thread.shutdown()
             raise
@@ -82,7 +94,16 @@ class PeopleStore:
 
     @classmethod
     def open(cls, config: ServerConfig) -> PeopleStore:
-        return cls(state_dir(config) / DATABASE)
+        """The state directory's store; PeopleUnusable for one that cannot be used, or that
+        was lost (it names nobody, the usage record names the front-ends' people)."""
+        store = cls(state_dir(config) / DATABASE)
+        try:
+            if not config.forget_lost_people and not store.bindings():
+                _check_not_lost(store.path, state_dir(config) / USAGE_DATABASE, config)
+        except BaseException:
+            store.close()
+            raise
+        return store
 
     def bindings(self) -> list[Binding]:
         """Every binding kept, oldest first (read once, at start)."""
@@ -117,6 +138,13 @@ class PeopleStore:
         return [Binding(*row) for row in rows]
 
     def _bind(self, b: Binding) -> None:
+        try:
+            found = file_identity(self.path)
+        except OSError as e:
+            raise BindingFailed(f"cannot check {self.path}: {e.strerror or e}") from None
+        if found != self._file:  # committed there, it would be gone at the next start
+            what = "deleted" if found is None else "replaced by another file"
+            raise BindingFailed(f"{self.path} was {what} while serving; restart the server")
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(  # a name known without an id takes its first one
@@ -129,6 +157,31 @@ class PeopleStore:
             ).fetchone()
             if account != b.account:  # only this server writes it: another one shares the dir?
                 raise BindingFailed(f"{b.name!r} of {b.frontend} is another id's in {self.path}")
+
+
+def _check_not_lost(path: Path, usage: Path, config: ServerConfig) -> None:
+    """An empty store at `path` while the usage record has requests of a trusted front-end's
+    people: PeopleUnusable, in one line. (A usage record that cannot be read says so itself.)"""
+    if not usage.exists():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{usage}?mode=ro", uri=True)) as db:
+            for frontend in config.trusted_frontends:
+                # "<frontend>/..." by range: '0' follows '/'
+                (n,) = db.execute(
+                    "SELECT count(DISTINCT user) FROM requests WHERE user >= ? AND user < ?",
+                    (f"{frontend}/", f"{frontend}0"),
+                ).fetchone()
+                if n:
+                    raise PeopleUnusable(
+                        f"{path} names nobody, but {usage} has requests of {n} "
+                        f"{'person' if n == 1 else 'people'} of {frontend}: the store of "
+                        "people was lost, and their names would be free for whoever sends "
+                        "them first; restore it, or set [server] "
+                        "forget_lost_people = true to start with every name new again"
+                    )
+    except sqlite3.Error:
+        return
 
 
 def _connect(path: Path) -> sqlite3.Connection:

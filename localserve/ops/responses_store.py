@@ -17,7 +17,10 @@ chain with a row gone (dropped or deleted) is said to be broken.
 Each person's share is bounded: at most `max_count` responses and `max_bytes` bytes of them;
 a response stored past either bound drops that person's oldest first (OpenAI keeps 30 days;
 a chain whose oldest response was dropped is then broken). One response alone over
-`max_bytes // 16` is not stored.
+`max_bytes // 16` is not stored. The whole store is bounded too, `max_total_count` responses
+and `max_total_bytes` (an open server has as many persons as names anyone invents, and the
+disk is the usage record's too): past either, everyone's oldest are dropped first. Its totals
+are counted once at start and kept with each commit, so no write reads the whole table.
 
 One thread owns the database (`responses.sqlite3`, beside the usage record): the event loop hands
 it every read and write, so a slow disk never stalls the server; a response is stored (committed)
@@ -124,20 +127,38 @@ class ResponseStoreUnusable(ConfigError):
 class ResponseStore:
     """The people's stored responses: put, get, chain, delete, each on the store's thread."""
 
-    def __init__(self, path: Path, max_count: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_count: int,
+        max_bytes: int,
+        max_total_count: int = 20_000,
+        max_total_bytes: int = 1 << 30,
+    ) -> None:
         self.path = path
         self.max_count = max_count
         self.max_bytes = max_bytes
+        self.max_total_count, self.max_total_bytes = max_total_count, max_total_bytes
         self._db = open_store(
             path, SCHEMA, SCHEMA_VERSION, "the response store", ResponseStoreUnusable
         )
+        # everyone's responses and bytes, as committed (the bytes column is read, not the blobs)
+        self.total_count, self.total_bytes = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM responses"
+        ).fetchone()
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "localserve-responses")
         self._closed = False
 
     @classmethod
     def open(cls, config: ServerConfig) -> ResponseStore:
         path = state_dir(config) / DATABASE
-        return cls(path, config.max_responses_per_user, config.max_response_bytes_per_user)
+        return cls(
+            path,
+            config.max_responses_per_user,
+            config.max_response_bytes_per_user,
+            config.max_responses,
+            config.max_response_bytes,
+        )
 
     @property
     def max_item_bytes(self) -> int:
@@ -189,31 +210,53 @@ class ResponseStore:
         created = r.created or int(time.time())
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
+            old = self._db.execute(  # one of the same id is replaced
+                "SELECT bytes FROM responses WHERE user = ? AND id = ?", (user, r.id)
+            ).fetchone()
             self._db.execute(
                 "INSERT OR REPLACE INTO responses (user, id, created, model, previous, depth, "
                 "chain_bytes, bytes, body, turns, input) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (user, r.id, created, r.model, r.previous, r.depth, r.chain_bytes, r.size, r.body,
                  r.turns, r.input),
             )  # fmt: skip
-            self._drop_oldest(user)
+            count = self.total_count + (old is None)
+            size = self.total_bytes + r.size - (old[0] if old else 0)
+            count, size = self._drop_oldest(user, count, size)
+        self.total_count, self.total_bytes = count, size  # once committed
 
-    def _drop_oldest(self, user: str) -> None:
-        """The person's oldest responses dropped until both bounds hold."""
+    def _drop_oldest(self, user: str, total_count: int, total_bytes: int) -> tuple[int, int]:
+        """The person's oldest responses dropped until their bounds hold, then everyone's
+        oldest until the store's hold; the store's totals after."""
         count, size = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM responses WHERE user = ?", (user,)
         ).fetchone()
-        if count <= self.max_count and size <= self.max_bytes:
-            return
         doomed = []
-        rows = self._db.execute(
-            "SELECT rowid, bytes FROM responses WHERE user = ? ORDER BY rowid", (user,)
-        )
-        for rowid, nbytes in rows:
-            if count <= self.max_count and size <= self.max_bytes:
-                break
-            doomed.append((rowid,))
-            count, size = count - 1, size - nbytes
-        self._db.executemany("DELETE FROM responses WHERE rowid = ?", doomed)
+        if count > self.max_count or size > self.max_bytes:
+            rows = self._db.execute(
+                "SELECT rowid, bytes FROM responses WHERE user = ? ORDER BY rowid", (user,)
+            )
+            for rowid, nbytes in rows:
+                if count <= self.max_count and size <= self.max_bytes:
+                    break
+                doomed.append((rowid,))
+                count, size, total_count, total_bytes = (
+                    count - 1, size - nbytes, total_count - 1, total_bytes - nbytes
+                )  # fmt: skip
+            self._db.executemany("DELETE FROM responses WHERE rowid = ?", doomed)
+        while total_count > self.max_total_count or total_bytes > self.max_total_bytes:
+            oldest = self._db.execute(
+                "SELECT rowid, bytes FROM responses ORDER BY rowid LIMIT 64"
+            ).fetchall()
+            if not oldest:  # nothing left (totals that drifted): nothing more to drop
+                return 0, 0
+            doomed = []
+            for rowid, nbytes in oldest:
+                if total_count <= self.max_total_count and total_bytes <= self.max_total_bytes:
+                    break
+                doomed.append((rowid,))
+                total_count, total_bytes = total_count - 1, total_bytes - nbytes
+            self._db.executemany("DELETE FROM responses WHERE rowid = ?", doomed)
+        return total_count, total_bytes
 
     def _get(self, user: str, id: str) -> StoredResponse | None:
         row = self._db.execute(
@@ -249,5 +292,9 @@ class ResponseStore:
 
     def _delete(self, user: str, id: str) -> bool:
         with self._db:
-            gone = self._db.execute("DELETE FROM responses WHERE user = ? AND id = ?", (user, id))
-        return gone.rowcount > 0
+            gone = self._db.execute(
+                "DELETE FROM responses WHERE user = ? AND id = ? RETURNING bytes", (user, id)
+            ).fetchall()
+        if gone:
+            self.total_count, self.total_bytes = self.total_count - 1, self.total_bytes - gone[0][0]
+        return bool(gone)

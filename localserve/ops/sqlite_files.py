@@ -6,8 +6,10 @@ loss), the schema created or checked by its version. A file that is not such a s
 another program's database, a newer schema) is refused with what to do about it, so the server
 stops at start naming the file rather than failing at a person's first request.
 
-Used by ops/conversations.py and ops/people.py; tested in tests/e2e/test_conversation_store.py
-and tests/unit/ops/test_people.py (a file that is not a store, a newer schema, a full disk).
+The directory is made or checked private first, and a link in the file's place is refused
+(ops/state_dir.py). Used by ops/conversations.py and ops/people.py; tested in
+tests/e2e/test_conversation_store.py and tests/unit/ops/test_people.py (a file that is not a
+store, a newer schema, a full disk, a file deleted or replaced under the store).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+
+from localserve.ops.state_dir import no_link, private_dir
 
 LOCK_TIMEOUT_S = 5.0  # another process holding the file (a second server on the same state dir)
 
@@ -25,8 +29,9 @@ def open_store(
     """`path`'s database (`what`: "the conversation store"), created if need be, its schema at
     `version`; `unusable(message)` raised for a file that cannot be one, `note` added to the
     advice to move it aside."""
+    private_dir(path.parent)
+    no_link(path, what)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = not path.exists()
         db = sqlite3.connect(
             path, timeout=LOCK_TIMEOUT_S, check_same_thread=False, isolation_level=None

@@ -37,6 +37,7 @@ from pathlib import Path
 from localserve.config import ServerConfig
 from localserve.ops.access_log import AccessLog
 from localserve.ops.quotas import Quotas, local_day_start
+from localserve.ops.state_dir import file_identity
 from localserve.ops.usage_database import (
     DATABASE,
     INSERT,
@@ -207,7 +208,7 @@ class Usage:
         """A database deleted or replaced under the server is said, and the one at `path` (a
         new one if none is there) opened for the rows from now on."""
         try:
-            found = _identity(self.path)
+            found = file_identity(self.path)
         except OSError as e:
             return self._broken(f"cannot check {self.path}: {_reason(e)}")
         if self.db is not None and found == self._files[""]:
@@ -234,7 +235,8 @@ class Usage:
         for suffix in JOURNALS:
             journal = Path(f"{self.path}{suffix}")
             with contextlib.suppress(OSError):
-                if self._files[suffix] is not None and _identity(journal) == self._files[suffix]:
+                old = self._files[suffix]
+                if old is not None and file_identity(journal) == old:
                     journal.unlink()
 
     def _reopen(self) -> None:
@@ -330,16 +332,7 @@ def _tell_recorded(then: Callable[[bool], None], row: Row, recorded: bool) -> No
 
 def _identities(path: Path) -> dict[str, tuple[int, int] | None]:
     """The database's files: its own ("") and its journals'."""
-    return {suffix: _identity(Path(f"{path}{suffix}")) for suffix in ("", *JOURNALS)}
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """The file at `path` (device, inode), None when there is none."""
-    try:
-        found = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return found.st_dev, found.st_ino
+    return {suffix: file_identity(Path(f"{path}{suffix}")) for suffix in ("", *JOURNALS)}
 
 
 def _is_storage_error(e: Exception) -> bool:

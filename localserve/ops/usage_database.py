@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from localserve.config import ConfigError
+from localserve.ops.state_dir import no_link, private_dir
 from localserve.protocol.frames import UserUsage
 
 log = logging.getLogger("localserve.ops.usage")  # the usage record's logger, as before
@@ -104,10 +105,11 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly and not path.is_file():
         raise UsageError(f"{path}: no usage database here (has the server recorded any?)")
     if not readonly:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as e:
-            raise UsageError(f"{path.parent}: cannot create the state directory: {e}") from None
+        try:  # a private directory, no link in the record's place (ops/state_dir.py)
+            private_dir(path.parent)
+            no_link(path, "the usage record")
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
     db = None
     try:
         if readonly:

@@ -6,7 +6,8 @@ The file stays one a person reads and edits by hand: lines are added to (or take
 The result is read back as TOML and must hold exactly the users meant before anything is
 written; then it is written whole to a temporary file beside it and renamed over it, so a crash
 leaves the old file or the new one, never half of one. A new file is readable by its owner only
-(0600: the tokens are secrets); an existing one keeps its mode and owner (a service's group).
+(0600: the tokens are secrets); an existing one keeps its owner and group (a service's) and
+its mode, less what it gave others: a file others could read is tightened (`serve` refuses it).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def _write(path: Path, text: str, known: dict[str, str]) -> None:
             os.fsync(f.fileno())
         if path.exists():
             st = path.stat()
-            os.chmod(tmp, st.st_mode & 0o777)
+            os.chmod(tmp, st.st_mode & 0o770)  # nothing for others: the tokens are secrets
             with contextlib.suppress(PermissionError):  # not root: the file stays ours
                 os.chown(tmp, st.st_uid, st.st_gid)
         else:

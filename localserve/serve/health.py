@@ -2,7 +2,8 @@
 `GET /metrics` (Prometheus text, behind the monitor token like the stats frames).
 
 /healthz answers within HEALTH_TIMEOUT_S whatever the engine does, and says what is wrong (the
-engine not answering, an engine or usage-record problem, a shutdown) with a 503; the chat page
+engine not answering, an engine or usage-record problem, a people store that cannot record new
+people, a shutdown) with a 503; the chat page
 shows it as the server's status. A long step is no problem: the engine process answers from its
 last snapshot with that step (`step`: what it carries, how long it has run, its limit), and the
 step is a problem only once past its limit. /metrics, too, answers from the last snapshot of an
@@ -73,7 +74,11 @@ class Health:
             snap = self.snapshots.last
             late = f"the engine has not answered for {HEALTH_TIMEOUT_S:g} s"
         usage_problem = self.usage.problem if self.usage is not None else ""
-        problems = [p for p in (late, snap and snap.engine_problem, usage_problem) if p]
+        store = self.admission.people.store  # new people cannot be recorded: said here too
+        people_problem = f"new people refused: {store.problem}" if store and store.problem else ""
+        problems = [
+            p for p in (late, snap and snap.engine_problem, usage_problem, people_problem) if p
+        ]
         if self.admission.is_shutting_down:
             problems.insert(0, "shutting down")
         info = self._info()

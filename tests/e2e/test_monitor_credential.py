@@ -27,6 +27,7 @@ def served(tmp_path_factory):
     state = tmp_path_factory.mktemp("server-state")
     users = tmp_path_factory.mktemp("etc") / "users.toml"
     users.write_text(USERS)
+    users.chmod(0o600)  # the tokens are secrets: serve refuses a file others may read
     proc, url = start_serve(state, args=("--users", str(users)))
     yield state, state / "monitor_token", url, proc.startup_lines
     kill_serve(proc)
@@ -100,6 +101,7 @@ def test_the_users_files_monitor_token_is_the_servers(tmp_path, monkeypatch):
     """Set in the users file, it is the token: no file is kept, the monitor passes it."""
     users = tmp_path / "users.toml"
     users.write_text(USERS + '[monitor]\ntoken = "from-the-users-file"\n')
+    users.chmod(0o600)
     state = tmp_path / "state"
     proc, url = start_serve(state, args=("--users", str(users)))
     try:

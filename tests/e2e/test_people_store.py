@@ -141,6 +141,34 @@ def test_a_store_that_cannot_be_written_refuses_new_people_and_known_ones_go_on(
         server.close()
 
 
+def test_a_store_deleted_under_the_server_refuses_new_people_and_a_restart_on_none(tmp_path):
+    """people.sqlite3 deleted while serving: a new person is a 503 with Retry-After (a binding
+    committed into the unlinked file would be gone at the next start, the name free for
+    anyone) and /healthz says why; dave goes on. A restart finds no store while the usage
+    record has openwebui's people: it stops, in one line, rather than start with every name
+    free for the taking."""
+    server = fake_server(tmp_path)
+    try:
+        assert chat(server, owui("Dave", DAVE))[0] == 200
+        wait_until(lambda: users_of_rows(tmp_path) == ["openwebui/dave"], 30, "dave's row")
+        (tmp_path / DATABASE).unlink()
+        status, headers, payload = http_request(
+            server, "POST", "/v1/chat/completions", {"model": "fake", "messages": []},
+            owui("Erin", "id-e"),
+        )  # fmt: skip
+        message = json.loads(payload)["error"]["message"]
+        assert status == 503 and int(headers["Retry-After"]) > 0, payload
+        assert f"{tmp_path / DATABASE} was deleted while serving; restart the server" in message
+        assert chat(server, owui("Dave", DAVE))[0] == 200  # known: goes on
+        status, _, health = http_request(server, "GET", "/healthz")
+        assert status == 503 and "new people refused: " in json.loads(health)["problem"]
+        assert not (tmp_path / DATABASE).exists()  # nothing written where it was
+    finally:
+        server.close()
+    with pytest.raises(PeopleUnusable, match="names nobody, but .* of 1 person of openwebui"):
+        fake_server(tmp_path)
+
+
 def test_a_file_that_is_not_a_store_stops_the_server_at_start_naming_it(tmp_path):
     (tmp_path / DATABASE).write_bytes(b"\0garbage" * 512)
     with pytest.raises(PeopleUnusable, match=f"{tmp_path / DATABASE}: not a usable store"):

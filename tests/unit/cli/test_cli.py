@@ -232,6 +232,17 @@ def test_trusted_frontends_are_checked_before_anything_loads(tmp_path, users, tr
     assert line.startswith("localserve: [server] trusted_frontends: ")
 
 
+def test_serve_refuses_a_users_file_others_may_read(tmp_path):
+    """Every token in the open: refused in one line saying what to do, as the monitor token
+    is; the owner's group may read it."""
+    users = tmp_path / "users.toml"
+    users.write_text('[users]\nkate = "correct-horse"\n')
+    users.chmod(0o644)
+    argv = ["serve", "--state-dir", str(tmp_path / "state"), "--users", str(users)]
+    ran = localserve(*argv, cwd=tmp_path)
+    slip_line(ran, f"{users}: others may read these tokens (mode 644)", f"chmod o-rwx {users}")
+
+
 def test_a_frontends_people_may_have_quotas_in_the_users_file(tmp_path):
     (tmp_path / "models.toml").write_text('[server]\ntrusted_frontends = ["openwebui"]\n')
     (tmp_path / "users.toml").write_text(

@@ -26,3 +26,16 @@ def test_slips_are_one_line(tmp_path, capsys):
     assert main(["users", "remove", "carol", "--file", str(path)]) == 2
     assert capsys.readouterr().err == f"localserve: {path}: no such users file\n"
     assert not path.exists()
+
+
+def test_an_edit_takes_from_others_what_the_file_gave_them_and_says_so(tmp_path, capsys):
+    """A users file others may read holds every token in the open: add (or remove) keeps its
+    owner's and group's bits (a service's group reads it) and takes the others'."""
+    path = tmp_path / "users.toml"
+    path.write_text('[users]\nkate = "correct-horse"\n')
+    path.chmod(0o664)
+    assert main(["users", "add", "alice", "--file", str(path)]) == 0
+    assert path.stat().st_mode & 0o777 == 0o660
+    assert f"{path}: others could read its tokens (mode 664); now 660" in capsys.readouterr().err
+    assert main(["users", "remove", "alice", "--file", str(path)]) == 0
+    assert "others could" not in capsys.readouterr().err  # nothing to say now

@@ -12,6 +12,7 @@ import pytest
 
 from localserve.config import ConfigError, ServerConfig
 from localserve.ops.monitor_token import read_token, server_monitor_token, token_file
+from tests.support.ci import cannot_run_here
 
 USERS = {"kate": "correct-horse"}
 
@@ -85,10 +86,48 @@ def test_a_tokenless_server_has_no_monitor_token(server):
     assert not token_file(server).exists()
 
 
-def test_no_file_is_no_token_and_a_dangling_link_is_refused(server):
+def test_no_file_is_no_token_and_a_link_is_never_followed(server, tmp_path):
+    """A link in the token's place, dangling or to a token someone planted (private, theirs
+    to choose), is refused before the first start reads it."""
     path = token_file(server)
     assert read_token(path) is None
     path.parent.mkdir(parents=True)
     path.symlink_to(path.parent / "gone")
-    with pytest.raises(ConfigError, match="a link to nothing: remove it"):
+    with pytest.raises(ConfigError, match="a link in the monitor token's place .never followed"):
         server_monitor_token(None, USERS, server)
+    planted = tmp_path / "planted"
+    planted.write_text("chosen-by-mallory\n")
+    planted.chmod(0o600)
+    path.unlink()
+    path.symlink_to(planted)
+    with pytest.raises(ConfigError, match="a link in the monitor token's place"):
+        server_monitor_token(None, USERS, server)
+
+
+def test_a_fifo_in_the_tokens_place_is_refused_at_once(server):
+    """A FIFO would hang the start waiting for a writer: opened without waiting, refused."""
+    path = token_file(server)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path, 0o600)
+    with pytest.raises(ConfigError, match="not a file: move it aside"):
+        server_monitor_token(None, USERS, server)
+
+
+def test_a_token_of_another_user_is_refused(server):
+    if os.geteuid() != 0:
+        cannot_run_here("giving a file to another user needs root")  # CI runs as root
+    server_monitor_token(None, USERS, server)
+    os.chown(token_file(server), 65534, 65534)
+    with pytest.raises(ConfigError, match=r"belongs to another user \(uid 65534\)"):
+        server_monitor_token(None, USERS, server)
+
+
+def test_a_state_directory_others_may_write_is_tightened_first(server, caplog):
+    """Others who may write the directory could put their file (or link) in the token's
+    place: its group and others' write is taken, said once."""
+    state = token_file(server).parent
+    state.mkdir(parents=True, mode=0o777)
+    state.chmod(0o777)
+    server_monitor_token(None, USERS, server)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o755
+    assert "others could write it (mode 777)" in caplog.text

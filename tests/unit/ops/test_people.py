@@ -9,6 +9,7 @@ import asyncio
 import logging
 import sqlite3
 
+import msgspec
 import pytest
 
 from localserve.config import ConfigError, ServerConfig
@@ -88,3 +89,58 @@ def test_a_full_disk_refuses_new_bindings_once_said_and_room_takes_them_again(sm
     bind(store, Binding("gw", "erin", "id-erin"))
     assert store.problem == "" and len(store.bindings()) == 2
     store.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_store_deleted_or_replaced_under_the_server_refuses_new_people(tmp_path, how, caplog):
+    """Committed into a file no longer at its path, a binding would be gone at the next start
+    (and the name free for anyone): refused, said once; nothing is written into the new file."""
+    path = tmp_path / DATABASE
+    store = PeopleStore(path)
+    bind(store, Binding("gw", "dave", "id-dave"))
+    path.unlink()
+    if how == "replaced":
+        PeopleStore(path).close()  # a new, empty store where the old one was
+    for name in ("erin", "fay"):
+        with pytest.raises(BindingFailed, match=f"{path} was {how}.* while serving; restart"):
+            bind(store, Binding("gw", name, f"id-{name}"))
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+    assert store.problem.startswith(f"{path} was {how}")
+    store.close()
+    if how == "replaced":
+        assert PeopleStore(path).bindings() == []
+
+
+def usage_rows(state, *users: str) -> None:
+    """A usage record with a request of each of `users`."""
+    from localserve.ops.usage_database import DATABASE as USAGE
+    from localserve.ops.usage_database import connect
+
+    db = connect(state / USAGE)
+    for i, user in enumerate(users):
+        db.execute(
+            "INSERT INTO requests (finished, user, model, request_id, client_id, api, "
+            "prompt_tokens, cached_tokens, completion_tokens, finish_reason, day) "
+            "VALUES (0, ?, 'm', ?, 'c', 'http', 1, 0, 1, 'stop', '2026-12-06')",
+            (user, f"r{i}"),
+        )
+    db.commit()
+    db.close()
+
+
+def test_an_empty_store_where_the_usage_record_names_a_frontends_people_is_refused(tmp_path):
+    config = ServerConfig(state_dir=str(tmp_path), trusted_frontends=["openwebui"])
+    usage_rows(tmp_path, "kate", "openwebui", "openwebuiX/eve")  # none of openwebui's people
+    PeopleStore.open(config).close()  # nobody was lost
+    (tmp_path / DATABASE).unlink()
+    usage_rows(tmp_path, "openwebui/dave", "openwebui/dave", "openwebui/erin")
+    with pytest.raises(PeopleUnusable) as refused:
+        PeopleStore.open(config)
+    message = str(refused.value)
+    assert "\n" not in message and "names nobody" in message and "2 people of openwebui" in message
+    assert "forget_lost_people = true" in message
+    forgetting = ServerConfig(**{**msgspec.structs.asdict(config), "forget_lost_people": True})
+    store = PeopleStore.open(forgetting)  # as the operator chose: every name new again
+    bind(store, Binding("openwebui", "dave", "id-new"))
+    store.close()
+    PeopleStore.open(config).close()  # it names someone now: not lost

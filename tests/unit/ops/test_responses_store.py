@@ -125,3 +125,30 @@ def test_past_the_bytes_the_oldest_are_dropped_and_one_too_large_is_not_kept(tmp
     assert not run(store.put("ann", stored("huge", size=64 << 10)))  # over max_item_bytes
     assert run(store.get("ann", "huge")) is None
     store.close()
+
+
+def test_the_whole_store_is_bounded_everyones_oldest_dropped_first(tmp_path):
+    """Many names (an open server's invented users) each within their own share: past the
+    store's bounds everyone's oldest go first; its totals are kept across a restart."""
+    path = tmp_path / "responses.sqlite3"
+    store = ResponseStore(path, 1000, 64 << 20, max_total_count=5, max_total_bytes=10 << 20)
+
+    async def put_all():
+        for i in range(8):
+            await store.put(f"name{i}", stored(f"resp_{i}"))
+
+    asyncio.run(put_all())
+    assert store.total_count == 5
+    kept = [
+        u for (u,) in sqlite3.connect(path).execute("SELECT user FROM responses ORDER BY rowid")
+    ]
+    assert kept == [f"name{i}" for i in range(3, 8)]
+    assert asyncio.run(store.delete("name7", "resp_7")) and store.total_count == 4
+    size = store.total_bytes
+    store.close()
+    again = ResponseStore(path, 1000, 64 << 20, max_total_count=5, max_total_bytes=size)
+    assert (again.total_count, again.total_bytes) == (4, size)
+    asyncio.run(again.put("late", stored("resp_late")))  # over the bytes: the oldest go
+    assert again.total_bytes <= size and asyncio.run(again.get("name3", "resp_3")) is None
+    assert asyncio.run(again.get("late", "resp_late")) is not None
+    again.close()
