@@ -7,8 +7,10 @@ GGUF declares no pooling, so its vectors are its last hidden states pooled MEAN 
 L2-normalised (as llama-server --pooling mean gives them); what is tested is the serving, not the
 vectors' quality. Tests marked `model` run on it (the `live` fixture); the usage rows, the quota
 and a hostile user's bodies are tested on the paced FakeRunner (its deterministic vectors) with
-a usage record, where no model's speed is needed. The endpoints' validation on a fake door is
-tests/unit/serve/openai/test_embeddings.py and tests/unit/serve/ollama/test_embed.py.
+a usage record, where no model's speed is needed; so is an embedding flood beside a stream's
+replies (the fake's embedding steps priced in real time), against the replies alone. The
+endpoints' validation on a fake door is tests/unit/serve/openai/test_embeddings.py and
+tests/unit/serve/ollama/test_embed.py.
 """
 
 from __future__ import annotations
@@ -380,6 +382,64 @@ def test_a_client_that_leaves_cancels_its_embedding_in_the_engine():
         assert len(server.runner.embed_calls) < 64
     finally:
         server.close()
+
+
+class PricedEmbedder(PacedRunner):
+    """The paced fake runner whose embedding steps take their (fake) price in real time."""
+
+    def embed(self, inputs):
+        before = self.clock.now
+        vectors = super().embed(inputs)
+        time.sleep(self.clock.now - before)
+        return vectors
+
+
+def test_a_reply_beside_an_embedding_flood_starts_about_as_soon_as_alone():
+    """bob asks for short replies one after another: how long each waits for its first token,
+    alone (the control) and beside three clients flooding /v1/embeddings. A step carrying his
+    new prompt is a chat's step (the embeddings get the ITL target's share beside it), and a
+    step of embeddings alone is at most twice the ITL target: his replies start within that
+    of alone. (They got a fifth of the TTFT target, 1 s, in both: each reply of a stream
+    beside a flood began a second or two late on the real model.)"""
+    from localserve.bench.blocking_ws import WS
+
+    server = FakeServer(runner=PricedEmbedder(n_ctx=4096, n_seq_max=8), max_frame_bytes=1 << 20)
+    stop = threading.Event()
+
+    def flood() -> None:
+        body = {"input": [f"{i} " + "word " * 29 for i in range(32)], "user": "flood"}
+        while not stop.is_set():
+            try:
+                _post(server, "/v1/embeddings", body)
+            except (OSError, http.client.HTTPException):  # the server closed: the test is over
+                return
+
+    def starts(ws: WS, n: int, tag: str) -> list[float]:
+        took = []
+        for i in range(n):
+            start = time.monotonic()
+            ws.chat(f"{tag}{i}", "Hi", max_tokens=4)
+            ws.until(lambda f: f["type"] in ("token", "done"))
+            took.append(time.monotonic() - start)
+            ws.until_done(f"{tag}{i}")
+            time.sleep(0.05)  # between replies: the engine embeds alone meanwhile
+        return took
+
+    try:
+        bob = WS(server.url)
+        bob.hello("bob")
+        alone = starts(bob, 5, "a")
+        flooders = [threading.Thread(target=flood, daemon=True) for _ in range(3)]
+        for t in flooders:
+            t.start()
+        wait_until(lambda: server.runner.embed_calls, 30, "the flood embedding")
+        beside = starts(bob, 7, "b")
+        bob.close()
+    finally:
+        stop.set()
+        server.close()
+    median = statistics.median
+    assert median(beside) <= 2 * median(alone) + 0.35, (alone, beside)
 
 
 def _rows_until(server, wanted, count: int, timeout: float = 30.0) -> list:
