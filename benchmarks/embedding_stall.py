@@ -68,8 +68,9 @@ def load(url: str, kind: str, user: str, stop: threading.Event, done: list[int])
         done.append(r.get("usage", {}).get("prompt_tokens", 0))
 
 
-def phase_tokens(url: str, kind: str, seconds: float) -> int:
-    """Tokens/s three clients get computed in `seconds` of `kind`, nobody else there."""
+def phase_tokens(url: str, kind: str, seconds: float, phase: dict | None = None) -> int:
+    """Tokens/s three clients get computed in `seconds` of `kind`; `phase["kind"]` names it
+    while they run (bob's gaps are counted under it), else nobody else is there."""
     stop, done = threading.Event(), []
     clients = [
         threading.Thread(target=load, args=(url, kind, f"u{i}", stop, done)) for i in range(3)
@@ -77,11 +78,46 @@ def phase_tokens(url: str, kind: str, seconds: float) -> int:
     start = time.monotonic()
     for c in clients:
         c.start()
+    if phase is not None:
+        phase["kind"] = kind
     time.sleep(seconds)
+    if phase is not None:
+        phase["kind"] = None
     stop.set()
     for c in clients:
         c.join(300)
     return int(sum(done) / (time.monotonic() - start))
+
+
+def stream(ws, reply_tokens: int, phase: dict, gaps: dict, stop: threading.Event) -> None:
+    """bob: replies one after another, the gaps between his tokens counted under the phase
+    running (across replies: a reply's late start is a gap too)."""
+    n, last = 0, None
+    while not stop.is_set():
+        n += 1
+        ws.chat(f"b{n}", "Tell me about the sea.", max_tokens=reply_tokens, ignore_eos=True)
+        while (f := ws.recv(300))["type"] != "done":
+            if f["type"] == "token":
+                now = time.monotonic()
+                if last is not None and phase["kind"]:
+                    gaps[phase["kind"]].append(now - last)
+                last = now
+
+
+def report(gaps: dict, tokens: dict, alone: dict, rounds: int) -> None:
+    print("| beside | bob's gaps | p50 | p99 | longest | over 0.8 s | over 1 s | tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for kind, g in gaps.items():
+        q = statistics.quantiles(g, n=100)
+        print(
+            f"| {kind} | {len(g)} | {statistics.median(g) * 1e3:.0f} ms | {q[98] * 1e3:.0f} ms "
+            f"| {max(g):.2f} s | {sum(x > 0.8 for x in g)} | {sum(x > 1 for x in g)} "
+            f"| {tokens[kind] // rounds} |"
+        )
+    print(
+        f"\nalone (no stream beside them): prompt tokens/s {alone['pastes']}, "
+        f"embedded tokens/s {alone['embeds']}"
+    )
 
 
 def main() -> None:
@@ -102,64 +138,23 @@ def main() -> None:
     config.server.state_dir = tempfile.mkdtemp(prefix="embedding-stall-")
     config.server.max_frame_bytes = 1 << 20
     with serving(config, thread=True) as served:
-        http_url = served.thread.http
+        url = served.thread.http
         bob = WS(served.thread.url)
         bob.hello("bob")
-        phase = {"kind": None}
+        phase: dict = {"kind": None}
         stop_bob = threading.Event()
-
-        def stream() -> None:
-            n, last = 0, None  # across replies: a reply's late start is a gap too
-            while not stop_bob.is_set():
-                n += 1
-                bob.chat(
-                    f"b{n}", "Tell me about the sea.", max_tokens=a.reply_tokens, ignore_eos=True
-                )
-                while (f := bob.recv(300))["type"] != "done":
-                    if f["type"] == "token":
-                        now = time.monotonic()
-                        if last is not None and phase["kind"]:
-                            gaps[phase["kind"]].append(now - last)
-                        last = now
-
-        streamer = threading.Thread(target=stream, daemon=True)
+        streamer = threading.Thread(
+            target=stream, args=(bob, a.reply_tokens, phase, gaps, stop_bob), daemon=True
+        )
         streamer.start()
         time.sleep(2)
         for _ in range(a.rounds):
             for kind in ("pastes", "embeds"):
-                stop, done = threading.Event(), []
-                clients = [
-                    threading.Thread(target=load, args=(http_url, kind, f"u{i}", stop, done))
-                    for i in range(3)
-                ]
-                start = time.monotonic()
-                phase["kind"] = kind
-                for c in clients:
-                    c.start()
-                time.sleep(a.seconds)
-                phase["kind"] = None
-                stop.set()
-                for c in clients:
-                    c.join(300)
-                tokens[kind] += int(sum(done) / (time.monotonic() - start))
+                tokens[kind] += phase_tokens(url, kind, a.seconds, phase)
         stop_bob.set()
         streamer.join(300)
-        alone = {kind: phase_tokens(http_url, kind, a.seconds) for kind in ("pastes", "embeds")}
-    print(
-        "| beside | bob's gaps | p50 | p99 | longest | over 0.8 s | over 1 s | tokens/s computed |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for kind, g in gaps.items():
-        q = statistics.quantiles(g, n=100)
-        print(
-            f"| {kind} | {len(g)} | {statistics.median(g) * 1e3:.0f} ms | {q[98] * 1e3:.0f} ms "
-            f"| {max(g):.2f} s | {sum(x > 0.8 for x in g)} | {sum(x > 1 for x in g)} "
-            f"| {tokens[kind] // a.rounds} |"
-        )
-    print(
-        f"\nalone (no stream beside them): prompt tokens/s {alone['pastes']}, "
-        f"embedded tokens/s {alone['embeds']}"
-    )
+        alone = {kind: phase_tokens(url, kind, a.seconds) for kind in ("pastes", "embeds")}
+    report(gaps, tokens, alone, a.rounds)
 
 
 if __name__ == "__main__":
