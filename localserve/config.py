@@ -57,7 +57,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
     # logit rows a step may add for drafts (speculative decoding), all sequences together: each
     # costs n_vocab floats of memory (1 MiB for Gemma's 262,144 tokens); 0 = no drafts here
-    draft_rows: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 32
+    draft_rows: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 64
     # sequence ids kept for cached prefixes (finished turns, system prompts) beyond max_num_seqs
     max_cached_prefixes: Annotated[int, msgspec.Meta(ge=0, le=MAX_PARALLEL_SEQUENCES - 1)] = 16
     max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=16, le=8192)] = 512
@@ -137,7 +137,9 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # was given; greedy replies stay the same token for token, sampled ones keep their
     # distribution); drafts are taken only where they are expected to pay. "off": none.
     speculative: Literal["ngram", "off"] = "ngram"
-    max_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=32)] = 8  # per sequence and step
+    # draft tokens per sequence and step, at most: a sequence starts at 8 and doubles while its
+    # drafts are kept whole (a reply copying a long stretch), falling back after one that fails
+    max_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=256)] = 48
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

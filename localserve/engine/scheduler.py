@@ -19,10 +19,12 @@ Pure Python, no I/O, no llama.cpp. Every step rebuilds the batch:
    arrival (earliest deadline first): past that point queue time, not smoothness, is what users
    feel. One user's pastes alone never stretch the others' steps.
 5. drafts (speculative decoding, localserve.engine.speculative): decoding sequences whose
-   last tokens occurred before in their own text carry the tokens that followed, verified in
-   this step's batch, in what the step has left within the ITL target, the batch and the
-   free cells, dealt round-robin across users, only where a drafted row is expected to return
-   more tokens than its price buys without drafts.
+   last tokens occurred before in their own text (or the same user's earlier turns of the
+   conversation, `DraftHistory`) carry the tokens that followed, verified in this step's
+   batch, in what the step has left within the ITL target (stretched only where every stream
+   of the step drafts), the batch and the free cells, dealt round-robin across users, only
+   where a drafted row is expected to return more tokens than its price buys without drafts;
+   a constrained reply's draft is cut where its grammar would refuse it.
 Embedding requests (localserve.engine.embedding) take whole inputs from the step's prompt budget
 (half of it while prompts are being prefilled), round robin over users, before the prefill
 chunks take the rest. The `static` policy admits only when the running set is empty.
@@ -30,6 +32,7 @@ chunks take the rest. The `static` policy admits only when the running set is em
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -42,10 +45,11 @@ from localserve.engine.prefix_tiers import CopyPace
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import FinishReason, Sequence, Status
 from localserve.engine.speculative import (
+    PREFILL_STRETCH,
     Candidate,
     DraftCosts,
+    DraftHistory,
     DraftStats,
-    NgramDrafter,
     num_accepted,
     plan_drafts,
 )
@@ -87,6 +91,7 @@ class Scheduler:
         on = config.speculative != "off" and config.max_draft_tokens > 0
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
+        self.draft_history = DraftHistory()  # finished replies' indexes, per user
         self._cache_was_full = False  # the last step found no cells: the next one drafts nothing
         self.copies = CopyPace()  # saved prefixes copied in and out of the cells
 
@@ -363,8 +368,12 @@ class Scheduler:
             if k <= 0:
                 continue
             if seq.drafter is None:
-                seq.drafter, seq.draft_stats = NgramDrafter(), DraftStats()
-            draft = seq.drafter.propose(seq.tokens, k)
+                seq.drafter = self.draft_history.drafter_for(seq.user, seq.tokens)
+                seq.draft_stats = DraftStats(self.config.max_draft_tokens)
+            draft = seq.drafter.propose(seq.tokens, min(k, seq.draft_stats.cap))
+            allowed = getattr(seq.sampler, "allowed_prefix", None)
+            if draft and allowed is not None:  # a grammar: only what its matcher would take
+                draft = draft[: allowed(draft)]
             if not draft:
                 seq.draft_stats.update(0, 0)
                 continue
@@ -379,6 +388,7 @@ class Scheduler:
             num_tokens=rows_now,
             row_s=self.cost.decode_token_s,
             limit_s=self.config.itl_target_ms / 1e3,
+            max_stretch=PREFILL_STRETCH if prefill else math.inf,
             step_with=lambda n: self.cost.predict(rows_now + n, prefill),
         )
         planned = plan_drafts(candidates, costs, rows)
@@ -393,10 +403,7 @@ class Scheduler:
             batch.num_draft_tokens += n
 
     def _draft_room(self, seq: Sequence) -> int:
-        """How many draft tokens the sequence may carry: none under a grammar (its matcher
-        cannot take tokens back), none past max_tokens or the context."""
-        if seq.params.constraint is not None:
-            return 0
+        """How many draft tokens the sequence may carry: none past max_tokens or the context."""
         return min(
             self.config.max_draft_tokens,
             seq.params.max_tokens - seq.num_output_tokens - 1,
@@ -432,6 +439,8 @@ class Scheduler:
         self.running.remove(seq)
         self.line.stopped(seq.user)
         self.kv.release(seq, keep, save)
+        if seq.drafter is not None and seq.is_finished:  # the conversation's next turn drafts
+            self.draft_history.keep(seq.user, seq.drafter)  # from it (the same user's only)
 
     def _preempt(self, seq: Sequence, now: float) -> None:
         """Out of the cells (their copy to the host tier), back to the head of the line."""

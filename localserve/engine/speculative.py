@@ -42,51 +42,187 @@ from localserve.engine.batch import Sampled
 
 MIN_NGRAM = 2  # a single repeated token says little about what follows it
 MAX_NGRAM = 4
+RECENT = 4  # occurrences of a MAX_NGRAM-gram kept, to choose the one matching furthest back
+MATCH_WINDOW = 32  # tokens compared backwards when choosing between occurrences
+START_CAP = 8  # draft tokens a sequence may carry at first, and after a draft that failed
 PRIOR = 0.5  # acceptance rate assumed before a sequence has drafted
 PRIOR_WEIGHT = 2.0  # ... worth this many observed draft tokens
 DECAY = 0.8  # per step with a draft: older outcomes fade
 IDLE_DECAY = 0.9  # per step without one: the estimate drifts back to the prior
 MAX_PROBE_WAIT = 64  # steps: the longest a sequence waits between probes
 BACK_OFF_AFTER = 2  # drafted steps in a row that kept nothing: then it only probes
+PREFILL_STRETCH = 2.0  # with a prompt's chunk in the step: the most drafts may stretch it
+HISTORY_DEPTH = 4  # turns a conversation's index chains before it is indexed afresh
+HISTORY_PER_USER = 4  # conversations remembered per user
+HISTORY_TOKENS = 1 << 17  # tokens indexed in the history, everyone's together (~40 MB)
+MIN_SHARED = 16  # tokens a new request must share with a remembered one to draft from it
 
 
 class NgramDrafter:
-    """Prompt lookup over one sequence's tokens: the continuation of the most recent earlier
-    occurrence of its last n tokens (n from MAX_NGRAM down to MIN_NGRAM).
+    """Prompt lookup over one sequence's tokens: the continuation of an earlier occurrence of
+    its last n tokens (n from MAX_NGRAM down to MIN_NGRAM), and of the same user's earlier
+    turns (`parent`: the drafter of the conversation's last reply).
 
     Indexed incrementally: each table maps an n-gram to the position after its latest
     occurrence, for every n-gram whose continuation is known (that ends before the last token),
-    so a lookup never finds the suffix itself."""
+    so a lookup never finds the suffix itself. For the longest n the last RECENT occurrences
+    are kept, and the one whose text before it matches the sequence's furthest back wins (a
+    file edited over several turns has several versions; the right one is the one that agrees
+    longest), the latest on a tie.
 
-    __slots__ = ("_tables", "_indexed")
+    A drafter made from a `parent` (a finished sequence of the same user whose tokens start as
+    this one's do, `shared` of them) indexes only from there: the conversation is indexed once,
+    turn by turn, and the parent's text past `shared` (the earlier reply as it was generated)
+    is a draft source too."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_tables", "_recent", "_indexed", "_tokens", "parent", "shared", "depth")
+
+    def __init__(self, parent: NgramDrafter | None = None, shared: int = 0) -> None:
         self._tables: dict[int, dict[tuple[int, ...], int]] = {
-            n: {} for n in range(MIN_NGRAM, MAX_NGRAM + 1)
+            n: {} for n in range(MIN_NGRAM, MAX_NGRAM)
         }
-        self._indexed = 0  # n-grams ending before this position are in the tables
+        self._recent: dict[tuple[int, ...], list[int]] = {}  # MAX_NGRAM-grams
+        self.parent, self.shared = (parent, shared) if parent is not None else (None, 0)
+        self.depth = parent.depth + 1 if parent is not None else 0
+        # n-grams ending before this position are in the tables (the parent's, before shared)
+        self._indexed = max(self.shared - 1, 0)
+        self._tokens: list[int] = []
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    @property
+    def size(self) -> int:
+        """Positions indexed here and in the parents (what the history counts)."""
+        own = max(self._indexed - max(self.shared - 1, 0), 0)
+        return own + (self.parent.size if self.parent is not None else 0)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest suffix."""
+        """Up to k tokens that followed the best earlier occurrence of the longest suffix."""
         if k <= 0:
             return []
+        self._tokens = tokens
         self._index(tokens)
         end = len(tokens)
-        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        if end >= MAX_NGRAM:
+            found = self._best_recent(tokens, tuple(tokens[end - MAX_NGRAM :]))
+            if found is not None:
+                source, at = found
+                return source[at : at + k]
+        for n in range(MAX_NGRAM - 1, MIN_NGRAM - 1, -1):
             if end < n:
                 continue
-            at = self._tables[n].get(tuple(tokens[end - n :]))
-            if at is not None:
-                return tokens[at : at + k]
+            key = tuple(tokens[end - n :])
+            drafter = self
+            while drafter is not None:  # the latest text first: this turn, then the earlier
+                at = drafter._tables[n].get(key)
+                if at is not None:
+                    return drafter._tokens[at : at + k]
+                drafter = drafter.parent
         return []
+
+    def _best_recent(self, tokens: list[int], key: tuple[int, ...]) -> tuple[list[int], int] | None:
+        best, best_len = None, -1
+        drafter = self
+        while drafter is not None:
+            source = drafter._tokens
+            for at in reversed(drafter._recent.get(key, ())):
+                n = _match_back(tokens, source, at)
+                if n > best_len:
+                    best, best_len = (source, at), n
+            drafter = drafter.parent
+        return best
 
     def _index(self, tokens: list[int]) -> None:
         last = len(tokens) - 1  # the n-gram ending at i continues at i + 1
+        tables, recent = self._tables.items(), self._recent
         for i in range(self._indexed, last):
-            for n, table in self._tables.items():
+            for n, table in tables:
                 if i + 1 >= n:
                     table[tuple(tokens[i + 1 - n : i + 1])] = i + 1
+            if i + 1 >= MAX_NGRAM:
+                key = tuple(tokens[i + 1 - MAX_NGRAM : i + 1])
+                seen = recent.get(key)
+                if seen is None:
+                    recent[key] = [i + 1]
+                else:
+                    seen.append(i + 1)
+                    if len(seen) > RECENT:
+                        del seen[0]
         self._indexed = max(self._indexed, last)
+
+
+def _match_back(tokens: list[int], source: list[int], at: int) -> int:
+    """How many tokens before the end of `tokens` equal those before `at` in `source` (at most
+    MATCH_WINDOW; the MAX_NGRAM that found `at` included)."""
+    n, end = 0, len(tokens)
+    limit = min(MATCH_WINDOW, at, end)
+    while n < limit and tokens[end - 1 - n] == source[at - 1 - n]:
+        n += 1
+    return n
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two token lists share (binary search over slice comparisons:
+    C speed, for prompts of thousands of tokens)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class DraftHistory:
+    """The indexes of finished replies, per user: a new request of the same conversation (its
+    tokens start as a remembered one's) drafts from them, and indexes only its new tokens.
+
+    Only the same user's: the prefix isolation rule holds for drafts too (how fast a draft is
+    accepted would tell whether someone else's text continues the same way). Bounded: the
+    HISTORY_PER_USER latest conversations per user, HISTORY_TOKENS positions everyone's
+    together (the least recently used users' go first); a chain of HISTORY_DEPTH turns is
+    indexed afresh at the next turn."""
+
+    def __init__(self, per_user: int = HISTORY_PER_USER, max_tokens: int = HISTORY_TOKENS):
+        self.per_user = per_user
+        self.max_tokens = max_tokens
+        self._users: dict[str, list[NgramDrafter]] = {}  # least recently used user first
+        self.num_tokens = 0
+
+    def drafter_for(self, user: str, tokens: list[int]) -> NgramDrafter:
+        """A drafter for a new sequence of `user`: chained to the remembered conversation it
+        continues (the one sharing the most leading tokens, at least MIN_SHARED), if any."""
+        best, shared = None, MIN_SHARED - 1
+        for kept in self._users.get(user, ()):
+            n = shared_prefix(kept.tokens, tokens)
+            if n > shared:
+                best, shared = kept, n
+        if best is None or best.depth + 1 >= HISTORY_DEPTH:
+            return NgramDrafter()
+        return NgramDrafter(best, shared)
+
+    def keep(self, user: str, drafter: NgramDrafter) -> None:
+        """A finished sequence's drafter: its conversation's latest turn (it replaces the turn
+        it continues)."""
+        kept = self._users.pop(user, [])
+        kept = [d for d in kept if d is not drafter.parent and d is not drafter]
+        kept.append(drafter)
+        while len(kept) > self.per_user:
+            kept.pop(0)
+        self._users[user] = kept  # now the most recently used
+        self.num_tokens = sum(d.size for ds in self._users.values() for d in ds)
+        while self.num_tokens > self.max_tokens and self._users:
+            oldest = next(iter(self._users))
+            ds = self._users[oldest]
+            self.num_tokens -= ds.pop(0).size
+            if not ds:
+                del self._users[oldest]
+
+    def users(self) -> list[str]:
+        return list(self._users)
 
 
 class DraftStats:
@@ -98,11 +234,18 @@ class DraftStats:
     steps) and halve after one that kept something. After BACK_OFF_AFTER drafted steps in a row
     that kept nothing it only probes, whatever its rate says, until a probe is kept: the rate's
     prior keeps it from reaching 0, and on a device where a row costs little next to a step it
-    would otherwise go on drafting."""
+    would otherwise go on drafting.
 
-    __slots__ = ("accepted", "tried", "probe_wait", "idle", "failures")
+    How long a draft it may carry (`cap`) grows while its drafts are kept whole: it doubles
+    after a draft of `cap` tokens that was kept entirely, up to `max_cap`, and falls back at
+    once after one that was not (to what that draft kept, START_CAP at least). A reply copying
+    a long stretch drafts tens of tokens a step; one that copies in short runs, a few."""
 
-    def __init__(self) -> None:
+    __slots__ = ("accepted", "tried", "probe_wait", "idle", "failures", "cap", "max_cap")
+
+    def __init__(self, max_cap: int = START_CAP) -> None:
+        self.max_cap = max(max_cap, 1)
+        self.cap = min(START_CAP, self.max_cap)  # draft tokens it may carry next
         self.accepted = 0.0  # decayed counts of draft tokens accepted / judged
         self.tried = 0.0
         self.probe_wait = 1  # steps without a draft before the next probe
@@ -132,6 +275,12 @@ class DraftStats:
             self.idle += 1
             return
         self.idle = 0
+        start = min(START_CAP, self.max_cap)
+        if num_accepted == num_drafted:
+            if num_drafted >= self.cap:
+                self.cap = min(self.cap * 2, self.max_cap)
+        else:
+            self.cap = min(max(start, num_accepted), self.max_cap)
         if num_accepted:
             self.probe_wait = max(1, self.probe_wait // 2)
             self.failures = 0
@@ -160,7 +309,11 @@ class DraftCosts(NamedTuple):
     step_s: float  # the step as scheduled, without drafts
     num_tokens: int  # tokens it already produces (its decode rows)
     row_s: float  # one draft row
-    limit_s: float  # the ITL target: the step may not be predicted longer with its drafts
+    limit_s: float  # the ITL target: the step may not be predicted longer with its drafts...
+    # ... than this many times, where every decode row of the step carries a draft expected to
+    # give it that many tokens (each stream still gets a token per limit_s): inf without a
+    # prompt's chunk in the step, PREFILL_STRETCH with one (its TTFT waits for the step)
+    max_stretch: float = 1.0
     # the step's predicted time with n draft rows (the cost model's, which prices a batch's
     # prompt tokens by its size); None: step_s + n * row_s
     step_with: Callable[[int], float] | None = None
@@ -175,28 +328,44 @@ def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -
     Rows are dealt one at a time, round-robin over users in the candidates' order; a user's
     row goes to its sequence whose next draft token is most likely accepted. A row is added
     only while its expected tokens (rate^j for a sequence's j-th) exceed what the same time
-    buys without drafts (row_s * tokens / step_s), and while the step stays within limit_s.
+    buys without drafts (row_s * tokens / step_s), and while the step stays within limit_s,
+    stretched as far as every decode row's expected tokens (at most max_stretch): a stream
+    beside long drafts without one of its own keeps the ITL target; streams that all draft
+    get their tokens in fewer, longer steps.
     """
     planned: dict[object, int] = {}
     if max_rows <= 0 or costs.row_s <= 0 or not candidates:
         return planned
     step_s, tokens = max(costs.step_s, 1e-9), float(max(costs.num_tokens, 1))
-    limit_s = costs.limit_s + 1e-9  # (a step exactly at the target is within it)
     users: dict[str, list[Candidate]] = {}
     for c in candidates:
         if c.draft_len > 0 and not c.probe_only:
             users.setdefault(c.user, []).append(c)
+    # every decode row's expected tokens this step (1 + its draft's worth); a row that cannot
+    # draft keeps the flat target
+    expected = {c.key: 1.0 for cs in users.values() for c in cs}
+    can_stretch = costs.max_stretch > 1 and len(expected) >= costs.num_tokens
     rows = 0
+
+    def limit(key=None, more: float = 0.0) -> float:  # (a step exactly at it is within it)
+        if not can_stretch:
+            return costs.limit_s + 1e-9
+        least = min(v + more if k == key else v for k, v in expected.items())
+        return costs.limit_s * min(least, costs.max_stretch) + 1e-9
+
     while users and rows < max_rows:
         for user in list(users):
             best, worth = _best(users[user], planned)
             if best is None:
                 del users[user]
                 continue
-            if worth * step_s <= costs.row_s * tokens or costs.with_rows(rows + 1) > limit_s:
+            if worth * step_s <= costs.row_s * tokens or costs.with_rows(rows + 1) > limit(
+                best.key, worth
+            ):
                 del users[user]  # its best row does not pay: none of its others would
                 continue
             planned[best.key] = planned.get(best.key, 0) + 1
+            expected[best.key] += worth
             rows += 1
             step_s += costs.row_s
             tokens += worth
@@ -204,7 +373,7 @@ def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -
                 break
     for c in candidates:  # probes: one row each, in the time and rows left
         if c.probe and c.draft_len and c.key not in planned and rows < max_rows:
-            if costs.with_rows(rows + 1) > limit_s:
+            if costs.with_rows(rows + 1) > limit():
                 break
             planned[c.key] = 1
             rows += 1

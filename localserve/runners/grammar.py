@@ -18,6 +18,11 @@ The next token's mask depends only on tokens already accepted, so it is computed
 thread while llama_decode runs (both release the GIL); the engine thread then waits only for
 what the decode did not hide.
 
+A constrained reply drafts too (speculative decoding): the scheduler cuts a draft where the
+grammar would refuse it (`allowed_prefix`, llguidance's `validate_tokens`), and the runner draws
+each draft row under the mask of the tokens kept before it, the matcher advancing only by the
+tokens drawn, so a draft the grammar forbids is never kept and nothing has to be rolled back.
+
 End of generation is allowed exactly where the grammar accepts (the tokenizer's EOS set is the
 model's end-of-generation tokens); a grammar that can take nothing more ends the reply after
 the token that completed it (`is_last`). A matcher error fails that one sequence.
@@ -169,6 +174,25 @@ class Constrained:
         if not allowed.any():
             raise SamplingError("response_format: the grammar allows no token here")
         np.copyto(logits, -np.inf, where=~allowed.view(np.bool_))
+
+    def allowed_prefix(self, draft: list[int]) -> int:
+        """How many of a draft's tokens the grammar would take from here, in order (the
+        scheduler cuts the draft there: a row the mask is sure to refuse is not spent). Only
+        a cut: every kept token is still drawn under its own mask (`sample`), and the matcher
+        advances only by what was drawn, so nothing is ever rolled back. 0 while the grammar
+        is still compiling (never waited for here)."""
+        if self.matcher is None and not self._future.done():
+            return 0
+        try:
+            m = self._ready()
+        except SamplingError:
+            return 0  # the first draw will say why
+        pending = self._pending
+        if pending is not None:  # the next mask, being computed on this matcher: let it finish
+            pending.result()
+        if m.is_error():
+            return 0
+        return m.validate_tokens(list(draft))
 
     def accept(self, token: int) -> bool:
         """Advance by the sampled token; True when the grammar can take nothing more."""

@@ -19,7 +19,10 @@ from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import Sequence
 from localserve.engine.speculative import (
     Candidate,
+    HISTORY_DEPTH,
+    PREFILL_STRETCH,
     DraftCosts,
+    DraftHistory,
     DraftStats,
     NgramDrafter,
     num_accepted,
@@ -27,6 +30,7 @@ from localserve.engine.speculative import (
     verify_draft,
 )
 from localserve.runners.fake import FakeRunner
+from localserve.runners.grammar import Constrained
 from localserve.runners.sampling import Sampler
 from tests.support.harness import Harness
 
@@ -68,7 +72,72 @@ def test_the_index_grows_with_the_sequence_and_matches_a_fresh_one():
         assert grown.propose(tokens[:n], 5) == NgramDrafter().propose(tokens[:n], 5)
 
 
+def test_of_several_occurrences_the_one_agreeing_furthest_back_wins():
+    # three versions of a "file": the suffix 1 2 3 4 occurs in each; the one whose text before
+    # it matches the sequence's (the middle version, 70 71) is chosen over the latest (90 91)
+    v = [[50, 51, 1, 2, 3, 4, 60], [70, 71, 1, 2, 3, 4, 80], [90, 91, 1, 2, 3, 4, 99]]
+    tokens = v[0] + v[1] + v[2] + [70, 71, 1, 2, 3, 4]
+    assert NgramDrafter().propose(tokens, 1) == [80]
+    assert NgramDrafter().propose([*tokens[:-6], 5, 1, 2, 3, 4], 1) == [99]  # a tie: latest
+
+
+def test_a_conversations_next_turn_drafts_from_the_last_one_and_indexes_only_its_new_tokens():
+    history = DraftHistory()
+    turn1 = [2, 7, 8, 9] * 5 + [30, 31, 32, 33, 34, 35, 36]  # ... and its reply, 30..36
+    first = history.drafter_for("ann", turn1)
+    first.propose(turn1, 4)
+    history.keep("ann", first)
+    # the next turn resends the history (its reply included) and asks again
+    turn2 = [*turn1, 40, 41, 30, 31]
+    second = history.drafter_for("ann", turn2)
+    assert second.parent is first and second.shared == len(turn1)
+    assert second.propose(turn2, 3) == [32, 33, 34]
+    assert second.size - first.size <= 8  # its own index: the new tokens only
+    # what the earlier turn generated past what was resent is a source too
+    third = history.drafter_for("ann", [*turn1[:-3], 77, 78, 33, 34])
+    assert third.propose([*turn1[:-3], 77, 78, 33, 34], 2) == [35, 36]
+    # another user sharing the same leading tokens gets nothing of ann's
+    bob = history.drafter_for("bob", turn2)
+    assert bob.parent is None and bob.propose([40, 41, 30, 31], 3) == []
+
+
+def test_the_history_is_bounded_per_user_in_tokens_and_in_depth():
+    history = DraftHistory(per_user=2, max_tokens=300)
+    for u in range(4):
+        for c in range(3):  # three conversations each: the two latest are kept
+            tokens = [1000 * u + 100 * c + i for i in range(60)]
+            d = history.drafter_for(f"u{u}", tokens)
+            d.propose(tokens, 1)
+            history.keep(f"u{u}", d)
+    assert history.num_tokens <= 300
+    assert history.users()[-1] == "u3" and "u0" not in history.users()  # the oldest went
+    tokens, chain = [5, 6, 7, 8] * 10, None
+    for turn in range(HISTORY_DEPTH + 1):  # a long conversation: indexed afresh every few turns
+        tokens = [*tokens, 100 + turn, 5, 6]
+        d = history.drafter_for("long", tokens)
+        d.propose(tokens, 1)
+        history.keep("long", d)
+        assert d.depth < HISTORY_DEPTH
+        chain = d
+    assert chain.depth < HISTORY_DEPTH
+
+
 # --- what a sequence learns ---------------------------------------------------------------------
+
+
+def test_a_draft_kept_whole_doubles_the_next_ones_length_and_a_failed_one_falls_back():
+    stats = DraftStats(max_cap=48)
+    assert stats.cap == 8
+    for want in (16, 32, 48, 48):
+        stats.update(stats.cap, stats.cap)
+        assert stats.cap == want
+    stats.update(48, 20)  # kept 20 of 48: the next draft at most 20
+    assert stats.cap == 20
+    stats.update(10, 10)  # kept whole but shorter than the cap (the source ended): unchanged
+    assert stats.cap == 20
+    stats.update(20, 0)  # nothing kept: back to the start at once
+    assert stats.cap == 8
+    assert DraftStats(max_cap=4).cap == 4
 
 
 def test_acceptance_rises_with_accepted_drafts_falls_with_rejected_and_drifts_back():
@@ -108,6 +177,20 @@ def test_drafts_back_off_by_themselves_on_a_large_batch():
     many = [Candidate(i, f"u{i}", rate, 8) for i in range(16)]
     crowded = plan_drafts(many, _costs(0.074, 16), 64)
     assert sum(one.values()) >= 2 and sum(crowded.values()) == 0
+
+
+def test_streams_that_all_draft_stretch_the_step_one_without_a_draft_keeps_the_target():
+    costs = DraftCosts(0.03, 2, 0.005, 0.1, max_stretch=math.inf)
+    both = [Candidate("a", "ann", 0.99, 48), Candidate("b", "bob", 0.99, 48)]
+    stretched = plan_drafts(both, costs, 128)
+    assert sum(stretched.values()) > 14  # past the 100 ms a flat target allows (14 rows)
+    assert abs(stretched["a"] - stretched["b"]) <= 1  # dealt evenly
+    # bob's row has no draft: the step keeps the ITL target, for him
+    alone = plan_drafts(both[:1], costs, 128)
+    assert sum(alone.values()) == 14
+    # a prompt's chunk in the step: stretched at most PREFILL_STRETCH times
+    chunk = plan_drafts(both, costs._replace(max_stretch=PREFILL_STRETCH), 128)
+    assert 14 < sum(chunk.values()) <= (PREFILL_STRETCH * 0.1 - 0.03) / 0.005
 
 
 def test_drafts_stay_within_the_itl_target_and_the_rows_the_runner_has():
@@ -221,7 +304,8 @@ def test_a_reply_that_repeats_its_prompt_takes_a_fraction_of_the_steps():
     assert on == off
     assert len(h_on.runner.steps) < 0.4 * len(h_off.runner.steps)
     per_pos = h_on.engine.snapshot().result().counters.spec_accepted_per_position
-    assert len(per_pos) == ON.max_draft_tokens and per_pos == sorted(per_pos, reverse=True)
+    # drafts grew past the first 8 tokens while they were kept whole
+    assert 8 < len(per_pos) <= ON.max_draft_tokens and per_pos == sorted(per_pos, reverse=True)
 
 
 def test_stop_strings_eos_and_max_tokens_end_a_drafted_reply_where_they_would_without():
@@ -282,27 +366,56 @@ def test_usage_and_timings_count_every_token_and_say_what_the_drafts_did():
     assert tokens < 40  # several tokens per event where a draft was accepted
 
 
-def test_a_grammar_constrained_reply_never_drafts_and_is_the_same_as_without_drafts():
-    # the reply repeats its prompt (drafts would be right), under a grammar of that very text:
-    # a matcher cannot take tokens back, so a constrained row carries no draft (scheduler.py
-    # `_draft_room`), and an unconstrained one beside it still does
-    words = " ".join(f'"w{10 + i % 12} "' for i in range(40))
+def _constrained_replies(grammar_words: list[int], prompt: list[int]):
+    """Each config's (text, tokens, drafted, accepted) of a reply under a grammar of that very
+    sequence of words, beside an unconstrained reply to the same prompt."""
+    words = " ".join(f'"w{w} "' for w in grammar_words)
     grammar = ConstraintCompiler().compile_sync("lark", f"start: {words}")
-    prompt = [2] + [10 + i % 12 for i in range(36)]
     replies = {}
     for config in (OFF, ON):
         h = Harness(FakeRunner(max_draft_rows=32, repeats=1000), config)
-        params = SamplingParams(max_tokens=40, temperature=0)
+        params = SamplingParams(max_tokens=len(grammar_words), temperature=0)
         constrained = msgspec.structs.replace(params, constraint=grammar)
         h.engine.add_request("json", prompt, constrained, user="a")
         h.engine.add_request("free", prompt, params, user="b")
         h.run()
-        replies[config.speculative] = h.text("json"), h.done("json").completion_tokens
-        assert replies[config.speculative][1] == 40
         done = h.done("json")
-        assert done.timings.get("draft_n", 0) == 0, done.timings  # never drafted
-    assert h.done("free").timings["draft_n"] > 0  # beside it, the same text drafts
-    assert replies["off"] == replies[ON.speculative]
+        t = done.timings
+        replies[config.speculative] = (
+            h.text("json"), done.completion_tokens, t.get("draft_n", 0), t.get("draft_n_accepted", 0)
+        )
+    assert h.done("free").timings["draft_n"] > 0  # beside it, the prompt's text drafts
+    return replies
+
+
+def test_a_grammar_constrained_reply_drafts_and_is_the_same_as_without_drafts():
+    # the reply repeats its prompt, under a grammar of that very text: its drafts are right,
+    # each row drawn under the mask of the tokens kept before it
+    grammar_words = [10 + i % 12 for i in range(40)]
+    replies = _constrained_replies(grammar_words, [2] + [10 + i % 12 for i in range(36)])
+    assert replies["off"][:2] == replies[ON.speculative][:2]
+    assert replies["off"][1] == 40
+    assert replies[ON.speculative][2] > 20  # drafted, and kept
+    assert replies[ON.speculative][3] > 20
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_draft_the_grammar_forbids_is_never_kept(cut, monkeypatch):
+    # the prompt repeats one order of the words and the model would repeat it (the drafts say
+    # so), but the grammar asks for another order: the reply follows the grammar, token for
+    # token as without drafts, whether the drafts are cut by the grammar first (`cut`) or only
+    # verified by each row's mask
+    if not cut:  # the mask alone verifies the drafts
+        monkeypatch.setattr(Constrained, "allowed_prefix", lambda self, draft: len(draft))
+    grammar_words = [10 + (i * 5) % 12 for i in range(40)]
+    replies = _constrained_replies(grammar_words, [2] + [10 + i % 12 for i in range(36)])
+    text, n, drafted, accepted = replies[ON.speculative]
+    assert (text, n) == replies["off"][:2]
+    assert text == "".join(f"w{w} " for w in grammar_words)
+    if cut:  # only what the grammar takes was drafted (the reply's own repeats): all kept
+        assert accepted == drafted
+    else:
+        assert drafted > 0 and accepted < drafted  # drafted against the grammar, refused
 
 
 def test_no_drafts_where_the_runner_has_no_rows_for_them():
