@@ -18,9 +18,9 @@ from localserve.engine.events import Token
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import Sequence
 from localserve.engine.speculative import (
-    Candidate,
     HISTORY_DEPTH,
     PREFILL_STRETCH,
+    Candidate,
     DraftCosts,
     DraftHistory,
     DraftStats,
@@ -380,10 +380,8 @@ def _constrained_replies(grammar_words: list[int], prompt: list[int]):
         h.engine.add_request("free", prompt, params, user="b")
         h.run()
         done = h.done("json")
-        t = done.timings
-        replies[config.speculative] = (
-            h.text("json"), done.completion_tokens, t.get("draft_n", 0), t.get("draft_n_accepted", 0)
-        )
+        drafted, kept = done.timings.get("draft_n", 0), done.timings.get("draft_n_accepted", 0)
+        replies[config.speculative] = (h.text("json"), done.completion_tokens, drafted, kept)
     assert h.done("free").timings["draft_n"] > 0  # beside it, the prompt's text drafts
     return replies
 
