@@ -52,9 +52,18 @@ class ConversationResult:
 def single(
     spec: RequestSpec, ignore_eos: bool, seed: int, temperature: float = LOAD_TEMPERATURE
 ) -> BenchRequest:
-    """A workload's request as sent: one user message, sampled at `temperature` (0 = greedy)."""
-    messages = (("user", spec.prompt),)
-    return BenchRequest(spec.kind, messages, spec.max_tokens, temperature, seed, ignore_eos)
+    """A workload's request as sent: its history and user message, sampled at `temperature`
+    (0 = greedy), under its response format."""
+    messages = (*spec.history, ("user", spec.prompt))
+    return BenchRequest(
+        spec.kind,
+        messages,
+        spec.max_tokens,
+        temperature,
+        seed,
+        ignore_eos,
+        response_format=spec.response_format,
+    )
 
 
 class _Progress:

@@ -41,6 +41,7 @@ class BenchRequest:
     seed: int
     ignore_eos: bool = False
     reuse: bool = True  # False: ask the server not to reuse cached prompt tokens, where it can
+    response_format: dict | None = None  # OpenAI's (a json_schema one for the json workload)
 
 
 @dataclass
@@ -157,6 +158,7 @@ def _chat(request: BenchRequest, rid: str) -> Chat:
         temperature=request.temperature,
         seed=request.seed,
         ignore_eos=request.ignore_eos,
+        response_format=request.response_format,
     )
 
 
@@ -236,6 +238,11 @@ class OpenAITarget:
             body["stop"] = [] if request.ignore_eos else list(TRANSCRIPT_STOPS)
         if not request.reuse:
             body["cache_prompt"] = False
+        if request.response_format is not None:  # completions: llama-server's json_schema
+            if self.endpoint == "chat":
+                body["response_format"] = request.response_format
+            else:
+                body["json_schema"] = request.response_format["json_schema"]["schema"]
         return body
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -36,7 +37,7 @@ from localserve.bench.scenario import (
 from localserve.serve.prompt import render_transcript
 
 # kind -> (output tokens, prompt builder); a mix is a weighted choice of kinds
-KINDS = ("short", "long", "paste", "edit", "quote")
+KINDS = ("short", "long", "paste", "edit", "quote", "multiturn", "json")
 WORKLOADS: dict[str, dict[str, float]] = {
     "short": {"short": 1.0},
     "long": {"long": 1.0},
@@ -45,8 +46,18 @@ WORKLOADS: dict[str, dict[str, float]] = {
     "chat": {"short": 0.7, "long": 0.3},
     "edit": {"edit": 1.0},
     "quote": {"quote": 1.0},
+    "multiturn": {"multiturn": 1.0},
+    "json": {"json": 1.0},
 }
-OUTPUT_TOKENS = {"short": 48, "long": 320, "paste": 96, "edit": 256, "quote": 256}
+OUTPUT_TOKENS = {
+    "short": 48,
+    "long": 320,
+    "paste": 96,
+    "edit": 256,
+    "quote": 256,
+    "multiturn": 256,
+    "json": 256,
+}
 PASTE_TOKENS = 2500
 
 EDIT_TOKENS = (1000, 2800)  # the edit's slice, drawn per request (whole paragraphs: <= ~3,000)
@@ -83,11 +94,14 @@ TEXT_QUESTIONS = [
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One single-turn request of a workload: one user message."""
+    """One request of a workload: a user message, after a history where it has one (the
+    `multiturn` kind's earlier turns), under a `response_format` where it asks for one."""
 
     kind: str
     prompt: str
     max_tokens: int
+    history: tuple[tuple[str, str], ...] = ()  # (role, content) before the prompt
+    response_format: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,10 @@ def _spec(kind: str, rng: random.Random) -> RequestSpec:
     elif kind == "quote":
         text = pages_slice(rng, round(QUOTE_TOKENS / TOKENS_PER_WORD))
         prompt = f"{text}\n\n{QUOTE_REQUEST}"
+    elif kind == "multiturn":
+        return _multiturn_spec(rng)
+    elif kind == "json":
+        return _json_spec(rng)
     else:
         text = pages_slice(rng, round(PASTE_TOKENS / TOKENS_PER_WORD))
         prompt = f"{text}\n\n{rng.choice(SUMMARY_REQUESTS)}"
@@ -147,6 +165,97 @@ def _edit_prompt(rng: random.Random) -> str:
     corrections = [f'replace "{old}" with "{new}"' for old, new in pairs]
     listed = ", ".join(corrections[:-1]) + f" and {corrections[-1]}"
     return f"{text}\n\n{EDIT_REQUEST} {listed}."
+
+
+# --- what copies from a conversation or a document: multiturn, json -------------------------------
+
+CODE_FUNCTIONS = 8  # functions in the multiturn workload's file (~550 tokens a version)
+CODE_TURNS = 4  # the request is the 4th turn: three versions of the file before it
+CODE_VERBS = ("load", "parse", "merge", "count", "check", "render", "update", "split", "sort")
+CODE_NOUNS = ("orders", "rows", "names", "totals", "events", "pages", "users", "notes", "tags")
+CODE_RENAMES = ("records", "entries", "items", "values", "chunks", "lines", "parts", "fields")
+FILE_REQUEST = "Reply with the whole file, changed, and nothing else."
+JSON_REQUEST = (
+    "Extract the customer's name, email and street address, the ordered items with their"
+    " quantities, and the customer's note (word for word) as JSON."
+)
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "email": {"type": "string"},
+        "address": {"type": "string"},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"product": {"type": "string"}, "quantity": {"type": "integer"}},
+                "required": ["product", "quantity"],
+            },
+        },
+        "note": {"type": "string"},
+    },
+    "required": ["name", "email", "address", "items", "note"],
+}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "order", "schema": JSON_SCHEMA}}
+FIRST_NAMES = ("Ada", "Bruno", "Chiara", "Dmitri", "Elif", "Farah", "Goran", "Hana", "Ivo")
+LAST_NAMES = ("Moreau", "Okafor", "Lindqvist", "Tanaka", "Novak", "Haddad", "Costa", "Berg")
+STREETS = ("Mill Lane", "Harbour Road", "Chestnut Avenue", "Old Quay", "Station Street")
+PRODUCTS = ("copper kettle", "wool blanket", "oak chopping board", "linen apron", "tea tin")
+
+
+def _code_file(rng: random.Random) -> str:
+    """A small Python module of CODE_FUNCTIONS functions (seeded)."""
+    out = ['"""Helpers for the nightly report."""', "", "import json", ""]
+    names = rng.sample([f"{v}_{n}" for v in CODE_VERBS for n in CODE_NOUNS], CODE_FUNCTIONS)
+    for name in names:
+        verb, noun = name.split("_")
+        limit = rng.randint(2, 90)
+        out += [
+            "",
+            f"def {name}(source, limit={limit}):",
+            f'    """{verb.capitalize()} the {noun} of source, at most limit of them."""',
+            f"    {noun} = [x for x in source.get({noun!r}, []) if x is not None]",
+            f"    if len({noun}) > limit:",
+            f"        {noun} = {noun}[:limit]",
+            f"    return json.dumps({{{noun!r}: {noun}, 'count': len({noun})}})",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def _multiturn_spec(rng: random.Random) -> RequestSpec:
+    """The 4th turn of a conversation editing a file: each earlier turn asked for a rename and
+    its reply (here the ideal one, the same for every server) repeated the whole file changed;
+    the 4th asks once more, so the reply repeats most of the 3rd version."""
+    code = _code_file(rng)
+    nouns = [n for n in CODE_NOUNS if f"{n} = [" in code]
+    history: list[tuple[str, str]] = []
+    renames = zip(rng.sample(nouns, CODE_TURNS), CODE_RENAMES[:CODE_TURNS], strict=True)
+    for turn, (old, new) in enumerate(renames):
+        ask = f"Rename the variable `{old}` to `{new}` everywhere. {FILE_REQUEST}"
+        if turn == 0:
+            ask = f"Here is a Python file:\n\n```python\n{code}```\n\n{ask}"
+        if turn == CODE_TURNS - 1:
+            return RequestSpec("multiturn", ask, OUTPUT_TOKENS["multiturn"], tuple(history))
+        code = re.sub(rf"(?<!['_]){old}\b(?!')", new, code)  # the variable, not the key
+        history += [("user", ask), ("assistant", f"```python\n{code}```")]
+    raise AssertionError("unreachable")
+
+
+def _json_spec(rng: random.Random) -> RequestSpec:
+    """A pasted order (a page of text around its details) and a schema'd extraction of it."""
+    first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
+    email = f"{first.lower()}.{last.lower()}@example.org"
+    address = f"{rng.randint(2, 180)} {rng.choice(STREETS)}, {rng.choice(LAST_NAMES)}ton"
+    items = [f"{rng.randint(1, 6)} x {p}" for p in rng.sample(PRODUCTS, 3)]
+    note = pages_slice(rng, 40).split("\n")[0]
+    page = pages_slice(rng, round(600 / TOKENS_PER_WORD))
+    letter = (
+        f"Order received from {first} {last} ({email}), to be delivered to {address}.\n"
+        f"Items: {', '.join(items)}.\nCustomer's note: {note}"
+    )
+    prompt = f"{page}\n\n{letter}\n\n{JSON_REQUEST}"
+    return RequestSpec("json", prompt, OUTPUT_TOKENS["json"], response_format=JSON_FORMAT)
 
 
 def _correctable(word: str) -> bool:

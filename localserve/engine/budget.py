@@ -13,8 +13,8 @@ measured step times, in two parts that stay identifiable:
   flash attention changes path at 64 rows; docs/benchmarks.md). A bucket not seen yet takes the
   factor of the nearest smaller one seen, so one expensive step teaches every larger size.
 A draft row (speculative decoding: a drafted token riding on a decode row, with logits of its
-own) is priced as a decode token: the engine counts draft rows as decode tokens here, and the
-varied row counts of drafted steps are what keeps `b` identifiable from `a`.
+own) is priced apart (`DraftRowCost`): drafted steps teach it and not the decode fit, whose
+`a + b * rows` could not say that the first extra logit row costs far more than the next.
 An embedding token (localserve.engine.embedding: decoded on the runner's embedding context in the
 same step, a decode of its own that the runner times) is priced apart, `e` per token, a moving
 average of that decode's time per embedding token: it costs what a prompt token costs plus the
@@ -254,14 +254,61 @@ def waiting_for_room(pasting: set[str], line: WaitingLine) -> bool:
     return any(user not in pasting and running.get(user, 0) < cap for user in line.queues)
 
 
+class DraftRowCost:
+    """What a step's draft rows add to it (speculative decoding), learned from drafted steps
+    apart from the decode fit: `fixed_s` when the step would otherwise have a single logit row,
+    plus `row_s` per draft row.
+
+    Why apart, and why the fixed part: on the CPU llama.cpp computes a single logit row as a
+    matrix-vector product and two or more as a matrix product, so one sequence's step went from
+    11 ms to 24 ms with one draft row, then ~3 ms a row up to 48 (docs/benchmarks.md). Fitted
+    into the decode part's `a + b * rows`, steps of one row and steps with a probe's two taught
+    `b` = 12.6 ms a row: no draft could ever pay, and a long one would pay three times over.
+    The fit is recursive least squares on (single, rows) of each drafted decode-only step's
+    time less the decode fit's prediction for it without its drafts; before a drafted step is
+    measured a row costs a decode row (`b`)."""
+
+    def __init__(self) -> None:
+        self._d: list[float] | None = None  # (fixed_s, row_s) once measured
+        # the per-row price starts at the decode fit's and moves only where drafts of several
+        # rows say so: one-row probes (most drafted steps at first) teach the fixed part
+        self._p = [[1.0, 0.0], [0.0, 1e-3]]
+        self.num_updates = 0
+
+    def row_s(self, decode_token_s: float) -> float:
+        """Seconds per draft row (kept positive)."""
+        return max(self._d[1], 1e-6) if self._d else decode_token_s
+
+    def fixed_s(self, single: bool) -> float:
+        """Seconds the first draft row adds beyond its own price, in a step of one logit row."""
+        return max(self._d[0], 0.0) if self._d and single else 0.0
+
+    def extra_s(self, n: int, single: bool, decode_token_s: float) -> float:
+        """What n draft rows add to a step (`single`: it has one logit row without them)."""
+        return self.fixed_s(single) + n * self.row_s(decode_token_s) if n > 0 else 0.0
+
+    def update(self, n: int, single: bool, extra_s: float, decode_token_s: float) -> None:
+        """One drafted step: `extra_s` measured beyond the step's prediction without drafts."""
+        if n <= 0:
+            return
+        if self._d is None:
+            self._d = [0.0, decode_token_s]
+        self._d, self._p = rls_step2(self._d, self._p, (float(single), float(n)), extra_s)
+        self.num_updates += 1
+
+
 def rls_step(theta: list[float], p: list[list[float]], n: float, y: float):
     """One recursive-least-squares step with forgetting of y = theta0 + theta1 * n; returns the
     new (theta, P), P kept symmetric, positive and bounded as the decode fit's."""
-    x = (1.0, float(n))
+    return rls_step2(theta, p, (1.0, float(n)), y)
+
+
+def rls_step2(theta: list[float], p: list[list[float]], x: tuple[float, float], y: float):
+    """`rls_step` of y = theta0 * x0 + theta1 * x1."""
     px = [p[i][0] * x[0] + p[i][1] * x[1] for i in range(2)]
     denom = max(FORGETTING + x[0] * px[0] + x[1] * px[1], 1e-12)
     gain = [v / denom for v in px]
-    err = y - (theta[0] + theta[1] * x[1])
+    err = y - (theta[0] * x[0] + theta[1] * x[1])
     theta = [theta[i] + gain[i] * err for i in range(2)]
     q = [[(p[i][j] - gain[i] * px[j]) / FORGETTING for j in range(2)] for i in range(2)]
     off = (q[0][1] + q[1][0]) / 2

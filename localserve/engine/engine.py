@@ -287,11 +287,11 @@ class Engine(EngineClient):
         prompt tokens there, and their price is in the prediction."""
         cost, num_decode, num_prefill, num_embed = (
             self.scheduler.cost,
-            batch.num_decode_tokens + batch.num_draft_tokens,  # draft rows priced as decodes
+            batch.num_decode_tokens + batch.num_draft_tokens,
             batch.num_prefill_tokens,
             batch.num_embed_tokens,
         )
-        predicted = cost.predict(num_decode, num_prefill, num_embed)
+        predicted = self.scheduler.predict_step(batch)  # draft rows priced apart
         measured = cost.is_measured(num_decode, num_prefill, num_embed)
         self.expect(num_decode, num_prefill + num_embed, predicted, measured)
 

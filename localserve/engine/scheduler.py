@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
-from localserve.engine.budget import StepCostModel, deadline_rate, waiting_for_room
+from localserve.engine.budget import DraftRowCost, StepCostModel, deadline_rate, waiting_for_room
 from localserve.engine.embedding import EmbeddingQueue, schedule_embeddings
 from localserve.engine.kv import KVPool
 from localserve.engine.prefix_tiers import CopyPace
@@ -50,6 +50,7 @@ from localserve.engine.speculative import (
     DraftCosts,
     DraftHistory,
     DraftStats,
+    Everyone,
     num_accepted,
     plan_drafts,
 )
@@ -92,6 +93,8 @@ class Scheduler:
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
         self.draft_history = DraftHistory()  # finished replies' indexes, per user
+        self.draft_cost = DraftRowCost()  # what draft rows add to a step
+        self.drafts_everyone = Everyone()  # everyone's recent acceptance: a newcomer's prior
         self._cache_was_full = False  # the last step found no cells: the next one drafts nothing
         self.copies = CopyPace()  # saved prefixes copied in and out of the cells
 
@@ -156,10 +159,21 @@ class Scheduler:
         moved = sum(op.saved.nbytes for op in batch.cell_ops if op.saved is not None)
         self.copies.learn(moved, batch.restore_s)
         step_s -= batch.restore_s  # the copies' own time: the step-cost fit learns the rest
-        if batch.num_tokens or batch.num_embed_tokens:  # a draft row is priced as a decode row
-            rows = batch.num_decode_tokens + batch.num_draft_tokens
-            e, e_s = batch.num_embed_tokens, batch.embed_s
-            self.cost.update(rows, batch.num_prefill_tokens, step_s, e, e_s)
+        if batch.num_tokens or batch.num_embed_tokens:
+            rows, prefill, e = (
+                batch.num_decode_tokens,
+                batch.num_prefill_tokens,
+                batch.num_embed_tokens,
+            )
+            if batch.num_draft_tokens:  # draft rows are priced apart (DraftRowCost)
+                n, b = batch.num_draft_tokens, self.cost.decode_token_s
+                single = batch.num_logit_rows - n == 1
+                if not prefill and not e:  # what the drafts added, alone
+                    self.draft_cost.update(n, single, step_s - self.cost.predict(rows, 0), b)
+                    rows = 0  # (nothing left to teach the decode fit)
+                step_s -= self.draft_cost.extra_s(n, single, b)
+            if rows or prefill or e:
+                self.cost.update(rows, prefill, step_s, e, batch.embed_s)
         drafted = {}
         for item in batch.items:
             if item.draft:
@@ -200,7 +214,9 @@ class Scheduler:
         seq, k = item.seq, len(item.draft)
         if seq.seq_id is not None:
             self.kv.settle_draft(seq, item.num_tokens, kept)
-        seq.draft_stats.update(k, num_accepted(item.draft, draws))  # what the drafter got right
+        right = num_accepted(item.draft, draws)  # what the drafter got right
+        seq.draft_stats.update(k, right)
+        self.drafts_everyone.update(k, right)
         # what the reply got without a step of its own (a stop inside the draft ends it)
         accepted = min(num_accepted(item.draft, draws[:kept]), max(kept - 1, 0))
         seq.num_draft_tokens += k
@@ -369,7 +385,9 @@ class Scheduler:
                 continue
             if seq.drafter is None:
                 seq.drafter = self.draft_history.drafter_for(seq.user, seq.tokens)
-                seq.draft_stats = DraftStats(self.config.max_draft_tokens)
+                seq.draft_stats = DraftStats(
+                    self.config.max_draft_tokens, self.drafts_everyone.prior
+                )
             draft = seq.drafter.propose(seq.tokens, min(k, seq.draft_stats.cap))
             allowed = getattr(seq.sampler, "allowed_prefix", None)
             if draft and allowed is not None:  # a grammar: only what its matcher would take
@@ -380,16 +398,20 @@ class Scheduler:
             proposals[i] = draft
             stats = seq.draft_stats
             probe, only = stats.may_probe, stats.backing_off
-            candidates.append(Candidate(i, seq.user, stats.rate, len(draft), probe, only))
+            candidates.append(
+                Candidate(i, seq.user, stats.rate, len(draft), probe, only, stats.streak)
+            )
         candidates.sort(key=lambda c: order[c.user])
         rows_now, prefill = batch.num_decode_tokens, batch.num_prefill_tokens
+        base_s, b = self.cost.predict(rows_now, prefill), self.cost.decode_token_s
+        single = batch.num_logit_rows == 1  # a first draft row costs more there (DraftRowCost)
         costs = DraftCosts(
-            step_s=self.cost.predict(rows_now, prefill),
+            step_s=base_s,
             num_tokens=rows_now,
-            row_s=self.cost.decode_token_s,
+            row_s=self.draft_cost.row_s(b),
             limit_s=self.config.itl_target_ms / 1e3,
             max_stretch=PREFILL_STRETCH if prefill else math.inf,
-            step_with=lambda n: self.cost.predict(rows_now + n, prefill),
+            step_with=lambda n: base_s + self.draft_cost.extra_s(n, single, b),
         )
         planned = plan_drafts(candidates, costs, rows)
         for c in candidates:
@@ -401,6 +423,15 @@ class Scheduler:
                 continue  # (spare_cells said there was room: cannot happen)
             batch.items[i] = item._replace(num_tokens=1 + n, draft=tuple(proposals[i][:n]))
             batch.num_draft_tokens += n
+
+    def predict_step(self, batch: Batch) -> float:
+        """The step's predicted time: the cost model's, its draft rows priced apart."""
+        n, b = batch.num_draft_tokens, self.cost.decode_token_s
+        single = batch.num_logit_rows - n == 1
+        predicted = self.cost.predict(
+            batch.num_decode_tokens, batch.num_prefill_tokens, batch.num_embed_tokens
+        )
+        return predicted + self.draft_cost.extra_s(n, single, b)
 
     def _draft_room(self, seq: Sequence) -> int:
         """How many draft tokens the sequence may carry: none past max_tokens or the context."""

@@ -40,12 +40,11 @@ from typing import NamedTuple
 
 from localserve.engine.batch import Sampled
 
-MIN_NGRAM = 2  # a single repeated token says little about what follows it
-MAX_NGRAM = 4
-RECENT = 4  # occurrences of a MAX_NGRAM-gram kept, to choose the one matching furthest back
-MATCH_WINDOW = 32  # tokens compared backwards when choosing between occurrences
+NGRAMS = (16, 8, 4, 2)  # lookup lengths, longest first: the longest agreement wins
 START_CAP = 8  # draft tokens a sequence may carry at first, and after a draft that failed
-PRIOR = 0.5  # acceptance rate assumed before a sequence has drafted
+PRIOR = 0.5  # acceptance rate assumed before anyone has drafted
+PRIOR_RANGE = (0.3, 0.9)  # what everyone's recent drafts may make a new sequence assume
+EVERYONE_DECAY = 0.95  # per drafted row: how fast the server-wide rate forgets
 PRIOR_WEIGHT = 2.0  # ... worth this many observed draft tokens
 DECAY = 0.8  # per step with a draft: older outcomes fade
 IDLE_DECAY = 0.9  # per step without one: the estimate drifts back to the prior
@@ -54,34 +53,32 @@ BACK_OFF_AFTER = 2  # drafted steps in a row that kept nothing: then it only pro
 PREFILL_STRETCH = 2.0  # with a prompt's chunk in the step: the most drafts may stretch it
 HISTORY_DEPTH = 4  # turns a conversation's index chains before it is indexed afresh
 HISTORY_PER_USER = 4  # conversations remembered per user
-HISTORY_TOKENS = 1 << 17  # tokens indexed in the history, everyone's together (~40 MB)
+HISTORY_TOKENS = 1 << 17  # positions indexed in the history, everyone's together (~50 MB)
 MIN_SHARED = 16  # tokens a new request must share with a remembered one to draft from it
 
 
 class NgramDrafter:
     """Prompt lookup over one sequence's tokens: the continuation of an earlier occurrence of
-    its last n tokens (n from MAX_NGRAM down to MIN_NGRAM), and of the same user's earlier
-    turns (`parent`: the drafter of the conversation's last reply).
+    its last n tokens (n in NGRAMS, longest first), and of the same user's earlier turns
+    (`parent`: the drafter of the conversation's last reply).
 
-    Indexed incrementally: each table maps an n-gram to the position after its latest
-    occurrence, for every n-gram whose continuation is known (that ends before the last token),
-    so a lookup never finds the suffix itself. For the longest n the last RECENT occurrences
-    are kept, and the one whose text before it matches the sequence's furthest back wins (a
-    file edited over several turns has several versions; the right one is the one that agrees
-    longest), the latest on a tie.
+    Indexed incrementally: each table maps an n-gram (its hash) to the position after its
+    latest occurrence, for every n-gram whose continuation is known (that ends before the last
+    token), so a lookup never finds the suffix itself. The longest n that matches wins, the
+    latest occurrence of it on a tie: of a file's several versions in a conversation, the one
+    whose text agrees furthest back. Tables are filled by `dict.update` over zipped slices
+    (C speed: a 3,000-token prompt in a few milliseconds, on the engine thread); a hash that
+    collides only makes a wrong draft, which verification rejects.
 
     A drafter made from a `parent` (a finished sequence of the same user whose tokens start as
     this one's do, `shared` of them) indexes only from there: the conversation is indexed once,
     turn by turn, and the parent's text past `shared` (the earlier reply as it was generated)
     is a draft source too."""
 
-    __slots__ = ("_tables", "_recent", "_indexed", "_tokens", "parent", "shared", "depth")
+    __slots__ = ("_tables", "_indexed", "_tokens", "parent", "shared", "depth")
 
     def __init__(self, parent: NgramDrafter | None = None, shared: int = 0) -> None:
-        self._tables: dict[int, dict[tuple[int, ...], int]] = {
-            n: {} for n in range(MIN_NGRAM, MAX_NGRAM)
-        }
-        self._recent: dict[tuple[int, ...], list[int]] = {}  # MAX_NGRAM-grams
+        self._tables: dict[int, dict[int, int]] = {n: {} for n in NGRAMS}
         self.parent, self.shared = (parent, shared) if parent is not None else (None, 0)
         self.depth = parent.depth + 1 if parent is not None else 0
         # n-grams ending before this position are in the tables (the parent's, before shared)
@@ -99,21 +96,16 @@ class NgramDrafter:
         return own + (self.parent.size if self.parent is not None else 0)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the best earlier occurrence of the longest suffix."""
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix."""
         if k <= 0:
             return []
         self._tokens = tokens
         self._index(tokens)
         end = len(tokens)
-        if end >= MAX_NGRAM:
-            found = self._best_recent(tokens, tuple(tokens[end - MAX_NGRAM :]))
-            if found is not None:
-                source, at = found
-                return source[at : at + k]
-        for n in range(MAX_NGRAM - 1, MIN_NGRAM - 1, -1):
+        for n in NGRAMS:
             if end < n:
                 continue
-            key = tuple(tokens[end - n :])
+            key = hash(tuple(tokens[end - n :]))
             drafter = self
             while drafter is not None:  # the latest text first: this turn, then the earlier
                 at = drafter._tables[n].get(key)
@@ -122,45 +114,19 @@ class NgramDrafter:
                 drafter = drafter.parent
         return []
 
-    def _best_recent(self, tokens: list[int], key: tuple[int, ...]) -> tuple[list[int], int] | None:
-        best, best_len = None, -1
-        drafter = self
-        while drafter is not None:
-            source = drafter._tokens
-            for at in reversed(drafter._recent.get(key, ())):
-                n = _match_back(tokens, source, at)
-                if n > best_len:
-                    best, best_len = (source, at), n
-            drafter = drafter.parent
-        return best
-
     def _index(self, tokens: list[int]) -> None:
-        last = len(tokens) - 1  # the n-gram ending at i continues at i + 1
-        tables, recent = self._tables.items(), self._recent
-        for i in range(self._indexed, last):
-            for n, table in tables:
-                if i + 1 >= n:
-                    table[tuple(tokens[i + 1 - n : i + 1])] = i + 1
-            if i + 1 >= MAX_NGRAM:
-                key = tuple(tokens[i + 1 - MAX_NGRAM : i + 1])
-                seen = recent.get(key)
-                if seen is None:
-                    recent[key] = [i + 1]
-                else:
-                    seen.append(i + 1)
-                    if len(seen) > RECENT:
-                        del seen[0]
-        self._indexed = max(self._indexed, last)
-
-
-def _match_back(tokens: list[int], source: list[int], at: int) -> int:
-    """How many tokens before the end of `tokens` equal those before `at` in `source` (at most
-    MATCH_WINDOW; the MAX_NGRAM that found `at` included)."""
-    n, end = 0, len(tokens)
-    limit = min(MATCH_WINDOW, at, end)
-    while n < limit and tokens[end - 1 - n] == source[at - 1 - n]:
-        n += 1
-    return n
+        last = len(tokens) - 1  # the n-gram ending at i continues at i + 1; i < last
+        if last <= self._indexed:
+            return
+        for n, table in self._tables.items():
+            first = max(self._indexed + 1 - n, 0)  # n-grams starting here end at >= _indexed
+            count = last - n + 1 - first  # ... and those starting up to last - n end < last
+            if count <= 0:
+                continue
+            columns = [tokens[first + j : first + j + count] for j in range(n)]
+            keys = map(hash, zip(*columns, strict=True))
+            table.update(zip(keys, range(first + n, first + n + count), strict=True))
+        self._indexed = last
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
@@ -237,13 +203,24 @@ class DraftStats:
     would otherwise go on drafting.
 
     How long a draft it may carry (`cap`) grows while its drafts are kept whole: it doubles
-    after a draft of `cap` tokens that was kept entirely, up to `max_cap`, and falls back at
+    after a draft of half its cap or more that was kept entirely, up to `max_cap`, and falls back at
     once after one that was not (to what that draft kept, START_CAP at least). A reply copying
     a long stretch drafts tens of tokens a step; one that copies in short runs, a few."""
 
-    __slots__ = ("accepted", "tried", "probe_wait", "idle", "failures", "cap", "max_cap")
+    __slots__ = (
+        "accepted",
+        "tried",
+        "probe_wait",
+        "idle",
+        "failures",
+        "cap",
+        "max_cap",
+        "streak",
+        "prior",
+    )
 
-    def __init__(self, max_cap: int = START_CAP) -> None:
+    def __init__(self, max_cap: int = START_CAP, prior: float = PRIOR) -> None:
+        self.prior = prior  # the rate assumed before its own drafts say (Everyone.prior)
         self.max_cap = max(max_cap, 1)
         self.cap = min(START_CAP, self.max_cap)  # draft tokens it may carry next
         self.accepted = 0.0  # decayed counts of draft tokens accepted / judged
@@ -251,6 +228,7 @@ class DraftStats:
         self.probe_wait = 1  # steps without a draft before the next probe
         self.idle = 0  # steps since its last draft
         self.failures = 0  # drafted steps in a row that kept no draft token
+        self.streak = 0  # draft tokens kept by its drafts in a row that were all kept whole
 
     @property
     def may_probe(self) -> bool:
@@ -264,7 +242,7 @@ class DraftStats:
     @property
     def rate(self) -> float:
         """The chance that a draft token is accepted, given that the ones before it were."""
-        return (self.accepted + PRIOR * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+        return (self.accepted + self.prior * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         """One step's outcome: a draft of `num_drafted` tokens of which the first
@@ -276,8 +254,9 @@ class DraftStats:
             return
         self.idle = 0
         start = min(START_CAP, self.max_cap)
+        self.streak = self.streak + num_accepted if num_accepted == num_drafted else 0
         if num_accepted == num_drafted:
-            if num_drafted >= self.cap:
+            if 2 * num_drafted >= self.cap:  # (the planner may have given it a little less)
                 self.cap = min(self.cap * 2, self.max_cap)
         else:
             self.cap = min(max(start, num_accepted), self.max_cap)
@@ -292,6 +271,28 @@ class DraftStats:
         self.tried = self.tried * DECAY + judged
 
 
+class Everyone:
+    """The acceptance rate of everyone's recent drafts: what a new sequence assumes before its
+    own drafts say (within PRIOR_RANGE). Where replies copy their prompts, a new one starts
+    with a full draft instead of a few steps of single-token probes; where drafts fail, it
+    starts cautious. Its own rate takes over after a few drafted steps (PRIOR_WEIGHT), so a
+    user whose drafts always fail costs the next newcomer one short failed draft at most."""
+
+    def __init__(self) -> None:
+        self.accepted = 0.0
+        self.judged = 0.0
+
+    @property
+    def prior(self) -> float:
+        rate = (self.accepted + PRIOR * PRIOR_WEIGHT) / (self.judged + PRIOR_WEIGHT)
+        return min(max(rate, PRIOR_RANGE[0]), PRIOR_RANGE[1])
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted:
+            self.accepted = self.accepted * EVERYONE_DECAY + num_accepted
+            self.judged = self.judged * EVERYONE_DECAY + num_accepted + (num_accepted < num_drafted)
+
+
 class Candidate(NamedTuple):
     """A sequence that could carry a draft this step (its decode row is in the batch)."""
 
@@ -301,6 +302,17 @@ class Candidate(NamedTuple):
     draft_len: int  # tokens the drafter proposed (the most it may carry)
     probe: bool = False  # DraftStats.may_probe: one row even where the rate does not pay
     probe_only: bool = False  # DraftStats.backing_off: no row but a probe
+    streak: int = 0  # DraftStats.streak: tokens kept by its last drafts, all kept whole
+
+    def worth(self, j: int) -> float:
+        """The chance that its j-th draft token (from 1) is reached and accepted: rate^j, or
+        while its drafts are kept whole, what that run predicts if higher. A run of n tokens
+        kept and none refused, with the per-token chance unknown (a uniform prior), predicts
+        j more with probability (n + 1) / (n + j + 1): a reply copying a long stretch drafts
+        about twice what it has kept so far, not what rate^j allows, and its first refusal
+        ends the run."""
+        run = (self.streak + 1) / (self.streak + j + 1) if self.streak else 0.0
+        return max(self.rate**j, run)
 
 
 class DraftCosts(NamedTuple):
@@ -327,58 +339,84 @@ def plan_drafts(candidates: list[Candidate], costs: DraftCosts, max_rows: int) -
 
     Rows are dealt one at a time, round-robin over users in the candidates' order; a user's
     row goes to its sequence whose next draft token is most likely accepted. A row is added
-    only while its expected tokens (rate^j for a sequence's j-th) exceed what the same time
-    buys without drafts (row_s * tokens / step_s), and while the step stays within limit_s,
-    stretched as far as every decode row's expected tokens (at most max_stretch): a stream
-    beside long drafts without one of its own keeps the ITL target; streams that all draft
-    get their tokens in fewer, longer steps.
+    only while its expected tokens (`Candidate.worth` of a sequence's j-th) exceed what the
+    same time buys without drafts (row_s * tokens / step_s), and while the step stays within
+    limit_s, stretched as far as every decode row's expected tokens (at most max_stretch): a
+    stream beside long drafts without one of its own keeps the ITL target; streams that all
+    draft get their tokens in fewer, longer steps. The rows together must also pay the step's
+    fixed price for having any (`step_with`), or none goes in; then probes.
     """
-    planned: dict[object, int] = {}
     if max_rows <= 0 or costs.row_s <= 0 or not candidates:
-        return planned
-    step_s, tokens = max(costs.step_s, 1e-9), float(max(costs.num_tokens, 1))
+        return {}
     users: dict[str, list[Candidate]] = {}
     for c in candidates:
         if c.draft_len > 0 and not c.probe_only:
             users.setdefault(c.user, []).append(c)
-    # every decode row's expected tokens this step (1 + its draft's worth); a row that cannot
-    # draft keeps the flat target
-    expected = {c.key: 1.0 for cs in users.values() for c in cs}
-    can_stretch = costs.max_stretch > 1 and len(expected) >= costs.num_tokens
-    rows = 0
+    plan = _Plan(costs, [c.key for cs in users.values() for c in cs])
+    plan.deal(users, max_rows)
+    if plan.rows and not plan.pays_as_a_whole():
+        plan = _Plan(costs, plan.expected)
+    plan.probe(candidates, max_rows)
+    return plan.planned
 
-    def limit(key=None, more: float = 0.0) -> float:  # (a step exactly at it is within it)
-        if not can_stretch:
+
+class _Plan:
+    """A step's draft rows as they are dealt (`plan_drafts`)."""
+
+    def __init__(self, costs: DraftCosts, keys) -> None:
+        self.costs = costs
+        self.planned: dict[object, int] = {}
+        # every drafting decode row's expected tokens this step (1 + its draft's worth)
+        self.expected = dict.fromkeys(keys, 1.0)
+        # a decode row that cannot draft keeps the flat target
+        self.can_stretch = costs.max_stretch > 1 and len(self.expected) >= costs.num_tokens
+        self.rows = 0
+        self.step_s, self.tokens = max(costs.step_s, 1e-9), float(max(costs.num_tokens, 1))
+
+    def limit(self, key=None, more: float = 0.0) -> float:  # (a step exactly at it is within)
+        costs = self.costs
+        if not self.can_stretch:
             return costs.limit_s + 1e-9
-        least = min(v + more if k == key else v for k, v in expected.items())
+        least = min(v + more if k == key else v for k, v in self.expected.items())
         return costs.limit_s * min(least, costs.max_stretch) + 1e-9
 
-    while users and rows < max_rows:
-        for user in list(users):
-            best, worth = _best(users[user], planned)
-            if best is None:
-                del users[user]
-                continue
-            if worth * step_s <= costs.row_s * tokens or costs.with_rows(rows + 1) > limit(
-                best.key, worth
-            ):
-                del users[user]  # its best row does not pay: none of its others would
-                continue
-            planned[best.key] = planned.get(best.key, 0) + 1
-            expected[best.key] += worth
-            rows += 1
-            step_s += costs.row_s
-            tokens += worth
-            if rows >= max_rows:
-                break
-    for c in candidates:  # probes: one row each, in the time and rows left
-        if c.probe and c.draft_len and c.key not in planned and rows < max_rows:
-            if costs.with_rows(rows + 1) > limit():
-                break
-            planned[c.key] = 1
-            rows += 1
-            step_s += costs.row_s
-    return planned
+    def deal(self, users: dict[str, list[Candidate]], max_rows: int) -> None:
+        costs = self.costs
+        while users and self.rows < max_rows:
+            for user in list(users):
+                best, worth = _best(users[user], self.planned)
+                if best is None:
+                    del users[user]
+                    continue
+                pays = worth * self.step_s > costs.row_s * self.tokens
+                if not pays or costs.with_rows(self.rows + 1) > self.limit(best.key, worth):
+                    del users[user]  # its best row does not pay: none of its others would
+                    continue
+                self.add(best.key, worth)
+                if self.rows >= max_rows:
+                    break
+
+    def add(self, key, worth: float) -> None:
+        self.planned[key] = self.planned.get(key, 0) + 1
+        if key in self.expected:
+            self.expected[key] += worth
+        self.rows += 1
+        self.step_s += self.costs.row_s
+        self.tokens += worth
+
+    def pays_as_a_whole(self) -> bool:
+        """More tokens per second of step with the rows than without, their fixed price paid."""
+        costs = self.costs
+        base_s, base_tokens = max(costs.step_s, 1e-9), float(max(costs.num_tokens, 1))
+        return self.tokens * base_s > base_tokens * costs.with_rows(self.rows)
+
+    def probe(self, candidates: list[Candidate], max_rows: int) -> None:
+        """One row each for the probes, in the time and rows left."""
+        for c in candidates:
+            if c.probe and c.draft_len and c.key not in self.planned and self.rows < max_rows:
+                if self.costs.with_rows(self.rows + 1) > self.limit():
+                    break
+                self.add(c.key, 0.0)
 
 
 def _best(cands: list[Candidate], planned: dict[object, int]) -> tuple[Candidate | None, float]:
@@ -386,8 +424,8 @@ def _best(cands: list[Candidate], planned: dict[object, int]) -> tuple[Candidate
     best, worth = None, 0.0
     for c in cands:
         j = planned.get(c.key, 0)
-        if j < c.draft_len and c.rate ** (j + 1) > worth:
-            best, worth = c, c.rate ** (j + 1)
+        if j < c.draft_len and c.worth(j + 1) > worth:
+            best, worth = c, c.worth(j + 1)
     return best, worth
 
 

@@ -4,17 +4,25 @@ The same greedy replies with drafts on and off (token for token, but where llama
 arithmetic, which depends on the batch's shape and where the cells sit, branches a reply at a
 near-tie: drafts or not, that happens), exact stop strings and counts, and a cache that agrees
 with the pool after every step. The exact identity, and the sampled path's distribution, are
-tested on the fake runner (tests/unit/engine/test_speculative.py).
+tested on the fake runner (tests/unit/engine/test_speculative.py). Long drafts, drafts from a
+conversation's earlier turns and a constrained reply's drafts (a draft its grammar forbids is
+never kept) on the real model too.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from localserve.chat.constraints import ConstraintCompiler
 from localserve.config import SchedulerConfig
+from localserve.engine.engine import Engine
 from localserve.engine.events import Done
 from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
+from localserve.engine.speculative import NgramDrafter
+from localserve.runners.grammar import Constrained
 from tests.support.llama_runs import (
     PROMPTS,
     all_cells,
@@ -112,3 +120,81 @@ def test_the_cache_agrees_with_the_pool_after_every_drafted_step(runner):
     _, engine = run_engine(runner, requests, ON, on_step=check)
     c = engine.snapshot().result().counters
     assert c.spec_draft_tokens > c.spec_accepted_tokens > 0 and trimmed
+
+
+# --- long drafts, the conversation's history, and a grammar (issue 52) --------------------------
+
+PARAGRAPH = (
+    "The harbour wakes before the town does. Fishing boats come in with the tide, gulls circle "
+    "the market, and the first kettles boil in the cafes along the quay. By seven the streets "
+    "are full of bicycles, and by eight the ferry has left for the islands."
+)
+
+
+def _conversation(runner, config, turns: list[str], max_tokens: int):
+    """One user's turns on one engine, each turn's prompt the last turn's prompt, the paragraph
+    as its reply (the same for drafts on and off, whatever the model said) and a new message:
+    each turn's finished sequence, the engine."""
+    seqs, tokens = {}, []
+    engine = Engine(runner, config, on_events=lambda events: None)
+    for i, text in enumerate(turns):
+        if tokens:
+            tokens = tokens + runner.tokenize(PARAGRAPH, add_special=False)
+        tokens = tokens + runner.tokenize(text, add_special=not tokens)
+        engine.add_request(f"t{i}", tokens, SamplingParams(temperature=0, max_tokens=max_tokens))
+        for _ in range(1000):
+            engine.step()
+            seqs.update(engine._seqs)
+            if not engine.scheduler.has_work:
+                break
+    return seqs, engine
+
+
+def test_a_conversations_turns_draft_long_and_from_the_last_turn_with_the_same_replies(runner):
+    turns = [
+        f"{PARAGRAPH}\n\nRepeat the text above word for word:\n",
+        "\n\nOnce more, the same text word for word:\n",
+        "\n\nAnd once more:\n",
+    ]
+    off, _ = _conversation(runner, OFF, turns, 56)
+    on, engine = _conversation(runner, ON, turns, 56)
+    c = engine.snapshot().result().counters
+    # drafts grew past the first 8 tokens while they were kept whole
+    assert len(c.spec_accepted_per_position) > 8, c.spec_accepted_per_position
+    assert on["t2"].drafter.parent is on["t1"].drafter  # the turn drafted from the last one
+    assert on["t1"].drafter.parent is on["t0"].drafter
+    assert c.spec_accepted_tokens > 40
+    # the same, or branched at a near-tie (count_same asserts it); one at least the same
+    assert count_same(runner, off, on) >= 1
+
+
+def test_a_constrained_reply_drafts_and_a_draft_the_grammar_forbids_is_never_kept(
+    runner, monkeypatch
+):
+    """A grammar that takes exactly the model's own unconstrained reply with one word changed:
+    drafts proposing that unconstrained reply (the model's argmax at every row) are right up
+    to the word, where the draft's token is the argmax and the grammar forbids it. Every draft
+    reaches the rows (the scheduler's cut to what the grammar takes is off): only each row's
+    mask stands between the draft and the reply."""
+    prompt = f"{PARAGRAPH}\n\nRepeat the text above word for word:\n"
+    free, _, _ = _alone(runner, prompt, SamplingParams(temperature=0, max_tokens=24), OFF)
+    words = free.split(" ")
+    assert len(words) > 8, free
+    forced = " ".join([*words[:5], "lantern", *words[6:]])
+    grammar = ConstraintCompiler().compile_sync("lark", f"start: {json.dumps(forced)}")
+    params = SamplingParams(temperature=0, max_tokens=40, constraint=grammar)
+    unconstrained = runner.tokenize(free, add_special=False)
+
+    def the_free_reply(self, tokens, k):  # the draft at each step: the unconstrained reply
+        start = len(tokens) - self.prompt_len
+        return unconstrained[start : start + k] if 0 <= start < len(unconstrained) else []
+
+    text_off, done_off, _ = _alone(runner, prompt, params, OFF)
+    monkeypatch.setattr(NgramDrafter, "propose", the_free_reply)
+    monkeypatch.setattr(NgramDrafter, "prompt_len", len(runner.tokenize(prompt)), raising=False)
+    monkeypatch.setattr(Constrained, "allowed_prefix", lambda self, draft: len(draft))
+    text_on, done_on, c_on = _alone(runner, prompt, params, ON)
+    assert text_off == forced and text_on == forced, (text_off, text_on)
+    assert done_on.completion_tokens == done_off.completion_tokens
+    assert c_on.spec_accepted_tokens >= 3  # the words before "lantern" came as drafts
+    assert c_on.spec_draft_tokens > c_on.spec_accepted_tokens  # and "lantern" refused them

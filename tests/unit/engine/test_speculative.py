@@ -74,11 +74,12 @@ def test_the_index_grows_with_the_sequence_and_matches_a_fresh_one():
 
 def test_of_several_occurrences_the_one_agreeing_furthest_back_wins():
     # three versions of a "file": the suffix 1 2 3 4 occurs in each; the one whose text before
-    # it matches the sequence's (the middle version, 70 71) is chosen over the latest (90 91)
-    v = [[50, 51, 1, 2, 3, 4, 60], [70, 71, 1, 2, 3, 4, 80], [90, 91, 1, 2, 3, 4, 99]]
-    tokens = v[0] + v[1] + v[2] + [70, 71, 1, 2, 3, 4]
+    # it matches the sequence's (the middle version, 70..73) is chosen over the latest (90..93)
+    v = [[50, 51, 52, 53, 1, 2, 3, 4, 60], [70, 71, 72, 73, 1, 2, 3, 4, 80]]
+    v.append([90, 91, 92, 93, 1, 2, 3, 4, 99])
+    tokens = v[0] + v[1] + v[2] + [70, 71, 72, 73, 1, 2, 3, 4]
     assert NgramDrafter().propose(tokens, 1) == [80]
-    assert NgramDrafter().propose([*tokens[:-6], 5, 1, 2, 3, 4], 1) == [99]  # a tie: latest
+    assert NgramDrafter().propose([*tokens[:-8], 5, 1, 2, 3, 4], 1) == [99]  # a tie: latest
 
 
 def test_a_conversations_next_turn_drafts_from_the_last_one_and_indexes_only_its_new_tokens():
@@ -133,8 +134,11 @@ def test_a_draft_kept_whole_doubles_the_next_ones_length_and_a_failed_one_falls_
         assert stats.cap == want
     stats.update(48, 20)  # kept 20 of 48: the next draft at most 20
     assert stats.cap == 20
-    stats.update(10, 10)  # kept whole but shorter than the cap (the source ended): unchanged
+    stats.update(9, 9)  # kept whole but under half the cap (the source ended): unchanged
     assert stats.cap == 20
+    stats.update(10, 10)  # half of it or more, kept whole (the planner gave it less): doubles
+    assert stats.cap == 40
+    stats.update(48, 20)
     stats.update(20, 0)  # nothing kept: back to the start at once
     assert stats.cap == 8
     assert DraftStats(max_cap=4).cap == 4
