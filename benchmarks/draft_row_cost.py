@@ -1,7 +1,8 @@
-"""What does a draft row cost? (issue 37) One llama_decode of N sequences at position 300, each
-carrying its last token and k draft tokens, every row with logits, against the same batch
-without drafts (k = 0): the embedded model, 2 threads, median of 8 per point, in ms. The
-speculative planner prices a draft row as a decode row (engine/budget.py); this is the check.
+"""What does a draft row cost? (issues 37, 52) One llama_decode of N sequences at position 300,
+each carrying its last token and k draft tokens (up to 48), every row with logits, against the
+same batch without drafts (k = 0): the embedded model, 2 threads, median of 8 per point, in ms.
+The speculative planner prices draft rows apart (engine/budget.py, `DraftRowCost`: a fixed part
+where the step has one logit row, then per row); this is the check.
 
     .venv/bin/python benchmarks/draft_row_cost.py
 
@@ -52,8 +53,8 @@ def dec(items):  # list of (seq, start, n, logits_all)
 
 for s in range(16):
     dec([(s, 0, 300, False)])
-for nseq in (1, 4, 8, 16):
-    for k in (0, 2, 4, 8):
+for nseq in (1, 2, 3, 4, 8, 16):
+    for k in (k for k in (0, 1, 2, 4, 8, 16, 32, 48) if nseq * (1 + k) <= p.n_outputs_max):
         ts = []
         for _ in range(8):
             ts.append(dec([(s, 300, 1 + k, True) for s in range(nseq)]))

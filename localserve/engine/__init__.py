@@ -9,6 +9,7 @@ metrics. No asyncio, no sockets, no llama.cpp: a `Runner` does the tensor work.
   tier's interface, the rule of what leaves a tier first, restores paced within a step.
 - `budget.py`: the adaptive prefill budget of a step that also carries decodes.
 - `speculative.py`: n-gram drafts: more than one token per sequence per step.
+- `draft_history.py`: a conversation's earlier turns as draft sources, per user.
 - `embedding.py`: embedding requests: their checks, their queue and each step's packing of inputs.
 - `batch.py`: one step's batch, and what the runner sampled of it.
 - `waiting_line.py`: who enters next: preempted first, users in turn under their cap (the one

@@ -256,22 +256,23 @@ def waiting_for_room(pasting: set[str], line: WaitingLine) -> bool:
 
 class DraftRowCost:
     """What a step's draft rows add to it (speculative decoding), learned from drafted steps
-    apart from the decode fit: `fixed_s` when the step would otherwise have a single logit row,
-    plus `row_s` per draft row.
+    apart from the decode fit: `fixed_s` for having draft rows at all, plus `row_s` per row.
 
     Why apart, and why the fixed part: on the CPU llama.cpp computes a single logit row as a
     matrix-vector product and two or more as a matrix product, so one sequence's step went from
-    11 ms to 24 ms with one draft row, then ~3 ms a row up to 48 (docs/benchmarks.md). Fitted
-    into the decode part's `a + b * rows`, steps of one row and steps with a probe's two taught
-    `b` = 12.6 ms a row: no draft could ever pay, and a long one would pay three times over.
-    The fit is recursive least squares on (single, rows) of each drafted decode-only step's
-    time less the decode fit's prediction for it without its drafts; before a drafted step is
-    measured a row costs a decode row (`b`)."""
+    11 ms to 24 ms with one draft row, then ~3 ms a row up to 48 (docs/benchmarks.md); with 16
+    sequences a drafted step took ~9 ms more than its rows explain (the rejected cells' trims,
+    the verification). Fitted into the decode part's `a + b * rows`, steps of one row and steps
+    with a probe's two taught `b` = 12.6 ms a row: no draft could ever pay, and a long one
+    would pay three times over. The fit is recursive least squares with forgetting on
+    (1, rows) of each drafted decode-only step's time less the decode fit's prediction for it
+    without its drafts (the decode fit learns from the rest, this fit's prediction taken
+    off); before a drafted step is measured a row costs a decode row (`b`), and the per-row
+    price moves only where drafts of several rows say so (one-row probes, most drafted steps
+    at first, teach the fixed part)."""
 
     def __init__(self) -> None:
         self._d: list[float] | None = None  # (fixed_s, row_s) once measured
-        # the per-row price starts at the decode fit's and moves only where drafts of several
-        # rows say so: one-row probes (most drafted steps at first) teach the fixed part
         self._p = [[1.0, 0.0], [0.0, 1e-3]]
         self.num_updates = 0
 
@@ -279,21 +280,22 @@ class DraftRowCost:
         """Seconds per draft row (kept positive)."""
         return max(self._d[1], 1e-6) if self._d else decode_token_s
 
-    def fixed_s(self, single: bool) -> float:
-        """Seconds the first draft row adds beyond its own price, in a step of one logit row."""
-        return max(self._d[0], 0.0) if self._d and single else 0.0
+    @property
+    def fixed_s(self) -> float:
+        """Seconds a step's draft rows cost together beyond their price per row."""
+        return max(self._d[0], 0.0) if self._d else 0.0
 
-    def extra_s(self, n: int, single: bool, decode_token_s: float) -> float:
-        """What n draft rows add to a step (`single`: it has one logit row without them)."""
-        return self.fixed_s(single) + n * self.row_s(decode_token_s) if n > 0 else 0.0
+    def extra_s(self, n: int, decode_token_s: float) -> float:
+        """What n draft rows add to a step."""
+        return self.fixed_s + n * self.row_s(decode_token_s) if n > 0 else 0.0
 
-    def update(self, n: int, single: bool, extra_s: float, decode_token_s: float) -> None:
+    def update(self, n: int, extra_s: float, decode_token_s: float) -> None:
         """One drafted step: `extra_s` measured beyond the step's prediction without drafts."""
         if n <= 0:
             return
         if self._d is None:
             self._d = [0.0, decode_token_s]
-        self._d, self._p = rls_step2(self._d, self._p, (float(single), float(n)), extra_s)
+        self._d, self._p = rls_step(self._d, self._p, n, extra_s)
         self.num_updates += 1
 
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Batch, BatchItem, Sampled, by_sequence
 from localserve.engine.budget import DraftRowCost, StepCostModel, deadline_rate, waiting_for_room
+from localserve.engine.draft_history import DraftHistory
 from localserve.engine.embedding import EmbeddingQueue, schedule_embeddings
 from localserve.engine.kv import KVPool
 from localserve.engine.prefix_tiers import CopyPace
@@ -48,7 +49,6 @@ from localserve.engine.speculative import (
     PREFILL_STRETCH,
     Candidate,
     DraftCosts,
-    DraftHistory,
     DraftStats,
     Everyone,
     num_accepted,
@@ -57,6 +57,7 @@ from localserve.engine.speculative import (
 from localserve.engine.waiting_line import Entry, WaitingLine
 from localserve.engine.waits import NEWCOMER, Prediction, ReplyLengths, bounds, predict_waits
 
+PROBE_SHARE = 0.02  # of the step time: what probes alone in a step may cost
 SERVED_DECAY = 0.5  # per step: how fast a user's recent prefill share is forgotten
 
 
@@ -92,6 +93,7 @@ class Scheduler:
         on = config.speculative != "off" and config.max_draft_tokens > 0
         self.max_draft_rows = max_draft_rows if on else 0
         self._draft_turn = 0  # which user's drafts are dealt first (rotates every step)
+        self._probe_credit = 0.0  # seconds of step time probes alone in a step may take
         self.draft_history = DraftHistory()  # finished replies' indexes, per user
         self.draft_cost = DraftRowCost()  # what draft rows add to a step
         self.drafts_everyone = Everyone()  # everyone's recent acceptance: a newcomer's prior
@@ -167,11 +169,10 @@ class Scheduler:
             )
             if batch.num_draft_tokens:  # draft rows are priced apart (DraftRowCost)
                 n, b = batch.num_draft_tokens, self.cost.decode_token_s
-                single = batch.num_logit_rows - n == 1
-                if not prefill and not e:  # what the drafts added, alone
-                    self.draft_cost.update(n, single, step_s - self.cost.predict(rows, 0), b)
-                    rows = 0  # (nothing left to teach the decode fit)
-                step_s -= self.draft_cost.extra_s(n, single, b)
+                extra_s = self.draft_cost.extra_s(n, b)
+                if not prefill and not e:  # what the drafts added beyond the decode fit's
+                    self.draft_cost.update(n, step_s - self.cost.predict(rows, 0), b)
+                step_s -= extra_s  # and the rest teaches the decode fit, as each step does
             if rows or prefill or e:
                 self.cost.update(rows, prefill, step_s, e, batch.embed_s)
         drafted = {}
@@ -215,7 +216,7 @@ class Scheduler:
         if seq.seq_id is not None:
             self.kv.settle_draft(seq, item.num_tokens, kept)
         right = num_accepted(item.draft, draws)  # what the drafter got right
-        seq.draft_stats.update(k, right)
+        seq.draft_stats.update(k, right, seq.draft_stats.probing)
         self.drafts_everyone.update(k, right)
         # what the reply got without a step of its own (a stop inside the draft ends it)
         accepted = min(num_accepted(item.draft, draws[:kept]), max(kept - 1, 0))
@@ -377,61 +378,73 @@ class Scheduler:
         turn = self._draft_turn % len(users)
         self._draft_turn += 1
         order = {user: (i - turn) % len(users) for i, user in enumerate(users)}
-        candidates, proposals = [], {}
-        for i, item in enumerate(decodes):
-            seq = item.seq
-            k = self._draft_room(seq)
-            if k <= 0:
-                continue
-            if seq.drafter is None:
-                seq.drafter = self.draft_history.drafter_for(seq.user, seq.tokens)
-                seq.draft_stats = DraftStats(
-                    self.config.max_draft_tokens, self.drafts_everyone.prior
-                )
-            draft = seq.drafter.propose(seq.tokens, min(k, seq.draft_stats.cap))
-            allowed = getattr(seq.sampler, "allowed_prefix", None)
-            if draft and allowed is not None:  # a grammar: only what its matcher would take
-                draft = draft[: allowed(draft)]
-            if not draft:
-                seq.draft_stats.update(0, 0)
-                continue
-            proposals[i] = draft
-            stats = seq.draft_stats
-            probe, only = stats.may_probe, stats.backing_off
-            candidates.append(
-                Candidate(i, seq.user, stats.rate, len(draft), probe, only, stats.streak)
-            )
-        candidates.sort(key=lambda c: order[c.user])
+        proposals = {i: self._draft_candidate(i, item.seq) for i, item in enumerate(decodes)}
+        candidates = sorted((c for c, _ in proposals.values() if c), key=lambda c: order[c.user])
+        probes: set = set()
+        planned = self._plan_drafts(batch, candidates, rows, probes)
+        for c in candidates:
+            if c.key not in planned:
+                decodes[c.key].seq.draft_stats.update(0, 0)  # a step without a draft
+        for i, n in planned.items():
+            item = decodes[i]
+            item.seq.draft_stats.pending = proposals[i][0].forecast_tokens(n)
+            item.seq.draft_stats.probing = i in probes
+            if not self.kv.ensure(item.seq, item.seq.num_computed + 1 + n):
+                continue  # (spare_cells said there was room: cannot happen)
+            batch.items[i] = item._replace(num_tokens=1 + n, draft=tuple(proposals[i][1][:n]))
+            batch.num_draft_tokens += n
+
+    def _draft_candidate(self, key: int, seq: Sequence) -> tuple[Candidate | None, list[int]]:
+        """The sequence's proposed draft, and what the planner needs to know of it."""
+        k = self._draft_room(seq)
+        if k <= 0:
+            return None, []
+        if seq.drafter is None:
+            seq.drafter = self.draft_history.drafter_for(seq.user, seq.tokens)
+            seq.draft_stats = DraftStats(self.config.max_draft_tokens, self.drafts_everyone.prior)
+        stats = seq.draft_stats
+        draft = seq.drafter.propose(seq.tokens, min(k, stats.cap))
+        allowed = getattr(seq.sampler, "allowed_prefix", None)
+        if draft and allowed is not None:  # a grammar: only what its matcher would take
+            draft = draft[: allowed(draft)]
+        if not draft:
+            stats.update(0, 0)
+            return None, []
+        probe, only = stats.may_probe, stats.backing_off
+        candidate = Candidate(
+            key, seq.user, stats.rate, len(draft), probe, only, stats.streak, stats.calibration
+        )
+        return candidate, draft
+
+    def _plan_drafts(self, batch: Batch, candidates: list[Candidate], rows: int, probes: set):
+        """plan_drafts at the step's prices; probes alone in a step (paying the drafts' whole
+        fixed price) take PROBE_SHARE of the time, but for a sequence's first look."""
         rows_now, prefill = batch.num_decode_tokens, batch.num_prefill_tokens
         base_s, b = self.cost.predict(rows_now, prefill), self.cost.decode_token_s
-        single = batch.num_logit_rows == 1  # a first draft row costs more there (DraftRowCost)
         costs = DraftCosts(
             step_s=base_s,
             num_tokens=rows_now,
             row_s=self.draft_cost.row_s(b),
             limit_s=self.config.itl_target_ms / 1e3,
             max_stretch=PREFILL_STRETCH if prefill else math.inf,
-            step_with=lambda n: base_s + self.draft_cost.extra_s(n, single, b),
+            step_with=lambda n: base_s + self.draft_cost.extra_s(n, b),
         )
-        planned = plan_drafts(candidates, costs, rows)
-        for c in candidates:
-            if c.key not in planned:
-                decodes[c.key].seq.draft_stats.update(0, 0)  # a step without a draft
-        for i, n in planned.items():
-            item = decodes[i]
-            if not self.kv.ensure(item.seq, item.seq.num_computed + 1 + n):
-                continue  # (spare_cells said there was room: cannot happen)
-            batch.items[i] = item._replace(num_tokens=1 + n, draft=tuple(proposals[i][:n]))
-            batch.num_draft_tokens += n
+        probe_s = self.draft_cost.extra_s(1, b)
+        self._probe_credit = min(self._probe_credit + base_s * PROBE_SHARE, 2 * probe_s)
+        fresh = any(c.probe and batch.items[c.key].seq.draft_stats.tried == 0 for c in candidates)
+        lone = int(fresh or self._probe_credit >= probe_s)
+        planned = plan_drafts(candidates, costs, rows, lone, probes)
+        if probes and len(probes) == len(planned):
+            self._probe_credit -= probe_s
+        return planned
 
     def predict_step(self, batch: Batch) -> float:
         """The step's predicted time: the cost model's, its draft rows priced apart."""
         n, b = batch.num_draft_tokens, self.cost.decode_token_s
-        single = batch.num_logit_rows - n == 1
         predicted = self.cost.predict(
             batch.num_decode_tokens, batch.num_prefill_tokens, batch.num_embed_tokens
         )
-        return predicted + self.draft_cost.extra_s(n, single, b)
+        return predicted + self.draft_cost.extra_s(n, b)
 
     def _draft_room(self, seq: Sequence) -> int:
         """How many draft tokens the sequence may carry: none past max_tokens or the context."""

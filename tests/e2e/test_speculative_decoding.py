@@ -17,6 +17,7 @@ import pytest
 
 from localserve.chat.constraints import ConstraintCompiler
 from localserve.config import SchedulerConfig
+from localserve.engine.budget import DraftRowCost
 from localserve.engine.engine import Engine
 from localserve.engine.events import Done
 from localserve.engine.runner import apply_cell_ops
@@ -77,9 +78,13 @@ def test_greedy_replies_are_the_same_with_drafts_on_and_off_but_at_near_ties(run
     assert count_same(runner, off, on) >= len(requests) - 1
 
 
-def test_with_several_users_at_once_drafts_change_a_reply_only_at_a_near_tie(runner):
+def test_with_several_users_at_once_drafts_change_a_reply_only_at_a_near_tie(runner, monkeypatch):
     """Eight prompts of three users in one batch, drafts on and off: a reply is the same, or
-    where it branches the two tokens were within the batch's own noise of each other."""
+    where it branches the two tokens were within the batch's own noise of each other. Draft
+    rows priced as on a GPU (0.1 ms, no fixed part): on this CPU eight 32-token replies rarely
+    pay for them, and what is checked here is their verification in a shared batch."""
+    monkeypatch.setattr(DraftRowCost, "row_s", lambda self, b: 1e-4)
+    monkeypatch.setattr(DraftRowCost, "fixed_s", 0.0)
     greedy = SamplingParams(temperature=0, max_tokens=32)
     requests = [(f"r{i}", p, greedy, f"user{i % 3}") for i, p in enumerate(PROMPTS)]
     off, c_off = _replies(runner, requests, OFF)
@@ -154,15 +159,13 @@ def test_a_conversations_turns_draft_long_and_from_the_last_turn_with_the_same_r
     turns = [
         f"{PARAGRAPH}\n\nRepeat the text above word for word:\n",
         "\n\nOnce more, the same text word for word:\n",
-        "\n\nAnd once more:\n",
     ]
-    off, _ = _conversation(runner, OFF, turns, 56)
-    on, engine = _conversation(runner, ON, turns, 56)
+    off, _ = _conversation(runner, OFF, turns, 48)
+    on, engine = _conversation(runner, ON, turns, 48)
     c = engine.snapshot().result().counters
     # drafts grew past the first 8 tokens while they were kept whole
     assert len(c.spec_accepted_per_position) > 8, c.spec_accepted_per_position
-    assert on["t2"].drafter.parent is on["t1"].drafter  # the turn drafted from the last one
-    assert on["t1"].drafter.parent is on["t0"].drafter
+    assert on["t1"].drafter.parent is on["t0"].drafter  # the turn drafted from the last one
     assert c.spec_accepted_tokens > 40
     # the same, or branched at a near-tie (count_same asserts it); one at least the same
     assert count_same(runner, off, on) >= 1

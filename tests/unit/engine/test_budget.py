@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from localserve.engine.budget import MAX_TRACE, PRIOR, StepCostModel
+from localserve.engine.budget import MAX_TRACE, PRIOR, DraftRowCost, StepCostModel
 
 # a synthetic machine: step time = A + B * decode tokens + C * prefill tokens (seconds)
 A, B, C = 0.020, 0.003, 0.0005
@@ -234,3 +234,23 @@ def test_a_prediction_is_measured_once_a_step_of_its_kind_was():
     prefill_only = StepCostModel()
     prefill_only.update(0, 64, 0.3)  # a decode step's prediction is still the prior's
     assert prefill_only.is_measured(0, 256) and not prefill_only.is_measured(2, 0)
+
+
+def test_draft_rows_are_priced_apart_a_fixed_part_and_a_price_per_row():
+    # this CPU's shape (docs/benchmarks.md): one sequence, 11 ms; +13 ms with one draft row (a
+    # one-row step becomes a matrix product), then 3 ms a row
+    def extra(n):
+        return 0.013 + 0.003 * n
+
+    cost = DraftRowCost()
+    assert cost.row_s(0.004) == 0.004 and cost.extra_s(0, 0.004) == 0.0  # before any
+    rng = random.Random(1)
+    for _ in range(10):  # probes first: they teach the fixed part, not the per-row price
+        cost.update(1, extra(1), 0.004)
+    assert cost.fixed_s > 0.008 and abs(cost.row_s(0.004) - 0.004) < 0.0005
+    for _ in range(60):
+        n = rng.choice([4, 8, 16, 32, 48])
+        cost.update(n, extra(n) * rng.uniform(0.95, 1.05), 0.004)
+    assert abs(cost.row_s(0.004) - 0.003) < 0.0005
+    assert abs(cost.fixed_s - 0.013) < 0.004
+    assert abs(cost.extra_s(48, 0.004) - extra(48)) < 0.01

@@ -13,17 +13,18 @@ import pytest
 from localserve.chat.constraints import ConstraintCompiler
 from localserve.config import SchedulerConfig
 from localserve.engine.batch import Sampled
+from localserve.engine.draft_history import HISTORY_DEPTH, DraftHistory
 from localserve.engine.engine import Engine
 from localserve.engine.events import Token
 from localserve.engine.sampling_params import SamplingParams
 from localserve.engine.sequence import Sequence
 from localserve.engine.speculative import (
-    HISTORY_DEPTH,
     PREFILL_STRETCH,
+    PRIOR_RANGE,
     Candidate,
     DraftCosts,
-    DraftHistory,
     DraftStats,
+    Everyone,
     NgramDrafter,
     num_accepted,
     plan_drafts,
@@ -195,6 +196,40 @@ def test_streams_that_all_draft_stretch_the_step_one_without_a_draft_keeps_the_t
     # a prompt's chunk in the step: stretched at most PREFILL_STRETCH times
     chunk = plan_drafts(both, costs._replace(max_stretch=PREFILL_STRETCH), 128)
     assert 14 < sum(chunk.values()) <= (PREFILL_STRETCH * 0.1 - 0.03) / 0.005
+
+
+def test_rows_that_do_not_pay_the_steps_fixed_price_together_do_not_go_in():
+    # a 12 ms step, 3 ms a row, and 13 ms for having any draft row (a one-row step on a CPU)
+    fixed = 0.013
+
+    costs = DraftCosts(
+        0.012, 1, 0.003, 1.0, step_with=lambda n: 0.012 + fixed * (n > 0) + 0.003 * n
+    )
+
+    weak = Candidate("a", "ann", 0.6, 48)  # a few rows pay at 3 ms, not with the 13 ms too
+    assert plan_drafts([weak], costs, 64) == {}
+    copying = Candidate("a", "ann", 0.6, 48, streak=40)  # a run of 40 kept: a long draft pays
+    assert plan_drafts([copying], costs, 64)["a"] >= 12
+    probing = Candidate("a", "ann", 0.6, 48, probe=True)  # a probe still goes in
+    assert plan_drafts([probing], costs, 64) == {"a": 1}
+
+
+def test_a_run_of_kept_drafts_predicts_a_longer_draft_than_the_rate_does():
+    fresh, run = Candidate("a", "ann", 0.9, 48), Candidate("a", "ann", 0.9, 48, streak=20)
+    assert run.worth(20) > 0.5 > fresh.worth(20)  # (21 / 41 against 0.9^20 = 0.12)
+    assert Candidate("a", "ann", 0.99, 48, streak=2).worth(10) == 0.99**10  # the higher one
+
+
+def test_a_new_sequence_starts_from_everyones_recent_acceptance():
+    everyone = Everyone()
+    assert everyone.prior == 0.5
+    for _ in range(20):
+        everyone.update(16, 16)
+    assert everyone.prior == PRIOR_RANGE[1]  # capped: a sequence's own drafts still decide
+    assert DraftStats(48, everyone.prior).rate == PRIOR_RANGE[1]
+    for _ in range(200):  # everyone's drafts fail: a newcomer starts cautious
+        everyone.update(8, 0)
+    assert everyone.prior == PRIOR_RANGE[0]
 
 
 def test_drafts_stay_within_the_itl_target_and_the_rows_the_runner_has():
