@@ -56,8 +56,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1 << 20)] = 8192  # KV cells, shared by all
     max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARALLEL_SEQUENCES)] = 16
     # logit rows a step may add for drafts (speculative decoding), all sequences together: each
-    # costs n_vocab floats of memory (1 MiB for Gemma's 262,144 tokens); 0 = no drafts here
-    draft_rows: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 64
+    # costs n_vocab floats of memory (1 MiB for Gemma's 262,144 tokens); 0 = no drafts here.
+    # 48: with 16 decode rows a step stays at 64 logit rows, past which llama.cpp's CPU path
+    # makes every row cost about twice as much (docs/benchmarks.md); a GPU may take more
+    draft_rows: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 48
     # sequence ids kept for cached prefixes (finished turns, system prompts) beyond max_num_seqs
     max_cached_prefixes: Annotated[int, msgspec.Meta(ge=0, le=MAX_PARALLEL_SEQUENCES - 1)] = 16
     max_num_batched_tokens: Annotated[int, msgspec.Meta(ge=16, le=8192)] = 512
