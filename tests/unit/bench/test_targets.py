@@ -53,3 +53,18 @@ def test_a_temperature_given_reaches_every_servers_request():
     for endpoint in ("completions", "chat"):
         body = OpenAITarget("http://127.0.0.1:8080", endpoint).body(greedy)
         assert body["temperature"] == 0.0 and body["ignore_eos"] is True
+
+
+def test_a_schemad_request_reaches_every_server_with_its_schema_and_its_history():
+    # the json workload (issue 52): the websocket chat frame and /v1/chat/completions carry
+    # OpenAI's response_format, llama-server's /v1/completions its json_schema; the multiturn
+    # workload's earlier turns come before the prompt everywhere
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}}}
+    spec = RequestSpec("json", "Extract.", 8, (("user", "a"), ("assistant", "b")), fmt)
+    request = single(spec, ignore_eos=False, seed=1, temperature=0.0)
+    assert request.messages == (("user", "a"), ("assistant", "b"), ("user", "Extract."))
+    assert _chat(request, "r").response_format == fmt
+    assert OpenAITarget("http://x", "chat").body(request)["response_format"] == fmt
+    completion = OpenAITarget("http://x").body(request)
+    assert completion["json_schema"] == {"type": "object"} and "response_format" not in completion
+    assert "User: a\nAssistant: b\nUser: Extract.\nAssistant:" in completion["prompt"]

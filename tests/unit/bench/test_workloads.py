@@ -162,3 +162,27 @@ def test_history_grows_to_about_2000_tokens_by_turn_5_and_each_prompt_extends_th
         assert 1800 < sizes[-1] < 2300
     with pytest.raises(ValueError, match="turn 3 needs 2 replies"):
         turn_messages(conv, ["one"], 3)
+
+
+def test_a_multiturn_request_is_the_4th_turn_of_a_file_edited_over_three():
+    a, b = build_requests("multiturn", 2, seed=5), build_requests("multiturn", 2, seed=5)
+    assert a == b and a[0] != a[1]
+    spec = a[0]
+    roles = [role for role, _ in spec.history]
+    assert roles == ["user", "assistant"] * 3 and "Rename the variable" in spec.prompt
+    versions = [text for role, text in spec.history if role == "assistant"]
+    assert all(v.startswith("```python\n") for v in versions)
+    # each reply repeats most of the last: one variable renamed, the rest the same lines
+    for before, after in zip(versions, versions[1:], strict=False):
+        same = set(before.splitlines()) & set(after.splitlines())
+        assert 0.5 < len(same) / len(after.splitlines()) < 1.0
+    assert 1500 < estimate_prompt_tokens([*spec.history, ("user", spec.prompt)]) < 4000
+
+
+def test_a_json_request_asks_a_schema_for_values_its_page_holds():
+    spec = build_requests("json", 1, seed=2)[0]
+    assert spec.response_format["type"] == "json_schema"
+    schema = spec.response_format["json_schema"]["schema"]
+    assert set(schema["required"]) == {"name", "email", "address", "items", "note"}
+    email = re.search(r"\(([^)]+@example\.org)\)", spec.prompt)
+    assert email and "Customer's note:" in spec.prompt and spec.history == ()
