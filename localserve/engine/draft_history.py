@@ -48,11 +48,14 @@ class DraftHistory:
 
     def drafter_for(self, user: str, tokens: list[int]) -> NgramDrafter:
         """A drafter for a new sequence of `user`: chained to the remembered conversation it
-        continues (the one sharing the most leading tokens, at least MIN_SHARED), if any."""
+        continues (the one sharing the most leading tokens, at least MIN_SHARED and some of its
+        reply: a request asked again, the same prompt, is not a next turn, and drafting it
+        from the last answer would make a seeded reply's steps, and so its numerics, differ
+        from the first time's), if any."""
         best, shared = None, MIN_SHARED - 1
         for kept in self._users.get(user, ()):
             n = shared_prefix(kept.tokens, tokens)
-            if n > shared:
+            if n > shared and n > kept.prompt_len:
                 best, shared = kept, n
         if best is None or best.depth + 1 >= HISTORY_DEPTH:
             return NgramDrafter()

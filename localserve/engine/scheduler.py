@@ -484,7 +484,8 @@ class Scheduler:
         self.line.stopped(seq.user)
         self.kv.release(seq, keep, save)
         if seq.drafter is not None and seq.is_finished:  # the conversation's next turn drafts
-            self.draft_history.keep(seq.user, seq.drafter)  # from it (the same user's only)
+            seq.drafter.prompt_len = seq.num_prompt_tokens  # from it (the same user's only)
+            self.draft_history.keep(seq.user, seq.drafter)
 
     def _preempt(self, seq: Sequence, now: float) -> None:
         """Out of the cells (their copy to the host tier), back to the head of the line."""

@@ -72,7 +72,7 @@ class NgramDrafter:
     turn by turn, and the parent's text past `shared` (the earlier reply as it was generated)
     is a draft source too."""
 
-    __slots__ = ("_tables", "_indexed", "_tokens", "parent", "shared", "depth")
+    __slots__ = ("_tables", "_indexed", "_tokens", "parent", "shared", "depth", "prompt_len")
 
     def __init__(self, parent: NgramDrafter | None = None, shared: int = 0) -> None:
         self._tables: dict[int, dict[int, int]] = {n: {} for n in NGRAMS}
@@ -81,6 +81,7 @@ class NgramDrafter:
         # n-grams ending before this position are in the tables (the parent's, before shared)
         self._indexed = max(self.shared - 1, 0)
         self._tokens: list[int] = []
+        self.prompt_len = 0  # its sequence's prompt (DraftHistory: what a next turn must pass)
 
     @property
     def tokens(self) -> list[int]:

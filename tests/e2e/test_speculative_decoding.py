@@ -137,14 +137,13 @@ PARAGRAPH = (
 
 
 def _conversation(runner, config, turns: list[str], max_tokens: int):
-    """One user's turns on one engine, each turn's prompt the last turn's prompt, the paragraph
-    as its reply (the same for drafts on and off, whatever the model said) and a new message:
-    each turn's finished sequence, the engine."""
+    """One user's turns on one engine, each turn's prompt the last turn's prompt and reply (as
+    generated) and a new message: each turn's finished sequence, the engine."""
     seqs, tokens = {}, []
     engine = Engine(runner, config, on_events=lambda events: None)
     for i, text in enumerate(turns):
-        if tokens:
-            tokens = tokens + runner.tokenize(PARAGRAPH, add_special=False)
+        if i:
+            tokens = list(seqs[f"t{i - 1}"].tokens)
         tokens = tokens + runner.tokenize(text, add_special=not tokens)
         engine.add_request(f"t{i}", tokens, SamplingParams(temperature=0, max_tokens=max_tokens))
         for _ in range(1000):
@@ -187,14 +186,14 @@ def test_a_constrained_reply_drafts_and_a_draft_the_grammar_forbids_is_never_kep
     grammar = ConstraintCompiler().compile_sync("lark", f"start: {json.dumps(forced)}")
     params = SamplingParams(temperature=0, max_tokens=40, constraint=grammar)
     unconstrained = runner.tokenize(free, add_special=False)
+    prompt_len = len(runner.tokenize(prompt))
 
     def the_free_reply(self, tokens, k):  # the draft at each step: the unconstrained reply
-        start = len(tokens) - self.prompt_len
+        start = len(tokens) - prompt_len
         return unconstrained[start : start + k] if 0 <= start < len(unconstrained) else []
 
     text_off, done_off, _ = _alone(runner, prompt, params, OFF)
     monkeypatch.setattr(NgramDrafter, "propose", the_free_reply)
-    monkeypatch.setattr(NgramDrafter, "prompt_len", len(runner.tokenize(prompt)), raising=False)
     monkeypatch.setattr(Constrained, "allowed_prefix", lambda self, draft: len(draft))
     text_on, done_on, c_on = _alone(runner, prompt, params, ON)
     assert text_off == forced and text_on == forced, (text_off, text_on)

@@ -88,7 +88,9 @@ def test_a_conversations_next_turn_drafts_from_the_last_one_and_indexes_only_its
     turn1 = [2, 7, 8, 9] * 5 + [30, 31, 32, 33, 34, 35, 36]  # ... and its reply, 30..36
     first = history.drafter_for("ann", turn1)
     first.propose(turn1, 4)
+    first.prompt_len = 20  # the prompt; 30..36 its reply
     history.keep("ann", first)
+    assert history.drafter_for("ann", [*turn1[:20], 99]).parent is None  # asked again: no turn
     # the next turn resends the history (its reply included) and asks again
     turn2 = [*turn1, 40, 41, 30, 31]
     second = history.drafter_for("ann", turn2)
