@@ -64,13 +64,14 @@ class DraftHistory:
     def keep(self, user: str, drafter: NgramDrafter) -> None:
         """A finished sequence's drafter: its conversation's latest turn (it replaces the turn
         it continues)."""
-        kept = self._users.pop(user, [])
-        kept = [d for d in kept if d is not drafter.parent and d is not drafter]
+        before = self._users.pop(user, [])
+        kept = [d for d in before if d is not drafter.parent and d is not drafter]
         kept.append(drafter)
         while len(kept) > self.per_user:
             kept.pop(0)
         self._users[user] = kept  # now the most recently used
-        self.num_tokens = sum(d.size for ds in self._users.values() for d in ds)
+        # this user's change only (a finish is on the engine thread: no walk of everyone's)
+        self.num_tokens += sum(d.size for d in kept) - sum(d.size for d in before)
         while self.num_tokens > self.max_tokens and self._users:
             oldest = next(iter(self._users))
             ds = self._users[oldest]
