@@ -142,6 +142,13 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # draft tokens per sequence and step, at most: a sequence starts at 8 and doubles while its
     # drafts are kept whole (a reply copying a long stretch), falling back after one that fails
     max_draft_tokens: Annotated[int, msgspec.Meta(ge=0, le=256)] = 48
+    # Whether a sampled request with a seed drafts. A seed asks for the same reply each time,
+    # and it is, from the same numerics; a drafted step has other rows, so its logits differ in
+    # the last bits, and which steps draft depends on what the server has learned from everyone
+    # (acceptance, step costs): a draw near a boundary can then go the other way. false: such
+    # a request never drafts (greedy ones and unseeded ones do); true: it drafts too, and its
+    # reply is the same only in distribution.
+    draft_seeded: bool = False
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

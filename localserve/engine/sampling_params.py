@@ -90,6 +90,12 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
         return (self.repeat_penalty, self.frequency_penalty, self.presence_penalty) != (1, 0, 0)
 
     @property
+    def is_seeded(self) -> bool:
+        """A sampled reply the client asked to repeat (a seed): the same reply each time from
+        the same numerics."""
+        return self.seed is not None and self.temperature >= MIN_TEMPERATURE
+
+    @property
     def is_greedy(self) -> bool:
         """Argmax sampling with nothing that needs a sampler chain."""
         return self.temperature < MIN_TEMPERATURE and not self.has_penalties

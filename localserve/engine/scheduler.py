@@ -447,12 +447,12 @@ class Scheduler:
         return predicted + self.draft_cost.extra_s(n, b)
 
     def _draft_room(self, seq: Sequence) -> int:
-        """How many draft tokens the sequence may carry: none past max_tokens or the context."""
-        return min(
-            self.config.max_draft_tokens,
-            seq.params.max_tokens - seq.num_output_tokens - 1,
-            seq.max_total_tokens - len(seq.tokens) - 1,
-        )
+        """Draft tokens the sequence may carry: none past max_tokens or the context, and none
+        for a seeded sampled reply unless [scheduler] draft_seeded (config.py says why)."""
+        p = seq.params
+        cap = 0 if p.is_seeded and not self.config.draft_seeded else self.config.max_draft_tokens
+        room = min(p.max_tokens - seq.num_output_tokens, seq.max_total_tokens - len(seq.tokens))
+        return min(cap, room - 1)
 
     def _prefill_budget(self, num_decode: int, prefills: list[Sequence], now: float) -> int:
         """The step's prompt tokens: what is left of the batch; while anyone decodes (continuous

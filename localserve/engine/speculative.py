@@ -14,7 +14,10 @@ n-gram draft is one token d with probability 1, and speculative sampling's rule 
 "accept d with probability p(d), otherwise sample from p with d removed (renormalised)".
 Drawing y ~ p and accepting when y == d does exactly that: P(accept) = p(d), and a rejected y
 is distributed as p(x) / (1 - p(d)) over x != d. It also draws once per token kept, as decoding
-without drafts does, so a seeded request gives the same reply with speculation on and off.
+without drafts does, so a seeded request gives the same reply with speculation on and off
+where the numerics are the same (the fake runner's). On llama.cpp a drafted step's rows differ
+in the last bits, and which steps draft depends on what the server has learned, so a seeded
+sampled request does not draft unless `[scheduler] draft_seeded` (config.py).
 
 Which drafts go into a step (`plan_drafts`) is a question of cost. Each sequence learns its own
 acceptance rate (`DraftStats`: a decaying count, drifting back to a prior while it drafts
