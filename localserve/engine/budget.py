@@ -302,15 +302,11 @@ class DraftRowCost:
 def rls_step(theta: list[float], p: list[list[float]], n: float, y: float):
     """One recursive-least-squares step with forgetting of y = theta0 + theta1 * n; returns the
     new (theta, P), P kept symmetric, positive and bounded as the decode fit's."""
-    return rls_step2(theta, p, (1.0, float(n)), y)
-
-
-def rls_step2(theta: list[float], p: list[list[float]], x: tuple[float, float], y: float):
-    """`rls_step` of y = theta0 * x0 + theta1 * x1."""
+    x = (1.0, float(n))
     px = [p[i][0] * x[0] + p[i][1] * x[1] for i in range(2)]
     denom = max(FORGETTING + x[0] * px[0] + x[1] * px[1], 1e-12)
     gain = [v / denom for v in px]
-    err = y - (theta[0] * x[0] + theta[1] * x[1])
+    err = y - (theta[0] + theta[1] * x[1])
     theta = [theta[i] + gain[i] * err for i in range(2)]
     q = [[(p[i][j] - gain[i] * px[j]) / FORGETTING for j in range(2)] for i in range(2)]
     off = (q[0][1] + q[1][0]) / 2
