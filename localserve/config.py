@@ -133,6 +133,11 @@ class SchedulerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Whose cached prefixes a request may reuse: "user" = its own user's and the configured
     # system prompt's (cache timing would reveal other users' prompts); "all" = anyone's.
     share_prefixes: Literal["user", "all"] = "user"
+    # A cached prefix whose copy the host tier holds leaves the KV cells while other sequences
+    # run: every step attends to every cell in use (others' masked, still computed), so cells
+    # kept for someone's next turn slow everyone until then, and the host gives them back in
+    # one copy. false: such prefixes stay in the cells until the cells are needed.
+    shed_saved_prefixes: bool = True
     # Speculative decoding (engine/speculative.py): "ngram" gives a decoding sequence whose last
     # tokens occurred before in its prompt or reply the tokens that followed them as a draft,
     # verified in the step's batch (more than one token per step where a reply repeats what it

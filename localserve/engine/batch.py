@@ -8,8 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from localserve.engine.kv import CellOp
+from localserve.engine.prefix_tiers import SavedPrefix
 from localserve.engine.sequence import Sequence
+
+
+class CellOp(NamedTuple):
+    """A cell operation for llama.cpp: free a sequence, keep its first n positions, copy them,
+    save its state into a host-tier entry or restore an entry's state into it."""
+
+    kind: str  # "free" | "trim" | "copy" | "save" | "restore"
+    seq_id: int
+    n: int = 0  # trim: positions to keep; copy: positions [0, n) to copy
+    dst: int = -1  # copy: the sequence that receives them
+    saved: SavedPrefix | None = None  # save: the entry to fill; restore: the entry to read
 
 
 class BatchItem(NamedTuple):

@@ -87,11 +87,11 @@ class StepTimings(NamedTuple):
 def _pool(runner: Runner, c: SchedulerConfig, reuse: bool, host_cache_bytes: int) -> KVPool:
     """The KV pool over the runner's cells, with the host tier below them: its first estimate
     of a state's size per token is the runner's (the first save measures it)."""
-    info = runner.info
     per_token = getattr(runner, "kv_bytes_per_token", DEFAULT_BYTES_PER_TOKEN)
     host = HostTier(host_cache_bytes if reuse else 0, bytes_per_token=per_token)
     window = getattr(runner, "swa_window", 0)  # a saved state keeps only that window's cells
-    return KVPool(info.n_ctx, info.n_seq_max, c.kv_watermark, reuse, c.share_prefixes, host, window)
+    cells = (runner.info.n_ctx, runner.info.n_seq_max, c.kv_watermark)
+    return KVPool(*cells, reuse, c.share_prefixes, host, window, c.shed_saved_prefixes)
 
 
 def check_prompt(num_tokens: int, n_ctx: int) -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple, Protocol
 
-from localserve.engine.batch import Batch, Sampled
-from localserve.engine.kv import CellOp
+from localserve.engine.batch import Batch, CellOp, Sampled
 from localserve.engine.sampling_params import SamplingParams
 from localserve.protocol.snapshot import ModelInfo
 

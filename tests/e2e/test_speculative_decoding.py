@@ -154,7 +154,15 @@ def _conversation(runner, config, turns: list[str], max_tokens: int):
     return seqs, engine
 
 
-def test_a_conversations_turns_draft_long_and_from_the_last_turn_with_the_same_replies(runner):
+def test_a_conversations_turns_draft_long_and_from_the_last_turn_with_the_same_replies(
+    runner, monkeypatch
+):
+    """Draft rows priced as on a GPU (as above): whether they pay on this CPU is measured by
+    the step times, which a loaded machine's noise decides (drafts of 2-3 tokens, then none:
+    it failed 2 runs of 3 beside two busy loops); what is checked here is how they grow and
+    where they come from."""
+    monkeypatch.setattr(DraftRowCost, "row_s", lambda self, b: 1e-4)
+    monkeypatch.setattr(DraftRowCost, "fixed_s", 0.0)
     turns = [
         f"{PARAGRAPH}\n\nRepeat the text above word for word:\n",
         "\n\nOnce more, the same text word for word:\n",
@@ -166,8 +174,9 @@ def test_a_conversations_turns_draft_long_and_from_the_last_turn_with_the_same_r
     assert len(c.spec_accepted_per_position) > 8, c.spec_accepted_per_position
     assert on["t1"].drafter.parent is on["t0"].drafter  # the turn drafted from the last one
     assert c.spec_accepted_tokens > 40
-    # the same, or branched at a near-tie (count_same asserts it); one at least the same
-    assert count_same(runner, off, on) >= 1
+    # each the same, or branched at a near-tie (count_same asserts it; drafts from the first
+    # step, as at this price, branch both turns here at a near-tie)
+    count_same(runner, off, on)
 
 
 def test_a_constrained_reply_drafts_and_a_draft_the_grammar_forbids_is_never_kept(

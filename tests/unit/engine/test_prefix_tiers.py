@@ -20,6 +20,7 @@ from localserve.engine.prefix_tiers import (
     SavedPrefix,
     victim_order,
 )
+from localserve.engine.runner import apply_cell_ops
 from localserve.engine.sampling_params import SamplingParams
 from localserve.runners.fake import FakeRunner
 from tests.support.harness import run_checked
@@ -359,3 +360,42 @@ def test_a_disk_read_that_never_ends_only_delays_its_request(make_harness):
     h.runner.clock.now += READ_WAIT_S + 1
     run_checked(h)
     assert h.done("a").finish_reason == "length" and h.done("a").cached_tokens == 0
+
+
+def _idle_cells_beside_a_stream(h) -> tuple[list[int], Done]:
+    """Alice's turn ends while nothing runs (kept in the cells); then bob streams, and alice
+    resumes after him. Returns the cells her idle prefix held at each of bob's steps, as the
+    fake cache counts them, and her resumed turn."""
+    ask(h, "a-0", words(300, 1), "alice")
+    alice = next(p for p in h.kv.prefixes if p.owner == "alice")
+    assert h.runner.seq_num_cells(alice.seq_id) == 300 + 7  # (the last token is never fed)
+    h.engine.add_request("b-0", words(40, 2), SamplingParams(temperature=0, max_tokens=20), "bob")
+    held = []
+    while h.done("b-0") is None:
+        h.step()
+        apply_cell_ops(h.runner, h.kv.take_ops())
+        held.append(h.runner.seq_num_cells(alice.seq_id) if alice in h.kv.prefixes else 0)
+    return held, ask(h, "a-1", history(h, "alice") + words(12, 3), "alice")
+
+
+def test_a_saved_prefix_leaves_the_cells_while_others_run_and_comes_back_whole(make_harness):
+    h = make_harness(host_cache_bytes=MIB, n_ctx=4096, n_seq_max=8)  # room for everyone
+    held, resumed = _idle_cells_beside_a_stream(h)
+    # bob's steps attend to no cell of alice's (llama.cpp computes masked cells too) ...
+    assert len(held) > 5 and max(held) == 0, held
+    assert h.kv.host.counters.hits == 1  # ... and her next turn came back in one copy
+    assert resumed.cached_tokens >= resumed.prompt_tokens - 13
+    assert fed(h, "a-1") <= 13 + resumed.completion_tokens
+
+
+def test_without_shedding_or_a_host_copy_an_idle_prefix_stays_in_the_cells(make_harness):
+    # the controls: the setting off; no host tier (getting it back would be a prefill)
+    off = SchedulerConfig(shed_saved_prefixes=False)
+    for h in (
+        make_harness(off, host_cache_bytes=MIB, n_ctx=4096, n_seq_max=8),
+        make_harness(n_ctx=4096, n_seq_max=8),
+    ):
+        held, resumed = _idle_cells_beside_a_stream(h)
+        assert min(held) == 300 + 7, held
+        assert h.kv.host.counters.hits == 0  # her next turn took her cells over
+        assert resumed.cached_tokens >= resumed.prompt_tokens - 13
