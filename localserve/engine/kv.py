@@ -39,6 +39,7 @@ from localserve.engine.prefix_tiers import (
     HostTier,
     SavedPrefix,
     common_prefix,
+    covers,
     usable,
     victim_order,
 )
@@ -271,6 +272,7 @@ class KVPool:
         if n and not usable(len(tokens), n, self.swa_window) and n >= exact_from and self._free_ids:
             checkpoint = self.host.new_save(tokens[:n], owner, twin=entry)
             if checkpoint is not None:  # a copy of its first n cells, saved, then let go
+                entry.checkpoint = checkpoint
                 spare = self._free_ids[-1]
                 self._ops.append(CellOp("copy", seq_id, n, spare))
                 self._ops.append(CellOp("save", spare, n, saved=checkpoint))
@@ -281,17 +283,18 @@ class KVPool:
     def emit_saves(self, room_bytes: int | None) -> None:
         """Save finished turns' cached prefixes, oldest first, within `room_bytes` of copies
         (None: all, nothing runs; at least one either way): the rest wait for a later step, in
-        the cells. One that must leave the cells before its turn is saved then (`_evict_one`)."""
+        the cells. One that must leave the cells before its turn is saved then (`_evict_one`).
+        While anything runs, what earlier steps saved leaves first: its ids make checkpoints."""
+        if room_bytes is not None and self.shed_saved:
+            self._shed()
         spent = 0
         while self._unsaved:
             prefix = self._unsaved[0]
             size = self.host.estimate(len(prefix.tokens)) * (2 if self.swa_window else 1)
             if spent and room_bytes is not None and spent + size > room_bytes:
-                break
+                return
             spent += size
             self._save_prefix(prefix)
-        if room_bytes is not None and self.shed_saved:
-            self._shed()
 
     def _save_prefix(self, prefix: CachedPrefix, save: bool = True) -> None:
         """A finished turn's pending save, made now (or not: its owner's next turn took it)."""
@@ -453,16 +456,13 @@ class KVPool:
         self._evict(victim)
         return True
 
-    def _shed(self) -> int:
-        """Cached prefixes whose copy the host tier holds leave the cells (while sequences
-        run). Every row of a step attends to every cell in use, other sequences' masked but
-        computed (llama.cpp's unified cache): 20,000 kept cells made a 2,000-token prefill
-        41% and a decode step 11% slower here. The host gives a prefix back in one copy."""
-        shed = [p for p in self.prefixes if p.saved is not None and p.saved.key in self.host.keys]
-        shed = [p for p in shed if p.saved.is_usable and not p.is_system]
-        for prefix in shed:
+    def _shed(self) -> None:
+        """Cached prefixes the host tier gives back (`covers`) leave the cells (while sequences
+        run): every row of a step attends to every cell in use, others' masked but computed
+        (20,000 kept cells made a 2,000-token prefill 41% and a decode 11% slower here)."""
+        keys, window = self.host.keys, self.swa_window
+        for prefix in [p for p in self.prefixes if covers(p.saved, keys, p.num_prompt, window)]:
             self._evict(prefix)
-        return len(shed)
 
     def _evict(self, victim: CachedPrefix) -> None:
         self._save_prefix(victim)  # not saved yet: now, before its cells go

@@ -71,6 +71,7 @@ class SavedPrefix:
     last_used: int = 0
     from_disk: bool = False  # read from the disk tier (counted as a disk hit when restored)
     on_disk: bool = False  # handed to the disk tier
+    checkpoint: SavedPrefix | None = None  # a windowed model's copy of its prompt's end
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -105,6 +106,18 @@ def usable(num_saved: int, num_shared: int, window: int) -> bool:
     """Whether a saved prefix of `num_saved` tokens goes on exactly when `num_shared` of them
     are kept: its sliding-window layers hold only their last `window` positions (0: none)."""
     return not window or num_saved <= window or num_shared >= num_saved - 1
+
+
+def covers(saved: SavedPrefix | None, keys: frozenset[str], num_prompt: int, window: int) -> bool:
+    """Whether the host tier (`keys`) gives a cached prefix back at the cuts its owner's next
+    turn asks for: where it ends, and where its prompt ended (a reply rendered otherwise): a
+    windowed model's state goes on only from its end, so that cut needs its checkpoint."""
+    if saved is None or saved.key not in keys or not saved.is_usable:
+        return False
+    if usable(len(saved.tokens), num_prompt, window):
+        return True
+    cut = saved.checkpoint
+    return cut is not None and cut.key in keys and cut.is_usable
 
 
 def victim_order(entries: list, owner: Callable, last_used: Callable, cheap: Callable) -> list:

@@ -18,6 +18,7 @@ from localserve.engine.prefix_tiers import (
     MIN_SAVE_TOKENS,
     HostTier,
     SavedPrefix,
+    covers,
     victim_order,
 )
 from localserve.engine.runner import apply_cell_ops
@@ -399,3 +400,30 @@ def test_without_shedding_or_a_host_copy_an_idle_prefix_stays_in_the_cells(make_
         assert min(held) == 300 + 7, held
         assert h.kv.host.counters.hits == 0  # her next turn took her cells over
         assert resumed.cached_tokens >= resumed.prompt_tokens - 13
+
+
+def test_a_windowed_turn_leaves_the_cells_only_where_the_host_gives_back_its_prompts_end(
+    make_harness,
+):
+    # a 64-token window: a saved state goes on only from its end, so a turn leaves the cells
+    # only once its checkpoint (its prompt's end) is saved too: the same message asked again
+    # (or a reply rendered otherwise) restores that, as the cells would have given it
+    h = make_harness(host_cache_bytes=MIB, n_ctx=4096, n_seq_max=8, swa_window=64)
+    first = words(300, 1)
+    ask(h, "a-0", first, "alice", max_tokens=20)
+    h.engine.add_request("b-0", words(40, 2), SamplingParams(temperature=0, max_tokens=20), "bob")
+    h.step()
+    assert not [p for p in h.kv.prefixes if p.owner == "alice"]
+    run_checked(h)
+    done = ask(h, "a-1", first, "alice")
+    assert done.cached_tokens == 299 and h.kv.host.counters.hits == 1
+    # what `covers` asks of such a turn's copies, and of a model without a window
+    whole = SavedPrefix(words(319, 1), "alice", 0, data=b"x")
+    cut = SavedPrefix(whole.tokens[:300], "alice", 0, data=b"x")
+    keys = frozenset({whole.key, cut.key})
+    assert covers(whole, keys, 300, window=0)
+    assert not covers(whole, keys, 300, window=64)  # no checkpoint
+    whole.checkpoint = cut
+    assert covers(whole, keys, 300, window=64)
+    assert not covers(whole, frozenset({whole.key}), 300, window=64)  # the host let it go
+    assert not covers(whole, frozenset({cut.key}), 300, window=0)
