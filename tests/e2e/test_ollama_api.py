@@ -104,7 +104,11 @@ def test_chat_streams_and_ends_with_the_done_fields(live):
 
 @pytest.mark.model
 def test_generate_streams_and_whole(live):
-    parts = list(client(live).generate(MODEL, QUESTION, stream=True, options={"num_predict": 12}))
+    parts = list(
+        client(live).generate(
+            MODEL, QUESTION, stream=True, options={"num_predict": 12, "temperature": 0}
+        )
+    )
     assert parts[-1].done and parts[-1].eval_count <= 12
     assert "".join(p.response for p in parts).strip()
     raw = client(live).generate(MODEL, "The capital of France is", raw=True,
