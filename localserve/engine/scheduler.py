@@ -410,10 +410,9 @@ class Scheduler:
         if not draft:
             stats.update(0, 0)
             return None, []
-        probe, only = stats.may_probe, stats.backing_off
-        candidate = Candidate(
-            key, seq.user, stats.rate, len(draft), probe, only, stats.streak, stats.calibration
-        )
+        streak = max(stats.streak, seq.drafter.evidence)  # a copying run: as drafts kept
+        candidate = Candidate(key, seq.user, stats.rate, len(draft), stats.may_probe,
+                              stats.backing_off, streak, stats.calibration)  # fmt: skip
         return candidate, draft
 
     def _plan_drafts(self, batch: Batch, candidates: list[Candidate], rows: int, probes: set):

@@ -54,6 +54,7 @@ DECAY = 0.8  # per step with a draft: older outcomes fade
 IDLE_DECAY = 0.9  # per step without one: the estimate drifts back to the prior
 MAX_PROBE_WAIT = 64  # steps: the longest a sequence waits between probes
 BACK_OFF_AFTER = 2  # drafted steps in a row that kept nothing: then it only probes
+EVIDENCE_PER_TOKEN = 4  # an agreement counted up to this many times the draft's length
 PREFILL_STRETCH = 2.0  # with a prompt's chunk in the step: the most drafts may stretch it
 
 
@@ -75,7 +76,16 @@ class NgramDrafter:
     turn by turn, and the parent's text past `shared` (the earlier reply as it was generated)
     is a draft source too."""
 
-    __slots__ = ("_tables", "_indexed", "_tokens", "parent", "shared", "depth", "prompt_len")
+    __slots__ = (
+        "_tables",
+        "_indexed",
+        "_tokens",
+        "parent",
+        "shared",
+        "depth",
+        "prompt_len",
+        "evidence",
+    )
 
     def __init__(self, parent: NgramDrafter | None = None, shared: int = 0) -> None:
         self._tables: dict[int, dict[int, int]] = {n: {} for n in NGRAMS}
@@ -85,6 +95,7 @@ class NgramDrafter:
         self._indexed = max(self.shared - 1, 0)
         self._tokens: list[int] = []
         self.prompt_len = 0  # its sequence's prompt (DraftHistory: what a next turn must pass)
+        self.evidence = 0  # of the last proposal (propose)
 
     @property
     def tokens(self) -> list[int]:
@@ -97,7 +108,19 @@ class NgramDrafter:
         return own + (self.parent.size if self.parent is not None else 0)
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest suffix."""
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix.
+
+        A suffix whose latest occurrence in this sequence is p tokens back, where the text
+        before it agrees with the sequence's for p tokens or more (the suffix's own n included),
+        shows a text repeating with period p over 2p tokens at least (a list's markup, a tiny
+        model stuck in a loop): its continuation runs into the suffix itself, and the draft goes
+        on copying what it copies (as LZ77 does), k tokens of the period, not p.
+
+        `evidence`: for a suffix of the longest length found (16 tokens verbatim: no chance
+        phrase), how many of the sequence's last tokens agree with the text before the
+        occurrence (up to EVIDENCE_PER_TOKEN * k): a reply copying its prompt or looping, as
+        good as drafts kept whole (`Candidate.forecast`); 0 for any other draft."""
+        self.evidence = 0
         if k <= 0:
             return []
         self._tokens = tokens
@@ -110,9 +133,15 @@ class NgramDrafter:
             drafter = self
             while drafter is not None:  # the latest text first: this turn, then the earlier
                 at = drafter._tables[n].get(key)
-                if at is not None:
-                    return drafter._tokens[at : at + k]
-                drafter = drafter.parent
+                if at is None:
+                    drafter = drafter.parent
+                    continue
+                agree = _agreement(tokens, drafter._tokens, at, k * EVIDENCE_PER_TOKEN)
+                self.evidence = agree if n == NGRAMS[0] else 0
+                period = end - at
+                if drafter is self and period < k and max(n, agree) >= period:
+                    return [tokens[at + j % period] for j in range(k)]
+                return drafter._tokens[at : at + k]
         return []
 
     def _index(self, tokens: list[int]) -> None:
@@ -128,6 +157,14 @@ class NgramDrafter:
             keys = map(hash, zip(*columns, strict=True))
             table.update(zip(keys, range(first + n, first + n + count), strict=True))
         self._indexed = last
+
+
+def _agreement(tokens: list[int], source: list[int], at: int, most: int) -> int:
+    """How many of the last tokens (up to `most`) equal those before `source[at]`."""
+    end, run = len(tokens), 0
+    while run < most and run < at and tokens[end - run - 1] == source[at - run - 1]:
+        run += 1
+    return run
 
 
 class DraftStats:

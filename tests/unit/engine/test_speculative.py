@@ -62,8 +62,44 @@ def test_the_longest_matching_suffix_wins_over_a_later_shorter_one():
 def test_no_draft_without_an_earlier_occurrence_nor_from_the_suffix_itself():
     assert NgramDrafter().propose([1, 2, 3, 4], 4) == []
     assert NgramDrafter().propose([7, 7], 4) == []  # the only "7 7" is the suffix itself
-    assert NgramDrafter().propose([7, 7, 7], 4) == [7]  # "7 7" at 0 continues with a 7
+    assert NgramDrafter().propose([7, 7, 7], 4) == [7, 7, 7, 7]  # "7 7" at 0: a loop, below
     assert NgramDrafter().propose([1, 2, 1, 2], 0) == []
+
+
+def test_a_text_repeating_itself_drafts_the_repetition_as_long_as_asked():
+    """A suffix found p <= n tokens back: the text repeats with period p, and the draft copies
+    on into what it copies (a loop of "<i>": 48 tokens a step, not 1); found further back than
+    its own length, the draft is what followed it and no more."""
+    loop = [5, 6, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    assert NgramDrafter().propose(loop, 7) == [1, 2, 3, 1, 2, 3, 1]  # the 8-gram, 3 back
+    assert NgramDrafter().propose([9, 4, 4, 4, 4, 4, 4, 4, 4, 4], 48) == [4] * 48
+    # "1 2" found 4 back: longer than the suffix, no evidence of a loop: what followed it only
+    assert NgramDrafter().propose([1, 2, 7, 8, 1, 2], 6) == [7, 8, 1, 2]
+    # a loop longer than the longest suffix looked up (20 > 16): it agrees 20 back and more
+    period = list(range(20, 40))
+    assert NgramDrafter().propose([9, *period, *period], 48) == (period * 3)[:48]
+    assert NgramDrafter().propose([9, 8, *period[4:], *period], 48) == period  # only 16 agree
+
+
+def test_a_copying_runs_length_is_the_drafts_evidence():
+    """A 16-token suffix found before, and how far back the text agrees with it: the tokens the
+    reply has copied so far, as good as a run of drafts kept whole (up to 4 x the draft)."""
+    prompt = list(range(100, 200))
+    cases = [  # (tokens, k): draft, evidence
+        (([*prompt, 7, *prompt[:30]], 8), (prompt[30:38], 30)),
+        (([*prompt, 7, *prompt[:60]], 4), (prompt[60:64], 16)),  # counted up to 4 x 4
+        (([*prompt, 7, 8, *prompt[50:58]], 8), (prompt[58:66], 0)),  # an 8-gram: a phrase
+        (([5, 6] * 40, 8), ([5, 6] * 4, 32)),
+    ]
+    for (tokens, k), expected in cases:
+        d = NgramDrafter()
+        assert (d.propose(tokens, k), d.evidence) == expected
+    # the scheduler hands it to the planner as a streak: a copying reply's first draft is long
+    runner = FakeRunner(max_draft_rows=48, repeats=1)
+    engine = Engine(runner, ON, on_events=lambda events: None, clock=runner.clock)
+    seq = Sequence("r", [*prompt, 7, *prompt[:40]], SamplingParams(max_tokens=64))
+    candidate, draft = engine.scheduler._draft_candidate(0, seq)
+    assert candidate.streak == 32 and len(draft) == 8  # (4 x the 8 a first draft may carry)
 
 
 def test_the_index_grows_with_the_sequence_and_matches_a_fresh_one():
