@@ -136,10 +136,10 @@ class NgramDrafter:
                 if at is None:
                     drafter = drafter.parent
                     continue
-                agree = _agreement(tokens, drafter._tokens, at, k * EVIDENCE_PER_TOKEN)
-                self.evidence = agree if n == NGRAMS[0] else 0
+                if n == NGRAMS[0]:  # (the scans: only where their answer is used)
+                    self.evidence = _agreement(tokens, drafter._tokens, at, k * EVIDENCE_PER_TOKEN)
                 period = end - at
-                if drafter is self and period < k and max(n, agree) >= period:
+                if drafter is self and period < k and _repeats(tokens, at, n, self.evidence):
                     return [tokens[at + j % period] for j in range(k)]
                 return drafter._tokens[at : at + k]
         return []
@@ -165,6 +165,12 @@ def _agreement(tokens: list[int], source: list[int], at: int, most: int) -> int:
     while run < most and run < at and tokens[end - run - 1] == source[at - run - 1]:
         run += 1
     return run
+
+
+def _repeats(tokens: list[int], at: int, n: int, evidence: int) -> bool:
+    """Whether the text before `at` agrees with the sequence's end for a whole period."""
+    period = len(tokens) - at
+    return max(n, evidence) >= period or _agreement(tokens, tokens, at, period) >= period
 
 
 class DraftStats:
