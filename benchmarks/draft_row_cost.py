@@ -6,9 +6,13 @@ where the step has one logit row, then per row); this is the check.
 
     .venv/bin/python benchmarks/draft_row_cost.py
 
+MODEL (a GGUF path; default the embedded model) and NGL (layers on the GPU; default 0) are for
+benchmarks/gpu.sh, which runs it on llama.cpp's CUDA backend: what a draft row costs there
+decides how far speculation can go (docs/benchmarks.md, "What drafts could reach on this CPU").
 Figures: docs/benchmarks.md, "Speculative decoding".
 """
 
+import os
 import time
 
 import llama_cpp
@@ -16,10 +20,11 @@ import numpy as np
 
 from localserve.runners.models import ensure_embedded
 
-path = str(ensure_embedded())
+path = os.environ.get("MODEL") or str(ensure_embedded())
 llama_cpp.llama_backend_init()
 mp = llama_cpp.llama_model_default_params()
 mp.use_extra_bufts = False
+mp.n_gpu_layers = int(os.environ.get("NGL", "0"))
 model = llama_cpp.llama_model_load_from_file(path.encode(), mp)
 p = llama_cpp.llama_context_default_params()
 p.n_ctx = 8192

@@ -11,7 +11,8 @@
 # llama-cpp-python at it with LLAMA_CPP_LIB_PATH; (2) the model: $MODEL, else the embedded one,
 # else one of the same shapes with random weights made from $META (scripts/random_gguf.py: speed
 # and memory depend on shapes, not values — the summary says so); (3) `localserve bench-engine`
-# against the bare llama_decode loop; (4) a short continuous-vs-static sweep; (5) localserve
+# against the bare llama_decode loop, and what a draft row costs (benchmarks/draft_row_cost.py:
+# speculation's ceiling, issue 52); (4) a short continuous-vs-static sweep; (5) localserve
 # and llama-server, each serving the same model, context (8192), slots (16) and batch (512):
 # the origin scenario and 16 users of short questions through the same client.
 # Prints the build's system info and progress lines; summary.md holds two tables (engine / bare
@@ -90,6 +91,8 @@ say "model $MODEL (random weights: $random)"
 # --- 3-4. the engine against bare llama_decode; continuous vs static --------------------------
 $LS bench-engine --concurrency 1,4,16 --tokens 64 --out "$OUT/engine.json" >"$OUT/engine.txt" 2>&1
 say "bench-engine done"
+MODEL="$MODEL" NGL=$ngl $PY benchmarks/draft_row_cost.py >"$OUT/draft_rows.txt" 2>"$OUT/draft_rows.log"
+say "draft rows done"  # what speculation's kept tokens cost here (issue 52)
 $LS sweep --workloads short --concurrency 1,16 --num-requests 32 --out-dir "$OUT/sweep" \
   >"$OUT/sweep.txt" 2>&1
 say "sweep done"
@@ -143,6 +146,9 @@ for name in ("localserve", "llama-server"):
           f"{num(s['ttft_ms']['p99'])} | {num(s['itl_ms']['median'])} / {num(s['itl_ms']['p99'])} | "
           f"{num(o['worst_stream_gap_during_paste_ms'])} | {num(o['question_ttft_during_paste_ms'])} / "
           f"{num(o['question_ttft_idle_ms'])} | {num(o['paste_ttft_ms'])} |")
+print("\nA decode step of N sequences with k draft rows each, all with logits (ms; "
+      "benchmarks/draft_row_cost.py: sequences, k, median):\n")
+print("```\n" + (out / "draft_rows.txt").read_text() + "```")
 print(f"\nSweep (continuous vs static): {out / 'sweep'}; logs and JSON in {out}.")
 PY
 say "all done: $OUT/summary.md"
