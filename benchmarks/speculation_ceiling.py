@@ -26,6 +26,7 @@ speculative_decoding.sh. Figures: docs/benchmarks.md, "What drafts could reach o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -53,6 +54,12 @@ def configured(spec: str):
     return msgspec.structs.replace(config, models=models, scheduler=scheduler)
 
 
+def model_config():
+    """The served model's settings (models.toml's default)."""
+    config = load_config()
+    return config.models[config.default]
+
+
 def run_point(spec: str, workload: str, users: int, seed: int, tokens: int) -> dict:
     """Every request of the point at once; the steps' times, split by whether a prompt's chunk
     rides in them."""
@@ -60,11 +67,11 @@ def run_point(spec: str, workload: str, users: int, seed: int, tokens: int) -> d
     runner = open_runner(config, config.default)
     eng = Engine(runner, config.scheduler, on_events=lambda evs: None)
     steps: list[tuple[bool, float, int]] = []
-    seen: dict[int, object] = {}  # the sequences stepped, for their tokens
+    seen: dict[str, object] = {}  # the sequences stepped, by request id, for their tokens
     run = eng._run
 
     def timed(batch):
-        seen.update((id(item.seq), item.seq) for item in batch.items)
+        seen.update((item.seq.request_id, item.seq) for item in batch.items)
         t = time.perf_counter()
         out = run(batch)
         steps.append((batch.num_prefill_tokens > 0, time.perf_counter() - t, len(out)))
@@ -89,8 +96,8 @@ def run_point(spec: str, workload: str, users: int, seed: int, tokens: int) -> d
     steps.clear()
     prompts = tokenized(build_requests(workload, users, seed=seed, max_tokens=tokens))
     total = serve(prompts, tokens, "r")
-    done = [next(q for q in seen.values() if q.tokens[: len(p)] == p) for p in prompts]
-    outputs = [q.tokens[len(p) :] for q, p in zip(done, prompts, strict=True)]
+    # (by id: two users of the multi-turn workload may send the same prompt)
+    outputs = [seen[f"r{i}"].tokens[len(p) :] for i, p in enumerate(prompts)]
     runner.close()  # (its context's memory, before the next point's)
     pre, dec = [s for s in steps if s[0]], [s for s in steps if not s[0]]
     return {
@@ -133,7 +140,7 @@ def kept_token_cost(lengths: list[int], at: int, rows: int) -> tuple[float, floa
     p.n_batch = p.n_ubatch = 512
     p.n_seq_max = max(len(lengths), 1)
     p.kv_unified = True
-    p.n_threads = p.n_threads_batch = load_config().models["gemma-3-270m"].n_threads or 2
+    p.n_threads = p.n_threads_batch = model_config().n_threads or os.cpu_count() or 1
     p.no_perf = True
     ctx = llama_cpp.llama_init_from_model(model, p)
     mem = llama_cpp.llama_get_memory(ctx)
@@ -184,7 +191,7 @@ def main() -> None:
     a.add_argument("--tokens", type=int, default=256)
     a.add_argument("--seed", type=int, default=7)
     args = a.parse_args()
-    rows = load_config().models["gemma-3-270m"].draft_rows
+    rows = model_config().draft_rows
     print(
         "| users | prompts (tokens) | P (s) | D (s) | T | c (ms) | floor (ms) | ceiling "
         "| at floor | copyable | on: P, D (s) | on ÷ off here |"
